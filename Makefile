@@ -1,0 +1,45 @@
+# Set-up and entry points. `make demo` and `make test` each do the whole set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU PyTorch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+ALGO ?= espo
+PYTEST_ARGS ?=
+
+.PHONY: install sysdeps test lint demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# System packages the tests use: bubblewrap (code sandbox) and chromium (trace viewer browser test).
+# Installed only when missing and when we are root; otherwise the tests that need them say so and skip.
+sysdeps:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  missing=""; \
+	  command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi; \
+	fi
+
+test: install sysdeps
+	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+
+demo: install
+	$(PY) -m dllm_rl demo --algorithm $(ALGO)
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,49 @@
+"""The `dllm-rl` command line.
+
+Each subcommand lives in the module that owns it, which exposes ``register(subparsers)``: it adds its
+parser and sets ``func`` (a plain function taking the parsed namespace). This file only lists them, so a
+subcommand is one module plus one line in ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module that registers it. Only subcommands that exist are listed.
+SUBCOMMANDS: dict[str, str] = {
+    "info": "dllm_rl.models.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dllm_rl import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="dllm-rl",
+        description="Post-train diffusion language models with RL (TraceRL, ESPO, GRPO variants) and SFT.",
+    )
+    parser.add_argument("--version", action="version", version=f"dllm-rl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except (ValueError, FileNotFoundError, KeyError) as exc:  # user errors: one clear line, no traceback
+        print(f"dllm-rl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""`DiffusionLM`: a stock HF causal-LM module driven as a masked diffusion model.
+
+The wrapper owns the three things that differ between families — the attention rule, the mask id and
+Dream's logit shift — so callers always get "logits for position i" and never build masks by hand
+unless they want a special layout (KV cache, two-stream training).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dllm_rl.models.families import Family
+from dllm_rl.models.masks import block_causal_bias, full_bias, position_ids_from_valid
+
+
+@dataclass
+class DLMOutput:
+    """``logits[:, i]`` scores the token at position ``i`` (after Dream's shift is undone).
+
+    ``last_raw_logits`` is the model's raw output at the last query position, which a Dream caller
+    feeding the next chunk through a KV cache passes back as ``prev_raw_logits``.
+    """
+
+    logits: torch.Tensor
+    last_raw_logits: torch.Tensor
+    past_key_values: Any = None
+
+
+class DiffusionLM(nn.Module):
+    """A diffusion LM of one family over a stock transformers ``*ForCausalLM`` module (``self.model``)."""
+
+    def __init__(self, model: nn.Module, family: Family, published_config: dict[str, Any]):
+        super().__init__()
+        self.model = model
+        self.family = family
+        self.published_config = dict(published_config)
+        pub = self.published_config
+        self.mask_token_id: int = int(pub.get("mask_token_id", family.mask_token_id))
+        self.eos_token_id: int = int(pub.get("eos_token_id", family.eos_token_id))
+        pad = pub.get("pad_token_id")
+        self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)
+        self.block_size: int | None = (
+            int(pub.get("block_size") or family.block_size or 4) if family.attention == "block" else None
+        )
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def is_block_causal(self) -> bool:
+        return self.family.attention == "block"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def max_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    def num_parameters(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total
+
+    def default_bias(self, valid: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The family's own attention rule over ``valid`` tokens (full, or block-causal)."""
+        if self.is_block_causal:
+            return block_causal_bias(valid, self.block_size, position_ids, dtype=self.dtype)
+        return full_bias(valid, dtype=self.dtype)
+
+    def align_logits(self, raw: torch.Tensor, prev_raw_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Undo the family's shift: for Dream, ``aligned[:, i] = raw[:, i-1]``.
+
+        Position 0 of the chunk reads ``prev_raw_logits`` (the raw logits of the token before the
+        chunk) when given, else its own raw logits, as the published Dream sampler does.
+        """
+        if not self.family.shift:
+            return raw
+        first = prev_raw_logits if prev_raw_logits is not None else raw[:, :1]
+        return torch.cat([first.to(raw.dtype), raw[:, :-1]], dim=1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        attn_bias: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = False,
+        prev_raw_logits: torch.Tensor | None = None,
+    ) -> DLMOutput:
+        """Run the model.
+
+        ``attention_mask`` is the usual 2D ``[B, T]`` 1/0 valid-token mask (left padding is fine);
+        positions then count real tokens only and the family's attention rule is applied. Pass
+        ``attn_bias`` (additive ``[B, 1, Tq, Tk]``, see :mod:`dllm_rl.models.masks`) and ``position_ids``
+        for any other layout, and always when using ``past_key_values``.
+        """
+        if attn_bias is None:
+            if past_key_values is not None:
+                raise ValueError("DiffusionLM.forward: pass attn_bias and position_ids when using a KV cache")
+            valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            if position_ids is None:
+                position_ids = position_ids_from_valid(valid)
+            attn_bias = self.default_bias(valid, position_ids)
+        elif position_ids is None:
+            raise ValueError("DiffusionLM.forward: position_ids are required with a custom attn_bias")
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attn_bias.to(self.dtype),
+            position_ids=position_ids,
+            cache=past_key_values,
+            use_cache=use_cache,
+        )
+        raw = out.logits
+        return DLMOutput(
+            logits=self.align_logits(raw, prev_raw_logits),
+            last_raw_logits=raw[:, -1:],
+            past_key_values=out.cache if use_cache else None,
+        )
+
+    # Conveniences delegated to the HF module.
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        self.model.gradient_checkpointing_enable(**kwargs)

@@ -1,0 +1,178 @@
+"""Load and save diffusion LMs in their *published* checkpoint layouts.
+
+Loading reads ``config.json`` (family from ``model_type`` / ``architectures`` / ``auto_map``) and
+safetensors weights, single-file or sharded with ``model.safetensors.index.json``; saving writes the
+published names and config back so the published reference code could load what we save.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import init_empty_weights
+from huggingface_hub import split_torch_state_dict_into_shards
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from dllm_rl.models.diffusion_lm import DiffusionLM
+from dllm_rl.models.families import Family, detect_family, get_family
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint directory, with a clear error when it is missing or broken."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file}: no config.json (is {path} a model directory?)")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{cfg_file}: not valid JSON ({exc})") from exc
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted(set(weight_map.values()))
+        for f in files:
+            if not (path / f).is_file():
+                raise FileNotFoundError(f"{index}: shard {f} is listed but missing from {path}")
+        return [path / f for f in files]
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _instantiate(fam: Family, pub: dict[str, Any], dtype: torch.dtype, attn: str, empty: bool):
+    if attn not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attn_implementation {attn!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    hf_config = fam.hf_config(pub)
+    if empty:  # parameters on the meta device, buffers (RoPE) real: weights are assigned from disk
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+    return model
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "sdpa",
+) -> DiffusionLM:
+    """Load a published-layout checkpoint directory as a :class:`DiffusionLM`."""
+    path = Path(path)
+    pub = read_config(path)
+    fam = detect_family(pub, str(path / "config.json"))
+    torch_dtype = resolve_dtype(dtype)
+    model = _instantiate(fam, pub, torch_dtype, attn_implementation, empty=True)
+    expected = {k: v for k, v in model.state_dict().items()}
+    tied = fam.tied(pub)
+    state: dict[str, torch.Tensor] = {}
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                hf_name = fam.to_hf_name(name)
+                if hf_name not in expected:
+                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {fam.name} model")
+                tensor = f.get_tensor(name)
+                want = tuple(expected[hf_name].shape)
+                if tuple(tensor.shape) != want:
+                    raise ValueError(
+                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {want}"
+                    )
+                state[hf_name] = tensor.to(device=device, dtype=torch_dtype)
+    if tied:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"{path}: checkpoint lacks tensors {[fam.to_published_name(m) for m in missing[:5]]}")
+    model.load_state_dict(state, strict=True, assign=True)
+    if tied:
+        model.tie_weights()
+    model.to(device)
+    model.eval()
+    return DiffusionLM(model, fam, pub)
+
+
+def build_model(
+    family: str | Family,
+    published_config: dict[str, Any],
+    seed: int = 0,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+) -> DiffusionLM:
+    """A randomly initialised model of ``family`` from a published-layout config (see ``tiny_config``)."""
+    fam = family if isinstance(family, Family) else get_family(family)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _instantiate(fam, published_config, resolve_dtype(dtype), attn_implementation, empty=False)
+    model.eval()
+    return DiffusionLM(model, fam, published_config)
+
+
+def published_state_dict(dlm: DiffusionLM) -> dict[str, torch.Tensor]:
+    """The model's weights under their published names (tied heads written once, as published)."""
+    fam = dlm.family
+    model = dlm.model
+    if hasattr(model, "merge_and_unload") or hasattr(model, "get_base_model"):
+        raise ValueError("save a PEFT model after merging its adapters (merge_and_unload)")
+    tied = bool(model.config.tie_word_embeddings)
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        out[fam.to_published_name(name)] = tensor.detach().contiguous().clone()
+    return out
+
+
+def save_model(
+    dlm: DiffusionLM,
+    path: str | Path,
+    tokenizer=None,
+    max_shard_size: int | str = "5GB",
+    dtype: str | torch.dtype | None = None,
+) -> Path:
+    """Write ``dlm`` to ``path`` in its published layout (config.json + safetensors, sharded if large)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = published_state_dict(dlm)
+    if dtype is not None:
+        state = {k: v.to(resolve_dtype(dtype)) for k, v in state.items()}
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
+    for old in list(path.glob("model*.safetensors")) + list(path.glob("model.safetensors.index.json")):
+        old.unlink()
+    for filename, names in split.filename_to_tensors.items():
+        save_file({n: state[n] for n in names}, str(path / filename), metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                 "weight_map": split.tensor_to_filename}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+    pub = dlm.family.published_config(dlm.model.config, dlm.published_config)
+    saved_dtype = next(iter(state.values())).dtype if state else dlm.dtype
+    pub["torch_dtype"] = str(saved_dtype).removeprefix("torch.")
+    pub["mask_token_id"] = dlm.mask_token_id
+    if dlm.block_size is not None:
+        pub["block_size"] = dlm.block_size
+    (path / "config.json").write_text(json.dumps(pub, indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+    return path

