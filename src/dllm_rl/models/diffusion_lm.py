@@ -83,16 +83,28 @@ class DiffusionLM(nn.Module):
             return block_causal_bias(valid, self.block_size, position_ids, dtype=self.dtype)
         return full_bias(valid, dtype=self.dtype)
 
-    def align_logits(self, raw: torch.Tensor, prev_raw_logits: torch.Tensor | None = None) -> torch.Tensor:
+    def align_logits(
+        self,
+        raw: torch.Tensor,
+        prev_raw_logits: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Undo the family's shift: for Dream, ``aligned[:, i] = raw[:, i-1]``.
 
-        Position 0 of the chunk reads ``prev_raw_logits`` (the raw logits of the token before the
-        chunk) when given, else its own raw logits, as the published Dream sampler does.
+        A position with no real token before it (the first real token of a left-padded row) reads its
+        own raw logits, as the published Dream sampler does for position 0. Column 0 of a KV-cached
+        chunk reads ``prev_raw_logits`` (the raw logits of the token before the chunk) when given.
         """
         if not self.family.shift:
             return raw
-        first = prev_raw_logits if prev_raw_logits is not None else raw[:, :1]
-        return torch.cat([first.to(raw.dtype), raw[:, :-1]], dim=1)
+        first = prev_raw_logits.to(raw.dtype) if prev_raw_logits is not None else raw[:, :1]
+        shifted = torch.cat([first, raw[:, :-1]], dim=1)
+        if valid is None:
+            return shifted
+        prev_valid = torch.cat(
+            [torch.full_like(valid[:, :1], prev_raw_logits is not None), valid[:, :-1]], dim=1
+        ).bool()
+        return torch.where(prev_valid[..., None], shifted, raw)
 
     def forward(
         self,
@@ -107,14 +119,17 @@ class DiffusionLM(nn.Module):
         """Run the model.
 
         ``attention_mask`` is the usual 2D ``[B, T]`` 1/0 valid-token mask (left padding is fine);
-        positions then count real tokens only and the family's attention rule is applied. Pass
+        positions then count real tokens only and the family's attention rule is applied. With a custom
+        ``attn_bias`` it is optional and only tells Dream's shift where each row starts. Pass
         ``attn_bias`` (additive ``[B, 1, Tq, Tk]``, see :mod:`dllm_rl.models.masks`) and ``position_ids``
         for any other layout, and always when using ``past_key_values``.
         """
+        valid = attention_mask.bool() if attention_mask is not None else None
         if attn_bias is None:
             if past_key_values is not None:
                 raise ValueError("DiffusionLM.forward: pass attn_bias and position_ids when using a KV cache")
-            valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            if valid is None:
+                valid = torch.ones_like(input_ids, dtype=torch.bool)
             if position_ids is None:
                 position_ids = position_ids_from_valid(valid)
             attn_bias = self.default_bias(valid, position_ids)
@@ -129,7 +144,7 @@ class DiffusionLM(nn.Module):
         )
         raw = out.logits
         return DLMOutput(
-            logits=self.align_logits(raw, prev_raw_logits),
+            logits=self.align_logits(raw, prev_raw_logits, valid),
             last_raw_logits=raw[:, -1:],
             past_key_values=out.cache if use_cache else None,
         )

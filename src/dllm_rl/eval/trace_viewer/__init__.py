@@ -1,0 +1,192 @@
+"""The decoding trace viewer: one self-contained HTML file that replays a diffusion decode step by step.
+
+A trace record says, for every generated position, which token ended there and at which global step it
+was committed (the ``step_map`` of a :class:`~dllm_rl.sampling.Rollout`, ``-1`` = never committed), and
+optionally the confidence it had when committed. The page embeds the records as JSON and draws them with
+a few lines of inline JavaScript: no network resources, no external scripts, fonts or images.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TraceRecord", "load_trace_jsonl", "normalize_trace", "records_from_rollout", "render_html", "write_html"]
+
+
+@dataclass
+class TraceRecord:
+    """What the viewer draws for one sequence (tokens are display strings, one per position)."""
+
+    prompt_tokens: list[str]
+    tokens: list[str]
+    step_map: list[int]
+    confidence: list[float | None] | None = None
+    token_ids: list[int] | None = None
+    answer_length: int | None = None  # positions of the answer (incl. its first EOS); the rest is padding
+    num_steps: int | None = None
+    nfe: int | None = None
+    text: str = ""
+    label: str = ""
+    finish_reason: str | None = None
+    reward: float | None = None
+    block_length: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.step_map):
+            raise ValueError(f"trace: {len(self.tokens)} tokens but {len(self.step_map)} step_map entries")
+        if self.confidence is not None and len(self.confidence) != len(self.tokens):
+            raise ValueError(f"trace: {len(self.tokens)} tokens but {len(self.confidence)} confidences")
+        self.step_map = [int(s) for s in self.step_map]
+        if self.answer_length is None:
+            self.answer_length = len(self.tokens)
+        if self.num_steps is None:
+            self.num_steps = max([s + 1 for s in self.step_map if s >= 0], default=1)
+        self.num_steps = max(1, int(self.num_steps))
+        if self.confidence is not None:
+            self.confidence = [None if c is None else float(c) for c in self.confidence]
+
+
+def _piece(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _first(obj: Mapping[str, Any], *names: str) -> Any:
+    for n in names:
+        if n in obj and obj[n] is not None:
+            return obj[n]
+    return None
+
+
+def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> TraceRecord:
+    """A :class:`TraceRecord` from one JSON trace object (as ``dllm-rl generate --trace`` writes).
+
+    Accepts token strings (``prompt_tokens`` / ``completion_tokens`` or ``tokens``) or ids
+    (``prompt_ids`` / ``completion_ids``, decoded with ``tokenizer``), a ``step_map``, and optional
+    ``confidence``, ``completion_mask`` / ``length``, ``nfe``, ``text``, ``finish_reason``, ``reward``.
+    """
+    step_map = _first(obj, "step_map", "steps")
+    if step_map is None:
+        raise ValueError("trace record has no step_map (the global step at which each token was committed)")
+    ids = _first(obj, "completion_ids", "token_ids")
+    tokens = _first(obj, "completion_tokens", "tokens")
+    if tokens is None:
+        if ids is None:
+            raise ValueError("trace record has neither completion tokens nor completion_ids")
+        if tokenizer is None:
+            raise ValueError("trace record holds only token ids; pass a tokenizer (MODEL_DIR or --tokenizer)")
+        tokens = [_piece(tokenizer, t) for t in ids]
+    prompt_tokens = _first(obj, "prompt_tokens")
+    if prompt_tokens is None:
+        pids = _first(obj, "prompt_ids")
+        if pids is not None and tokenizer is not None:
+            prompt_tokens = [_piece(tokenizer, t) for t in pids]
+        elif isinstance(obj.get("prompt"), str):
+            prompt_tokens = [obj["prompt"]]
+        else:
+            prompt_tokens = []
+    mask = _first(obj, "completion_mask")
+    length = _first(obj, "answer_length", "length", "completion_length")
+    if length is None and mask is not None:
+        length = int(sum(int(bool(m)) for m in mask))
+    known = {"step_map", "steps", "completion_ids", "token_ids", "completion_tokens", "tokens", "prompt_tokens",
+             "prompt_ids", "completion_mask", "answer_length", "length", "completion_length", "confidence", "nfe",
+             "num_steps", "text", "completion", "finish_reason", "reward", "label", "block_length"}
+    reward = obj.get("reward")
+    return TraceRecord(
+        prompt_tokens=[str(t) for t in prompt_tokens],
+        tokens=[str(t) for t in tokens],
+        step_map=list(step_map),
+        confidence=list(obj["confidence"]) if obj.get("confidence") is not None else None,
+        token_ids=[int(t) for t in ids] if ids is not None else None,
+        answer_length=int(length) if length is not None else None,
+        num_steps=obj.get("num_steps"),
+        nfe=int(obj["nfe"]) if obj.get("nfe") is not None else None,
+        text=str(_first(obj, "text", "completion") or ""),
+        label=str(obj.get("label") or label),
+        finish_reason=obj.get("finish_reason"),
+        reward=float(reward) if isinstance(reward, (int, float)) else None,
+        block_length=obj.get("block_length"),
+        extra={k: v for k, v in obj.items() if k not in known and isinstance(v, (str, int, float, bool))},
+    )
+
+
+def load_trace_jsonl(path: str | Path, tokenizer=None) -> list[TraceRecord]:
+    """Read trace records from a JSON-lines file (one object per sequence)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: trace file not found")
+    records = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+        try:
+            records.append(normalize_trace(obj, tokenizer, label=f"line {lineno}"))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{lineno}: {exc}") from None
+    if not records:
+        raise ValueError(f"{path}: no trace records")
+    return records
+
+
+def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None,
+                         block_length: int | None = None) -> list[TraceRecord]:
+    """One :class:`TraceRecord` per sequence of a sampling ``Rollout`` (left padding of prompts dropped)."""
+    out = []
+    conf = getattr(rollout, "confidence", None)
+    for b in range(rollout.completion_ids.shape[0]):
+        pmask = rollout.prompt_mask[b].bool()
+        pids = rollout.prompt_ids[b][pmask].tolist()
+        cids = rollout.completion_ids[b].tolist()
+        out.append(TraceRecord(
+            prompt_tokens=[_piece(tokenizer, t) for t in pids],
+            tokens=[_piece(tokenizer, t) for t in cids],
+            step_map=rollout.step_map[b].tolist(),
+            confidence=conf[b].float().tolist() if conf is not None else None,
+            token_ids=cids,
+            answer_length=int(rollout.completion_mask[b].sum()),
+            nfe=int(rollout.nfe[b]),
+            text=rollout.texts[b] if getattr(rollout, "texts", None) else "",
+            label=labels[b] if labels is not None else f"sequence {b}",
+            finish_reason=rollout.finish_reason[b] if getattr(rollout, "finish_reason", None) else None,
+            block_length=block_length,
+        ))
+    return out
+
+
+def _template() -> str:
+    return resources.files(__package__).joinpath("template.html").read_text(encoding="utf-8")
+
+
+def render_html(records: Sequence[TraceRecord], title: str = "dllm-rl decoding trace",
+                meta: Mapping[str, Any] | None = None, interval_ms: int = 350) -> str:
+    """The viewer page with ``records`` embedded (self-contained: inline CSS/JS, no network)."""
+    if not records:
+        raise ValueError("render_html: no trace records")
+    meta_text = "  ".join(f"{k}: {v}" for k, v in (meta or {}).items())
+    payload = {"records": [asdict(r) for r in records], "meta": dict(meta or {}), "meta_text": meta_text,
+               "interval_ms": int(interval_ms)}
+    # JSON inside <script>: "<" only occurs inside JSON strings, where \u003c is the same character, so no
+    # string in the data can close the element or open a comment.
+    data = json.dumps(payload, ensure_ascii=False, default=str).replace("<", "\\u003c")
+    page = _template()
+    page = page.replace("__TITLE__", html.escape(title))
+    return page.replace("__TRACE_JSON__", data)
+
+
+def write_html(path: str | Path, records: Sequence[TraceRecord], title: str = "dllm-rl decoding trace",
+               meta: Mapping[str, Any] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(records, title=title, meta=meta), encoding="utf-8")
+    return path

