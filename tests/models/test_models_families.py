@@ -164,7 +164,8 @@ def test_shape_mismatch_names_tensor_and_file(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["intermediate_size"] = 96
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' has shape"):
+    pattern = r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' has shape"
+    with pytest.raises(ValueError, match=pattern):
         load_model(tmp_path)
 
 

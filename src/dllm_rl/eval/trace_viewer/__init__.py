@@ -35,7 +35,8 @@ class TraceRecord:
     label: str = ""
     finish_reason: str | None = None
     reward: float | None = None
-    block_length: int | None = None
+    block_length: int | None = None  # draw a boundary every block_length positions...
+    block_offset: int = 0  # ...counted from this offset (0: blocks of the completion; prompt length: SDAR blocks)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,7 +98,8 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
         length = int(sum(int(bool(m)) for m in mask))
     known = {"step_map", "steps", "completion_ids", "token_ids", "completion_tokens", "tokens", "prompt_tokens",
              "prompt_ids", "completion_mask", "answer_length", "length", "completion_length", "confidence", "nfe",
-             "num_steps", "text", "completion", "finish_reason", "reward", "label", "block_length"}
+             "num_steps", "text", "completion", "finish_reason", "reward", "label", "block_length",
+             "block_offset"}
     reward = obj.get("reward")
     return TraceRecord(
         prompt_tokens=[str(t) for t in prompt_tokens],
@@ -113,6 +115,7 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
         finish_reason=obj.get("finish_reason"),
         reward=float(reward) if isinstance(reward, (int, float)) else None,
         block_length=obj.get("block_length"),
+        block_offset=int(obj.get("block_offset") or 0),
         extra={k: v for k, v in obj.items() if k not in known and isinstance(v, (str, int, float, bool))},
     )
 

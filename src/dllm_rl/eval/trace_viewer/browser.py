@@ -192,7 +192,7 @@ class Chromium:
     def center_of(self, selector: str) -> tuple[float, float]:
         rect = self.evaluate(
             f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
-            " return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+            " return [r.x + r.width / 2, r.y + r.height / 2]; })()")
         return float(rect[0]), float(rect[1])
 
     def click(self, selector: str) -> None:
@@ -232,6 +232,6 @@ def screenshot_file(html_path: str | Path, png_path: str | Path, step: int | Non
         if step is not None:
             browser.evaluate(
                 f"(() => {{ const s = document.getElementById('slider'); s.value = '{int(step)}';"
-                " s.dispatchEvent(new Event('input')); return s.value; }})()")
+                " s.dispatchEvent(new Event('input')); return s.value; })()")
         browser.screenshot(png_path)
     return Path(png_path)
