@@ -1,0 +1,128 @@
+"""Hand-computed values for advantages, KL estimators and policy losses."""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from dllm_rl.rl.advantages import group_filter, group_zscore, leave_one_out
+from dllm_rl.rl.kl import k1, k2, k3
+from dllm_rl.rl.losses import sequence_clipped_loss, token_clipped_loss
+
+
+@dataclass
+class Scores:  # the estimator interface the losses read (duck-typed TokenScores)
+    logp: torch.Tensor
+    weight: torch.Tensor
+
+    def sequence_score(self):
+        return (self.logp * self.weight).sum(-1).mean(0)
+
+
+def test_group_zscore_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    a = group_zscore(r, 3, "group")
+    # both groups: unbiased std sqrt(1/3)
+    s = math.sqrt(1 / 3)
+    centred = torch.tensor([2 / 3, -1 / 3, -1 / 3, -2 / 3, 1 / 3, 1 / 3])
+    torch.testing.assert_close(a, centred / (s + 1e-4))
+    torch.testing.assert_close(group_zscore(r, 3, "none"), centred)
+    bstd = r.std().item()
+    torch.testing.assert_close(group_zscore(r, 3, "batch"), centred / (bstd + 1e-4))
+
+
+def test_leave_one_out_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    # r_i - mean of the other three: 1 - 1/3, 0 - 2/3, 0 - 2/3, 1 - 1/3
+    torch.testing.assert_close(leave_one_out(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    with pytest.raises(ValueError, match="num_generations >= 2"):
+        leave_one_out(r, 1)
+
+
+def test_group_filter_counts_zero_variance_and_band():
+    r = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    f = group_filter(r, 4)
+    assert f.keep.tolist() == [True] * 4 + [False] * 4 + [True] * 4
+    assert f.zero_variance_groups == 1
+    f = group_filter(r, 4, accuracy_band=(0.2, 0.6))  # group accs 0.5, 1.0 (zero-var), 0.75
+    assert f.keep.tolist() == [True] * 4 + [False] * 8
+    assert (f.zero_variance_groups, f.out_of_band_groups) == (1, 1)
+
+
+def test_kl_estimators_hand_values():
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-1.5])
+    # log r = ref - logp = -0.5
+    assert k1(logp, ref).item() == pytest.approx(0.5)
+    assert k2(logp, ref).item() == pytest.approx(0.125)
+    assert k3(logp, ref).item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+    same = torch.tensor([-2.0])
+    assert k1(same, same).item() == k2(same, same).item() == k3(same, same).item() == 0.0
+
+
+def test_token_loss_first_pass_ratio_one_and_gradient():
+    logp = torch.tensor([[[-1.0, -2.0, -0.5, 0.0]]], requires_grad=True)  # D=1, B=1, G=4
+    w = torch.tensor([[[1.0, 1.0, 1.0, 0.0]]])
+    new, old = Scores(logp, w), Scores(logp.detach().clone(), w)
+    out = token_clipped_loss(new, old, None, torch.tensor([2.0]), epsilon=0.2)
+    assert out.loss.item() == pytest.approx(-2.0)  # -(1 * A) averaged over 3 active tokens
+    assert out.stats["clip_frac"] == 0.0 and out.stats["ratio_mean"] == pytest.approx(1.0)
+    out.loss.backward()
+    # d/dlogp of -(ratio*A)/3 at ratio 1 = -A/3 on active tokens, 0 on the inactive one
+    torch.testing.assert_close(logp.grad, torch.tensor([[[-2 / 3, -2 / 3, -2 / 3, 0.0]]]))
+
+
+def test_token_loss_clipping_and_aggregations():
+    old = Scores(torch.zeros(1, 2, 3), torch.tensor([[[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]]))
+    new_logp = torch.log(torch.tensor([[[1.5, 0.9, 1.0], [0.5, 1.0, 1.0]]]))
+    new = Scores(new_logp, old.weight)
+    adv = torch.tensor([1.0, -1.0])
+    # seq 0 (A=+1): ratios 1.5 -> clipped 1.2, 0.9 -> 0.9: terms -1.2, -0.9
+    # seq 1 (A=-1): ratio 0.5 -> min(-0.5, -0.8) = -0.8: term +0.8
+    tm = token_clipped_loss(new, old, None, adv, epsilon=0.2, aggregation="token_mean")
+    assert tm.loss.item() == pytest.approx((-1.2 - 0.9 + 0.8) / 3)
+    assert tm.stats["clip_frac"] == pytest.approx(2 / 3)
+    sm = token_clipped_loss(new, old, None, adv, epsilon=0.2, aggregation="seq_mean")
+    assert sm.loss.item() == pytest.approx(((-1.2 - 0.9) / 2 + 0.8) / 2)
+    fl = token_clipped_loss(new, old, None, adv, epsilon=0.2, aggregation="fixed_length", max_length=4)
+    assert fl.loss.item() == pytest.approx((-1.2 - 0.9 + 0.8) / (2 * 4))
+    hi = token_clipped_loss(new, old, None, adv, epsilon=0.2, epsilon_high=0.6, aggregation="token_mean")
+    assert hi.loss.item() == pytest.approx((-1.5 - 0.9 + 0.8) / 3)
+
+
+def test_token_loss_kl_term():
+    w = torch.ones(1, 1, 2)
+    new = Scores(torch.tensor([[[-1.0, -2.0]]]), w)
+    ref = Scores(torch.tensor([[[-1.5, -2.0]]]), w)
+    out = token_clipped_loss(new, new, ref, torch.tensor([0.0]), beta=0.1, kl_estimator="k3")
+    kl = (math.exp(-0.5) - 1 + 0.5) / 2
+    assert out.loss.item() == pytest.approx(0.1 * kl)
+    assert out.stats["kl"] == pytest.approx(kl)
+
+
+def test_espo_sequence_loss_hand_values():
+    # Two sequences, one draw; sequence scores: new [-4, -6], old [-6, -6]; lengths [4, 2]
+    w = torch.ones(1, 2, 4)
+    new = Scores(torch.tensor([[[-1.0, -1.0, -1.0, -1.0], [-3.0, -3.0, 0.0, 0.0]]], requires_grad=True), w)
+    old = Scores(torch.tensor([[[-1.5, -1.5, -1.5, -1.5], [-3.0, -3.0, 0.0, 0.0]]]), w)
+    lengths = torch.tensor([4, 2])
+    adv = torch.tensor([1.0, -1.0])
+    out = sequence_clipped_loss(new, old, None, adv, epsilon=0.2, lengths=lengths)
+    r0 = math.exp((-4 - -6) / 4)  # 1.6487 -> clipped at 1.2 for A>0
+    assert out.loss.item() == pytest.approx((-min(r0, 1.2) * 1 + 1.0) / 2)
+    assert out.stats["clip_frac"] == pytest.approx(0.5)
+    out.loss.backward()
+    # seq 0 is clipped: no gradient; seq 1 at ratio 1 with A=-1: d/dlogp = (+1/L)/2 per token
+    assert new.logp.grad[0, 0].abs().sum().item() == 0.0
+    torch.testing.assert_close(new.logp.grad[0, 1], torch.full((4,), 0.25))
+
+
+def test_espo_first_pass_ratio_exactly_one_and_k2():
+    w = torch.ones(2, 1, 3)
+    s = Scores(torch.tensor([[[-1.0, -2.0, -3.0]], [[-1.0, -1.0, -1.0]]]), w)
+    ref = Scores(s.logp - 0.3, w)
+    out = sequence_clipped_loss(s, s, ref, torch.tensor([1.0]), beta=0.5, lengths=torch.tensor([3]))
+    assert out.stats["ratio_mean"] == 1.0 and out.stats["clip_frac"] == 0.0
+    # E_new - E_ref = 0.9 (per draw, mean over the 2 draws) -> per token 0.3 -> k2 = 0.045
+    assert out.stats["kl"] == pytest.approx(0.045, rel=1e-5)
+    assert out.loss.item() == pytest.approx(-1.0 + 0.5 * 0.045, rel=1e-5)
