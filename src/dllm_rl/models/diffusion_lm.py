@@ -49,8 +49,13 @@ class DiffusionLM(nn.Module):
 
     # ------------------------------------------------------------------------------------------
     @property
+    def hf_model(self) -> nn.Module:
+        """The stock HF module, unwrapped from a distributed (DDP/FSDP) wrapper if there is one."""
+        return getattr(self.model, "module", self.model)
+
+    @property
     def config(self):
-        return self.model.config
+        return self.hf_model.config
 
     @property
     def is_block_causal(self) -> bool:
@@ -66,7 +71,7 @@ class DiffusionLM(nn.Module):
 
     @property
     def max_length(self) -> int:
-        return int(self.model.config.max_position_embeddings)
+        return int(self.config.max_position_embeddings)
 
     def num_parameters(self) -> int:
         seen: set[int] = set()

@@ -132,7 +132,7 @@ def build_model(
 def published_state_dict(dlm: DiffusionLM) -> dict[str, torch.Tensor]:
     """The model's weights under their published names (tied heads written once, as published)."""
     fam = dlm.family
-    model = dlm.model
+    model = dlm.hf_model
     if hasattr(model, "merge_and_unload") or hasattr(model, "get_base_model"):
         raise ValueError("save a PEFT model after merging its adapters (merge_and_unload)")
     tied = bool(model.config.tie_word_embeddings)
@@ -166,7 +166,7 @@ def save_model(
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
                  "weight_map": split.tensor_to_filename}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-    pub = dlm.family.published_config(dlm.model.config, dlm.published_config)
+    pub = dlm.family.published_config(dlm.config, dlm.published_config)
     saved_dtype = next(iter(state.values())).dtype if state else dlm.dtype
     pub["torch_dtype"] = str(saved_dtype).removeprefix("torch.")
     pub["mask_token_id"] = dlm.mask_token_id

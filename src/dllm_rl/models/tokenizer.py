@@ -27,7 +27,12 @@ def load_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTra
     path = Path(path)
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
-    tok = AutoTokenizer.from_pretrained(str(path))
+    if (path / "tokenizer.json").is_file():
+        # Read the fast tokenizer directly: AutoTokenizer would consult config.json, whose ``auto_map``
+        # (published LLaDA/Dream/SDAR layouts) asks to run remote code we never need for a tokenizer.
+        tok = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     check_tokenizer(tok, mask_token_id, source=str(path))
     return tok
 

@@ -68,6 +68,7 @@ def token_clipped_loss(
     stats = {
         "clip_frac": float(was_clipped[active].float().mean()) if active.any() else 0.0,
         "ratio_mean": float(ratio.detach()[active].mean()) if active.any() else 1.0,
+        "ratio_max_dev": float((ratio.detach()[active] - 1).abs().max()) if active.any() else 0.0,
     }
     if beta and ref is not None:
         kl = kl_estimate(kl_estimator, new.logp, ref.logp.detach())
@@ -98,7 +99,8 @@ def sequence_clipped_loss(
     adv = advantages.float()
     per_seq, was_clipped = _clipped(ratio, adv, epsilon, eps_high)
     loss = per_seq.mean()
-    stats = {"clip_frac": float(was_clipped.float().mean()), "ratio_mean": float(ratio.detach().mean())}
+    stats = {"clip_frac": float(was_clipped.float().mean()), "ratio_mean": float(ratio.detach().mean()),
+             "ratio_max_dev": float((ratio.detach() - 1).abs().max())}
     if beta and ref is not None:
         kl = kl_estimate(kl_estimator, e_new / L, ref.sequence_score().detach() / L).mean()
         loss = loss + beta * kl

@@ -1,0 +1,50 @@
+"""Held-out accuracy of a model on a task, used by the RL trainer before, during and after training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dllm_rl.sampling import DecodeConfig, generate_batched
+
+
+@dataclass
+class HeldOut:
+    accuracy: float
+    reward: float
+    mean_length: float
+    nfe_per_token: float
+    n: int
+
+
+def encode_prompts(task: Any, examples: list[dict], tokenizer: Any) -> tuple[list[str], list[list[int]]]:
+    """The prompt texts of ``examples`` and their token ids (no special tokens added)."""
+    texts = [task.build_prompt(ex, tokenizer) for ex in examples]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return texts, ids
+
+
+@torch.no_grad()
+def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: DecodeConfig, batch_size: int = 64,
+                     seed: int = 0) -> HeldOut:
+    """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward."""
+    if not examples:
+        return HeldOut(0.0, 0.0, 0.0, 0.0, 0)
+    was_training = model.training
+    model.eval()
+    _, ids = encode_prompts(task, examples, tokenizer)
+    seeds = [seed * 1_000_003 + i for i in range(len(ids))]
+    rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size)
+    scores = task.score_examples(rollout.texts, examples)
+    metrics = task.metrics(scores)
+    lengths = rollout.completion_mask.sum(-1).float()
+    model.train(was_training)
+    return HeldOut(
+        accuracy=metrics["accuracy"],
+        reward=metrics["reward"],
+        mean_length=float(lengths.mean()),
+        nfe_per_token=float(rollout.nfe.float().sum() / lengths.sum().clamp(min=1)),
+        n=len(examples),
+    )

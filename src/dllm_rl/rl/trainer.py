@@ -1,0 +1,405 @@
+"""The RL trainer: rollout -> reward -> advantages -> ``num_iterations`` optimisation passes, in one process
+per rank over the same in-memory weights (no subprocess per stage, no reload between stages).
+
+Read top to bottom: :func:`train` sets everything up, :meth:`RLTrainer.step` is one RL step.
+
+Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
+rollout noise (one generator per sequence) and estimator masks (one seed per sample, shared by the old,
+reference and current policy: common random numbers, so at the first pass every ratio is exactly 1).
+A run resumed from a checkpoint therefore replays exactly what an uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dllm_rl.config import ConfigError, save_config, to_dict
+from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
+from dllm_rl.models import detect_family, load_model, load_tokenizer, save_model
+from dllm_rl.models.loading import read_config
+from dllm_rl.rl.advantages import compute_advantages, group_filter
+from dllm_rl.rl.algorithms import resolve
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.evaluation import HeldOut, encode_prompts, heldout_accuracy
+from dllm_rl.rl.losses import POLICY_LOSSES
+from dllm_rl.rl.rewards import safe_rewards
+from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.tasks import get_task
+from dllm_rl.training import (
+    IndexStream,
+    MetricsLogger,
+    Progress,
+    apply_lora,
+    build_optimizer,
+    build_scheduler,
+    latest_checkpoint,
+    load_checkpoint,
+    make_accelerator,
+    merged_model,
+    plot_metrics,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from dllm_rl.training.checkpoint import checkpoint_name
+
+logger = logging.getLogger(__name__)
+_MIX = 1_000_003  # odd multiplier for deriving seeds
+
+
+def _seed(*parts: int) -> int:
+    """A 63-bit seed from integers (deterministic across processes and Python runs)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
+
+
+def decode_config(cfg: RLConfig, model, temperature: float, seed: int) -> DecodeConfig:
+    """The sampler settings for rollouts (or evaluation at ``temperature``)."""
+    r = cfg.rollout
+    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
+    steps = None if r.threshold is not None else (r.steps or block)
+    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=r.threshold,
+                        confidence=r.confidence, temperature=temperature, top_k=r.top_k, top_p=r.top_p,
+                        cache=r.cache, seed=seed)
+
+
+@dataclass
+class StepResult:
+    metrics: dict
+    samples: list[tuple[str, str, float, str]]
+
+
+class RLTrainer:
+    """Holds the policy, optional reference, optimiser, data stream and logger of one run."""
+
+    def __init__(self, cfg: RLConfig, reward_fn=None):
+        if not cfg.model:
+            raise ConfigError("model: set the checkpoint directory (model=PATH)")
+        family = detect_family(read_config(cfg.model), f"{cfg.model}/config.json")
+        self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
+        self.accelerator = make_accelerator(cpu=cfg.device == "cpu")
+        self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
+        reward = reward_fn if reward_fn is not None else cfg.reward
+        self.train_task = get_task(cfg.task, data=cfg.train_data, split="train", prompt_style=cfg.prompt_style,
+                                   limit=cfg.train_limit, reward_fn=reward)
+        self.eval_task = get_task(cfg.task, data=cfg.eval.data, split=cfg.eval.split,
+                                  prompt_style=cfg.prompt_style, limit=cfg.eval.limit, reward_fn=reward)
+        if len(self.train_task) == 0:
+            raise ValueError(f"no training examples in {self.train_task.source}")
+        self.out = Path(cfg.output_dir)
+        self.is_main = self.accelerator.is_main_process
+        if cfg.lora.enabled:
+            apply_lora(self.model, cfg.lora)
+        self.reference = None
+        if cfg.beta > 0 and cfg.reference == "copy":
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.model.train()
+        self.optimizer = build_optimizer(self.model.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
+        self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
+        self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
+        self.step_idx = 0
+        self.bad_updates = 0
+        if cfg.resume:
+            self._resume(cfg.resume)
+        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
+        if self.is_main:
+            save_config(cfg, self.out / "config.yaml")
+
+    # ------------------------------------------------------------------------------------ sizes
+    def micro_batches_per_pass(self, n: int) -> int:
+        return max(1, math.ceil(n / self.cfg.micro_batch_size))
+
+    def total_optimizer_steps(self) -> int:
+        n = self.cfg.prompts_per_step * self.cfg.num_generations
+        per_pass = self.micro_batches_per_pass(n)
+        accum = self.cfg.gradient_accumulation_steps or per_pass
+        return self.cfg.max_steps * self.cfg.num_iterations * math.ceil(per_pass / accum)
+
+    # --------------------------------------------------------------------------------- one step
+    def step(self) -> StepResult:
+        cfg, acc = self.cfg, self.accelerator
+        t0 = time.perf_counter()
+        # 1. prompts: this rank's share of the step's prompt groups
+        world, rank = acc.num_processes, acc.process_index
+        idx = self.stream.take(cfg.prompts_per_step * world)[rank::world]
+        examples = [self.train_task[i] for i in idx]
+        texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
+        G = cfg.num_generations
+        group_ids = [p for p in ids for _ in range(G)]
+        seeds = [_seed(cfg.seed, self.step_idx, rank, j) for j in range(len(group_ids))]
+
+        # 2. rollouts (eval mode, no grad, in-memory weights)
+        self.model.eval()
+        with torch.no_grad():
+            decode = decode_config(cfg, self.model, cfg.rollout.temperature, 0)
+            rollout = generate_batched(self.model, group_ids, decode, seeds=seeds, tokenizer=self.tokenizer,
+                                       batch_size=cfg.rollout.batch_size)
+        self.model.train()
+        t_rollout = time.perf_counter() - t0
+
+        # 3. rewards
+        prompts_rep = [t for t in texts for _ in range(G)]
+        columns: dict[str, list] = {}
+        for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
+            columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
+        rewards_list, reasons = safe_rewards(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
+        rewards = torch.tensor(rewards_list, dtype=torch.float32)
+        t_reward = time.perf_counter() - t0 - t_rollout
+
+        # 4. advantages; groups with no signal are dropped (and counted)
+        adv = compute_advantages(cfg.advantage, rewards, G, cfg.scale_rewards)
+        band = tuple(cfg.accuracy_band) if cfg.accuracy_band else None
+        filt = group_filter(rewards, G, drop_zero_variance=cfg.drop_zero_variance, accuracy_band=band)
+        keep = torch.nonzero(filt.keep).flatten()
+
+        # 5. optimisation passes over the kept samples
+        update = self._update(rollout, keep, adv, seeds) if len(keep) else {"skipped_step": 1.0}
+        t_update = time.perf_counter() - t0 - t_rollout - t_reward
+
+        lengths = rollout.completion_mask.sum(-1).float()
+        gen_tokens = float(lengths.sum())
+        m = {
+            "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "accuracy": float((rewards >= 1.0).float().mean()),
+            "completion_length": float(lengths.mean()), "nfe": float(rollout.nfe.float().mean()),
+            "rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+            "kept_samples": float(len(keep)), "zero_variance_groups": float(filt.zero_variance_groups),
+            "out_of_band_groups": float(filt.out_of_band_groups),
+            "time_rollout": t_rollout, "time_reward": t_reward, "time_update": t_update,
+            "lr": float(self.scheduler.get_last_lr()[0]),
+        }
+        m.update(update)
+        m = self._reduce(m)
+        samples = [(prompts_rep[i], rollout.texts[i], rewards_list[i], reasons[i])
+                   for i in range(min(cfg.save_rollouts, len(rewards_list)))]
+        return StepResult(m, samples)
+
+    def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
+        gen = torch.Generator(device="cpu").manual_seed(gen_seed)
+        return estimate(self.cfg.estimator, model, batch, gen, **(self.cfg.estimator_options or {}))
+
+    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, seeds: list[int]) -> dict:
+        cfg, acc = self.cfg, self.accelerator
+        device = self.model.device
+        full = ScoringBatch.from_rollout(rollout)
+        full.sample_seeds = torch.tensor([s % (1 << 62) for s in seeds], dtype=torch.long)
+        batch = full.select(keep)
+        batch = ScoringBatch(*(None if t is None else t.to(device) for t in (
+            batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
+            batch.completion_valid)), sample_seeds=batch.sample_seeds)
+        adv_k = adv[keep].to(device)
+        n = len(keep)
+        mbs = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
+        accum = cfg.gradient_accumulation_steps or len(mbs)
+        est_seed = _seed(cfg.seed, self.step_idx, 7919)
+        max_len = batch.completion_len
+        # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
+        need_old = cfg.num_iterations > 1 or accum < len(mbs)
+        with torch.no_grad():
+            old = [self._scores(self.model, batch.select(mb), est_seed) for mb in mbs] if need_old else None
+            ref = None
+            if cfg.beta > 0:
+                if self.reference is not None:
+                    ref = [self._scores(self.reference, batch.select(mb), est_seed) for mb in mbs]
+                else:  # LoRA: the base weights are the reference
+                    with acc.unwrap_model(self.model.model).disable_adapter():
+                        ref = [self._scores(self.model, batch.select(mb), est_seed) for mb in mbs]
+        loss_fn = POLICY_LOSSES[cfg.loss_type]
+        stats: dict[str, list[float]] = {}
+        losses = []
+        first_dev = 0.0
+        for it in range(cfg.num_iterations):
+            for j, mb in enumerate(mbs):
+                sub = batch.select(mb)
+                last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
+                ctx = acc.no_sync(self.model.model) if not last_in_group else _nullcontext()
+                with ctx:
+                    new = self._scores(self.model, sub, est_seed)
+                    old_j = old[j] if old is not None else _detached(new)
+                    out = loss_fn(new, old_j, ref[j] if ref is not None else None, adv_k[mb],
+                                  epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                                  aggregation=cfg.loss_aggregation, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
+                                  max_length=max_len,
+                                  **({"lengths": sub.lengths} if cfg.loss_type == "sequence" else {}))
+                    group_size = min(accum, len(mbs) - (j // accum) * accum)
+                    group_n = sum(len(mbs[k]) for k in range(j - j % accum, j - j % accum + group_size))
+                    loss = out.loss * (len(mb) / group_n)
+                    finite = bool(torch.isfinite(loss))
+                    if finite:
+                        acc.backward(loss)
+                        losses.append(float(out.loss.detach()))
+                        for k, v in out.stats.items():
+                            stats.setdefault(k, []).append(v)
+                        if it == 0 and j < accum:  # before the first optimizer step: CRN make this 0
+                            first_dev = max(first_dev, out.stats["ratio_max_dev"])
+                        scored = new.weight != 0
+                        if scored.any():
+                            stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
+                    else:
+                        self._bad_update(loss)
+                if last_in_group:
+                    self._optimizer_step()
+        result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
+        result["ratio_dev_first_update"] = first_dev
+        result["loss"] = sum(losses) / len(losses) if losses else float("nan")
+        result["bad_updates"] = float(self.bad_updates)
+        return result
+
+    def _bad_update(self, loss: torch.Tensor) -> None:
+        self.bad_updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self._skip_next = True
+        logger.warning("step %d: non-finite loss (%s); update skipped (%d/%d)", self.step_idx, float(loss.detach()),
+                       self.bad_updates, self.cfg.max_bad_steps)
+        if self.bad_updates >= self.cfg.max_bad_steps:
+            raise RuntimeError(f"stopping: {self.bad_updates} updates had a NaN/inf loss (max_bad_steps="
+                               f"{self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
+
+    def _optimizer_step(self) -> None:
+        if getattr(self, "_skip_next", False):
+            self._skip_next = False
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        if self.cfg.optim.max_grad_norm:
+            self.accelerator.clip_grad_norm_(self.model.model.parameters(), self.cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _reduce(self, m: dict) -> dict:
+        if self.accelerator.num_processes == 1:
+            return m
+        keys = sorted(m)
+        t = torch.tensor([m[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        t = self.accelerator.reduce(t, reduction="mean")
+        return dict(zip(keys, t.tolist()))
+
+    # ----------------------------------------------------------------------------- evaluation
+    def evaluate(self) -> HeldOut:
+        cfg = self.cfg
+        examples = self.eval_task.examples
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        mine = examples[rank::world]
+        res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
+                               decode_config(cfg, self.model, cfg.eval.temperature, 0),
+                               batch_size=cfg.rollout.batch_size, seed=cfg.seed)
+        if world > 1:
+            vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
+            total = vals["n"] * world
+            res = replace(res, accuracy=vals["accuracy"] * world / total, reward=vals["reward"] * world / total,
+                          n=int(total))
+        return res
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def save(self, final: bool = False) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
+        save_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_idx,
+                        data_state=self.stream.state_dict(), tokenizer=self.tokenizer, config=to_dict(self.cfg),
+                        extra={"bad_updates": self.bad_updates}, accelerator=self.accelerator)
+        if self.is_main:
+            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
+        return path
+
+    def _resume(self, where: str) -> None:
+        path = latest_checkpoint(self.out) if where == "latest" else Path(where)
+        if path is None:
+            raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
+        state = load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                accelerator=self.accelerator)
+        self.step_idx = state.step
+        self.stream.load_state_dict(state.data_state)
+        self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
+        rollouts = self.out / "rollouts.jsonl"
+        if self.is_main and rollouts.is_file():  # drop what a run killed after this checkpoint wrote
+            keep = [ln for ln in rollouts.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step_idx]
+            rollouts.write_text("".join(ln + "\n" for ln in keep))
+        if self.is_main:
+            print(f"resumed from {path} at step {self.step_idx}")
+
+    def save_final_model(self) -> Path:
+        path = self.out / "final"
+        if self.is_main:
+            unwrapped = merged_model(self.model) if self.cfg.lora.enabled else self.model
+            save_model(unwrapped, path, tokenizer=self.tokenizer)
+        return path
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _detached(s: TokenScores) -> TokenScores:
+    return replace(s, logp=s.logp.detach())
+
+
+def train(cfg: RLConfig, reward_fn=None) -> dict:
+    """Run RL as configured; returns a summary (held-out accuracy before and after, minutes, paths).
+
+    ``reward_fn`` (optional) is a TRL-signature reward ``(prompts, completions, **columns) -> list[float]``
+    that replaces the task's built-in reward.
+    """
+    trainer = RLTrainer(cfg, reward_fn=reward_fn)
+    cfg = trainer.cfg
+    t_start = time.perf_counter()
+    say = print if trainer.is_main else (lambda *a, **k: None)
+    say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
+        f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
+        f"{len(trainer.train_task)} train / {len(trainer.eval_task)} held-out")
+    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx}
+    if trainer.step_idx == 0:
+        before = trainer.evaluate()
+        summary["accuracy_before"] = before.accuracy
+        trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
+        say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
+    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
+                   disable=not (cfg.progress and trainer.is_main))
+    while trainer.step_idx < cfg.max_steps:
+        if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
+            say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
+            break
+        res = trainer.step()
+        trainer.step_idx += 1
+        m = res.metrics
+        if cfg.eval.every and trainer.step_idx % cfg.eval.every == 0 and trainer.step_idx < cfg.max_steps:
+            ev = trainer.evaluate()
+            m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
+        trainer.metrics.log(trainer.step_idx, **m)
+        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
+                   loss=f"{m.get('loss', float('nan')):.4f}")
+        if trainer.is_main and res.samples:
+            with open(trainer.out / "rollouts.jsonl", "a") as f:
+                for prompt, completion, reward, reason in res.samples:
+                    f.write(json.dumps({"step": trainer.step_idx, "prompt": prompt, "completion": completion,
+                                        "reward": reward, "reason": reason}) + "\n")
+        if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
+            for prompt, completion, reward, reason in res.samples[:2]:
+                bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")
+        if cfg.save_every and trainer.step_idx % cfg.save_every == 0:
+            trainer.save()
+    bar.close()
+    after = trainer.evaluate()
+    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
+    summary.update(accuracy_after=after.accuracy, steps=trainer.step_idx,
+                   minutes=(time.perf_counter() - t_start) / 60, output_dir=str(trainer.out))
+    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)")
+    trainer.save()
+    summary["final_model"] = str(trainer.save_final_model())
+    if trainer.is_main:
+        summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
+    return summary
