@@ -14,6 +14,11 @@ import sys
 # name -> module that registers it. Only subcommands that exist are listed.
 SUBCOMMANDS: dict[str, str] = {
     "info": "dllm_rl.models.cli",
+    "generate": "dllm_rl.sampling.cli",
+    "data": "dllm_rl.tasks.cli",
+    "sft": "dllm_rl.sft.cli",
+    "rl / demo": "dllm_rl.rl.cli",
+    "eval / trace / plot": "dllm_rl.eval.cli",
 }
 
 
