@@ -402,4 +402,5 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     summary["final_model"] = str(trainer.save_final_model())
     if trainer.is_main:
         summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
+        (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

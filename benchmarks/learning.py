@@ -1,0 +1,95 @@
+"""Does RL learn? Held-out greedy accuracy before and after RL from the shipped demo checkpoints.
+
+    python benchmarks/learning.py                       # the README table: every method x model, 2 seeds
+    python benchmarks/learning.py --runs full:espo --seeds 0 --minutes 3   # one quick run
+
+Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
+time budget (``max_time_minutes``), one CPU thread, evaluated on ``--eval-limit`` held-out problems
+before and after. Runs go ``--parallel`` at a time. Prints a Markdown table (method x model: before,
+after, gain, minutes, seeds) and writes it with the raw summaries to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parents[1] / "src" / "dllm_rl" / "assets" / "demo"
+DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo"]
+
+
+def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str]):
+    ckpt = DEMO / ("llada-countdown" if model == "full" else "sdar-countdown")
+    return [sys.executable, "-m", "dllm_rl", "rl", str(DEMO / f"rl-{model}.yaml"), f"model={ckpt}",
+            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", f"max_time_minutes={minutes}",
+            f"eval.limit={eval_limit}", "progress=false", "log_samples_every=0", *extra]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", nargs="*", default=DEFAULT_RUNS, help="model:algorithm pairs (model = full | block)")
+    ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
+    ap.add_argument("--minutes", type=float, default=8.0, help="training time budget per run (wall, 1 thread)")
+    ap.add_argument("--eval-limit", type=int, default=500)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--out", default="runs/learning")
+    ap.add_argument("extra", nargs="*", help="key=value overrides for every run")
+    args = ap.parse_args()
+    out = Path(args.out)
+    jobs = []
+    for spec in args.runs:
+        model, algo = spec.split(":")
+        for seed in args.seeds:
+            run_dir = out / f"{model}-{algo}-seed{seed}"
+            jobs.append((model, algo, seed, run_dir,
+                         command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    running: list[tuple[subprocess.Popen, tuple]] = []
+    pending = list(jobs)
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            job = pending.pop(0)
+            job[3].mkdir(parents=True, exist_ok=True)
+            with open(job[3] / "log.txt", "w") as log:
+                proc = subprocess.Popen(job[4], stdout=log, stderr=subprocess.STDOUT, env=env)
+            print(f"start {job[0]}:{job[1]} seed {job[2]}", flush=True)
+            running.append((proc, job))
+        time.sleep(2)
+        for proc, job in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, job))
+                print(f"done  {job[0]}:{job[1]} seed {job[2]} (exit {proc.returncode})", flush=True)
+    rows = {}
+    for model, algo, _seed, run_dir, _ in jobs:
+        f = run_dir / "summary.json"
+        if not f.is_file():
+            print(f"missing {f} (see {run_dir / 'log.txt'})")
+            continue
+        s = json.loads(f.read_text())
+        rows.setdefault((algo, model), []).append(s)
+    lines = ["| method | model | before | after | gain (mean ± sd) | minutes | seeds |",
+             "|---|---|---|---|---|---|---|"]
+    for (algo, model), ss in rows.items():
+        before = [s["accuracy_before"] for s in ss]
+        after = [s["accuracy_after"] for s in ss]
+        gains = [a - b for a, b in zip(after, before)]
+        sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+        after_s = " / ".join(f"{a:.1%}" for a in after)
+        lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | "
+                     f"{statistics.mean(gains) * 100:+.1f} ± {sd * 100:.1f} pts | "
+                     f"{statistics.mean(s['minutes'] for s in ss):.1f} | {len(ss)} |")
+    table = "\n".join(lines)
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table + "\n")
+    (out / "summaries.json").write_text(json.dumps({f"{a}/{m}": v for (a, m), v in rows.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
