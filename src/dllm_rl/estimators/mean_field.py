@@ -1,0 +1,87 @@
+"""``mean_field``: the one-step estimator of d1's diffu-GRPO (arXiv 2504.12216).
+
+diffu-GRPO approximates each token's log-likelihood by a single forward in which the whole completion is
+masked ("mean-field" decomposition of the sequence log-probability):
+
+    log pi(y | x) ~= sum_k log p(y_k | x', [MASK] * L)
+
+with the prompt ``x'`` randomly perturbed: each prompt token is masked independently with probability
+``p_mask = 0.15`` (d1's default), a fresh mask per policy-gradient iteration — here one mask per draw,
+drawn from the caller's generator so that old / current / reference policies share it.
+
+Every counted completion token is masked and gets weight 1. Tokens outside ``completion_mask`` stay as
+clean context unless ``mask_uncounted=True`` (d1's code masks the whole generated completion; set it to
+reproduce that). Prompt padding is never masked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_rl.estimators.base import (
+    MaskedRows,
+    RowRandom,
+    ScoringBatch,
+    TokenScores,
+    build_rows,
+    check_int,
+    check_unit_interval,
+    register,
+    score_rows,
+)
+from dllm_rl.models.diffusion_lm import DiffusionLM
+
+
+def plan_mean_field(
+    model: DiffusionLM,
+    batch: ScoringBatch,
+    generator: torch.Generator,
+    *,
+    p_mask_prompt: float = 0.15,
+    num_mc: int = 1,
+    mask_uncounted: bool = False,
+) -> MaskedRows:
+    """The rows of :func:`mean_field`."""
+    p = check_unit_interval("p_mask_prompt", p_mask_prompt)
+    d_n = check_int("num_mc", num_mc, 1)
+    rng = RowRandom(generator, batch)
+    b_n = batch.batch_size
+    dev = batch.completion_ids.device
+    prompt_draw = rng.rand(d_n, batch.prompt_len).to(dev) < p  # [B, D, P]
+    prompt_masked = prompt_draw & batch.prompt_mask[:, None, :]
+    counted = batch.completion_mask
+    draw = torch.arange(d_n, device=dev).repeat_interleave(b_n)
+    sample = torch.arange(b_n, device=dev).repeat(d_n)
+    masked = counted[sample]
+    keep = masked.any(-1)
+    pm = prompt_masked.transpose(0, 1).reshape(d_n * b_n, -1)
+    return build_rows(
+        batch, sample[keep], draw[keep], masked[keep], masked[keep].float(), model.mask_token_id, d_n,
+        mask_uncounted=mask_uncounted, prompt_masked=pm[keep],
+        info={"prompt_masked": prompt_masked.transpose(0, 1)},
+    )
+
+
+def mean_field(
+    model: DiffusionLM,
+    batch: ScoringBatch,
+    generator: torch.Generator,
+    *,
+    p_mask_prompt: float = 0.15,
+    num_mc: int = 1,
+    mask_uncounted: bool = False,
+    max_rows: int | None = None,
+) -> TokenScores:
+    """d1 diffu-GRPO's one-step log-likelihood (arXiv 2504.12216, diffu-GRPO, "efficient log probability
+    estimation"): completion fully masked, prompt tokens masked with probability ``p_mask_prompt``.
+
+    One row per sample and draw (``num_mc`` independent prompt masks, default 1); weight 1 on every
+    counted completion token. ``info["prompt_masked"]``: ``[D, B, P]`` bool.
+    """
+    rows = plan_mean_field(
+        model, batch, generator, p_mask_prompt=p_mask_prompt, num_mc=num_mc, mask_uncounted=mask_uncounted
+    )
+    return score_rows(model, rows, max_rows)
+
+
+register("mean_field", plan_mean_field)(mean_field)

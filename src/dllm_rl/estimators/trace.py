@@ -1,0 +1,159 @@
+"""``trace``: TraceRL's trajectory-aware log-likelihood (arXiv 2509.06949).
+
+TraceRL trains on the trajectory the model actually took at inference. The rollout records, for every
+completion token, the decoding step at which it was committed (``step_map``); a trace of ``K`` steps
+``tau(1..K)`` gives the policy
+
+    log pi(y | x) = sum_k sum_{i in tau(k)} log p(y_i | x, y_{tau(<k)}, all later tokens masked)
+
+With shrinkage ``s`` (the paper's "shrinkage parameter": neighbouring steps are aggregated to cut the
+number of forwards) the trace is cut into merged steps of ``s`` consecutive steps, and each merged step
+is scored from the state just before it:
+
+* **Full-attention models** (LLaDA, Dream): merged step ``g = step // s`` over *global* steps. The row
+  for merged step ``g`` masks every completion token with ``step >= g*s``, reveals earlier ones, keeps the
+  prompt clean, and scores (weight 1) the counted tokens with ``step // s == g``. One row per merged step
+  per sample that commits at least one counted token; rows are batched.
+* **Block models** (SDAR / TraDo, ``model.is_block_causal``): within each block (the library's one block
+  definition, :func:`dllm_rl.models.block_index`) the local step is ``step - (min step in that block)``
+  and the merged local step is ``r = local // s``. ONE forward in the two-stream layout
+  ``[prompt | clean response | noisy copy]`` scores merged step ``r`` of EVERY block: the noisy copy of
+  each block is that block's state before its ``r``-th merged step (tokens with ``local // s >= r``
+  masked), and the noisy block sees the prompt and the *clean* earlier blocks, exactly as the block
+  sampler did. Cost per sample: ``ceil(steps_per_block / s)`` forwards of length ``prompt + 2 x response``
+  (plus the prompt's partial last block, which is copied into the noisy stream unmasked).
+  ``layout="per_step"`` runs a block model the plain way instead — one single-stream block-causal row per
+  (block, merged local step), later blocks masked — which gives the same log-probs (tested) at more rows.
+
+Tokens that are never committed (``step = -1``) or lie outside ``completion_mask`` (EOS padding after the
+answer) get weight 0 and by default stay in the input as they are — unmasked clean context, the same
+convention as the other estimators (the answer's end is visible). ``mask_uncounted=True`` instead masks
+uncounted committed tokens according to their own recorded steps, rebuilding the exact inference state;
+they are still not scored. Tokens with step -1 are never masked. ``D = 1``; every counted committed
+token is scored exactly once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_rl.estimators.base import (
+    MaskedRows,
+    ScoringBatch,
+    TokenScores,
+    build_rows,
+    check_int,
+    register,
+    score_rows,
+)
+from dllm_rl.models.diffusion_lm import DiffusionLM
+from dllm_rl.models.masks import block_index, position_ids_from_valid
+
+LAYOUTS = ("auto", "two_stream", "per_step")
+
+
+def merged_steps(
+    batch: ScoringBatch, shrinkage: int, block_size: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(merged, block)``, both ``[B, G]``.
+
+    ``merged`` is ``step // s`` (full attention, ``block_size=None``) or ``(step - block's min step) // s``
+    (block models), -1 for tokens never committed. ``block`` is each completion token's block index
+    (``None`` for full attention). The block's min step is taken over all its committed completion
+    tokens, counted or not (the block's decoding started then).
+    """
+    if batch.step_map is None:
+        raise ValueError("the trace estimator needs batch.step_map (the rollout's decoding trace)")
+    step = batch.step_map.long()
+    committed = step >= 0
+    if block_size is None:
+        return torch.where(committed, torch.div(step, shrinkage, rounding_mode="floor"), -1), None
+    p = batch.prompt_len
+    blk = block_index(position_ids_from_valid(batch.valid()), block_size)[:, p:]
+    big = torch.iinfo(torch.long).max
+    first = torch.full((batch.batch_size, int(blk.max().item()) + 1 if blk.numel() else 1), big, device=step.device)
+    first = first.scatter_reduce(1, blk, torch.where(committed, step, big), reduce="amin")
+    local = step - first.gather(1, blk)
+    merged = torch.where(committed, torch.div(local, shrinkage, rounding_mode="floor"), -1)
+    return merged, blk
+
+
+def plan_trace(
+    model: DiffusionLM,
+    batch: ScoringBatch,
+    generator: torch.Generator | None = None,
+    *,
+    shrinkage: int = 1,
+    layout: str = "auto",
+    mask_uncounted: bool = False,
+) -> MaskedRows:
+    """The rows of :func:`trace` (deterministic: the generator is not used)."""
+    s = check_int("shrinkage", shrinkage, 1)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    block = model.is_block_causal
+    if layout == "two_stream" and not block:
+        raise ValueError("layout='two_stream' needs a block model (model.is_block_causal); use 'per_step'")
+    two_stream = block and layout in ("auto", "two_stream")
+    merged, blk = merged_steps(batch, s, model.block_size if block else None)
+    committed = merged >= 0
+    counted = committed & batch.completion_mask
+    maskable = committed & (batch.completion_mask | mask_uncounted)
+    if block and not two_stream:
+        # Lexicographic (block, merged local step) order = decoding order of the block sampler.
+        span = int(merged.max().item()) + 1 if merged.numel() else 1
+        key = torch.where(committed, blk * span + merged, -1)
+    else:
+        key = merged
+
+    samples, masks, weights = [], [], []
+    for b in range(batch.batch_size):
+        groups = torch.unique(key[b][counted[b]])  # sorted
+        if groups.numel() == 0:
+            continue
+        k = key[b][None, :]
+        g = groups[:, None]
+        masks.append(maskable[b][None, :] & (k >= g))
+        weights.append((counted[b][None, :] & (k == g)).float())
+        samples.append(torch.full((groups.numel(),), b, dtype=torch.long, device=key.device))
+    dev = batch.completion_ids.device
+    if samples:
+        sample, masked, weight = torch.cat(samples), torch.cat(masks), torch.cat(weights)
+    else:
+        g_n = batch.completion_len
+        sample = torch.zeros(0, dtype=torch.long, device=dev)
+        masked = torch.zeros(0, g_n, dtype=torch.bool, device=dev)
+        weight = torch.zeros(0, g_n, device=dev)
+    rows = build_rows(
+        batch, sample, torch.zeros_like(sample), masked, weight, model.mask_token_id, 1,
+        info={"merged_step": merged[None]},
+    )
+    if two_stream:
+        rows.clean_ids = batch.input_ids()[sample]
+        rows.prompt_lengths = batch.prompt_mask.sum(-1)[sample]
+    return rows
+
+
+def trace(
+    model: DiffusionLM,
+    batch: ScoringBatch,
+    generator: torch.Generator | None = None,
+    *,
+    shrinkage: int = 1,
+    layout: str = "auto",
+    mask_uncounted: bool = False,
+    max_rows: int | None = None,
+) -> TokenScores:
+    """TraceRL's trace log-likelihood with shrinkage ``s`` (arXiv 2509.06949, trajectory-aware RL with shrinkage;
+    see the module docstring for the per-step states and the block two-stream layout).
+
+    ``layout``: ``"auto"`` (two-stream for block models, one row per merged step otherwise),
+    ``"two_stream"`` (block models only) or ``"per_step"``. ``info["merged_step"]``: ``[1, B, G]`` merged
+    (local, for block models) step of each token, -1 if never committed. Deterministic: the generator is
+    accepted for the common signature and not used.
+    """
+    rows = plan_trace(model, batch, generator, shrinkage=shrinkage, layout=layout, mask_uncounted=mask_uncounted)
+    return score_rows(model, rows, max_rows)
+
+
+register("trace", plan_trace)(trace)

@@ -1,0 +1,137 @@
+"""Registry, errors, common random numbers, gradients, every family x estimator, batching options."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import FAMILIES, MASK, Spy, gen, make_batch
+
+from dllm_rl.estimators import ESTIMATORS, ScoringBatch, estimate, estimator_forwards, estimator_options
+
+NAMES = ("trace", "elbo", "mean_field", "random_mask", "coupled")
+
+
+def test_registry_names():
+    assert set(NAMES) <= set(ESTIMATORS)
+    assert "shrinkage" in estimator_options("trace")
+    assert {"num_mc", "coupled", "max_rows"} <= set(estimator_options("elbo"))
+
+
+def test_unknown_name_and_option(models, batch):
+    with pytest.raises(ValueError, match="valid estimators: .*coupled.*elbo.*mean_field.*random_mask.*trace"):
+        estimate("bogus", models["llada"], batch, gen(0))
+    with pytest.raises(ValueError, match="unknown option.*num_samples.*valid options: num_mc"):
+        estimate("elbo", models["llada"], batch, gen(0), num_samples=3)
+    with pytest.raises(ValueError, match="num_mc"):
+        estimate("elbo", models["llada"], batch, gen(0), num_mc=0)
+    with pytest.raises(ValueError, match="lo must be <= hi"):
+        estimate("random_mask", models["llada"], batch, gen(0), lo=0.9, hi=0.1)
+    with pytest.raises(ValueError, match="p_mask_prompt"):
+        estimate("mean_field", models["llada"], batch, gen(0), p_mask_prompt=1.5)
+    with pytest.raises(ValueError, match="torch.Generator"):
+        estimate("elbo", models["llada"], batch, 0)
+    with pytest.raises(ValueError, match="max_rows"):
+        estimate("elbo", models["llada"], batch, gen(0), max_rows=0)
+
+
+def test_batch_validation():
+    b = make_batch()
+    with pytest.raises(ValueError, match="completion_mask has shape"):
+        ScoringBatch(b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask[:, :3])
+    with pytest.raises(ValueError, match="step_map has shape"):
+        ScoringBatch(b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask, b.step_map[:2])
+    rollout = SimpleNamespace(prompt_ids=b.prompt_ids, prompt_mask=b.prompt_mask.long(),
+                              completion_ids=b.completion_ids, completion_mask=b.completion_mask.long(),
+                              step_map=b.step_map, nfe=torch.ones(3))
+    got = ScoringBatch.from_rollout(rollout)
+    assert got.prompt_mask.dtype == torch.bool and torch.equal(got.step_map, b.step_map)
+    with pytest.raises(ValueError, match="lacks completion_mask"):
+        ScoringBatch.from_rollout(SimpleNamespace(prompt_ids=1, prompt_mask=1, completion_ids=1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_family_and_estimator(models, batch, family, name):
+    """Same seed -> identical scores; other seed -> other masks; global RNG untouched; gradients flow."""
+    model = models[family]
+    state = torch.get_rng_state()
+    a = estimate(name, model, batch, gen(3))
+    b = estimate(name, model, batch, gen(3))
+    assert torch.equal(torch.get_rng_state(), state), "the global RNG must not be used"
+    assert torch.equal(a.logp, b.logp) and torch.equal(a.weight, b.weight)
+    d = a.num_draws
+    assert a.logp.shape == a.weight.shape == (d, 3, 8) and a.logp.dtype == torch.float32
+    assert torch.all(a.weight[:, ~batch.completion_mask] == 0), "uncounted tokens are never scored"
+    assert torch.all(a.logp[a.weight == 0] == 0) and torch.all(a.logp[a.weight != 0] < 0)
+    assert a.forwards == estimator_forwards(name, model, batch, gen(3))
+    if name != "trace":  # trace is deterministic
+        with Spy(model) as s1:
+            estimate(name, model, batch, gen(3))
+        with Spy(model) as s2:
+            estimate(name, model, batch, gen(4))
+        x, y = s1.inputs(), s2.inputs()
+        assert x.shape != y.shape or not torch.equal(x == MASK, y == MASK)
+    # gradients reach the parameters through logp
+    model.zero_grad()
+    loss = -estimate(name, model, batch, gen(3)).sequence_score().sum()
+    loss.backward()
+    for p in (model.model.get_input_embeddings().weight, model.model.lm_head.weight):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    model.zero_grad()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_max_rows_chunks_without_changing_scores(models, batch, name):
+    model = models["sdar"]
+    full = estimate(name, model, batch, gen(2))
+    chunked = estimate(name, model, batch, gen(2), max_rows=2)
+    torch.testing.assert_close(chunked.logp, full.logp, atol=1e-5, rtol=0)
+    assert torch.equal(chunked.weight, full.weight)
+    assert full.calls == 1 and chunked.calls == -(-full.forwards // 2)
+
+
+@pytest.mark.parametrize("name", ["elbo", "mean_field", "random_mask", "coupled"])
+def test_sample_seeds_make_masks_independent_of_the_batch(models, name):
+    """With per-sample seeds a sample gets the same masks whatever micro-batch it is scored in."""
+    model = models["llada"]
+    batch = make_batch()
+    batch.sample_seeds = torch.tensor([11, 22, 33])
+    whole = estimate(name, model, batch, gen(9))
+    for part in ([0, 2], [1]):
+        sub = estimate(name, model, batch.select(part), gen(9))
+        torch.testing.assert_close(sub.logp, whole.logp[:, part], atol=1e-5, rtol=0)
+        assert torch.equal(sub.weight, whole.weight[:, part])
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+@pytest.mark.parametrize("name", ["trace", "mean_field"])  # the others draw [B, D, G] numbers: G must match
+def test_completion_valid_hides_right_padding(models, name, family):
+    """Right-padding columns marked invalid change nothing: same scores as the batch without them."""
+    model = models[family]
+    short = make_batch()
+    short.completion_mask[:, 6:] = False  # answers end within the first 6 columns
+    base = ScoringBatch(short.prompt_ids, short.prompt_mask, short.completion_ids[:, :6],
+                        short.completion_mask[:, :6], short.step_map[:, :6])
+    padded_ids = torch.cat([base.completion_ids, torch.full((3, 3), 5)], 1)
+    valid = torch.cat([torch.ones(3, 6, dtype=torch.bool), torch.zeros(3, 3, dtype=torch.bool)], 1)
+    padded = ScoringBatch(base.prompt_ids, base.prompt_mask, padded_ids,
+                          torch.cat([base.completion_mask, torch.zeros(3, 3, dtype=torch.bool)], 1),
+                          torch.cat([base.step_map, torch.full((3, 3), -1)], 1), completion_valid=valid)
+    a = estimate(name, model, base, gen(1))
+    b = estimate(name, model, padded, gen(1))
+    torch.testing.assert_close(b.logp[..., :6], a.logp, atol=1e-5, rtol=0)
+    assert torch.all(b.weight[..., 6:] == 0)
+
+
+def test_mask_uncounted_masks_the_padding(models, batch):
+    model = models["llada"]
+    with Spy(model) as spy:
+        estimate("mean_field", model, batch, gen(0), mask_uncounted=True, p_mask_prompt=0.0)
+    comp = spy.inputs()[:, batch.prompt_len :]
+    assert torch.all(comp == MASK)
+    with Spy(model) as spy:
+        estimate("mean_field", model, batch, gen(0), p_mask_prompt=0.0)
+    comp = spy.inputs()[:, batch.prompt_len :]
+    assert torch.equal(comp == MASK, batch.completion_mask)
