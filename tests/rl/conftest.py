@@ -8,11 +8,6 @@ from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.tasks.synthetic import make_countdown, write_jsonl
 
 
-def digit_reward(prompts, completions, **columns):
-    """A dense test reward: the fraction of digit characters in the completion (varies between samples)."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
 @pytest.fixture(scope="session")
 def rl_setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("rl")
@@ -25,10 +20,3 @@ def rl_setup(tmp_path_factory):
                           num_kv_heads=1)
         save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
     return root
-
-
-def rl_overrides(root, family: str, out, *extra: str) -> list[str]:
-    return [f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
-            f"eval.data={root / 'test.jsonl'}", "prompt_style=compact", "prompts_per_step=2", "num_generations=4",
-            "rollout.gen_length=8", "rollout.block_length=8", "eval.limit=0", f"output_dir={out}",
-            "progress=false", "log_samples_every=0", "optim.lr=0.003", "device=cpu", *extra]

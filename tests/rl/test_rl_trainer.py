@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import digit_reward, rl_overrides
+from rl_helpers import digit_reward, rl_overrides
 
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.models import load_model

@@ -1,0 +1,490 @@
+"""Task base class: load examples, build prompts, score completions.
+
+A :class:`Task` holds examples (dicts with at least ``prompt``, the user-message text, plus the task's
+answer columns and every raw column of the source row) and scores completions with a reward callable in
+TRL's signature::
+
+    reward(prompts, completions, **dataset_columns) -> list[Score]
+
+:class:`Score` is a ``float`` subclass, so TRL and our trainer see plain floats, while ``.reason`` (a short
+string for logs) and ``.info`` (extra flags such as sudoku's ``solved``) ride along with every value.
+Rewards never raise on model output: anything unparseable scores 0 with a reason.
+
+Data sources: local ``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.csv`` / ``.parquet`` files, an in-memory
+list of dicts, or a Hugging Face dataset (``hf:owner/name[:config][@split]``; imports ``datasets`` only
+then). Bad rows raise :class:`DataError` naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib
+import io
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+PROMPT_STYLES = ("chat", "plain", "compact")
+
+
+class DataError(ValueError):
+    """A dataset row or file is malformed; the message names the file, line and field."""
+
+
+# ------------------------------------------------------------------------------------------------ Score
+def _make_score(value: float, reason: str, info: dict) -> Score:
+    return Score(value, reason, **info)
+
+
+class Score(float):
+    """A reward value (a ``float``) that carries the reason it was given and optional extra info.
+
+    >>> s = Score(0.0, "no <answer> tag")
+    >>> float(s), s.reason
+    (0.0, 'no <answer> tag')
+    """
+
+    __slots__ = ("reason", "info")
+    reason: str
+    info: dict[str, Any]
+
+    def __new__(cls, value: float, reason: str = "", **info: Any) -> Score:
+        obj = super().__new__(cls, value)
+        obj.reason = reason
+        obj.info = info
+        return obj
+
+    def __reduce__(self):
+        return (_make_score, (float(self), self.reason, dict(self.info)))
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.info.items())
+        return f"Score({float(self)!r}, {self.reason!r}{extra})"
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion as TRL passes it: a string, a list of chat messages (the last
+    message's content), a message dict, bytes (decoded, invalid bytes replaced) or None (empty)."""
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, bytes | bytearray):
+        return bytes(completion).decode("utf-8", "replace")
+    if isinstance(completion, Mapping):
+        return completion_text(completion.get("content", ""))
+    if isinstance(completion, Sequence) and completion:
+        last = completion[-1]
+        if isinstance(last, Mapping) and "type" in last and "text" in last:  # content parts
+            return "".join(str(p.get("text", "")) for p in completion if isinstance(p, Mapping))
+        return completion_text(last)
+    return str(completion) if completion else ""
+
+
+# ------------------------------------------------------------------------------------------------ data
+def find_data_dir() -> Path | None:
+    """The shared benchmark-data folder: ``$DLLM_RL_DATA`` if set, else ``<repo>/../shared/data``;
+    None when neither exists."""
+    env = os.environ.get("DLLM_RL_DATA")
+    if env:
+        p = Path(env).expanduser()
+        return p if p.is_dir() else None
+    repo = Path(__file__).resolve().parents[3]
+    p = (repo / ".." / "shared" / "data").resolve()
+    return p if p.is_dir() else None
+
+
+def data_file(relpath: str) -> Path:
+    """Path of a file in the shared data folder; FileNotFoundError with what to do when absent."""
+    root = find_data_dir()
+    if root is None:
+        raise FileNotFoundError(
+            f"benchmark data folder not found (looked at $DLLM_RL_DATA and <repo>/../shared/data) for "
+            f"{relpath!r}; set DLLM_RL_DATA or pass data=<file>"
+        )
+    path = root / relpath
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; set DLLM_RL_DATA or pass data=<file>")
+    return path
+
+
+def is_hf_name(source: str) -> bool:
+    """True for ``hf:...`` names, and for ``owner/name`` strings that are not local files and have no
+    file suffix."""
+    if source.startswith("hf:"):
+        return True
+    p = Path(source)
+    return not p.exists() and source.count("/") == 1 and not p.suffix and not source.startswith((".", "/"))
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def read_rows(source: str | os.PathLike, *, split: str | None = None) -> Iterator[tuple[str, dict]]:
+    """Yield ``(location, row)`` for every row of a data file (``location`` = ``file:line``) or of a
+    Hugging Face dataset. Raises DataError / FileNotFoundError with the file and line on problems."""
+    text = str(source)
+    if is_hf_name(text):
+        yield from _read_hf(text, split)
+        return
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    suffixes = "".join(path.suffixes[-2:]).lower()
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        yield from _read_jsonl(path)
+    elif name.endswith((".json", ".json.gz")):
+        with _open_text(path) as f:
+            head = f.read(1 << 16).lstrip()
+        if head.startswith("["):
+            with _open_text(path) as f:
+                try:
+                    data = json.load(f)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+            for i, row in enumerate(data):
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}, item {i}: expected a JSON object, got {type(row).__name__}")
+                yield f"{path}, item {i}", row
+        else:
+            yield from _read_jsonl(path)
+    elif name.endswith((".csv", ".csv.gz", ".tsv")):
+        with _open_text(path) as f:
+            reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
+            if not reader.fieldnames:
+                raise DataError(f"{path}, line 1: empty CSV file (no header line)")
+            for row in reader:
+                if None in row:
+                    raise DataError(f"{path}, line {reader.line_num}: more values than header columns")
+                yield f"{path}, line {reader.line_num}", dict(row)
+    elif name.endswith(".parquet"):
+        yield from _read_parquet(path)
+    else:
+        raise DataError(
+            f"{path}: unsupported data file type {suffixes or path.suffix!r} "
+            "(use .jsonl, .jsonl.gz, .json, .csv or .parquet)"
+        )
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    with _open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}, line {n}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise DataError(f"{path}, line {n}: expected a JSON object, got {type(row).__name__}")
+            yield f"{path}, line {n}", row
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        pq = None
+    if pq is not None:
+        rows = pq.read_table(path).to_pylist()
+    else:
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow) or pandas") from exc
+        rows = pd.read_parquet(path).to_dict(orient="records")
+    for i, row in enumerate(rows):
+        yield f"{path}, row {i}", dict(row)
+
+
+def _read_hf(name: str, split: str | None) -> Iterator[tuple[str, dict]]:
+    spec = name[3:] if name.startswith("hf:") else name
+    spec, _, hf_split = spec.partition("@")
+    spec, _, config = spec.partition(":")
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(
+            f"loading the Hugging Face dataset {spec!r} needs the `datasets` package (pip install datasets) "
+            "and a reachable hub; or pass a local .jsonl / .csv / .parquet file"
+        ) from exc
+    ds = datasets.load_dataset(spec, config or None, split=hf_split or split or "train")
+    for i, row in enumerate(ds):
+        yield f"hf:{spec}[{i}]", dict(row)
+
+
+def require_fields(
+    row: Mapping[str, Any], where: str, fields: Iterable[str | tuple[str, ...]], task: str
+) -> None:
+    """Raise DataError naming ``where`` (file and line) when a required field (or every alternative
+    of a tuple of fields) is missing or null."""
+    for spec in fields:
+        alts = (spec,) if isinstance(spec, str) else tuple(spec)
+        if not any(row.get(a) is not None for a in alts):
+            want = " or ".join(repr(a) for a in alts)
+            have = ", ".join(sorted(map(str, row))) or "none"
+            raise DataError(f"{where}: missing field {want} needed by the {task} task (row has: {have})")
+
+
+def load_callable(spec: str | Callable) -> Callable:
+    """A callable from ``"package.module:function"`` (or a callable, returned as is)."""
+    if callable(spec):
+        return spec
+    mod, _, attr = str(spec).partition(":")
+    if not mod or not attr:
+        raise ValueError(f"reward {spec!r}: expected 'package.module:function' or a task name")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r} is not callable")
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------ Task
+class Task:
+    """A dataset plus its prompt format and reward.
+
+    Args:
+        data: a file (``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.csv`` / ``.parquet``), ``hf:owner/name``,
+            a list of row dicts, or None for the task's default file in the shared data folder.
+        split: which default file (``"train"`` / ``"test"``) and the split of a HF dataset.
+        limit: keep only the first ``limit`` examples.
+        prompt_style: ``"chat"`` (instruction text; :meth:`build_prompt` applies the tokenizer's chat
+            template), ``"plain"`` (the same text, never templated) or ``"compact"`` (a terse one-line
+            format for character-level tiny models; countdown / sudoku / arith only).
+        system_prompt: optional system message for the chat template.
+        reward_fn: a TRL-style reward ``(prompts, completions, **columns) -> list[float]`` (or
+            ``"module:function"``) that replaces the built-in reward.
+    """
+
+    name: ClassVar[str] = "task"
+    #: fields each raw row must have (a tuple = any one of the alternatives)
+    required_fields: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
+    #: split -> path of the default file, relative to the shared data folder
+    default_files: ClassVar[dict[str, str]] = {}
+    prompt_styles: ClassVar[tuple[str, ...]] = ("chat", "plain")
+
+    def __init__(
+        self,
+        data: str | os.PathLike | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        split: str = "test",
+        limit: int | None = None,
+        prompt_style: str = "chat",
+        system_prompt: str | None = None,
+        reward_fn: str | Callable | None = None,
+    ) -> None:
+        if prompt_style not in self.prompt_styles:
+            raise ValueError(
+                f"task {self.name!r} has no prompt_style {prompt_style!r}; "
+                f"choose one of {', '.join(self.prompt_styles)}"
+            )
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.data = data
+        self.split = split
+        self.limit = limit
+        self.prompt_style = prompt_style
+        self.system_prompt = system_prompt
+        self.custom_reward = load_callable(reward_fn) if reward_fn is not None else None
+        self._examples: list[dict[str, Any]] | None = None
+
+    # --------------------------------------------------------------------------------------- data
+    def default_data(self, split: str | None = None) -> Path:
+        """The default data file for ``split`` in the shared data folder (FileNotFoundError if none)."""
+        split = split or self.split
+        if split not in self.default_files:
+            if not self.default_files:
+                raise FileNotFoundError(f"task {self.name!r} has no default data file; pass data=<file>")
+            raise FileNotFoundError(
+                f"task {self.name!r} has no default {split!r} data (has: "
+                f"{', '.join(self.default_files)}); pass data=<file>"
+            )
+        return data_file(self.default_files[split])
+
+    @property
+    def source(self) -> str:
+        """Where the examples come from (for logs)."""
+        if self.data is None:
+            try:
+                return str(self.default_data())
+            except FileNotFoundError:
+                return "<none>"
+        return str(self.data) if isinstance(self.data, str | os.PathLike) else "<in-memory rows>"
+
+    def raw_rows(self) -> Iterator[tuple[str, dict]]:
+        """``(location, raw row)`` pairs from the data source, before :meth:`prepare`."""
+        if self.data is None:
+            yield from read_rows(self.default_data(), split=self.split)
+        elif isinstance(self.data, str | os.PathLike):
+            yield from read_rows(self.data, split=self.split)
+        else:
+            for i, row in enumerate(self.data):
+                if not isinstance(row, Mapping):
+                    raise DataError(f"rows[{i}]: expected a dict, got {type(row).__name__}")
+                yield f"rows[{i}]", dict(row)
+
+    def load(self) -> list[dict[str, Any]]:
+        """Read, validate and prepare all examples (cached)."""
+        if self._examples is None:
+            out = []
+            for where, row in self.raw_rows():
+                if self.limit is not None and len(out) >= self.limit:
+                    break
+                ex = self.prepare(row, where)
+                if ex is not None:
+                    out.append(ex)
+            self._examples = out
+        return self._examples
+
+    @property
+    def examples(self) -> list[dict[str, Any]]:
+        """The prepared examples (loads them on first use)."""
+        return self.load()
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.examples)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.examples[i]
+
+    def prepare(self, row: dict[str, Any], where: str = "<row>") -> dict[str, Any] | None:
+        """Validate a raw row, add the task's answer columns and the ``prompt`` (user-message text).
+        Returns None to skip the row (e.g. a split filter). Raw columns are kept."""
+        require_fields(row, where, self.required_fields, self.name)
+        ex = self.normalize(dict(row), where)
+        if ex is None:
+            return None
+        ex["prompt"] = self.format_prompt(ex)
+        return ex
+
+    def normalize(self, row: dict[str, Any], where: str) -> dict[str, Any] | None:
+        """Task-specific: parse raw fields into answer columns (raise DataError on bad values)."""
+        return row
+
+    # ------------------------------------------------------------------------------------- prompts
+    def format_prompt(self, example: Mapping[str, Any]) -> str:
+        """The user-message text of an example in this task's ``prompt_style``."""
+        raise NotImplementedError
+
+    def messages(self, example: Mapping[str, Any]) -> list[dict[str, str]]:
+        """Chat messages for the example: optional system message, then the user message."""
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return msgs + [{"role": "user", "content": str(example["prompt"])}]
+
+    def build_prompt(self, example: Mapping[str, Any], tokenizer: Any = None) -> str:
+        """The text the model is conditioned on.
+
+        ``chat`` style with a tokenizer that has a chat template: the template applied to
+        :meth:`messages` with the generation prompt. Otherwise (``plain``, ``compact``, or no
+        template): the user text itself, preceded by the system prompt and a blank line if one is set.
+        """
+        text = str(example["prompt"])
+        if (
+            self.prompt_style == "chat"
+            and tokenizer is not None
+            and getattr(tokenizer, "chat_template", None)
+        ):
+            return tokenizer.apply_chat_template(
+                self.messages(example), tokenize=False, add_generation_prompt=True
+            )
+        if self.system_prompt and self.prompt_style != "compact":
+            return f"{self.system_prompt}\n\n{text}"
+        return text
+
+    def reference_completion(self, example: Mapping[str, Any]) -> str | None:
+        """A completion that scores 1.0 for this example (for SFT warm-up and tests), if one is known."""
+        return None
+
+    # -------------------------------------------------------------------------------------- rewards
+    def extract_answer(self, text: str) -> str | None:
+        """The answer string the reward reads from a completion (None when there is none)."""
+        return None
+
+    def score_one(self, completion: Any, example: Mapping[str, Any]) -> Score:
+        """Score one completion against one example; never raises (errors score 0 with a reason)."""
+        try:
+            return self._score(completion_text(completion), example)
+        except Exception as exc:  # a reward must never crash training on odd model output
+            return Score(0.0, f"reward error: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _score(self, text: str, example: Mapping[str, Any]) -> Score:
+        raise NotImplementedError
+
+    def score(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any) -> list[Score]:
+        """TRL-signature reward: one :class:`Score` per completion.
+
+        ``columns`` are the dataset columns as lists aligned with ``completions`` (TRL passes every
+        column except ``prompt``; extra keyword arguments such as ``trainer_state`` are ignored).
+        """
+        n = len(completions)
+        if self.custom_reward is not None:
+            values = self.custom_reward(prompts, completions, **columns)
+            name = getattr(self.custom_reward, "__name__", "custom")
+            return [
+                v if isinstance(v, Score) else Score(0.0 if v is None else float(v), f"{name}")
+                for v in values
+            ]
+        examples = self.rows_from_columns(prompts, n, columns)
+        return self._score_batch([completion_text(c) for c in completions], examples)
+
+    __call__ = score
+
+    def _score_batch(self, texts: list[str], examples: list[dict[str, Any]]) -> list[Score]:
+        return [self.score_one(t, ex) for t, ex in zip(texts, examples)]
+
+    @staticmethod
+    def rows_from_columns(prompts: Sequence[Any] | None, n: int, columns: Mapping[str, Any]) -> list[dict]:
+        """Turn TRL's column lists back into one dict per completion."""
+        cols = {k: v for k, v in columns.items() if isinstance(v, list | tuple) and len(v) == n}
+        rows = [{k: v[i] for k, v in cols.items()} for i in range(n)]
+        if prompts is not None and len(prompts) == n:
+            for r, p in zip(rows, prompts):
+                r.setdefault("prompt", p)
+        return rows
+
+    def score_examples(
+        self, completions: Sequence[Any], examples: Sequence[Mapping[str, Any]]
+    ) -> list[Score]:
+        """Score completions against example dicts (as returned by :attr:`examples`), one each."""
+        if len(completions) != len(examples):
+            raise ValueError(
+                f"{len(completions)} completions for {len(examples)} examples; pass one example "
+                "per completion (repeat examples for several samples per prompt)"
+            )
+        cols = {k: [ex.get(k) for ex in examples] for k in set().union(*examples)} if examples else {}
+        cols.pop("prompt", None)
+        return self.score([ex.get("prompt") for ex in examples], list(completions), **cols)
+
+    @property
+    def reward_fn(self) -> Callable[..., list[Score]]:
+        """This task's reward as a plain function (named ``<task>_reward``, as TRL logs it)."""
+
+        def reward(prompts: Sequence[Any] | None, completions: Sequence[Any], **columns: Any) -> list[Score]:
+            return self.score(prompts, completions, **columns)
+
+        reward.__name__ = reward.__qualname__ = f"{self.name}_reward"
+        return reward
+
+    def metrics(self, scores: Sequence[Score]) -> dict[str, float]:
+        """Aggregate scores: mean ``reward`` and ``accuracy`` (fraction with reward 1.0)."""
+        n = max(len(scores), 1)
+        return {"reward": sum(map(float, scores)) / n, "accuracy": sum(float(s) >= 1.0 for s in scores) / n}
+
+    def close(self) -> None:
+        """Release worker processes (math verifier pool); safe to call more than once."""
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        return f"{name}(source={self.source!r}, split={self.split!r}, style={self.prompt_style!r})"

@@ -1,0 +1,15 @@
+"""Helpers for the RL trainer tests (imported by name; pytest's conftest holds only fixtures)."""
+
+from __future__ import annotations
+
+
+def digit_reward(prompts, completions, **columns):
+    """A dense test reward: the fraction of digit characters in the completion (varies between samples)."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def rl_overrides(root, family: str, out, *extra: str) -> list[str]:
+    return [f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
+            f"eval.data={root / 'test.jsonl'}", "prompt_style=compact", "prompts_per_step=2", "num_generations=4",
+            "rollout.gen_length=8", "rollout.block_length=8", "eval.limit=0", f"output_dir={out}",
+            "progress=false", "log_samples_every=0", "optim.lr=0.003", "device=cpu", *extra]

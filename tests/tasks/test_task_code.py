@@ -1,0 +1,143 @@
+"""Code task: prompt formats, code extraction, function and stdin/stdout tests, HumanEval and MBPP."""
+
+from __future__ import annotations
+
+import pytest
+
+from dllm_rl.tasks import DataError, get_task
+from dllm_rl.tasks.code import mbpp_entry_point
+from dllm_rl.tasks.sandbox import SandboxLimits
+
+LIMITS = SandboxLimits(timeout_s=5)
+MBPP_ROW = {
+    "task_id": 900,
+    "text": "Write a function to add one.",
+    "code": "def add_one(x):\n    return x + 1",
+    "test_list": ["assert add_one(1) == 2", "assert add_one(5) == 6", "assert add_one(-1) == 0"],
+    "test_setup_code": "",
+    "challenge_test_list": [],
+}
+STDIO_ROW = {
+    "question": "Print the sum of two integers.",
+    "inputs": ["1 2\n", "10 -3\n"],
+    "outputs": ["3\n", "7\n"],
+}
+HE_ROW = {
+    "task_id": "X/0",
+    "prompt": 'def double(x):\n    """Twice x."""\n',
+    "entry_point": "double",
+    "canonical_solution": "    return 2 * x\n",
+    "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n",
+}
+
+
+def task(rows, **kw):
+    return get_task("code", data=rows, dataset=None, limits=LIMITS, **kw)
+
+
+def test_prompt_shows_one_test_example():
+    t = task([MBPP_ROW])
+    p = t.examples[0]["prompt"]
+    assert "Write a function to add one." in p and "assert add_one(1) == 2" in p and "add_one(5)" not in p
+    assert "```python" in p
+    s = task([STDIO_ROW]).examples[0]["prompt"]
+    assert "Example input:\n1 2\n" in s and "Example output:\n3\n" in s
+    h = task([HE_ROW]).examples[0]
+    assert h["code_prompt"] == HE_ROW["prompt"] and "def double(x):" in h["prompt"]
+
+
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("```python\ndef add_one(x):\n    return x + 1\n```", 1.0),
+        ("Here:\n```python\nimport math\n```\nand\n```py\ndef add_one(x):\n    return x + 1\n```", 1.0),
+        ("def add_one(x):\n    return 2 if x == 1 else 99", 1 / 3),
+        ("def add_one(x):\n    return x", 0.0),
+        ("no code at all", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_mbpp_style_fraction_of_asserts(completion, reward):
+    t = task([MBPP_ROW])
+    s = t.score_one(completion, t.examples[0])
+    assert s == pytest.approx(reward), s.reason
+    assert s.info.get("total") == 3
+
+
+def test_humaneval_body_continuation_or_full_function():
+    t = task([HE_ROW])
+    ex = t.examples[0]
+    assert t.score_one("    return x + x\n", ex) == 1.0
+    assert t.score_one("```python\ndef double(x):\n    return x * 2\n```", ex) == 1.0
+    assert t.score_one("```python\ndef double(x):\n    return x * 3\n```", ex) == 0.0
+    assert t.reference_completion(ex) and t.score_one(t.reference_completion(ex), ex) == 1.0
+
+
+def test_stdio_tests_compare_output_per_case():
+    t = task([STDIO_ROW])
+    ex = t.examples[0]
+    good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    assert t.score_one(good, ex) == 1.0
+    assert (
+        t.score_one("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\nsys.exit(0)", ex)
+        == 1.0
+    )
+    assert t.score_one("a, b = map(int, input().split())\nprint(a + b if a < 5 else 0)", ex) == 0.5
+    assert t.score_one("print(3)", ex) == 0.5
+    s = t.score_one("import os\nos.write(1, b'3\\n')\nos._exit(0)", ex)
+    assert s == 0.5, s.reason  # raw fd writes are captured too; the second case prints the wrong sum
+    assert t.score_one("raise SystemExit(1)", ex) == 0.0
+
+
+def test_other_stdio_formats_and_missing_tests_error():
+    apps = {"problem": "Echo.", "input_output": '{"inputs": ["hi\\n"], "outputs": ["hi\\n"]}'}
+    pairs = {"question": "Echo.", "tests": [{"input": "hi\n", "output": "hi"}]}
+    for row in (apps, pairs):
+        t = task([row])
+        assert t.score_one("print(input())", t.examples[0]) == 1.0
+    with pytest.raises(DataError, match=r"rows\[0\]: missing tests for the code task"):
+        task([{"question": "no tests"}]).load()
+
+
+def test_reward_from_trl_columns():
+    t = task([MBPP_ROW, STDIO_ROW])
+    cols = {
+        k: [ex.get(k) for ex in t.examples]
+        for k in ("tests", "test_mode", "setup", "entry_point", "code_prompt")
+    }
+    out = t.reward_fn(None, ["def add_one(x): return x + 1", "print(sum(map(int, input().split())))"], **cols)
+    assert out == [1.0, 1.0]
+
+
+def test_mbpp_entry_point():
+    assert mbpp_entry_point("assert math.isclose(area(2), 4.0)") == "area"
+    assert mbpp_entry_point("assert set(similar((3, 4), (5, 4))) == set((4,))") == "similar"
+
+
+def test_humaneval_canonical_solutions_all_pass(data_dir):
+    t = get_task(
+        "humaneval", data=data_dir / "humaneval" / "HumanEval.jsonl.gz", limits=SandboxLimits(timeout_s=20)
+    )
+    examples = t.examples
+    assert len(examples) == 164
+    scores = t.score_examples([ex["canonical_solution"] for ex in examples], examples)
+    failed = [(ex["task_id"], s.reason) for ex, s in zip(examples, scores) if s != 1.0]
+    assert not failed, failed[:5]
+    wrong = t.score_examples(["    return None\n"] * 20, examples[:20])
+    assert all(s == 0.0 for s in wrong)
+
+
+@pytest.mark.slow
+def test_mbpp_reference_solutions_pass(data_dir):
+    t = get_task(
+        "mbpp", data=data_dir / "mbpp" / "mbpp.jsonl", split="test", limits=SandboxLimits(timeout_s=20)
+    )
+    examples = t.examples
+    assert len(examples) == 500 and examples[0]["task_id"] == 11
+    scores = t.score_examples([t.reference_completion(ex) for ex in examples], examples)
+    passed = sum(s == 1.0 for s in scores)
+    assert passed >= 0.95 * len(examples), [
+        (ex["task_id"], s.reason) for ex, s in zip(examples, scores) if s < 1
+    ][:5]
+    wrong = t.score_examples(["```python\ndef f(*a):\n    return None\n```"] * 20, examples[:20])
+    assert all(s == 0.0 for s in wrong)

@@ -1,0 +1,145 @@
+"""Synthetic generators and `dllm-rl data`: determinism, distinct and solvable rows, disjoint splits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from dllm_rl.tasks import cli, get_task
+from dllm_rl.tasks.arith import evaluate_arith
+from dllm_rl.tasks.countdown import check_countdown
+from dllm_rl.tasks.sudoku import count_solutions, is_valid_solution
+from dllm_rl.tasks.synthetic import make, make_split_pair, row_key
+
+
+def run_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="dllm-rl")
+    sub = parser.add_subparsers(dest="command")
+    cli.register(sub)
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def read(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_countdown_rows_are_distinct_solvable_and_follow_the_knobs():
+    rows = make("countdown", 300, seed=1, numbers=4, max_value=30)
+    assert len({row_key("countdown", r) for r in rows}) == 300
+    for r in rows:
+        assert len(r["nums"]) == 4 and all(1 <= v <= 30 for v in r["nums"]) and 1 <= r["target"] <= 30
+        assert check_countdown(r["solution"], r["nums"], r["target"])[0], r
+        assert r["input"] == ",".join(map(str, r["nums"])) and r["output"] == str(r["target"])
+    assert make("countdown", 50, seed=1, numbers=4, max_value=30) == rows[:50]  # reproducible
+    assert make("countdown", 50, seed=2, numbers=4, max_value=30) != rows[:50]
+    task = get_task("countdown", data=rows, prompt_style="compact")
+    scores = task.score_examples([task.reference_completion(ex) for ex in task.examples], task.examples)
+    assert all(s == 1.0 for s in scores)
+
+
+def test_sudoku_rows_have_unique_solutions_and_the_requested_blanks():
+    rows = make("sudoku", 100, seed=0, blanks=10)
+    assert len({r["puzzle"] for r in rows}) == 100
+    for r in rows:
+        assert r["puzzle"].count("0") == 10
+        assert is_valid_solution(r["solution"], r["puzzle"]) and count_solutions(r["puzzle"], 2) == 1
+    task = get_task("sudoku", data=rows)
+    assert all(task.score_one(task.reference_completion(ex), ex).info["solved"] for ex in task.examples)
+
+
+def test_arith_values_and_difficulty_presets():
+    rows = make("arith", 200, seed=0, difficulty="hard")
+    for r in rows:
+        nums = r["expression"].replace("+", " ").replace("-", " ").replace("*", " ").split()
+        assert len(nums) == 4 and all(len(n) == 3 for n in nums)
+        assert r["answer"] == evaluate_arith(r["expression"])  # independent AST evaluator
+    easy = make("arith", 20, seed=0, difficulty="easy", operands=3)  # explicit knobs override the preset
+    assert all(len(r["expression"]) == 5 for r in easy)
+    with pytest.raises(ValueError, match="could only make 300 distinct arith rows"):
+        make("arith", 400, seed=0, operands=2, digits=1)
+
+
+def test_split_pair_is_disjoint():
+    train, test = make_split_pair("countdown", 500, 100, seed=0, difficulty="easy")
+    keys_train = {row_key("countdown", r) for r in train}
+    keys_test = {row_key("countdown", r) for r in test}
+    assert len(keys_train) == 500 and len(keys_test) == 100 and not keys_train & keys_test
+
+
+def test_cli_make_with_exclude_and_test_out(tmp_path, capsys):
+    test_f, train_f, more_f = tmp_path / "test.jsonl", tmp_path / "train.jsonl", tmp_path / "more.jsonl"
+    assert (
+        run_cli(
+            "data", "make", "sudoku", "--n", "40", "--split", "test", "--blanks", "6", "--out", str(test_f)
+        )
+        == 0
+    )
+    assert (
+        run_cli(
+            "data",
+            "make",
+            "sudoku",
+            "--n",
+            "200",
+            "--blanks",
+            "6",
+            "--exclude",
+            str(test_f),
+            "--out",
+            str(train_f),
+        )
+        == 0
+    )
+    test_keys = {r["puzzle"] for r in read(test_f)}
+    train_keys = {r["puzzle"] for r in read(train_f)}
+    assert len(test_keys) == 40 and len(train_keys) == 200 and not test_keys & train_keys
+    assert (
+        run_cli(
+            "data",
+            "make",
+            "arith",
+            "--n",
+            "30",
+            "--out",
+            str(more_f),
+            "--test-out",
+            str(tmp_path / "t.jsonl"),
+            "--test-n",
+            "10",
+            "--digits",
+            "1",
+        )
+        == 0
+    )
+    assert len(read(more_f)) == 30 and len(read(tmp_path / "t.jsonl")) == 10
+    assert "wrote 200 sudoku train rows" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="--exclude file"):
+        run_cli(
+            "data",
+            "make",
+            "arith",
+            "--n",
+            "3",
+            "--out",
+            str(more_f),
+            "--exclude",
+            str(tmp_path / "none.jsonl"),
+        )
+    with pytest.raises(ValueError, match="--blanks"):
+        run_cli("data", "make", "sudoku", "--n", "3", "--blanks", "16", "--out", str(more_f))
+
+
+def test_cli_show_prints_prompts_and_rewards(tmp_path, capsys):
+    f = tmp_path / "cd.jsonl"
+    run_cli("data", "make", "countdown", "--n", "3", "--out", str(f))
+    assert (
+        run_cli("data", "show", str(f), "--task-type", "countdown", "--prompt-style", "compact", "--n", "2")
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "PROMPT:\nnums " in out and "REWARD: 1.000 (correct)" in out and '"accuracy": 1.0' in out
+    with pytest.raises(ValueError, match="missing action"):
+        run_cli("data")
