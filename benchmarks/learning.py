@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-DEMO = Path(__file__).resolve().parents[1] / "src" / "dllm_rl" / "assets" / "demo"
+from dllm_rl.rl.cli import demo_config_path, demo_overrides
+
 DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo"]
 
 
 def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str]):
-    ckpt = DEMO / ("llada-countdown" if model == "full" else "sdar-countdown")
-    return [sys.executable, "-m", "dllm_rl", "rl", str(DEMO / f"rl-{model}.yaml"), f"model={ckpt}",
+    return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
             f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", f"max_time_minutes={minutes}",
             f"eval.limit={eval_limit}", "progress=false", "log_samples_every=0", *extra]
 

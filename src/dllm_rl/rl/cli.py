@@ -24,12 +24,20 @@ def run_rl(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(RLConfig, args.config, args.overrides)
     summary = train(cfg)
-    print(json.dumps(summary, indent=2))
+    if summary.get("is_main", True):
+        print(json.dumps({k: v for k, v in summary.items() if k != "is_main"}, indent=2))
     return 0
 
 
 def demo_config_path(model_kind: str) -> Path:
     return DEMO_DIR / f"rl-{model_kind}.yaml"
+
+
+def demo_overrides(model_kind: str) -> list[str]:
+    """Absolute paths of the shipped demo checkpoint and data (the YAML names them relative to DEMO_DIR)."""
+    ckpt = "llada-countdown" if model_kind == "full" else "sdar-countdown"
+    return [f"model={DEMO_DIR / ckpt}", f"train_data={DEMO_DIR / 'countdown_train.jsonl'}",
+            f"eval.data={DEMO_DIR / 'countdown_heldout.jsonl'}"]
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -40,8 +48,8 @@ def run_demo(args: argparse.Namespace) -> int:
     path = demo_config_path(args.model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
-    overrides = [f"algorithm={args.algorithm}", f"output_dir={args.output_dir}/{args.model}-{args.algorithm}"]
-    overrides += [f"model={DEMO_DIR / ('llada-countdown' if args.model == 'full' else 'sdar-countdown')}"]
+    overrides = demo_overrides(args.model)
+    overrides += [f"algorithm={args.algorithm}", f"output_dir={args.output_dir}/{args.model}-{args.algorithm}"]
     cfg = load_config(RLConfig, path, overrides + list(args.overrides))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)

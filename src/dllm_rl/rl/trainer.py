@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedDataParallelKwargs, gather_object
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
-from dllm_rl.models import detect_family, load_model, load_tokenizer, save_model
+from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
@@ -86,7 +87,13 @@ class RLTrainer:
             raise ConfigError("model: set the checkpoint directory (model=PATH)")
         family = detect_family(read_config(cfg.model), f"{cfg.model}/config.json")
         self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
-        self.accelerator = make_accelerator(cpu=cfg.device == "cpu")
+        # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
+        # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
+        # device=auto on a machine without CUDA means CPU mode: accelerate then forms gloo ranks under
+        # `accelerate launch --multi_gpu` instead of starting independent one-rank runs.
+        cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+        self.accelerator = make_accelerator(
+            cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device)
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
         reward = reward_fn if reward_fn is not None else cfg.reward
@@ -164,7 +171,9 @@ class RLTrainer:
         keep = torch.nonzero(filt.keep).flatten()
 
         # 5. optimisation passes over the kept samples
-        update = self._update(rollout, keep, adv, seeds) if len(keep) else {"skipped_step": 1.0}
+        # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
+        any_kept = self._max_over_ranks(len(keep)) > 0
+        update = self._update(rollout, keep, adv, seeds) if any_kept else {"skipped_step": 1.0}
         t_update = time.perf_counter() - t0 - t_rollout - t_reward
 
         lengths = rollout.completion_mask.sum(-1).float()
@@ -201,20 +210,26 @@ class RLTrainer:
         adv_k = adv[keep].to(device)
         n = len(keep)
         mbs = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
+        # DDP: every rank runs as many backward passes (so as many gradient all-reduces); a rank that kept
+        # fewer samples pads with empty micro-batches, which back-propagate a zero loss.
+        mbs += [[] for _ in range(self._max_over_ranks(len(mbs)) - len(mbs))]
         accum = cfg.gradient_accumulation_steps or len(mbs)
         est_seed = _seed(cfg.seed, self.step_idx, 7919)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
         with torch.no_grad():
-            old = [self._scores(self.model, batch.select(mb), est_seed) for mb in mbs] if need_old else None
+            old = [self._scores(self.model, batch.select(mb), est_seed) if mb else None for mb in mbs] \
+                if need_old else None
             ref = None
             if cfg.beta > 0:
                 if self.reference is not None:
-                    ref = [self._scores(self.reference, batch.select(mb), est_seed) for mb in mbs]
+                    ref = [self._scores(self.reference, batch.select(mb), est_seed) if mb else None
+                           for mb in mbs]
                 else:  # LoRA: the base weights are the reference
                     with acc.unwrap_model(self.model.model).disable_adapter():
-                        ref = [self._scores(self.model, batch.select(mb), est_seed) for mb in mbs]
+                        ref = [self._scores(self.model, batch.select(mb), est_seed) if mb else None
+                               for mb in mbs]
         loss_fn = POLICY_LOSSES[cfg.loss_type]
         stats: dict[str, list[float]] = {}
         losses = []
@@ -224,6 +239,12 @@ class RLTrainer:
                 sub = batch.select(mb)
                 last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
                 ctx = acc.no_sync(self.model.model) if not last_in_group else _nullcontext()
+                if not mb:  # padding (see above)
+                    with ctx:
+                        acc.backward(self._zero_loss())
+                    if last_in_group:
+                        self._optimizer_step()
+                    continue
                 with ctx:
                     new = self._scores(self.model, sub, est_seed)
                     old_j = old[j] if old is not None else _detached(new)
@@ -248,6 +269,8 @@ class RLTrainer:
                             stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
                     else:
                         self._bad_update(loss)
+                        if acc.num_processes > 1:  # still join the other ranks' all-reduce
+                            acc.backward(self._zero_loss())
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
@@ -266,8 +289,21 @@ class RLTrainer:
             raise RuntimeError(f"stopping: {self.bad_updates} updates had a NaN/inf loss (max_bad_steps="
                                f"{self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
 
+    def _zero_loss(self) -> torch.Tensor:
+        """A zero loss through the whole (DDP) module: a rank with nothing to train joins the all-reduce."""
+        ids = torch.full((1, 1), self.model.mask_token_id, dtype=torch.long, device=self.model.device)
+        return self.model(ids).logits.float().sum() * 0.0
+
+    def _max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` over all ranks (for decisions every rank must take alike)."""
+        if self.accelerator.num_processes == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.long, device=self.accelerator.device)
+        return int(self.accelerator.gather(t).max())
+
     def _optimizer_step(self) -> None:
-        if getattr(self, "_skip_next", False):
+        # one rank skips: all do (the weights stay equal)
+        if self._max_over_ranks(int(getattr(self, "_skip_next", False))):
             self._skip_next = False
             self.optimizer.zero_grad(set_to_none=True)
             return
@@ -278,12 +314,16 @@ class RLTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _reduce(self, m: dict) -> dict:
+        """Each metric averaged over the ranks that report a finite value (a rank that kept no sample has
+        no loss statistics)."""
         if self.accelerator.num_processes == 1:
             return m
-        keys = sorted(m)
-        t = torch.tensor([m[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
-        t = self.accelerator.reduce(t, reduction="mean")
-        return dict(zip(keys, t.tolist()))
+        rows = gather_object([m])
+        out = {}
+        for k in sorted({k for r in rows for k in r}):
+            vals = [float(r[k]) for r in rows if k in r and math.isfinite(r[k])]
+            out[k] = sum(vals) / len(vals) if vals else float("nan")
+        return out
 
     # ----------------------------------------------------------------------------- evaluation
     def evaluate(self) -> HeldOut:
@@ -297,17 +337,26 @@ class RLTrainer:
         if world > 1:
             vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
             total = vals["n"] * world
-            res = replace(res, accuracy=vals["accuracy"] * world / total, reward=vals["reward"] * world / total,
-                          n=int(total))
+            if total > 0:  # no held-out items anywhere (eval.limit=0): keep the empty result
+                res = replace(res, accuracy=vals["accuracy"] * world / total,
+                              reward=vals["reward"] * world / total, n=int(round(total)))
         return res
 
     # ----------------------------------------------------------------------------- checkpoints
+    def _plain(self) -> DiffusionLM:
+        """The policy over its HF module unwrapped from DDP (weights load/save and peft helpers need it)."""
+        inner = self.accelerator.unwrap_model(self.model.model)
+        if inner is self.model.model:
+            return self.model
+        return DiffusionLM(inner, self.model.family, self.model.published_config)
+
     def save(self, final: bool = False) -> Path | None:
         self.accelerator.wait_for_everyone()
         path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
-        save_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_idx,
-                        data_state=self.stream.state_dict(), tokenizer=self.tokenizer, config=to_dict(self.cfg),
-                        extra={"bad_updates": self.bad_updates}, accelerator=self.accelerator)
+        save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
+                        step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
+                        config=to_dict(self.cfg), extra={"bad_updates": self.bad_updates},
+                        accelerator=self.accelerator)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
         return path
@@ -316,7 +365,7 @@ class RLTrainer:
         path = latest_checkpoint(self.out) if where == "latest" else Path(where)
         if path is None:
             raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
-        state = load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+        state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                                 accelerator=self.accelerator)
         self.step_idx = state.step
         self.stream.load_state_dict(state.data_state)
@@ -331,7 +380,7 @@ class RLTrainer:
     def save_final_model(self) -> Path:
         path = self.out / "final"
         if self.is_main:
-            unwrapped = merged_model(self.model) if self.cfg.lora.enabled else self.model
+            unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
             save_model(unwrapped, path, tokenizer=self.tokenizer)
         return path
 
@@ -361,7 +410,8 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
         f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
         f"{len(trainer.train_task)} train / {len(trainer.eval_task)} held-out")
-    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx}
+    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
+                     "is_main": trainer.is_main}
     if trainer.step_idx == 0:
         before = trainer.evaluate()
         summary["accuracy_before"] = before.accuracy

@@ -1,0 +1,194 @@
+"""The RL trainer on two real ranks: ``accelerate launch --multi_gpu --num_processes 2`` on CPU (gloo).
+
+One 2-rank run (2 steps, 2 prompts per rank) checks that DDP keeps the ranks' weights identical, that rank 0
+alone writes the run's files, that a rank whose groups are all filtered out still joins the gradient
+all-reduce (no hang), that held-out items shard unevenly (3 items on 2 ranks), and that the two ranks together
+see exactly the prompts a 1-rank run with 4 prompts per step sees.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from dllm_rl.config import load_config
+from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.trainer import train
+from dllm_rl.tasks.synthetic import make_countdown, write_jsonl
+
+G = 4  # num_generations
+P = 2  # prompts per step per rank
+STEPS = 2
+
+# Imported by the child processes (tmp_path is on their PYTHONPATH): a dense reward that records every call.
+# On rank 1 the first training batch (groups of G equal prompts) scores a flat 0, so all of rank 1's groups
+# are dropped at step 1 while rank 0 keeps all of its own.
+REWARD_MODULE = '''
+import json, os
+
+_train_calls = 0
+
+
+def dense(c):
+    return sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100
+
+
+def reward(prompts, completions, **columns):
+    global _train_calls
+    rank = int(os.environ.get("RANK", "0"))
+    prompts = list(prompts or [])
+    training = len(prompts) >= 2 and prompts[0] is not None and prompts[0] == prompts[1]
+    with open(os.path.join(os.environ["DIST_TEST_LOG"], f"calls_rank{rank}.jsonl"), "a") as f:
+        f.write(json.dumps({"training": training, "n": len(completions), "prompts": prompts}) + "\\n")
+    if training:
+        _train_calls += 1
+        if rank == 1 and _train_calls == 1:
+            return [0.0] * len(completions)
+    return [dense(c) for c in completions]
+'''
+
+# `dllm-rl rl` exactly as `-m dllm_rl rl` runs it, plus each rank's final weights saved for the test.
+DRIVER = '''
+import sys
+
+import torch
+
+from dllm_rl.cli import main
+from dllm_rl.rl import trainer
+
+_save_final = trainer.RLTrainer.save_final_model
+
+
+def save_final_model(self):
+    state = {k: v.detach().cpu().clone() for k, v in self.model.hf_model.state_dict().items()}
+    torch.save(state, self.out / f"weights_rank{self.accelerator.process_index}.pt")
+    return _save_final(self)
+
+
+trainer.RLTrainer.save_final_model = save_final_model
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _overrides(root, out, prompts_per_step: int) -> list[str]:
+    return [f"model={root / 'llada'}", "task=countdown", f"train_data={root / 'train.jsonl'}",
+            f"eval.data={root / 'test.jsonl'}", "eval.limit=3", "prompt_style=compact",
+            f"prompts_per_step={prompts_per_step}", f"num_generations={G}", "rollout.gen_length=8",
+            "rollout.block_length=8", f"max_steps={STEPS}", "micro_batch_size=4", "optim.lr=0.003",
+            "device=cpu", "progress=false", "log_samples_every=0", f"output_dir={out}"]
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _training_prompts(calls: list[dict]) -> list[list[str]]:
+    """The distinct prompts of each training reward call, in call (= step) order."""
+    steps = []
+    for call in calls:
+        if call["training"]:
+            counts = Counter(call["prompts"])
+            assert set(counts.values()) == {G}
+            steps.append(sorted(counts))
+    return steps
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_stay_in_sync_and_shard_the_prompts(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    write_jsonl(make_countdown(32, seed=0, numbers=3, max_value=9), root / "train.jsonl")
+    write_jsonl(make_countdown(3, seed=1, numbers=3, max_value=9), root / "test.jsonl")
+    tok = char_tokenizer()
+    cfg = tiny_config("llada", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, hidden_size=32,
+                      intermediate_size=64, num_heads=2, num_kv_heads=1)
+    save_model(build_model("llada", cfg, seed=0), root / "llada", tokenizer=tok)
+    (tmp_path / "dist_rl_reward.py").write_text(REWARD_MODULE)
+    (tmp_path / "dist_rl_driver.py").write_text(DRIVER)
+    (tmp_path / "rl.yaml").write_text("algorithm: espo\nreward: dist_rl_reward:reward\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    # --- 2 ranks, P prompts each
+    out2 = tmp_path / "two"
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HOME=str(tmp_path / "hf"),
+               HF_HUB_OFFLINE="1", DIST_TEST_LOG=str(logs),
+               PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()), str(tmp_path / "dist_rl_driver.py"),
+           "rl", str(tmp_path / "rl.yaml"), *_overrides(root, out2, P)]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail("2-rank run hung (a collective that only some ranks reached?)\n" + log[-4000:])
+    assert proc.returncode == 0, log[-6000:]
+
+    # DDP kept the ranks identical, rank 0 saved exactly that model, and the updates were not zero
+    w0 = torch.load(out2 / "weights_rank0.pt", weights_only=True)
+    w1 = torch.load(out2 / "weights_rank1.pt", weights_only=True)
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    final = load_model(out2 / "final").hf_model.state_dict()
+    start = load_model(root / "llada").hf_model.state_dict()
+    assert all(torch.equal(final[k], w0[k]) for k in final)
+    assert sum(not torch.equal(start[k], w0[k]) for k in start) >= len(start) // 2
+    ckpt = out2 / "checkpoints" / "step-0000002"
+    assert (ckpt / "rng_state_rank0.pt").is_file() and (ckpt / "rng_state_rank1.pt").is_file()
+    assert json.loads((ckpt / "trainer_state.json").read_text())["world_size"] == 2
+
+    # metrics.jsonl written once (rank 0): eval before, 2 steps, eval after; rank-averaged values
+    rows = _rows(out2)
+    assert [r["step"] for r in rows] == [0, 1, 2, 2]
+    steps = [r for r in rows if "loss" in r]
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    assert [r["kept_samples"] for r in steps] == [P * G / 2, P * G]  # step 1: rank 1 dropped both its groups
+    assert steps[0]["zero_variance_groups"] == P / 2
+    assert rows[0]["eval_reward"] > 0 and "skipped_step" not in steps[0]
+    # save_rollouts=4 per step, written by rank 0 only
+    assert len((out2 / "rollouts.jsonl").read_text().splitlines()) == STEPS * 4
+
+    # the two ranks split each step's prompt groups; together they are what 1 rank with 2P prompts sees
+    calls = {r: [json.loads(x) for x in (logs / f"calls_rank{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)}
+    per_rank = {r: _training_prompts(calls[r]) for r in (0, 1)}
+    assert [len(s) for s in per_rank[0]] == [P] * STEPS and [len(s) for s in per_rank[1]] == [P] * STEPS
+    assert all(not set(a) & set(b) for a, b in zip(per_rank[0], per_rank[1]))
+    seen_one: list[dict] = []
+
+    def recording_reward(prompts, completions, **columns):
+        prompts = list(prompts or [])
+        training = len(prompts) >= 2 and prompts[0] is not None and prompts[0] == prompts[1]
+        seen_one.append({"training": training, "n": len(completions), "prompts": prompts})
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100
+                for c in completions]
+
+    out1 = tmp_path / "one"
+    train(load_config(RLConfig, None, [*_overrides(root, out1, 2 * P), "algorithm=espo"]),
+          reward_fn=recording_reward)
+    one_rank = _training_prompts(seen_one)
+    assert one_rank == [sorted(a + b) for a, b in zip(per_rank[0], per_rank[1])]
+    # held-out evaluation: rank 0 scores items 0 and 2, rank 1 item 1; the reduced mean is the 1-rank mean
+    assert [c["n"] for c in calls[0] if not c["training"]] == [2, 2]
+    assert [c["n"] for c in calls[1] if not c["training"]] == [1, 1]
+    assert rows[0]["eval_reward"] == pytest.approx(_rows(out1)[0]["eval_reward"], abs=1e-6)
