@@ -1,0 +1,47 @@
+"""Sampling engine: parallel masked-diffusion decoding with KV caches that records each token's step.
+
+``generate(model, prompts, config)`` decodes a batch of token-id prompts and returns a :class:`Rollout`.
+
+**Blocks.** Full-attention models (LLaDA, Dream) decode ``gen_length`` slots in semi-autoregressive blocks
+of ``block_length`` (LLaDA). Block models (SDAR/TraDo) decode in their ``block_size`` at absolute
+positions (``models.masks.block_index``): the first decoded block holds the prompt's tail
+``p % block_size`` tokens, fixed, plus the first response slots, and each row is rounded up so that it ends
+on a block boundary: ``gen_length + (block_size - p % block_size) % block_size`` completion tokens.
+
+**Rollout fields.**
+
+* ``prompt_ids``/``prompt_mask`` ``[B, P]``: prompts left-padded with the pad id.
+* ``completion_ids`` ``[B, G]``: each row's completion slots, left-aligned (column 0 = the token right after
+  the prompt). ``G = gen_length`` for full-attention models; for block models ``G`` is the widest row
+  (at most ``gen_length + block_size - 1``) and shorter rows are right-padded with the pad id.
+  ``cat([prompt_ids, completion_ids])`` with validity ``cat([prompt_mask, slot exists])`` has the
+  positions the sampler used.
+* ``completion_mask``: the answer — slots up to and including the first EOS.
+* ``step_map`` ``[B, G]``: the **global step** at which each completion token was committed, counted per
+  sequence from 0; step ``k`` is that sequence's ``k``-th forward pass (``nfe`` counts them, so
+  ``step_map.max() + 1 == nfe``). Steps never commit zero tokens, and a row spends no step while waiting
+  for batch neighbours. ``-1`` = never generated: right padding, and the EOS fill after an early stop
+  (those slots held the mask token during decoding and lie outside ``completion_mask``).
+  Replay (TraceRL): the state *just before* step ``k`` is the prompt plus every completion token with
+  ``0 <= step_map < k``; all other slots (including ``-1`` ones) are the mask token. The tokens committed
+  at step ``k`` are those with ``step_map == k``. Blocks are decoded in order, so the tokens of block
+  ``b`` carry consecutive steps; for block models the *local* step inside a block is
+  ``step_map - min(step_map over that block's generated slots)``.
+* ``confidence`` ``[B, G]`` float32: the rule's score of the token at commit time (0 where ``-1``).
+* ``nfe`` ``[B]``: forward passes that decoded something for that sequence (the same with and without
+  cache: block models fold the cache write of a finished block into the next block's first step).
+* ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.
+* ``texts``: the answers decoded by the tokenizer (before the first EOS, special tokens skipped).
+
+**Determinism and batch invariance.** Sequence i draws all its randomness (Gumbel noise in float64,
+random confidence) from its own ``torch.Generator`` seeded with ``seeds[i]`` (default ``config.seed + i``),
+with the same draw shapes whatever the batch, and padding never changes positions or blocks; so a prompt's
+tokens and trace do not depend on its neighbours (up to last-ulp float differences between kernel shapes,
+which can only matter at exact confidence ties).
+"""
+
+from dllm_rl.sampling.config import CACHE_MODES, CONFIDENCE_RULES, DecodeConfig
+from dllm_rl.sampling.decode import generate, generate_batched
+from dllm_rl.sampling.rollout import Rollout
+
+__all__ = ["CACHE_MODES", "CONFIDENCE_RULES", "DecodeConfig", "Rollout", "generate", "generate_batched"]

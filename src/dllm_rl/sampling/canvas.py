@@ -1,0 +1,109 @@
+"""The canvas: a batch of prompts laid out with their completion slots, and how the slots split into blocks.
+
+Layout (one row per prompt, ``T`` columns)::
+
+    [left pad | prompt head | prompt tail | completion slots (masks) | right pad]
+                            ^ start (same column in every row)
+
+* Full-attention models (LLaDA, Dream): the tail is empty, ``start`` = the longest prompt, the completion is
+  exactly ``gen_length`` slots split into ``gen_length / block_length`` semi-autoregressive blocks.
+* Block models (SDAR/TraDo): blocks are absolute (``position // block_size``, the foundation's one rule), so
+  a prompt of length p keeps its tail ``p % block_size`` tokens in the first decoded block. Rows are
+  left-padded so that this block starts at the same column ``start`` in every row; a row decodes
+  ``ceil((tail + gen_length) / block_size)`` blocks (SDAR rounds the sequence up to a block boundary), i.e.
+  ``gen_length`` completion tokens plus ``block_size - tail`` when the tail is non-empty. Rows needing fewer
+  blocks than the batch's widest simply finish earlier (their extra columns are right padding).
+
+Positions count real tokens only (``cumsum(valid) - 1``), so padding never moves a token's position or
+block: a prompt decodes the same alone or in any batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_rl.models import position_ids_from_valid
+
+
+@dataclass
+class Canvas:
+    """Token ids and bookkeeping of one decoding batch (see the module docstring)."""
+
+    x: torch.Tensor  # [B, T] long: prompt, committed tokens, mask id on undecoded slots, pad elsewhere
+    valid: torch.Tensor  # [B, T] bool: prompt and completion slots (attention keys)
+    pos: torch.Tensor  # [B, T] long: position ids
+    todo: torch.Tensor  # [B, T] bool: completion slots not committed yet
+    start: int  # first column of the first decoded block
+    block: int  # decoding block length
+    num_blocks: int  # blocks of the widest row
+    prompt_len: torch.Tensor  # [B]
+    comp_start: torch.Tensor  # [B] first completion column
+    comp_end: torch.Tensor  # [B] one past the last completion column
+
+    def cols(self, j: int) -> tuple[int, int]:
+        """Columns ``[s, e)`` of decoded block ``j``."""
+        s = self.start + j * self.block
+        return s, s + self.block
+
+    @property
+    def completion_width(self) -> int:
+        return int((self.comp_end - self.comp_start).max().item())
+
+    def gather_completion(self, t: torch.Tensor, fill) -> torch.Tensor:
+        """``[B, W]`` left-aligned completion columns of ``t`` (``[B, T]``); ``fill`` past each row's end."""
+        width = self.completion_width
+        idx = self.comp_start[:, None] + torch.arange(width, device=t.device)[None, :]
+        inside = idx < self.comp_end[:, None]
+        vals = t.gather(1, idx.clamp(max=t.shape[1] - 1))
+        return torch.where(inside, vals, torch.full_like(vals, fill))
+
+    def completion_slots(self) -> torch.Tensor:
+        """``[B, W]`` bool: which left-aligned completion columns exist for each row."""
+        idx = torch.arange(self.completion_width, device=self.x.device)[None, :]
+        return idx < (self.comp_end - self.comp_start)[:, None]
+
+
+def span(prompt_len: int, gen_length: int, block: int, block_causal: bool) -> tuple[int, int]:
+    """``(tail, num_blocks)`` of one prompt: tokens of its last partial block that share the first decoded
+    block (block models only) and the number of blocks it decodes."""
+    tail = prompt_len % block if block_causal else 0
+    return tail, -(-(tail + gen_length) // block)
+
+
+def build_canvas(
+    prompts: list[list[int]],
+    gen_length: int,
+    block: int,
+    block_causal: bool,
+    mask_id: int,
+    pad_id: int,
+    device: torch.device | str = "cpu",
+) -> Canvas:
+    """Lay out ``prompts`` with their masked completion slots (see the module docstring)."""
+    spans = [span(len(p), gen_length, block, block_causal) for p in prompts]
+    heads = [len(p) - tail for p, (tail, _) in zip(prompts, spans)]
+    start = max(heads)
+    num_blocks = max(nb for _, nb in spans)
+    bsz, width = len(prompts), start + num_blocks * block
+    x = torch.full((bsz, width), pad_id, dtype=torch.long)
+    valid = torch.zeros((bsz, width), dtype=torch.bool)
+    todo = torch.zeros_like(valid)
+    comp_start, comp_end = [], []
+    for i, (p, head, (tail, nb)) in enumerate(zip(prompts, heads, spans)):
+        left = start - head
+        c0, c1 = start + tail, start + nb * block
+        x[i, left:c0] = torch.tensor(p, dtype=torch.long)
+        x[i, c0:c1] = mask_id
+        valid[i, left:c1] = True
+        todo[i, c0:c1] = True
+        comp_start.append(c0)
+        comp_end.append(c1)
+    as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+    valid = valid.to(device)
+    return Canvas(
+        x=x.to(device), valid=valid, pos=position_ids_from_valid(valid), todo=todo.to(device), start=start,
+        block=block, num_blocks=num_blocks, prompt_len=as_long([len(p) for p in prompts]),
+        comp_start=as_long(comp_start), comp_end=as_long(comp_end),
+    )

@@ -1,0 +1,135 @@
+"""`dllm-rl generate MODEL_DIR --prompt TEXT`: decode completions; ``--trace`` writes each token's step."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import typing
+from pathlib import Path
+
+from dllm_rl.config import to_dict
+from dllm_rl.sampling.config import CACHE_MODES, CONFIDENCE_RULES, DecodeConfig
+
+_CHOICES = {"confidence": CONFIDENCE_RULES, "cache": CACHE_MODES}
+
+
+def read_prompts_file(path: str | Path) -> list[str]:
+    """Prompts from a JSONL file: one object per line with a ``prompt`` string (or a bare JSON string)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: prompts file not found")
+    prompts = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        text = row.get("prompt") if isinstance(row, dict) else row
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{lineno}: expected an object with a string 'prompt' field (or a JSON string)")
+        prompts.append(text)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per :class:`DecodeConfig` field, with the field's help text."""
+    hints = typing.get_type_hints(DecodeConfig)
+    group = parser.add_argument_group("decoding (DecodeConfig)")
+    for f in dataclasses.fields(DecodeConfig):
+        flag = "--" + f.name.replace("_", "-")
+        tp = hints[f.name]
+        kind = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            group.add_argument(flag, type=kind, default=f.default, choices=_CHOICES.get(f.name),
+                               help=f.metadata["help"] + f" (default: {f.default})")
+
+
+def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
+    return DecodeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)})
+
+
+def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, block: int) -> list[dict]:
+    """One JSON-ready dict per prompt: text, token ids/strings, step and confidence per generated token."""
+    records = []
+    for i in range(len(rollout)):
+        generated = rollout.step_map[i] >= 0
+        ids = rollout.completion_ids[i][generated].tolist()
+        records.append({
+            "prompt": prompts[i],
+            "completion": rollout.texts[i] if rollout.texts is not None else None,
+            "token_ids": ids,
+            "tokens": tokenizer.convert_ids_to_tokens(ids),
+            "steps": rollout.step_map[i][generated].tolist(),
+            "confidence": [round(c, 6) for c in rollout.confidence[i][generated].tolist()],
+            "answer_length": int(rollout.completion_mask[i].sum()),
+            "nfe": int(rollout.nfe[i]),
+            "finish_reason": rollout.finish_reason[i],
+            "decode_config": {**to_dict(config), "decode_block_length": block},
+        })
+    return records
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.sampling.decode import decode_block_length, generate_batched
+
+    texts = list(args.prompt or [])
+    if args.prompts_file:
+        texts += read_prompts_file(args.prompts_file)
+    if not texts:
+        raise ValueError("give at least one --prompt TEXT or --prompts-file F.jsonl")
+    config = decode_config_from_args(args)
+    model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
+    tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id)
+    if args.chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False) for t in texts]
+    else:
+        prompts = [tokenizer.encode(t) for t in texts]
+    t0 = time.perf_counter()
+    rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=args.batch_size,
+                               progress=args.progress)
+    elapsed = time.perf_counter() - t0
+    for i, text in enumerate(rollout.texts):
+        if len(texts) > 1:
+            print(f"=== [{i}] {rollout.finish_reason[i]}, {int(rollout.nfe[i])} NFE")
+        print(text)
+    tokens = int((rollout.step_map >= 0).sum())
+    print(f"generate: {len(texts)} prompt(s), {tokens} tokens, {int(rollout.nfe.sum())} NFE, "
+          f"{elapsed:.2f}s ({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
+    if args.trace:
+        out = Path(args.trace)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        block = decode_block_length(model, config)
+        with out.open("w") as fh:
+            for rec in trace_records(rollout, texts, config, tokenizer, block):
+                fh.write(json.dumps(rec) + "\n")
+        print(f"generate: trace written to {out}", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
+                       description="Decode completions; --trace writes each token's unmasking step as JSONL.")
+    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer")
+    p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+    p.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": TEXT} per line")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    p.add_argument("--trace", help="write one JSON object per prompt (tokens, steps, confidence, nfe) here")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together (default: 32)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
+    p.add_argument("--progress", action="store_true", help="print progress per batch")
+    add_decode_arguments(p)
+    p.set_defaults(func=generate_command)

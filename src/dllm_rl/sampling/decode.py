@@ -1,0 +1,249 @@
+"""The decoding loop: block by block, step by step, commit the most confident masked tokens.
+
+One loop serves every model and cache (the :class:`~dllm_rl.sampling.runner.ModelRunner` hides the
+difference). Per block, every live row runs steps until its block slots are all committed; a step is one
+forward pass that commits, for each row still holding masks in the block:
+
+* static schedule (``steps``): LLaDA's low-confidence remasking (Nie et al. 2025, arXiv 2502.09992;
+  reference ``generate``): ``transfer_counts`` tokens, highest confidence first, ties to the lower
+  position; zero-token steps (more steps than masks) are skipped rather than spent;
+* dynamic schedule (``threshold``): every masked token with confidence > threshold, at least one
+  (Fast-dLLM confidence-aware parallel decoding, Wu et al. 2025, arXiv 2505.22618; SDAR
+  ``low_confidence_dynamic``).
+
+A row's step counter (= its NFE so far) stamps ``step_map``. A row that is not active in a step (its block
+is done while neighbours still decode) draws no random numbers and spends no NFE, so its trace is the same
+alone or in any batch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dllm_rl.models import DiffusionLM
+from dllm_rl.sampling.canvas import Canvas, build_canvas, span
+from dllm_rl.sampling.confidence import confidence_scores, sample_tokens, select_commits, transfer_counts
+from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.rollout import Rollout
+from dllm_rl.sampling.runner import ModelRunner
+
+
+def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
+    """The decoding block: the model's ``block_size`` for block models, else ``config.block_length``."""
+    return int(model.block_size) if model.is_block_causal else config.block_length
+
+
+def runner_mode(model: DiffusionLM, config: DecodeConfig, block_cache: bool = True) -> str:
+    if model.is_block_causal:
+        return "block" if block_cache else "block_none"
+    return config.cache
+
+
+def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> list[list[int]]:
+    """Every user error, raised before any forward pass; returns the prompts as lists of ints."""
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("generate: no prompts given")
+    block = decode_block_length(model, config)
+    what = f"the model's block_size ({block})" if model.is_block_causal else f"block_length ({block})"
+    if config.gen_length % block:
+        raise ValueError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
+    vocab, context = int(model.config.vocab_size), model.max_length
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            raise TypeError(f"prompt {i} is a string; tokenize it first (generate takes token ids)")
+        ids = [int(t) for t in (p.tolist() if torch.is_tensor(p) else p)]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
+        tail, nb = span(len(ids), config.gen_length, block, model.is_block_causal)
+        need = len(ids) - tail + nb * block
+        if need > context:
+            raise ValueError(
+                f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "
+                f"but the model's context is {context} (max_position_embeddings); shorten the prompt or gen_length"
+            )
+        out.append(ids)
+    return out
+
+
+def decode(
+    model: DiffusionLM,
+    canvas: Canvas,
+    config: DecodeConfig,
+    generators: list[torch.Generator],
+    *,
+    block_cache: bool = True,
+    progress: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Run the loop on ``canvas`` in place; return ``step_map``/``confidence`` ``[B, T]`` and ``nfe`` ``[B]``.
+
+    ``block_cache=False`` runs block models without their KV cache (the exact reference path).
+    """
+    bsz, width = canvas.x.shape
+    device = canvas.x.device
+    runner = ModelRunner(model, canvas, runner_mode(model, config, block_cache))
+    step_map = torch.full((bsz, width), -1, dtype=torch.long, device=device)
+    conf_map = torch.zeros((bsz, width), dtype=torch.float32, device=device)
+    nfe = torch.zeros(bsz, dtype=torch.long, device=device)
+    stopped = torch.zeros(bsz, dtype=torch.bool, device=device)
+    steps = config.steps or canvas.block
+    needs_rng = config.temperature > 0 or config.confidence == "random"
+    eos, pad = model.eos_token_id, model.pad_token_id
+    bar = _progress_bar(canvas.num_blocks, progress)
+    live = torch.arange(bsz, device=device)
+    for j in range(canvas.num_blocks):
+        s, e = canvas.cols(j)
+        live = live[(canvas.comp_end[live] > s) & ~stopped[live]]
+        if live.numel() == 0:
+            break
+        runner.begin_block()
+        runner.set_rows(live)
+        masked0 = canvas.todo[live, s:e].sum(-1)
+        t = 0
+        while True:
+            todo = canvas.todo[live, s:e]
+            active = todo.any(-1)
+            if not active.any():
+                break
+            logits = runner.logits(s, e)[active].double()
+            rows = live[active]
+            gens = [generators[r] for r in rows.tolist()] if needs_rng else None
+            tokens = sample_tokens(logits, config.temperature, config.top_k, config.top_p, gens)
+            conf = confidence_scores(config.confidence, logits, tokens, gens)
+            if config.threshold is not None:
+                chosen = select_commits(conf, todo[active], threshold=config.threshold)
+            else:
+                chosen = select_commits(conf, todo[active], counts=transfer_counts(masked0[active], steps, t))
+            r_idx, c_idx = chosen.nonzero(as_tuple=True)
+            rr, cc = rows[r_idx], c_idx + s
+            canvas.x[rr, cc] = tokens[r_idx, c_idx]
+            canvas.todo[rr, cc] = False
+            step_map[rr, cc] = nfe[rr]
+            conf_map[rr, cc] = conf[r_idx, c_idx].float()
+            nfe[rows] += 1
+            t += 1
+        if config.stop_on_eos:
+            _stop_finished(canvas, live, s, e, eos, pad, stopped)
+        bar.update(1)
+    bar.close()
+    return {"step_map": step_map, "confidence": conf_map, "nfe": nfe}
+
+
+def _stop_finished(canvas: Canvas, live: torch.Tensor, s: int, e: int, eos: int, pad: int,
+                   stopped: torch.Tensor) -> None:
+    """Rows whose just-finished block holds only EOS/pad in its completion slots stop; EOS fills the rest."""
+    cols = torch.arange(s, e, device=canvas.x.device)[None, :]
+    in_comp = (cols >= canvas.comp_start[live, None]) & (cols < canvas.comp_end[live, None])
+    blk = canvas.x[live, s:e]
+    done = ((blk == eos) | (blk == pad) | ~in_comp).all(-1)
+    for r in live[done].tolist():
+        c1 = int(canvas.comp_end[r])
+        canvas.x[r, e:c1] = eos
+        canvas.todo[r, e:c1] = False
+        stopped[r] = True
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="decode blocks", unit="block", disable=not enabled, leave=False)
+
+
+def to_rollout(canvas: Canvas, trace: dict[str, torch.Tensor], model: DiffusionLM, tokenizer=None) -> Rollout:
+    """Cut the canvas into a :class:`Rollout` (completion columns left-aligned, see ``sampling`` docs)."""
+    pad, eos = model.pad_token_id, model.eos_token_id
+    bsz = canvas.x.shape[0]
+    slots = canvas.completion_slots()
+    comp = canvas.gather_completion(canvas.x, pad)
+    is_eos = (comp == eos) & slots
+    eos_before = is_eos.long().cumsum(-1) - is_eos.long()
+    p_width = int(canvas.prompt_len.max().item())
+    p_idx = canvas.comp_start[:, None] - canvas.comp_start.new_tensor(range(p_width, 0, -1))[None, :]
+    p_mask = canvas.comp_start.new_tensor(range(p_width))[None, :] >= (p_width - canvas.prompt_len)[:, None]
+    prompt = torch.where(p_mask, canvas.x.gather(1, p_idx.clamp(min=0)), torch.full_like(p_idx, pad))
+    completion_ids = comp
+    texts = None
+    if tokenizer is not None:
+        texts = []
+        for b in range(bsz):
+            ids = completion_ids[b][slots[b] & (eos_before[b] == 0) & ~is_eos[b]].tolist()
+            texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return Rollout(
+        prompt_ids=prompt,
+        prompt_mask=p_mask,
+        completion_ids=completion_ids,
+        completion_mask=slots & (eos_before == 0),
+        step_map=canvas.gather_completion(trace["step_map"], -1),
+        nfe=trace["nfe"].clone(),
+        finish_reason=["eos" if bool(r) else "length" for r in is_eos.any(-1).tolist()],
+        texts=texts,
+        confidence=canvas.gather_completion(trace["confidence"], 0.0),
+        pad_token_id=pad,
+    )
+
+
+def generate(
+    model: DiffusionLM,
+    prompts: list[list[int]],
+    config: DecodeConfig,
+    seeds: list[int] | None = None,
+    tokenizer=None,
+    progress: bool = False,
+    *,
+    block_cache: bool = True,
+) -> Rollout:
+    """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
+
+    ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
+    in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
+    cache of block models — the slow reference path, for tests and benchmarks.
+    """
+    prompts = check_inputs(model, prompts, config, seeds)
+    seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
+    device = model.device
+    canvas = build_canvas(prompts, config.gen_length, decode_block_length(model, config), model.is_block_causal,
+                          model.mask_token_id, model.pad_token_id, device)
+    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress)
+    finally:
+        model.train(was_training)
+    return to_rollout(canvas, trace, model, tokenizer)
+
+
+def generate_batched(
+    model: DiffusionLM,
+    prompts: list[list[int]],
+    config: DecodeConfig,
+    seeds: list[int] | None = None,
+    tokenizer=None,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> Rollout:
+    """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
+    sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    prompts = check_inputs(model, prompts, config, seeds)
+    seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
+    parts, t0, done = [], time.perf_counter(), 0
+    for b0 in range(0, len(prompts), batch_size):
+        chunk = slice(b0, b0 + batch_size)
+        parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer))
+        done += len(parts[-1])
+        if progress:
+            tokens = int(sum(p.completion_mask.sum() for p in parts))
+            rate = tokens / max(time.perf_counter() - t0, 1e-9)
+            print(f"generate: {done}/{len(prompts)} prompts, {tokens} tokens, {rate:.1f} tok/s", flush=True)
+    return Rollout.cat(parts)

@@ -1,0 +1,94 @@
+"""`Rollout`: a batch of decoded completions with the trace of how they were decoded.
+
+Semantics of the fields are documented in :mod:`dllm_rl.sampling` (the package docstring); in short,
+``step_map[b, j]`` is the 0-based step of sequence b at which completion token j was committed, -1 where
+it was never generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+def _pad_cols(t: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
+    extra = width - t.shape[1]
+    if extra <= 0:
+        return t
+    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+
+@dataclass
+class Rollout:
+    """Prompts (left-padded), completions (left-aligned, right-padded) and their decoding trace."""
+
+    prompt_ids: torch.Tensor  # [B, P] long, left-padded with pad_token_id
+    prompt_mask: torch.Tensor  # [B, P] bool, real prompt tokens
+    completion_ids: torch.Tensor  # [B, G] long
+    completion_mask: torch.Tensor  # [B, G] bool, the answer: up to and including the first EOS
+    step_map: torch.Tensor  # [B, G] long, global step at which each token was committed; -1 never generated
+    nfe: torch.Tensor  # [B] long, forward passes spent on each sequence
+    finish_reason: list[str]  # "eos" | "length"
+    texts: list[str] | None = None  # decoded answers (up to the first EOS, special tokens skipped)
+    confidence: torch.Tensor | None = None  # [B, G] float32, the rule's score at commit time (0 where -1)
+    pad_token_id: int = 0
+
+    _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
+                    "confidence")
+
+    def __len__(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    def to(self, device) -> Rollout:
+        """A copy with every tensor on ``device``."""
+        moved = {n: getattr(self, n).to(device) for n in self._ROW_TENSORS if getattr(self, n) is not None}
+        return replace(self, **moved)
+
+    def select(self, idx) -> Rollout:
+        """The rows ``idx`` (an int, a slice, a list of ints or a 1-D long/bool tensor), in that order."""
+        if isinstance(idx, int):
+            idx = [idx]
+        if isinstance(idx, slice):
+            idx = list(range(len(self)))[idx]
+        index = torch.as_tensor(idx, device=self.prompt_ids.device)
+        if index.dtype == torch.bool:
+            index = index.nonzero().flatten()
+        rows = index.tolist()
+        out = {n: getattr(self, n)[index] for n in self._ROW_TENSORS if getattr(self, n) is not None}
+        out["finish_reason"] = [self.finish_reason[i] for i in rows]
+        out["texts"] = [self.texts[i] for i in rows] if self.texts is not None else None
+        return replace(self, **out)
+
+    @staticmethod
+    def cat(rollouts: list[Rollout]) -> Rollout:
+        """Concatenate rows; prompts are left-padded and completions right-padded to the widest."""
+        if not rollouts:
+            raise ValueError("Rollout.cat: nothing to concatenate")
+        first = rollouts[0]
+        pad = first.pad_token_id
+        p_w = max(r.prompt_ids.shape[1] for r in rollouts)
+        g_w = max(r.completion_ids.shape[1] for r in rollouts)
+        with_conf = all(r.confidence is not None for r in rollouts)
+        with_text = all(r.texts is not None for r in rollouts)
+        return Rollout(
+            prompt_ids=torch.cat([_pad_cols(r.prompt_ids, p_w, pad, left=True) for r in rollouts]),
+            prompt_mask=torch.cat([_pad_cols(r.prompt_mask, p_w, False, left=True) for r in rollouts]),
+            completion_ids=torch.cat([_pad_cols(r.completion_ids, g_w, pad) for r in rollouts]),
+            completion_mask=torch.cat([_pad_cols(r.completion_mask, g_w, False) for r in rollouts]),
+            step_map=torch.cat([_pad_cols(r.step_map, g_w, -1) for r in rollouts]),
+            nfe=torch.cat([r.nfe for r in rollouts]),
+            finish_reason=[f for r in rollouts for f in r.finish_reason],
+            texts=[t for r in rollouts for t in r.texts] if with_text else None,
+            confidence=torch.cat([_pad_cols(r.confidence, g_w, 0.0) for r in rollouts]) if with_conf else None,
+            pad_token_id=pad,
+        )
+
+    def completion_lengths(self) -> torch.Tensor:
+        """Tokens in each answer (``completion_mask.sum(-1)``)."""
+        return self.completion_mask.sum(-1)
+
+    def as_dict(self) -> dict:
+        """Field name -> value (tensors as they are), e.g. for ``torch.save``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

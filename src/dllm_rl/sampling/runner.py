@@ -1,0 +1,109 @@
+"""The model runner: one forward per denoising step, returning the current block's logits, with or
+without a KV cache. The decoding loop does not know which cache is in use.
+
+Modes (``Canvas`` columns ``[s, e)`` = current block, ``T`` = width):
+
+* ``none`` (full attention, LLaDA reference ``generate``): forward the whole canvas every step.
+* ``prefix`` (Fast-dLLM block-wise approximate KV cache, Wu et al. 2025, arXiv 2505.22618): at the first
+  step of a block, forward the whole canvas and keep the keys/values of columns ``< s``; later steps of
+  the block forward ``[s, T)`` against them. Approximate: the prefix is not updated as the block fills in.
+* ``dual`` (Fast-dLLM dual cache): the first step of a block caches columns ``< s`` and ``>= e`` (the masked
+  suffix); later steps forward only ``[s, e)``. Approximate as well (stale prefix and suffix).
+* ``block`` (SDAR/TraDo): the cache holds exactly the committed blocks — never a speculative one. Each
+  step forwards the current block against it and the cache is cut back to ``s``. When a block is done its
+  keys/values are *not* stored by an extra forward: the first step of the next block forwards
+  ``[finished block | new block]`` together (block-causal mask), which stores the finished block's clean
+  keys/values and yields the new block's logits in the same pass. Prompt prefill is folded the same way.
+  Block-causal attention makes this exact: the tokens equal those of ``block_none``.
+* ``block_none``: uncached block-causal reference, forwards columns ``[0, e)`` every step.
+
+The runner sees only the live rows (``set_rows``); finished rows are dropped from the batch and the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_rl.models import DiffusionLM, attention_bias, block_index
+from dllm_rl.sampling.canvas import Canvas
+from dllm_rl.sampling.kv_cache import BufferCache
+
+RUNNER_MODES = ("none", "prefix", "dual", "block", "block_none")
+
+
+class ModelRunner:
+    """Computes the current block's logits for the live rows of a :class:`Canvas`."""
+
+    def __init__(self, model: DiffusionLM, canvas: Canvas, mode: str):
+        if mode not in RUNNER_MODES:
+            raise ValueError(f"unknown runner mode {mode!r}; one of {', '.join(RUNNER_MODES)}")
+        if mode.startswith("block") != model.is_block_causal:
+            raise ValueError(f"runner mode {mode!r} does not fit a {model.family.name} model")
+        self.model, self.canvas, self.mode = model, canvas, mode
+        self.blk = block_index(canvas.pos, model.block_size) if model.is_block_causal else None
+        self.rows: torch.Tensor | None = None
+        self.cache: BufferCache | None = None
+        self.cached = 0  # block mode: columns held by the cache (all committed)
+        self.prev_raw: torch.Tensor | None = None  # raw logits of column s-1, for shifted (Dream) logits
+        self.fresh = True  # prefix/dual: next step refreshes the cache
+
+    def set_rows(self, rows: torch.Tensor) -> None:
+        """Restrict to ``rows`` (a subset, in order, of the previous rows); drops the others' cache rows."""
+        if self.rows is not None and len(rows) != len(self.rows):
+            keep = torch.isin(self.rows, rows).nonzero().flatten()
+            if self.cache is not None:
+                self.cache.batch_select_indices(keep)
+            if self.prev_raw is not None:
+                self.prev_raw = self.prev_raw[keep]
+        self.rows = rows
+
+    def begin_block(self) -> None:
+        if self.mode in ("prefix", "dual"):
+            self.fresh, self.cache, self.prev_raw = True, None, None
+
+    def _forward(self, ids, bias, pos, prev_raw=None):
+        return self.model(ids, attn_bias=bias, position_ids=pos, past_key_values=self.cache, use_cache=True,
+                          prev_raw_logits=prev_raw)
+
+    @torch.inference_mode()
+    def logits(self, s: int, e: int) -> torch.Tensor:
+        """Logits ``[rows, e - s, V]`` of the current block columns ``[s, e)``."""
+        c, rows, dtype = self.canvas, self.rows, self.model.dtype
+        x, valid, pos = c.x[rows], c.valid[rows], c.pos[rows]
+        mode = self.mode
+        if mode == "none":
+            return self.model(x, attention_mask=valid).logits[:, s:e]
+        if mode == "block_none":
+            return self.model(x[:, :e], attention_mask=valid[:, :e]).logits[:, s:e]
+        if mode == "block":
+            q0, blk = self.cached, self.blk[rows]
+            if self.cache is None:
+                self.cache = BufferCache()
+            bias = attention_bias(valid[:, :e], query_block=blk[:, q0:e], key_block=blk[:, :e], dtype=dtype)
+            out = self._forward(x[:, q0:e], bias, pos[:, q0:e], self.prev_raw if q0 == s else None)
+            self.cache.truncate(s)
+            self.cached = s
+            if q0 < s:
+                self.prev_raw = out.logits[:, s - q0 : s - q0 + 1]
+            return out.logits[:, s - q0 :]
+        width = x.shape[1]
+        if self.fresh:  # prefix / dual: full forward, keep what the rest of the block reuses
+            self.cache = BufferCache()
+            out = self._forward(x, attention_bias(valid, dtype=dtype), pos)
+            self.fresh = False
+            self.prev_raw = out.logits[:, s : s + 1]
+            if mode == "prefix":
+                self.cache.truncate(s)
+            else:
+                self.cache.drop_columns(s, e)
+            return out.logits[:, s:e]
+        if mode == "prefix":
+            bias = attention_bias(valid, num_queries=width - s, dtype=dtype)
+            out = self._forward(x[:, s:], bias, pos[:, s:], self.prev_raw)
+            self.cache.truncate(s)
+            return out.logits[:, : e - s]
+        key_valid = torch.cat([valid[:, :s], valid[:, e:], valid[:, s:e]], dim=1)
+        out = self._forward(x[:, s:e], attention_bias(key_valid, num_queries=e - s, dtype=dtype), pos[:, s:e],
+                            self.prev_raw)
+        self.cache.truncate(width - (e - s))
+        return out.logits

@@ -1,0 +1,184 @@
+"""The engine on real tiny models: LLaDA reference equality, exact block cache, batch invariance."""
+
+import pytest
+import torch
+
+from dllm_rl.sampling import DecodeConfig, Rollout, generate, generate_batched
+
+LENGTHS = [1, 3, 5, 6, 9, 2, 7, 4]  # several prompt lengths that are not multiples of the block size
+
+
+def _prompts(lengths, vocab=60, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def llada_reference(model, prompt, steps, gen_length, block_length, temperature=0.0, generator=None,
+                    remasking="low_confidence"):
+    """The published LLaDA `generate` (batch 1, no CFG), with `steps` per block and this engine's noise
+    convention (one float64 draw of [block, vocab] per step from `generator`)."""
+    mask_id = model.mask_token_id
+    plen = len(prompt)
+    x = torch.full((1, plen + gen_length), mask_id, dtype=torch.long)
+    x[0, :plen] = torch.tensor(prompt)
+    steps_taken = torch.full((gen_length,), -1)
+    step = 0
+    for b in range(gen_length // block_length):
+        s, e = plen + b * block_length, plen + (b + 1) * block_length
+        m = int((x[0, s:e] == mask_id).sum())
+        counts = [m // steps + (i < m % steps) for i in range(steps)]
+        for k in counts:
+            if k == 0:
+                continue
+            mask_index = x == mask_id
+            logits = model(x).logits.double()
+            x0 = logits.argmax(-1)
+            if temperature > 0:
+                u = torch.rand((block_length, logits.shape[-1]), generator=generator, dtype=torch.float64)
+                x0[:, s:e] = (logits[:, s:e].exp() / (-torch.log(u)) ** temperature).argmax(-1)
+            if remasking == "random":
+                x0_p = torch.full(x0.shape, -torch.inf, dtype=torch.float64)
+                x0_p[0, s:e] = torch.rand(block_length, generator=generator, dtype=torch.float64)
+            else:
+                x0_p = torch.softmax(logits, -1).gather(-1, x0[..., None]).squeeze(-1)
+            x0_p[:, e:] = -torch.inf
+            conf = torch.where(mask_index, x0_p, -torch.inf)
+            idx = torch.topk(conf[0], k).indices
+            x[0, idx] = x0[0, idx]
+            steps_taken[idx - plen] = step
+            step += 1
+    return x[0, plen:], steps_taken
+
+
+@pytest.mark.parametrize("steps, gen, block, temp, remask", [
+    (3, 16, 8, 0.0, "low_confidence"), (8, 16, 8, 0.0, "low_confidence"), (2, 12, 4, 0.0, "low_confidence"),
+    (4, 16, 8, 0.9, "low_confidence"), (3, 8, 8, 0.0, "random"),
+])
+def test_static_greedy_reproduces_llada_generate(tiny_models, steps, gen, block, temp, remask):
+    model = tiny_models["llada"]
+    conf = "random" if remask == "random" else "prob"
+    for prompt in _prompts([5, 11], seed=steps):
+        ref, ref_steps = llada_reference(model, prompt, steps, gen, block, temp, torch.Generator().manual_seed(4),
+                                         remask)
+        r = generate(model, [prompt], DecodeConfig(gen_length=gen, block_length=block, steps=steps, temperature=temp,
+                                                   confidence=conf, stop_on_eos=False), seeds=[4])
+        assert r.completion_ids[0].tolist() == ref.tolist()
+        assert r.step_map[0].tolist() == ref_steps.tolist()
+
+
+@pytest.mark.parametrize("cfg", [dict(), dict(steps=2), dict(threshold=0.6), dict(temperature=1.0, top_p=0.9)])
+def test_block_model_cache_equals_no_cache(sharp_sdar, cfg):
+    model = sharp_sdar
+    config = DecodeConfig(gen_length=12, stop_on_eos=False, **cfg)
+    prompts = _prompts(LENGTHS)
+    batch = generate(model, prompts, config)
+    batch_ref = generate(model, prompts, config, block_cache=False)
+    assert torch.equal(batch.completion_ids, batch_ref.completion_ids)
+    assert torch.equal(batch.step_map, batch_ref.step_map)
+    assert torch.equal(batch.nfe, batch_ref.nfe)
+    for i in (0, 3, 4):  # batch 1
+        one = generate(model, [prompts[i]], config, seeds=[i])
+        one_ref = generate(model, [prompts[i]], config, seeds=[i], block_cache=False)
+        assert torch.equal(one.completion_ids, one_ref.completion_ids)
+        assert torch.equal(one.step_map, one_ref.step_map)
+        n = one.completion_ids.shape[1]
+        assert torch.equal(one.completion_ids[0], batch.completion_ids[i, :n])
+    # completion lengths follow SDAR's rounding: 12 + (4 - p % 4) % 4
+    assert (batch.step_map >= 0).sum(-1).tolist() == [12 + (4 - n % 4) % 4 for n in LENGTHS]
+    if "threshold" in cfg:
+        assert batch.nfe.float().mean() < 11  # the threshold commits several tokens per step
+
+
+def _same_rows(batch: Rollout, singles: list[Rollout]):
+    for i, one in enumerate(singles):
+        n = one.completion_ids.shape[1]
+        assert torch.equal(one.completion_ids[0], batch.completion_ids[i, :n]), i
+        assert torch.equal(one.step_map[0], batch.step_map[i, :n]), i
+        assert torch.equal(one.nfe, batch.nfe[i : i + 1]), i
+        assert one.finish_reason[0] == batch.finish_reason[i]
+
+
+@pytest.mark.parametrize("family, cache", [("llada", "none"), ("llada", "dual"), ("dream", "prefix"),
+                                           ("sdar", "none")])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_batch_invariance(tiny_models, family, cache, sampled):
+    model = tiny_models[family]
+    extra = dict(temperature=0.8, top_k=20, top_p=0.95) if sampled else {}
+    config = DecodeConfig(gen_length=8, block_length=4, cache=cache, steps=2, **extra)
+    prompts = _prompts(LENGTHS, seed=1)
+    seeds = [100 + i for i in range(len(prompts))]
+    batch = generate(model, prompts, config, seeds=seeds)
+    _same_rows(batch, [generate(model, [p], config, seeds=[s]) for p, s in zip(prompts, seeds)])
+
+
+def test_fast_dllm_caches_are_exact_with_one_step_per_block(tiny_models):
+    # Every step of a one-step block is a cache refresh (a full forward), so prefix/dual equal no cache.
+    prompts = _prompts([4, 7, 2], seed=2)
+    for family in ("llada", "dream"):
+        base = DecodeConfig(gen_length=12, block_length=4, steps=1, stop_on_eos=False)
+        ref = generate(tiny_models[family], prompts, base)
+        for cache in ("prefix", "dual"):
+            out = generate(tiny_models[family], prompts, DecodeConfig(**{**vars(base), "cache": cache}))
+            assert torch.equal(out.completion_ids, ref.completion_ids)
+
+
+def test_generate_batched_matches_one_batch(tiny_models):
+    model = tiny_models["sdar"]
+    prompts = _prompts(LENGTHS[:7], seed=3)
+    config = DecodeConfig(gen_length=8, temperature=1.0, seed=11)
+    whole = generate(model, prompts, config)
+    parts = generate_batched(model, prompts, config, batch_size=3)
+    assert len(parts) == 7 and parts.completion_ids.shape == whole.completion_ids.shape
+    assert torch.equal(parts.completion_ids, whole.completion_ids)
+    assert torch.equal(parts.step_map, whole.step_map)
+    assert torch.equal(parts.prompt_ids, whole.prompt_ids)
+
+
+def _with_eos(model, eos: int):
+    from dllm_rl.models import DiffusionLM
+
+    return DiffusionLM(model.model, model.family, {**model.published_config, "eos_token_id": eos})
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_eos_stops_rows_independently(tiny_models, sharp_sdar, family):
+    model = sharp_sdar if family == "sdar" else tiny_models[family]
+    prompts = _prompts(LENGTHS, seed=5)
+    config = DecodeConfig(gen_length=16, block_length=4, stop_on_eos=False)
+    free = generate(model, prompts, config)
+    # Make the most frequent generated token the EOS, so some rows stop early and leave the batch.
+    gen = free.completion_ids[free.step_map >= 0]
+    model = _with_eos(model, int(torch.bincount(gen).argmax()))
+    config = DecodeConfig(gen_length=16, block_length=4)
+    batch = generate(model, prompts, config)
+    never = (batch.step_map == -1) & batch.completion_ids.ne(model.pad_token_id)
+    stopped = never.any(-1)
+    assert stopped.any() and len(set(batch.nfe.tolist())) > 1  # rows stopped early, at different blocks
+    assert all(batch.finish_reason[i] == "eos" for i in stopped.nonzero().flatten().tolist())
+    assert (batch.completion_ids[never] == model.eos_token_id).all()
+    assert (batch.nfe < free.nfe).any() and (batch.step_map.max(-1).values + 1 == batch.nfe).all()
+    _same_rows(batch, [generate(model, [p], config, seeds=[i]) for i, p in enumerate(prompts)])
+    if family == "sdar":
+        ref = generate(model, prompts, config, block_cache=False)
+        assert torch.equal(ref.completion_ids, batch.completion_ids) and torch.equal(ref.step_map, batch.step_map)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_step_map_replays_the_decoding_states(tiny_models, family):
+    """TraceRL's replay: the state before step k (tokens with 0 <= step < k, the rest masked) reproduces the
+    logits the sampler used, so step k's tokens are the argmax there and the recorded confidence is p(token)."""
+    model = tiny_models[family]
+    prompts = _prompts([3, 6, 5], seed=6)
+    r = generate(model, prompts, DecodeConfig(gen_length=8, block_length=4, steps=2, stop_on_eos=False))
+    for i, prompt in enumerate(prompts):
+        n = int((r.step_map[i] >= 0).sum())
+        comp, steps = r.completion_ids[i, :n], r.step_map[i, :n]
+        for k in range(int(r.nfe[i])):
+            state = torch.where((steps >= 0) & (steps < k), comp, torch.full_like(comp, model.mask_token_id))
+            x = torch.cat([torch.tensor(prompt), state])[None]
+            probs = model(x).logits[0, len(prompt):].double().softmax(-1)
+            at_k = steps == k
+            assert at_k.any()
+            assert torch.equal(probs.argmax(-1)[at_k], comp[at_k]), (i, k)
+            got = r.confidence[i, :n][at_k].double()
+            assert torch.allclose(got, probs.max(-1).values[at_k], atol=1e-5), (i, k)
