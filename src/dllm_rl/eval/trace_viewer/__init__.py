@@ -66,7 +66,8 @@ def _first(obj: Mapping[str, Any], *names: str) -> Any:
 
 
 def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> TraceRecord:
-    """A :class:`TraceRecord` from one JSON trace object (as ``dllm-rl generate --trace`` writes).
+    """A :class:`TraceRecord` from one JSON trace object (as ``dllm-rl generate --trace`` writes: ``prompt``,
+    ``completion``, ``token_ids``, ``tokens``, ``steps``, ``confidence``, ``answer_length``, ``nfe``, ...).
 
     Accepts token strings (``prompt_tokens`` / ``completion_tokens`` or ``tokens``) or ids
     (``prompt_ids`` / ``completion_ids``, decoded with ``tokenizer``), a ``step_map``, and optional
@@ -76,7 +77,10 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
     if step_map is None:
         raise ValueError("trace record has no step_map (the global step at which each token was committed)")
     ids = _first(obj, "completion_ids", "token_ids")
-    tokens = _first(obj, "completion_tokens", "tokens")
+    # Token strings for display: decode the ids when a tokenizer is at hand (byte-level BPE pieces such as
+    # "Ġthe" read better decoded), else the strings the trace carries.
+    tokens = [_piece(tokenizer, t) for t in ids] if ids is not None and tokenizer is not None else None
+    tokens = tokens if tokens is not None else _first(obj, "completion_tokens", "tokens")
     if tokens is None:
         if ids is None:
             raise ValueError("trace record has neither completion tokens nor completion_ids")
@@ -142,9 +146,14 @@ def load_trace_jsonl(path: str | Path, tokenizer=None) -> list[TraceRecord]:
     return records
 
 
-def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None,
-                         block_length: int | None = None) -> list[TraceRecord]:
-    """One :class:`TraceRecord` per sequence of a sampling ``Rollout`` (left padding of prompts dropped)."""
+def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None, block_length: int | None = None,
+                         block_offsets: Sequence[int] | None = None) -> list[TraceRecord]:
+    """One :class:`TraceRecord` per sequence of a sampling ``Rollout`` (left padding of prompts dropped).
+
+    ``block_length`` draws block boundaries every that many completion positions, shifted by
+    ``block_offsets[b]`` (the prompt length for block-causal models, whose blocks count from the prompt's
+    first token; none for semi-autoregressive blocks of the completion).
+    """
     out = []
     conf = getattr(rollout, "confidence", None)
     for b in range(rollout.completion_ids.shape[0]):
@@ -163,6 +172,7 @@ def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None
             label=labels[b] if labels is not None else f"sequence {b}",
             finish_reason=rollout.finish_reason[b] if getattr(rollout, "finish_reason", None) else None,
             block_length=block_length,
+            block_offset=int(block_offsets[b]) if block_offsets is not None else 0,
         ))
     return out
 

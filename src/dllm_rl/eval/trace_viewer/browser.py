@@ -215,9 +215,15 @@ class Chromium:
             self.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": code or key,
                                                  "windowsVirtualKeyCode": vk, "nativeVirtualKeyCode": vk})
 
-    def screenshot(self, path: str | Path | None = None) -> bytes:
-        """PNG of the viewport (written to ``path`` when given)."""
-        data = base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
+    def screenshot(self, path: str | Path | None = None, selector: str | None = None) -> bytes:
+        """PNG of the viewport, or of the element ``selector`` only (written to ``path`` when given)."""
+        params: dict[str, Any] = {"format": "png"}
+        if selector is not None:
+            x, y, w, h = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                " return [r.x, r.y, r.width, r.height]; })()")
+            params["clip"] = {"x": x, "y": y, "width": w, "height": h, "scale": 1}
+        data = base64.b64decode(self.send("Page.captureScreenshot", params)["data"])
         if path is not None:
             Path(path).write_bytes(data)
         return data

@@ -1,0 +1,1 @@
+"""Evaluation harness, pass@k, reports and the trace viewer."""

@@ -1,0 +1,262 @@
+"""`dllm-rl eval`, `dllm-rl trace` and `dllm-rl plot`.
+
+- ``dllm-rl eval MODEL_DIR --task countdown --limit 500 --setting static1:tokens_per_step=1
+  --setting dyn:threshold=0.9 -o runs/eval/cd`` evaluates one checkpoint under several decoding
+  settings (a comparison table and an accuracy-vs-NFE plot); re-running the same command resumes.
+- ``dllm-rl trace MODEL_DIR --prompt TEXT -o trace.html`` (or ``--from-trace FILE.jsonl``) writes the
+  step-by-step decoding viewer.
+- ``dllm-rl plot RUN_DIR`` draws a training run's curves (``metrics.jsonl`` -> ``plots/*.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+DECODE_GROUP = "decoding (base for every --setting; DecodeConfig fields)"
+
+
+# ------------------------------------------------------------------------------------------------ decode flags
+def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per :class:`~dllm_rl.sampling.DecodeConfig` field (help text from the field), stored
+    under ``decode_<name>``; unset flags stay None so only what the user gave overrides the defaults."""
+    from dllm_rl.sampling import DecodeConfig
+
+    group = parser.add_argument_group(DECODE_GROUP)
+    hints = typing.get_type_hints(DecodeConfig)
+    for f in dataclasses.fields(DecodeConfig):
+        if f.name in exclude:
+            continue
+        tp = hints[f.name]
+        args = typing.get_args(tp)
+        base = next((a for a in args if a is not type(None)), tp) if args else tp
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        flag = "--" + f.name.replace("_", "-")
+        if base is bool:
+            group.add_argument(flag, dest=f"decode_{f.name}", action=argparse.BooleanOptionalAction, default=None,
+                               help=f"{help_text} (default {default})")
+        else:
+            group.add_argument(flag, dest=f"decode_{f.name}", type=base if base in (int, float) else str,
+                               default=None, metavar=f.name.upper(), help=f"{help_text} (default {default})")
+
+
+def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {k.removeprefix("decode_"): v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
+
+
+def _command_line() -> str:
+    return " ".join(shlex.quote(a) for a in ["dllm-rl", *sys.argv[1:]])
+
+
+def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"{flag} {item!r} must look like key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ eval
+def eval_command(args: argparse.Namespace) -> int:
+    from dllm_rl.eval.harness import EvalConfig, load_settings_file, parse_setting, run_eval
+
+    settings = []
+    if args.settings_file:
+        settings += load_settings_file(args.settings_file)
+    settings += [parse_setting(s) for s in args.setting or []]
+    task_options = _kv_options(args.task_option, "--task-option")
+    if args.task_type:
+        task_options["task_type"] = args.task_type
+    model_dir = Path(args.model_dir)
+    default_name = f"{model_dir.resolve().name}-{Path(args.task).stem}-{args.split}"
+    output = args.output or str(Path("runs") / "eval" / default_name)
+    cfg = EvalConfig(
+        model_dir=args.model_dir, task=args.task, output_dir=output, split=args.split, data=args.data,
+        limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
+        device=args.device, tokenizer=args.tokenizer, prompt_style=args.prompt_style, system_prompt=args.system_prompt,
+        task_options=task_options, decode=decode_overrides(args), settings=settings,
+        trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress, command=_command_line(),
+    )
+    summary = run_eval(cfg)
+    print((Path(output) / "summary.md").read_text())
+    return 0 if summary else 1
+
+
+def register_eval(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="evaluate a checkpoint on a task under one or more decoding settings (resumable)",
+        description="Decode a task's items, score them and write items/<setting>.jsonl, summary.json, summary.md "
+        "and accuracy_vs_nfe.png to --output. Re-running the same command resumes an interrupted evaluation.",
+        epilog="example: dllm-rl eval ckpt --task countdown --limit 500 --setting static1:tokens_per_step=1 "
+        "--setting static2:tokens_per_step=2 --setting dyn:threshold=0.9 -o runs/eval/countdown",
+    )
+    p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer)")
+    p.add_argument("--task", required=True, help="gsm8k | math | countdown | sudoku | code | a local data file")
+    p.add_argument("--task-type", default=None, help="which task a data file given as --task holds (e.g. countdown)")
+    p.add_argument("--split", default="test", help="data split (default test)")
+    p.add_argument("--data", default=None, help="data file instead of the task's default file for --split")
+    p.add_argument("--limit", type=int, default=None, help="evaluate the first N items only")
+    p.add_argument("--num-samples", type=int, default=1, help="samples per item, k of pass@k (default 1)")
+    p.add_argument("--setting", action="append", metavar="NAME[:KEY=VAL,...]",
+                   help="a named decoding setting over the base flags, repeatable: e.g. static1:tokens_per_step=1, "
+                   "dyn:threshold=0.9, b8:block_length=8,cache=prefix. Keys: DecodeConfig fields or tokens_per_step")
+    p.add_argument("--settings-file", default=None,
+                   help="YAML file of settings: {name: {key: value}} or a list of {name: ..., key: value}")
+    p.add_argument("-o", "--output", default=None, help="output directory (default runs/eval/<model>-<task>-<split>)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences decoded together (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL_DIR)")
+    p.add_argument("--prompt-style", default=None, help="chat | plain | compact (default: the task's)")
+    p.add_argument("--system-prompt", default=None, help="system prompt for chat templates")
+    p.add_argument("--task-option", action="append", metavar="KEY=VALUE", help="extra get_task option, repeatable")
+    p.add_argument("--trace-items", type=int, default=0, help="write traces/<setting>.html for the first N items")
+    p.add_argument("--overwrite", action="store_true", help="discard earlier results in --output instead of resuming")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_decode_arguments(p, exclude=("seed",))  # per-sample seeds derive from --seed
+    p.set_defaults(func=eval_command)
+
+
+# ------------------------------------------------------------------------------------------------ trace
+def trace_command(args: argparse.Namespace) -> int:
+    from dllm_rl.eval.trace_viewer import load_trace_jsonl, write_html
+
+    if not args.output:
+        raise ValueError("give the output file with -o trace.html")
+    tok_dir = args.tokenizer or args.model_dir
+    if args.from_trace:
+        tok = None
+        if tok_dir:
+            from dllm_rl.models import load_tokenizer
+
+            tok = load_tokenizer(tok_dir)
+        records = load_trace_jsonl(args.from_trace, tokenizer=tok)
+        meta = {"source": args.from_trace}
+    else:
+        if not args.model_dir:
+            raise ValueError("give MODEL_DIR (to decode --prompt) or --from-trace FILE.jsonl")
+        if not args.prompt and not args.task:
+            raise ValueError("give --prompt TEXT (repeatable) or --task NAME [--index I] to pick what to decode")
+        records, meta = _decode_for_trace(args, tok_dir)
+    path = write_html(args.output, records, title=args.title or "dllm-rl decoding trace", meta=meta)
+    print(f"wrote {path} ({len(records)} sequence{'s' if len(records) != 1 else ''})")
+    if args.screenshot:
+        from dllm_rl.eval.trace_viewer.browser import screenshot_file
+
+        shot = screenshot_file(path, args.screenshot, step=args.screenshot_step)
+        print(f"wrote {shot}")
+    return 0
+
+
+def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
+    from dllm_rl.eval.harness import (
+        Setting,
+        check_model_tokenizer,
+        resolve_decode,
+        resolve_device,
+        resolve_eval_dtype,
+    )
+    from dllm_rl.eval.trace_viewer import records_from_rollout
+    from dllm_rl.models import load_model
+    from dllm_rl.sampling import generate
+
+    model_dir = Path(args.model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    tok, fam, block_size = check_model_tokenizer(model_dir, Path(tok_dir))
+    resolved = resolve_decode(decode_overrides(args), Setting("trace"), block_size)
+    decode = resolved.decode
+    texts, labels, examples, task = [], [], [], None
+    if args.task:
+        from dllm_rl.tasks import get_task
+
+        kw: dict[str, Any] = {"split": args.split}
+        if args.prompt_style:
+            kw["prompt_style"] = args.prompt_style
+        task = get_task(args.task, **kw)
+        exs = task.load()
+        for i in args.index or [0]:
+            if not 0 <= i < len(exs):
+                raise ValueError(f"--index {i} out of range: task {args.task!r} has {len(exs)} items")
+            examples.append(exs[i])
+            texts.append(task.build_prompt(exs[i], tok))
+            labels.append(f"{args.task} item {i}")
+    for i, p in enumerate(args.prompt or []):
+        texts.append(p)
+        labels.append(f"prompt {i}")
+    device = resolve_device(args.device)
+    dtype = resolve_eval_dtype(args.dtype, device)
+    model = load_model(model_dir, dtype=dtype, device=device)
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    roll = generate(model, ids, decode, tokenizer=tok, block_cache=resolved.block_cache)
+    records = records_from_rollout(roll, tok, labels=labels, block_length=block_size or decode.block_length,
+                                   block_offsets=[len(x) for x in ids] if block_size else None)
+    if task is not None:
+        for rec, sc in zip(records, task.score_examples(roll.texts[: len(examples)], examples)):
+            rec.reward = float(sc)
+    meta = {"model": str(model_dir), "family": fam.name, **resolved.as_dict()}
+    return records, meta
+
+
+def register_trace(sub) -> None:
+    p = sub.add_parser(
+        "trace", help="write a self-contained HTML page replaying a decode step by step",
+        description="Decode --prompt (or --task items) with MODEL_DIR, or read a `dllm-rl generate --trace` "
+        "file, and write one HTML file (no network resources) with a step slider, play button and "
+        "step/confidence on hover.",
+    )
+    p.add_argument("model_dir", nargs="?", default=None, help="checkpoint directory (not needed with --from-trace "
+                   "when the trace holds token strings)")
+    p.add_argument("--prompt", action="append", help="prompt text to decode (repeatable); used as is")
+    p.add_argument("--task", default=None, help="decode items of this task instead (prompt built by the task)")
+    p.add_argument("--index", type=int, action="append", help="item index of --task (repeatable; default 0)")
+    p.add_argument("--split", default="test", help="split of --task (default test)")
+    p.add_argument("--prompt-style", default=None, help="chat | plain | compact for --task")
+    p.add_argument("--from-trace", default=None, metavar="FILE.jsonl", help="a trace file from `dllm-rl generate "
+                   "--trace` instead of decoding")
+    p.add_argument("-o", "--output", required=True, help="HTML file to write")
+    p.add_argument("--title", default=None, help="page title")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL_DIR)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--screenshot", default=None, metavar="PNG", help="also save a PNG taken in headless Chromium")
+    p.add_argument("--screenshot-step", type=int, default=None, help="slider step for --screenshot (default: start)")
+    add_decode_arguments(p)
+    p.set_defaults(func=trace_command)
+
+
+# ------------------------------------------------------------------------------------------------ plot
+def plot_command(args: argparse.Namespace) -> int:
+    from dllm_rl.training import plot_metrics
+
+    paths = plot_metrics(args.run_dir, keys=args.keys)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def register_plot(sub) -> None:
+    p = sub.add_parser("plot", help="draw a training run's curves (reward, accuracy, KL, length, NFE) as PNG",
+                       description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/plots/<metric>.png.")
+    p.add_argument("run_dir", help="run directory holding metrics.jsonl")
+    p.add_argument("--keys", nargs="+", default=None, help="metrics to plot (default: every numeric metric)")
+    p.set_defaults(func=plot_command)
+
+
+def register(sub) -> None:
+    """Register ``eval``, ``trace`` and ``plot`` (those not registered yet, so listing this module under
+    several names in ``SUBCOMMANDS`` is harmless)."""
+    for name, fn in (("eval", register_eval), ("trace", register_trace), ("plot", register_plot)):
+        if name not in sub.choices:
+            fn(sub)

@@ -1,0 +1,662 @@
+"""The evaluation harness: decode a task's held-out items under one or more decoding settings, score them,
+and write per-sample results (JSON lines), a summary JSON, a Markdown table and an accuracy-vs-NFE plot.
+
+Reproducible and resumable by construction:
+
+- sample ``s`` of item ``i`` is decoded with its own seed ``sample_seed(seed, i, s)`` (the sampler gives
+  each sequence its own generator and is batch-invariant), so a result never depends on batching, on
+  the order of work, or on which items an earlier, interrupted run had already finished;
+- every finished batch is appended to ``items/<setting>.jsonl`` and flushed to disk; a re-run with the
+  same output directory skips the ``(item, sample)`` pairs already there (a torn last line is dropped)
+  and recomputes the summary from the records, so it gives the same final numbers;
+- ``meta.json`` pins what the numbers depend on (model files, task, data hash, decoding settings, seed,
+  dtype); resuming with a different evaluation in the same directory is refused.
+
+Output directory::
+
+    meta.json                 versions, device, dtype, model/data hashes, settings, seed, command
+    items/<setting>.jsonl     one record per (item, sample): prompt, completion, reward, reason, ...
+    summary.json / summary.md metrics per setting + metadata; the Markdown comparison table
+    accuracy_vs_nfe.png       one point per setting
+    traces/<setting>.html     decoding traces of the first items (``trace_items`` > 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dllm_rl.config import ConfigError, field, from_dict, to_dict
+
+SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+#: pseudo-keys a setting may use besides DecodeConfig's fields
+SETTING_SHORTCUTS = ("tokens_per_step", "block_cache")
+#: what a resumed evaluation must share with the one that wrote the directory
+FINGERPRINT_KEYS = ("model", "task", "split", "data", "num_samples", "seed", "dtype", "prompt_style",
+                    "system_prompt", "task_options")
+
+
+# ------------------------------------------------------------------------------------------------ settings
+@dataclass
+class Setting:
+    """A named decoding setting: overrides on top of the base DecodeConfig."""
+
+    name: str
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not SETTING_NAME.match(self.name):
+            raise ValueError(f"setting name {self.name!r}: use letters, digits and _ . + - only")
+
+
+def parse_setting(spec: str) -> Setting:
+    """``NAME:key=val,key=val`` (or just ``NAME`` for the base settings) -> :class:`Setting`.
+
+    Keys are :class:`~dllm_rl.sampling.DecodeConfig` fields, or ``tokens_per_step=k`` for a static
+    schedule committing k tokens per step in every block (``steps = ceil(block / k)``).
+    """
+    name, _, rest = spec.partition(":")
+    overrides: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        if "=" not in part:
+            raise ValueError(f"--setting {spec!r}: {part!r} must look like key=value "
+                             "(for example dyn:threshold=0.9 or static2:tokens_per_step=2)")
+        k, v = part.split("=", 1)
+        overrides[k.strip().replace("-", "_")] = v.strip()
+    return Setting(name.strip(), overrides)
+
+
+def load_settings_file(path: str | Path) -> list[Setting]:
+    """Settings from YAML: a mapping ``name: {key: value, ...}`` or a list of ``{name: ..., key: value}``."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: settings file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if isinstance(data, Mapping):
+        items = [(str(k), v or {}) for k, v in data.items()]
+    elif isinstance(data, list):
+        items = []
+        for i, entry in enumerate(data):
+            if not isinstance(entry, Mapping) or "name" not in entry:
+                raise ValueError(f"{path}: entry {i} must be a mapping with a 'name'")
+            items.append((str(entry["name"]), {k: v for k, v in entry.items() if k != "name"}))
+    else:
+        raise ValueError(f"{path}: expected a mapping of setting name -> options, or a list of settings")
+    out = []
+    for name, opts in items:
+        if not isinstance(opts, Mapping):
+            raise ValueError(f"{path}: setting {name!r} must map option names to values")
+        out.append(Setting(name, {str(k).replace("-", "_"): v for k, v in opts.items()}))
+    return out
+
+
+@dataclass
+class ResolvedSetting:
+    """A setting made concrete: the DecodeConfig and the extra ``generate`` options (``block_cache``)."""
+
+    decode: Any
+    block_cache: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**to_dict(self.decode), "block_cache": self.block_cache}
+
+
+def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | None = None) -> ResolvedSetting:
+    """The decoding of ``setting`` over ``base`` (string values coerced to the DecodeConfig field types).
+
+    Shortcuts: ``tokens_per_step=k`` = a static schedule committing k tokens per step
+    (``steps = ceil(block / k)`` per block, block = the model's ``block_size`` for block models, else
+    ``block_length``); ``block_cache=false`` = block models decode without their (exact) KV cache.
+    ``block_size`` is the model's own block (None for full-attention models).
+    """
+    from dllm_rl.config import _coerce
+    from dllm_rl.sampling import DecodeConfig
+
+    where = f"setting {setting.name!r}"
+    data = {**base, **setting.overrides}
+    tps = data.pop("tokens_per_step", None)
+    block_cache = _coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
+    if not block_cache and block_size is None:
+        raise ValueError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
+                         "choose their cache with cache=none|prefix|dual")
+    if tps is not None:
+        tps = _coerce(tps, int, f"{where}: tokens_per_step")
+        if tps < 1:
+            raise ValueError(f"{where}: tokens_per_step must be >= 1")
+        if data.get("steps") is not None or data.get("threshold") is not None:
+            raise ValueError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
+        block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
+        data["steps"] = -(-block // tps)
+    try:
+        decode = from_dict(DecodeConfig, data, where=where)
+    except ConfigError as exc:
+        msg = str(exc).replace(" valid keys: ", f" valid keys: {', '.join(SETTING_SHORTCUTS)}, ")
+        raise ValueError(msg) from None
+    return ResolvedSetting(decode, bool(block_cache))
+
+
+# ------------------------------------------------------------------------------------------------ config
+@dataclass
+class EvalConfig:
+    """One ``dllm-rl eval`` call."""
+
+    model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
+    task: str = field(help="gsm8k | math | countdown | sudoku | code | a local data file (.jsonl/.csv/...).")
+    output_dir: str = field(help="Where results go; an existing directory of the same evaluation is resumed.")
+    split: str = field("test", help="Data split of the task's default files.")
+    data: str | None = field(None, help="Data file to use instead of the task's default file for `split`.")
+    limit: int | None = field(None, help="Evaluate only the first N items (the same N items every time).")
+    num_samples: int = field(1, help="Samples per item (k of pass@k); needs temperature > 0 to differ.")
+    batch_size: int = field(16, help="Sequences decoded together (results do not depend on it).")
+    seed: int = field(0, help="Base seed; sample s of item i uses its own seed derived from (seed, i, s).")
+    dtype: str = field("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.")
+    device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
+    tokenizer: str | None = field(None, help="Tokenizer directory (default: the model directory).")
+    prompt_style: str | None = field(None, help="Task prompt style: chat | plain | compact (default: the task's).")
+    system_prompt: str | None = field(None, help="Optional system prompt for the chat template.")
+    task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
+    decode: dict[str, Any] = field(default_factory=dict, help="Base DecodeConfig overrides for every setting.")
+    settings: list[Setting] = field(default_factory=list, help="Named decoding settings (default: one, 'default').")
+    trace_items: int = field(0, help="Write an HTML decoding trace of the first N items per setting.")
+    overwrite: bool = field(False, help="Delete earlier results in output_dir instead of resuming.")
+    progress: bool = field(True, help="Show a progress bar.")
+    command: str | None = field(None, help="The command line, recorded in the metadata.")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def sample_seed(seed: int, index: int, sample: int) -> int:
+    """The decoding seed of sample ``sample`` of item ``index`` (independent of batching and order)."""
+    digest = hashlib.sha256(f"dllm-rl-eval:{seed}:{index}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_fingerprint(model_dir: Path, full_hash_limit: int = 2 << 30) -> dict[str, Any]:
+    """Hashes identifying a checkpoint: config.json, and each weight file in full (up to 2 GiB in total)
+    or, for large checkpoints, its size plus the hash of its first and last MiB."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    total = sum(f.stat().st_size for f in files)
+    weights = {}
+    for f in files:
+        if total <= full_hash_limit:
+            weights[f.name] = sha256_file(f)
+        else:
+            h = hashlib.sha256()
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+                fh.seek(max(0, size - (1 << 20)))
+                h.update(fh.read())
+            weights[f.name] = f"size={size},head+tail-sha256={h.hexdigest()}"
+    return {"path": str(model_dir.resolve()), "config_sha256": sha256_file(model_dir / "config.json"),
+            "weights": weights}
+
+
+def _json_line(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, default=str, sort_keys=False)
+
+
+def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """Records of a results file; a torn last line (an interrupted write) is dropped, and removed from the
+    file when ``repair``. A bad line elsewhere is an error naming the line."""
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    good_end = raw.rfind(b"\n") + 1  # bytes up to the last complete line
+    if good_end < len(raw) and repair:
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    out = []
+    for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: corrupt results line ({exc}); delete it or use --overwrite") from None
+    return out
+
+
+def is_correct(score: Any) -> bool:
+    """A sample counts as correct when the task says so (``info['correct']`` or sudoku's ``solved``),
+    else when its reward is at least 1 (the task's own accuracy rule)."""
+    info = getattr(score, "info", None) or {}
+    for key in ("correct", "solved"):
+        if key in info:
+            return bool(info[key])
+    return float(score) >= 1.0
+
+
+def _environment(device, dtype) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    from dllm_rl import __version__
+
+    env = {"dllm_rl": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
+           "dtype": str(dtype).removeprefix("torch."),
+           "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
+        env["torch_threads"] = torch.get_num_threads()
+    try:
+        import subprocess
+
+        repo = Path(__file__).resolve().parents[3]
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5)
+        if commit.returncode == 0:
+            env["git_commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return env
+
+
+def resolve_device(device: str):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_eval_dtype(dtype: str, device) -> str:
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    from dllm_rl.models import resolve_dtype
+
+    resolve_dtype(dtype)  # validates
+    return dtype
+
+
+def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
+    """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
+    mask and EOS ids must agree and every token id must fit the embedding."""
+    from dllm_rl.models import load_tokenizer
+    from dllm_rl.models.families import detect_family
+    from dllm_rl.models.loading import read_config
+
+    pub = read_config(model_dir)
+    fam = detect_family(pub, str(model_dir / "config.json"))
+    hf = fam.hf_config(pub)
+    mask_id = int(pub.get("mask_token_id", fam.mask_token_id))
+    eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
+        else None
+    tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
+    vocab = int(hf.vocab_size)
+    if len(tok) > vocab:
+        raise ValueError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "
+                         f"{vocab}; tokenizer and model do not belong together")
+    if eos_id is not None and tok.eos_token_id != eos_id:
+        raise ValueError(f"tokenizer {tokenizer_dir} eos id {tok.eos_token_id} != model eos_token_id {eos_id} "
+                         f"({model_dir}/config.json); tokenizer and model do not belong together")
+    block_size = int(pub.get("block_size") or fam.block_size or 4) if fam.attention == "block" else None
+    return tok, fam, block_size
+
+
+def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+    kw = dict(cfg.task_options)
+    kw["split"] = cfg.split
+    if cfg.data is not None:
+        kw["data"] = cfg.data
+    if cfg.prompt_style is not None:
+        kw["prompt_style"] = cfg.prompt_style
+    if cfg.system_prompt is not None:
+        kw["system_prompt"] = cfg.system_prompt
+    return kw
+
+
+def load_task(cfg: EvalConfig):
+    """The task with its examples loaded (unknown tasks and missing files fail here, before any compute)."""
+    from dllm_rl.tasks import get_task
+
+    if cfg.data is not None and not Path(cfg.data).expanduser().exists():
+        raise FileNotFoundError(f"data file {cfg.data} does not exist")
+    kwargs = _task_kwargs(cfg)
+    try:
+        task = get_task(cfg.task, **kwargs)
+    except TypeError as exc:  # an option the task class does not take
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if m is None:
+            raise
+        raise ValueError(f"task {cfg.task!r} takes no option {m.group(1)}={kwargs.get(m.group(1))!r} "
+                         "(check --task-option)") from None
+    examples = task.load()
+    if not examples:
+        raise ValueError(f"task {cfg.task!r} ({task.source}) has no examples")
+    return task, examples
+
+
+def _data_fingerprint(task, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    src = task.source
+    info: dict[str, Any] = {"source": src, "items": len(examples)}
+    p = Path(src)
+    if p.is_file():
+        info["sha256"] = sha256_file(p)
+    info["examples_sha256"] = hashlib.sha256(
+        "\n".join(json.dumps(ex, sort_keys=True, default=str) for ex in examples).encode()).hexdigest()
+    return info
+
+
+def _reference(example: Mapping[str, Any], max_chars: int = 2000) -> dict[str, Any]:
+    """The example's columns other than the prompt, for the per-item record (long values cut)."""
+    out = {}
+    for k, v in example.items():
+        if k == "prompt":
+            continue
+        s = v if isinstance(v, (int, float, bool)) or v is None else str(v)
+        if isinstance(s, str) and len(s) > max_chars:
+            s = s[:max_chars] + "..."
+        out[k] = s
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ run
+@dataclass
+class PreparedEval:
+    """Everything validated and loaded before the first forward pass."""
+
+    cfg: EvalConfig
+    task: Any
+    examples: list[dict[str, Any]]
+    tokenizer: Any
+    family: Any
+    block_size: int | None
+    decodes: dict[str, ResolvedSetting]
+    settings: list[Setting]
+    device: Any
+    dtype: str
+    meta: dict[str, Any]
+    out: Path
+
+
+def prepare(cfg: EvalConfig) -> PreparedEval:
+    """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
+    loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
+    if cfg.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {cfg.num_samples}")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {cfg.limit}")
+    if cfg.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    model_dir = Path(cfg.model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    task, examples = load_task(cfg)
+    if cfg.limit is not None:
+        examples = examples[: cfg.limit]
+    tok, fam, block_size = check_model_tokenizer(model_dir, Path(cfg.tokenizer or cfg.model_dir))
+    settings = list(cfg.settings) or [Setting("default")]
+    names = [s.name for s in settings]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"setting name {dup[0]!r} is used twice")
+    decodes = {s.name: resolve_decode(cfg.decode, s, block_size) for s in settings}
+    for name, rs in decodes.items():
+        if cfg.num_samples > 1 and rs.decode.temperature == 0:
+            warnings.warn(f"setting {name!r}: temperature 0 (greedy) makes all {cfg.num_samples} samples of an "
+                          "item identical, so pass@k = pass@1; set temperature > 0", stacklevel=2)
+    device = resolve_device(cfg.device)
+    dtype = resolve_eval_dtype(cfg.dtype, device)
+    meta = {
+        "model": model_fingerprint(model_dir),
+        "family": fam.name,
+        "tokenizer": str(Path(cfg.tokenizer or cfg.model_dir).resolve()),
+        "task": cfg.task,
+        "split": cfg.split,
+        "data": _data_fingerprint(task, task.load()),
+        "prompt_style": getattr(task, "prompt_style", cfg.prompt_style),
+        "system_prompt": cfg.system_prompt,
+        "task_options": to_dict(cfg.task_options),
+        "limit": cfg.limit,
+        "items": len(examples),
+        "num_samples": cfg.num_samples,
+        "seed": cfg.seed,
+        "seed_rule": "sample s of item i decodes with sha256('dllm-rl-eval:{seed}:{i}:{s}')[:4] & 0x7fffffff",
+        "dtype": dtype,
+        "settings": {n: {"overrides": to_dict(s.overrides), "decode": decodes[n].as_dict()}
+                     for n, s in zip(names, settings)},
+        "environment": _environment(device, dtype),
+        "command": cfg.command,
+    }
+    out = Path(cfg.output_dir)
+    _check_resume(out, meta, cfg.overwrite)
+    return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
+
+
+def _check_resume(out: Path, meta: Mapping[str, Any], overwrite: bool) -> None:
+    meta_file = out / "meta.json"
+    if overwrite or not meta_file.is_file():
+        return
+    try:
+        old = json.loads(meta_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{meta_file}: not valid JSON ({exc}); use --overwrite to start again") from None
+    for key in FINGERPRINT_KEYS:
+        a, b = old.get(key), meta.get(key)
+        if key == "model" and isinstance(a, dict) and isinstance(b, dict):
+            a, b = ({k: a.get(k) for k in ("config_sha256", "weights")},
+                    {k: b.get(k) for k in ("config_sha256", "weights")})
+        if key == "data" and isinstance(a, dict) and isinstance(b, dict):
+            a, b = a.get("sha256", a.get("examples_sha256")), b.get("sha256", b.get("examples_sha256"))
+        if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            raise ValueError(f"{out} holds results of a different evaluation ({key} differs: {a!r} vs {b!r}); "
+                             "choose another --output or pass --overwrite")
+    for name, s in meta["settings"].items():
+        prev = old.get("settings", {}).get(name)
+        if prev is not None and json.dumps(prev["decode"], sort_keys=True) != json.dumps(s["decode"], sort_keys=True):
+            raise ValueError(f"{out}: setting {name!r} was run with different decoding options "
+                             f"({prev['decode']} vs {s['decode']}); rename the setting, choose another --output "
+                             "or pass --overwrite")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _merge_meta(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """meta.json keeps the settings of earlier runs in this directory and the environment of each run."""
+    meta_file = out / "meta.json"
+    merged = dict(meta)
+    if meta_file.is_file():
+        old = json.loads(meta_file.read_text())
+        merged["settings"] = {**old.get("settings", {}), **meta["settings"]}
+        runs = old.get("runs", [old.get("environment")])
+        merged["runs"] = [r for r in runs if r] + [meta["environment"]]
+    else:
+        merged["runs"] = [meta["environment"]]
+    return merged
+
+
+def run_eval(cfg: EvalConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) an evaluation; returns the summary dict (also written to ``summary.json``).
+
+    ``model`` may be a loaded :class:`~dllm_rl.models.DiffusionLM` (tests, in-process use); by default the
+    checkpoint in ``cfg.model_dir`` is loaded after every check has passed.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    prep = prepare(cfg)
+    out = prep.out
+    if cfg.overwrite and out.exists():
+        for p in [out / "meta.json", out / "summary.json", out / "summary.md", out / "accuracy_vs_nfe.png"]:
+            p.unlink(missing_ok=True)
+        for d in (out / "items", out / "traces"):
+            if d.is_dir():
+                for p in d.iterdir():
+                    p.unlink()
+    (out / "items").mkdir(parents=True, exist_ok=True)
+    meta = _merge_meta(out, prep.meta)
+    _write_json(out / "meta.json", meta)
+
+    if model is None:
+        from dllm_rl.models import load_model
+
+        log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
+        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device)
+    prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
+    prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
+    from dllm_rl.sampling.decode import check_inputs
+
+    for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
+        check_inputs(model, prompt_ids, rs.decode, None)
+
+    for setting in prep.settings:
+        _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
+    summary = write_summary(prep)
+    for name, s in summary["settings"].items():
+        m = s["metrics"]
+        log(f"[{name}] accuracy {m['accuracy']:.4f}  NFE {m['nfe_mean']:.1f}  length {m['mean_length']:.1f}  "
+            f"tokens/s {m['tokens_per_s']:.1f}")
+    log(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'accuracy_vs_nfe.png'}")
+    return summary
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"prompt {text[:60]!r} encodes to no tokens")
+    return list(ids)
+
+
+def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[list[int]],
+                 prompt_texts: list[str], log: Callable[[str], None]) -> None:
+    from dllm_rl.sampling import generate
+
+    cfg, resolved = prep.cfg, prep.decodes[setting.name]
+    path = prep.out / "items" / f"{setting.name}.jsonl"
+    done = {(r["index"], r["sample"]) for r in read_records(path, repair=True)}
+    pending = [(i, s) for i in range(len(prep.examples)) for s in range(cfg.num_samples) if (i, s) not in done]
+    total = len(prep.examples) * cfg.num_samples
+    if not pending:
+        log(f"[{setting.name}] all {total} samples already in {path}")
+    else:
+        if done:
+            log(f"[{setting.name}] resuming: {len(done)} of {total} samples already in {path}")
+        # Similar lengths together (less padding); results do not depend on the grouping.
+        pending.sort(key=lambda p: (len(prompt_ids[p[0]]), p[0], p[1]))
+        bar = None
+        if cfg.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total, initial=total - len(pending), desc=setting.name, unit="sample",
+                       dynamic_ncols=True, file=sys.stderr)
+        n_correct = 0
+        n_new = 0
+        with open(path, "a", encoding="utf-8") as fh:
+            for start in range(0, len(pending), cfg.batch_size):
+                chunk = pending[start: start + cfg.batch_size]
+                seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
+                t0 = time.perf_counter()
+                roll = generate(model, [prompt_ids[i] for i, _ in chunk], resolved.decode, seeds=seeds,
+                                tokenizer=prep.tokenizer, block_cache=resolved.block_cache)
+                if prep.device.type == "cuda":
+                    import torch
+
+                    torch.cuda.synchronize(prep.device)
+                elapsed = time.perf_counter() - t0
+                exs = [prep.examples[i] for i, _ in chunk]
+                scores = prep.task.score_examples(roll.texts, exs)
+                lengths = roll.completion_mask.sum(dim=1).tolist()
+                for b, ((i, s), score) in enumerate(zip(chunk, scores)):
+                    ok = is_correct(score)
+                    n_correct += ok
+                    rec = {
+                        "setting": setting.name, "index": i, "sample": s, "seed": seeds[b],
+                        "prompt": prompt_texts[i], "completion": roll.texts[b], "reward": float(score),
+                        "correct": ok, "reason": getattr(score, "reason", ""), "length": int(lengths[b]),
+                        "nfe": int(roll.nfe[b]), "finish_reason": roll.finish_reason[b],
+                        "gen_seconds": elapsed / len(chunk), "reference": _reference(prep.examples[i]),
+                    }
+                    info = getattr(score, "info", None)
+                    if info:
+                        rec["score_info"] = info
+                    fh.write(_json_line(rec) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+                n_new += len(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+                    bar.set_postfix(acc=f"{n_correct / n_new:.3f}", tok_s=f"{sum(lengths) / max(elapsed, 1e-9):.1f}")
+        if bar is not None:
+            bar.close()
+    if prep.cfg.trace_items > 0:
+        _write_traces(prep, model, setting, prompt_ids, resolved)
+
+
+def _write_traces(prep: PreparedEval, model, setting: Setting, prompt_ids: list[list[int]],
+                  resolved: ResolvedSetting) -> None:
+    from dllm_rl.eval.trace_viewer import records_from_rollout, write_html
+    from dllm_rl.sampling import generate
+
+    n = min(prep.cfg.trace_items, len(prep.examples))
+    seeds = [sample_seed(prep.cfg.seed, i, 0) for i in range(n)]
+    roll = generate(model, prompt_ids[:n], resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
+                    block_cache=resolved.block_cache)
+    recs = records_from_rollout(roll, prep.tokenizer, labels=[f"item {i}" for i in range(n)],
+                                block_length=prep.block_size or resolved.decode.block_length,
+                                block_offsets=[len(p) for p in prompt_ids[:n]] if prep.block_size else None)
+    scores = prep.task.score_examples(roll.texts, prep.examples[:n])
+    for r, sc in zip(recs, scores):
+        r.reward = float(sc)
+    (prep.out / "traces").mkdir(exist_ok=True)
+    write_html(prep.out / "traces" / f"{setting.name}.html", recs, title=f"{prep.cfg.task}: {setting.name}",
+               meta={"model": prep.cfg.model_dir, "setting": setting.name, **resolved.as_dict()})
+
+
+def write_summary(prep: PreparedEval) -> dict[str, Any]:
+    """Summary JSON + Markdown + plot from the records on disk (only the current items and samples)."""
+    from dllm_rl.eval.report import markdown_table, plot_accuracy_vs_nfe, summarize_records
+
+    n_items, k = len(prep.examples), prep.cfg.num_samples
+    settings = {}
+    for setting in prep.settings:
+        path = prep.out / "items" / f"{setting.name}.jsonl"
+        seen: dict[tuple[int, int], dict[str, Any]] = {}
+        for r in read_records(path):
+            if r["index"] < n_items and r["sample"] < k:
+                seen.setdefault((r["index"], r["sample"]), r)
+        recs = [seen[key] for key in sorted(seen)]
+        if len(recs) != n_items * k:
+            raise RuntimeError(f"{path}: {len(recs)} of {n_items * k} samples present after the run")
+        settings[setting.name] = {"overrides": to_dict(setting.overrides),
+                                  "decode": prep.decodes[setting.name].as_dict(),
+                                  "metrics": summarize_records(recs, k), "items_file": str(path)}
+    summary = {"model": prep.cfg.model_dir, "task": prep.cfg.task, "split": prep.cfg.split,
+               "num_samples": k, "items": n_items, "command": prep.cfg.command or "", "settings": settings,
+               "meta": {key: v for key, v in prep.meta.items() if key != "settings"}}
+    _write_json(prep.out / "summary.json", summary)
+    (prep.out / "summary.md").write_text(markdown_table(summary))
+    plot_accuracy_vs_nfe(summary, prep.out / "accuracy_vs_nfe.png")
+    return summary
