@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.modeling_utils import slice_logits_to_keep
 
 from dllm_rl.models import DiffusionLM, get_family
 
@@ -30,8 +31,10 @@ class FakeHF(nn.Module):
         self.fn = fn
         self.config = SimpleNamespace(vocab_size=table.shape[-1], max_position_embeddings=table.shape[0])
         self.query_lengths: list[int] = []
+        self.kept_lengths: list[int] = []  # positions projected onto the vocabulary per forward
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                logits_to_keep=0):
         self.query_lengths.append(int(input_ids.shape[1]))
         logits = self.table[position_ids].clone()
         if self.fn is not None:
@@ -40,6 +43,8 @@ class FakeHF(nn.Module):
             cache = cache if cache is not None else DynamicCache()
             kv = position_ids[:, None, :, None].float()
             cache.update(kv, kv, 0)
+        logits = slice_logits_to_keep(logits, logits_to_keep)  # as the stock *ForCausalLM does
+        self.kept_lengths.append(int(logits.shape[1]))
         return SimpleNamespace(logits=logits, cache=cache if use_cache else None)
 
 

@@ -130,6 +130,8 @@ def test_block_model_layout_prompt_tail_and_rounding(fakes):
     # forwards: [prompt head | block] folded, then the block alone; the cache holds finished blocks only
     q = model.model.query_lengths
     assert q[0] == 8 and set(q[1:]) <= {4, 8}
+    # only the current block's 4 columns reach the LM head, also when the finished block is folded in
+    assert model.model.kept_lengths == [4] * len(q)
 
 
 @pytest.mark.parametrize("cache, expect", [("none", "full"), ("prefix", "suffix"), ("dual", "block")])
@@ -144,6 +146,9 @@ def test_cache_modes_forward_the_documented_columns(fakes, cache, expect):
         assert q == [total, 12, total, 8, total, 4]
     else:  # refresh, then the block alone
         assert q == [total, 4] * 3
+    # the LM head sees the block's 4 columns (+ the last query column, for ``last_raw_logits``), never all
+    kept = model.model.kept_lengths
+    assert kept == ([5, 4] * 3 if expect == "block" else [5] * 6)
 
 
 def test_bad_inputs_fail_before_any_forward(fakes):

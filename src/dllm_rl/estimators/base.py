@@ -273,40 +273,56 @@ class RowRandom:
 
 
 def _forward_rows(
-    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits for rows ``idx`` and, per completion token, the output column that scores it ``[r, G]``."""
+    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device, scored: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Run rows ``idx`` and return ``(logits, col, width)``: ``col[r, g]`` is the logits column that scores
+    completion token ``g`` of row ``r`` (-1: none) and ``width`` the number of model input columns.
+
+    Scored tokens always sit in the last columns of the model input (the completion of ``[prompt |
+    completion]``, or the noisy stream of the two-stream layout), so the LM head is asked only for the
+    columns from the first scored one to the end (``logits_to_keep``); ``scored`` (``[r, G]`` bool) says
+    which tokens are scored.
+    """
     ids = rows.input_ids[idx].to(device)
     valid = rows.valid[idx].to(device)
     p, g = rows.prompt_len, rows.completion_len
     if rows.clean_ids is None:
-        out = model(input_ids=ids, attention_mask=valid)
+        inputs = {"input_ids": ids, "attention_mask": valid}
         col = torch.arange(p, p + g, device=device).expand(ids.shape[0], -1)
-        return out.logits, col
-    if model.family.shift:
-        raise ValueError("the two-stream layout is for block models without a logit shift")
-    layout = two_stream_layout(
-        rows.clean_ids[idx].to(device), ids, valid, rows.prompt_lengths[idx].to(device), int(model.block_size),
-        pad_token_id=model.pad_token_id, dtype=model.dtype,
-    )
-    out = model(input_ids=layout.input_ids, position_ids=layout.position_ids, attn_bias=layout.bias)
-    seq = layout.seq_len
-    # noisy slot j copies original column noisy_columns[r, j]; invert that map for the completion columns.
-    slot_of = torch.full((ids.shape[0], seq), -1, dtype=torch.long, device=device)
-    r_idx, j_idx = torch.nonzero(layout.noisy_columns >= 0, as_tuple=True)
-    slot_of[r_idx, layout.noisy_columns[r_idx, j_idx]] = j_idx
-    comp_slot = slot_of[:, p:]
-    # Every valid response column has a noisy copy; invalid (right-padding) columns get -1 and are never scored.
-    return out.logits, torch.where(comp_slot >= 0, seq + comp_slot, -1)
+    else:
+        if model.family.shift:
+            raise ValueError("the two-stream layout is for block models without a logit shift")
+        layout = two_stream_layout(
+            rows.clean_ids[idx].to(device), ids, valid, rows.prompt_lengths[idx].to(device), int(model.block_size),
+            pad_token_id=model.pad_token_id, dtype=model.dtype,
+        )
+        inputs = {"input_ids": layout.input_ids, "position_ids": layout.position_ids, "attn_bias": layout.bias}
+        seq = layout.seq_len
+        # noisy slot j copies original column noisy_columns[r, j]; invert that map for the completion columns.
+        slot_of = torch.full((ids.shape[0], seq), -1, dtype=torch.long, device=device)
+        r_idx, j_idx = torch.nonzero(layout.noisy_columns >= 0, as_tuple=True)
+        slot_of[r_idx, layout.noisy_columns[r_idx, j_idx]] = j_idx
+        comp_slot = slot_of[:, p:]
+        # Every valid response column has a noisy copy; invalid (right-padding) columns get -1 (never scored).
+        col = torch.where(comp_slot >= 0, seq + comp_slot, -1)
+    width = int(inputs["input_ids"].shape[1])
+    scored_cols = col[scored]
+    if bool((scored_cols < 0).any()):
+        raise RuntimeError("a scored completion token has no output column (scored a non-existent token?)")
+    first = int(scored_cols.min().item()) if scored_cols.numel() else width - 1
+    out = model(**inputs, logits_to_keep=width - first)
+    return out.logits, torch.where(col >= first, col - first, -1), width
 
 
 def score_rows(model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None) -> TokenScores:
     """Forward ``rows`` (``max_rows`` at a time) and gather float32 log-probs of the scored tokens.
 
-    Only rows with a non-zero weight are run. The log-softmax is taken in float32 over the scored
-    positions only (``[N, V]``, not ``[R, G, V]``). Gradients flow to the model through ``logp`` when
-    called under grad (every chunk's graph is kept until backward: ``max_rows`` bounds the logits held at
-    once, micro-batch the :class:`ScoringBatch` to bound training memory).
+    Only rows with a non-zero weight are run. The LM head projects only the columns from a chunk's first
+    scored column to the end (``logits_to_keep``: the completion, or the two-stream noisy copy), and the
+    log-softmax is taken in float32 over the scored positions only (``[N, V]``, not ``[R, G, V]``).
+    Gradients flow to the model through ``logp`` when called under grad (every chunk's graph is kept until
+    backward: ``max_rows`` bounds the logits held at once, micro-batch the :class:`ScoringBatch` to bound
+    training memory).
     """
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
@@ -330,14 +346,12 @@ def score_rows(model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None
     chunk = len(live) if max_rows is None else max_rows
     for start in range(0, len(live), max(chunk, 1)):
         idx = live[start : start + chunk]
-        logits, col = _forward_rows(model, rows, idx, device)
-        calls += 1
-        tokens += int(logits.shape[0] * logits.shape[1])
         w = weight_rows[idx].to(device)
+        logits, col, width = _forward_rows(model, rows, idx, device, w.ne(0))
+        calls += 1
+        tokens += int(logits.shape[0] * width)
         rr, gg = torch.nonzero(w.ne(0), as_tuple=True)
         out_col = col[rr, gg]
-        if bool((out_col < 0).any()):
-            raise RuntimeError("a scored completion token has no output column (scored a non-existent token?)")
         picked = logits[rr, out_col].float()
         sample = rows.sample[idx].to(device)
         target = rows.targets[rows.sample[idx]].to(device)[rr, gg]

@@ -21,8 +21,10 @@ from dllm_rl.models.masks import block_causal_bias, full_bias, position_ids_from
 class DLMOutput:
     """``logits[:, i]`` scores the token at position ``i`` (after Dream's shift is undone).
 
-    ``last_raw_logits`` is the model's raw output at the last query position, which a Dream caller
-    feeding the next chunk through a KV cache passes back as ``prev_raw_logits``.
+    With ``logits_to_keep`` (see :meth:`DiffusionLM.forward`) ``logits`` is ``[B, K, V]`` and
+    ``logits[:, k]`` scores the ``k``-th kept query position. ``last_raw_logits`` (``[B, 1, V]``) is the
+    model's raw output at the last query position whatever was kept, which a Dream caller feeding the
+    next chunk through a KV cache passes back as ``prev_raw_logits``.
     """
 
     logits: torch.Tensor
@@ -120,6 +122,7 @@ class DiffusionLM(nn.Module):
         past_key_values: Any = None,
         use_cache: bool = False,
         prev_raw_logits: torch.Tensor | None = None,
+        logits_to_keep: int | torch.Tensor | None = None,
     ) -> DLMOutput:
         """Run the model.
 
@@ -128,6 +131,13 @@ class DiffusionLM(nn.Module):
         ``attn_bias`` it is optional and only tells Dream's shift where each row starts. Pass
         ``attn_bias`` (additive ``[B, 1, Tq, Tk]``, see :mod:`dllm_rl.models.masks`) and ``position_ids``
         for any other layout, and always when using ``past_key_values``.
+
+        ``logits_to_keep`` projects only some query positions onto the vocabulary (the LM head over every
+        position dominates memory and time at real vocabulary sizes): ``None``/``0`` keeps all, an ``int``
+        ``k`` the last ``k`` query positions, a 1-D integer tensor the listed query positions (shared by the
+        batch; sorted by convention, duplicates allowed). ``logits`` is then ``[B, K, V]`` and equals the
+        full forward's ``logits`` at those positions. For Dream the raw logits at ``i - 1`` and ``i`` of each
+        kept ``i`` are computed and aligned exactly as :meth:`align_logits` does.
         """
         valid = attention_mask.bool() if attention_mask is not None else None
         if attn_bias is None:
@@ -140,20 +150,95 @@ class DiffusionLM(nn.Module):
             attn_bias = self.default_bias(valid, position_ids)
         elif position_ids is None:
             raise ValueError("DiffusionLM.forward: position_ids are required with a custom attn_bias")
+        keep = _check_keep(logits_to_keep, input_ids.shape[1])
+        hf_keep: int | torch.Tensor | None = None
+        if keep is not None and self.family.shift:
+            keep, hf_keep, raw_index = self._shifted_keep(keep, input_ids.shape[1], input_ids.device)
+        elif keep is not None:
+            # The last query position rides along so that ``last_raw_logits`` stays exact (one more row).
+            if isinstance(keep, int):
+                hf_keep = keep
+            else:
+                keep = keep.to(input_ids.device)
+                hf_keep = torch.cat([keep, keep.new_full((1,), input_ids.shape[1] - 1)])
+        extra = {} if hf_keep is None else {"logits_to_keep": hf_keep}
         out = self.model(
             input_ids=input_ids,
             attention_mask=attn_bias.to(self.dtype),
             position_ids=position_ids,
             cache=past_key_values,
             use_cache=use_cache,
+            **extra,
         )
         raw = out.logits
+        if keep is None:
+            logits = self.align_logits(raw, prev_raw_logits, valid)
+        elif self.family.shift:
+            logits = self._align_kept(raw, keep, raw_index, prev_raw_logits, valid)
+        else:
+            logits = raw if isinstance(keep, int) else raw[:, : keep.numel()]
         return DLMOutput(
-            logits=self.align_logits(raw, prev_raw_logits, valid),
+            logits=logits,
             last_raw_logits=raw[:, -1:],
             past_key_values=out.cache if use_cache else None,
         )
 
+    @staticmethod
+    def _shifted_keep(
+        keep: int | torch.Tensor, width: int, device: torch.device
+    ) -> tuple[torch.Tensor, int | torch.Tensor, tuple[Any, Any]]:
+        """Raw positions a shifted family needs for kept query positions ``keep``: ``i - 1`` and ``i`` of
+        each, plus the last query position. Returns ``(keep as a tensor, what to pass to the HF model,
+        (index of raw i-1, index of raw i) into the raw logits it returns)`` — slices for an ``int``."""
+        if isinstance(keep, int):  # the last k + 1 raw positions (k < width, so i - 1 >= 0 for all kept i)
+            return torch.arange(width - keep, width, device=device), keep + 1, (slice(0, keep), slice(1, keep + 1))
+        keep_t = keep.to(device)
+        prev = (keep_t - 1).clamp(min=0)
+        need = torch.unique(torch.cat([prev, keep_t, keep_t.new_full((1,), width - 1)]))  # sorted
+        return keep_t, need, (torch.searchsorted(need, prev), torch.searchsorted(need, keep_t))
+
+    def _align_kept(
+        self,
+        raw: torch.Tensor,
+        keep: torch.Tensor,
+        raw_index: tuple[Any, Any],
+        prev_raw_logits: torch.Tensor | None,
+        valid: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """:meth:`align_logits` at the kept positions only, from the raw logits at the needed positions."""
+        prev_idx, own_idx = raw_index
+        shifted = raw[:, prev_idx]  # raw[i - 1]; raw[0] for i = 0, as align_logits without prev_raw_logits
+        at_zero = (keep == 0)[None, :]
+        if prev_raw_logits is not None and not isinstance(prev_idx, slice):  # a slice never holds column 0
+            shifted = torch.where(at_zero[..., None], prev_raw_logits.to(raw.dtype), shifted)
+        if valid is None:
+            return shifted
+        prev_valid = valid[:, (keep - 1).clamp(min=0)] & ~at_zero
+        if prev_raw_logits is not None:
+            prev_valid = prev_valid | at_zero
+        if bool(prev_valid.all()):  # no row starts inside the kept columns: skip a [B, K, V] copy
+            return shifted
+        return torch.where(prev_valid[..., None], shifted, raw[:, own_idx])
+
     # Conveniences delegated to the HF module.
     def gradient_checkpointing_enable(self, **kwargs) -> None:
         self.model.gradient_checkpointing_enable(**kwargs)
+
+
+def _check_keep(logits_to_keep: int | torch.Tensor | None, width: int) -> int | torch.Tensor | None:
+    """Normalise ``logits_to_keep``: ``None`` for all positions, an ``int`` in ``[1, width]``, or a 1-D
+    integer tensor; raise ``ValueError`` for anything else."""
+    if logits_to_keep is None:
+        return None
+    if isinstance(logits_to_keep, torch.Tensor):
+        if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point() or logits_to_keep.dtype == torch.bool:
+            raise ValueError(
+                "logits_to_keep must be an int or a 1-D integer tensor of query positions, got a tensor of "
+                f"shape {tuple(logits_to_keep.shape)} and dtype {logits_to_keep.dtype}"
+            )
+        return logits_to_keep.long()
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep must be None, an int >= 0 or a 1-D tensor, got {logits_to_keep!r}")
+    if logits_to_keep == 0 or logits_to_keep >= width:
+        return None
+    return logits_to_keep

@@ -18,6 +18,8 @@ Modes (``Canvas`` columns ``[s, e)`` = current block, ``T`` = width):
 * ``block_none``: uncached block-causal reference, forwards columns ``[0, e)`` every step.
 
 The runner sees only the live rows (``set_rows``); finished rows are dropped from the batch and the cache.
+Every forward asks the model for the current block's logits only (``logits_to_keep``): the LM head never
+projects the prefix or the masked suffix onto the vocabulary.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ class ModelRunner:
         if self.mode in ("prefix", "dual"):
             self.fresh, self.cache, self.prev_raw = True, None, None
 
-    def _forward(self, ids, bias, pos, prev_raw=None):
+    def _forward(self, ids, bias, pos, prev_raw=None, keep=None):
         return self.model(ids, attn_bias=bias, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                          prev_raw_logits=prev_raw)
+                          prev_raw_logits=prev_raw, logits_to_keep=keep)
+
+    def _cols(self, s: int, e: int) -> torch.Tensor:
+        return torch.arange(s, e, device=self.canvas.x.device)
 
     @torch.inference_mode()
     def logits(self, s: int, e: int) -> torch.Tensor:
@@ -72,36 +77,36 @@ class ModelRunner:
         x, valid, pos = c.x[rows], c.valid[rows], c.pos[rows]
         mode = self.mode
         if mode == "none":
-            return self.model(x, attention_mask=valid).logits[:, s:e]
+            return self.model(x, attention_mask=valid, logits_to_keep=self._cols(s, e)).logits
         if mode == "block_none":
-            return self.model(x[:, :e], attention_mask=valid[:, :e]).logits[:, s:e]
+            return self.model(x[:, :e], attention_mask=valid[:, :e], logits_to_keep=e - s).logits
         if mode == "block":
             q0, blk = self.cached, self.blk[rows]
             if self.cache is None:
                 self.cache = BufferCache()
             bias = attention_bias(valid[:, :e], query_block=blk[:, q0:e], key_block=blk[:, :e], dtype=dtype)
-            out = self._forward(x[:, q0:e], bias, pos[:, q0:e], self.prev_raw if q0 == s else None)
+            out = self._forward(x[:, q0:e], bias, pos[:, q0:e], self.prev_raw if q0 == s else None, e - s)
             self.cache.truncate(s)
             self.cached = s
             if q0 < s:
-                self.prev_raw = out.logits[:, s - q0 : s - q0 + 1]
-            return out.logits[:, s - q0 :]
+                self.prev_raw = out.logits[:, :1]
+            return out.logits
         width = x.shape[1]
         if self.fresh:  # prefix / dual: full forward, keep what the rest of the block reuses
             self.cache = BufferCache()
-            out = self._forward(x, attention_bias(valid, dtype=dtype), pos)
+            out = self._forward(x, attention_bias(valid, dtype=dtype), pos, keep=self._cols(s, e))
             self.fresh = False
-            self.prev_raw = out.logits[:, s : s + 1]
+            self.prev_raw = out.logits[:, :1]  # aligned logits of column s = raw logits of column s - 1
             if mode == "prefix":
                 self.cache.truncate(s)
             else:
                 self.cache.drop_columns(s, e)
-            return out.logits[:, s:e]
+            return out.logits
         if mode == "prefix":
             bias = attention_bias(valid, num_queries=width - s, dtype=dtype)
-            out = self._forward(x[:, s:], bias, pos[:, s:], self.prev_raw)
+            out = self._forward(x[:, s:], bias, pos[:, s:], self.prev_raw, keep=self._cols(0, e - s))
             self.cache.truncate(s)
-            return out.logits[:, : e - s]
+            return out.logits
         key_valid = torch.cat([valid[:, :s], valid[:, e:], valid[:, s:e]], dim=1)
         out = self._forward(x[:, s:e], attention_bias(key_valid, num_queries=e - s, dtype=dtype), pos[:, s:e],
                             self.prev_raw)
