@@ -54,3 +54,18 @@ def test_describe_lists_help():
     lines = describe(Run)
     assert "steps (default 10): number of steps" in lines
     assert "optim.lr (default 1e-05): learning rate" in lines
+
+
+def test_every_subcommand_help_renders(capsys):
+    import pytest as _pytest
+
+    from dllm_rl.cli import build_parser
+
+    parser = build_parser()
+    names = list(parser._subparsers._group_actions[0].choices)
+    assert {"info", "generate", "data", "sft", "rl", "demo", "eval", "trace", "plot"} <= set(names)
+    for name in names:
+        with _pytest.raises(SystemExit) as exc:
+            parser.parse_args([name, "--help"])
+        assert exc.value.code == 0
+        assert "usage: dllm-rl " + name in capsys.readouterr().out

@@ -11,10 +11,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +21,11 @@ DECODE_GROUP = "decoding (base for every --setting; DecodeConfig fields)"
 
 # ------------------------------------------------------------------------------------------------ decode flags
 def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per :class:`~dllm_rl.sampling.DecodeConfig` field (help text from the field), stored
-    under ``decode_<name>``; unset flags stay None so only what the user gave overrides the defaults."""
-    from dllm_rl.sampling import DecodeConfig
+    """The sampler's decode flags, stored under ``decode_<name>`` and None when unset, so only what the
+    user gave overrides the defaults."""
+    from dllm_rl.sampling.cli import add_decode_arguments as add_flags
 
-    group = parser.add_argument_group(DECODE_GROUP)
-    hints = typing.get_type_hints(DecodeConfig)
-    for f in dataclasses.fields(DecodeConfig):
-        if f.name in exclude:
-            continue
-        tp = hints[f.name]
-        args = typing.get_args(tp)
-        base = next((a for a in args if a is not type(None)), tp) if args else tp
-        help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        flag = "--" + f.name.replace("_", "-")
-        if base is bool:
-            group.add_argument(flag, dest=f"decode_{f.name}", action=argparse.BooleanOptionalAction, default=None,
-                               help=f"{help_text} (default {default})")
-        else:
-            group.add_argument(flag, dest=f"decode_{f.name}", type=base if base in (int, float) else str,
-                               default=None, metavar=f.name.upper(), help=f"{help_text} (default {default})")
+    add_flags(parser, exclude=exclude, dest_prefix="decode_", with_defaults=False, title=DECODE_GROUP)
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:

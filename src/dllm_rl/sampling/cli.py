@@ -38,19 +38,29 @@ def read_prompts_file(path: str | Path) -> list[str]:
     return prompts
 
 
-def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--flag`` per :class:`DecodeConfig` field, with the field's help text."""
+def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (), dest_prefix: str = "",
+                         with_defaults: bool = True, title: str = "decoding (DecodeConfig)") -> None:
+    """One ``--flag`` per :class:`DecodeConfig` field, with the field's help text.
+
+    ``dest_prefix`` namespaces the parsed values (``decode_gen_length``); with ``with_defaults=False``
+    unset flags stay None, so a caller can tell which settings the user gave.
+    """
     hints = typing.get_type_hints(DecodeConfig)
-    group = parser.add_argument_group("decoding (DecodeConfig)")
+    group = parser.add_argument_group(title)
     for f in dataclasses.fields(DecodeConfig):
+        if f.name in exclude:
+            continue
         flag = "--" + f.name.replace("_", "-")
         tp = hints[f.name]
         kind = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+        text = f.metadata["help"].replace("%", "%%") + f" (default: {f.default})"  # argparse %-formats help
+        default = f.default if with_defaults else None
         if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            group.add_argument(flag, dest=dest_prefix + f.name, action=argparse.BooleanOptionalAction,
+                               default=default, help=text)
         else:
-            group.add_argument(flag, type=kind, default=f.default, choices=_CHOICES.get(f.name),
-                               help=f.metadata["help"] + f" (default: {f.default})")
+            group.add_argument(flag, dest=dest_prefix + f.name, type=kind, default=default,
+                               choices=_CHOICES.get(f.name), metavar=f.name.upper(), help=text)
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
