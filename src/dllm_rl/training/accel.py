@@ -30,11 +30,48 @@ def resolve_mixed_precision(requested: str = "auto", cpu: bool = False) -> str:
     return "bf16" if (not cpu and bf16_supported()) else "no"
 
 
+class PreparedModel:
+    """A :class:`~dllm_rl.models.DiffusionLM` seen through ``accelerator.prepare``.
+
+    Calls go through the prepared module (DDP gradient sync, autocast); every other attribute
+    (``family``, ``mask_token_id``, ``block_size``, ``device``, ...) reads the unwrapped model, so the
+    estimators and objectives take it wherever they take a ``DiffusionLM``. ``.unwrapped`` is the model.
+    """
+
+    def __init__(self, prepared: torch.nn.Module, unwrapped: torch.nn.Module):
+        self.prepared = prepared
+        self.unwrapped = unwrapped
+
+    def __call__(self, *args, **kwargs):
+        return self.prepared(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.unwrapped, name)
+
+
+def prepare_model(accelerator: Accelerator, dlm: torch.nn.Module) -> PreparedModel:
+    """``accelerator.prepare(dlm)`` wrapped as a :class:`PreparedModel` (use it for every training forward)."""
+    return PreparedModel(accelerator.prepare(dlm), dlm)
+
+
 def make_accelerator(mixed_precision: str = "auto", cpu: bool = False, **kwargs) -> Accelerator:
     """An :class:`accelerate.Accelerator` with ``mixed_precision`` resolved (see above).
 
     Gradient accumulation is done by the trainers themselves (``accelerator.no_sync`` on the
     non-final micro-batches), so that one optimizer step is one scheduler step on every world size.
-    Extra ``kwargs`` go to ``Accelerator``.
+    Extra ``kwargs`` go to ``Accelerator``. On a machine without an accelerator device, ``cpu=True`` is
+    implied: that is what makes ``accelerate launch --multi_gpu --num_processes N`` give N real gloo ranks
+    on CPU (``accelerate`` only sets up MULTI_CPU when told ``cpu``).
     """
+    cpu = cpu or not _has_device()
     return Accelerator(mixed_precision=resolve_mixed_precision(mixed_precision, cpu), cpu=cpu, **kwargs)
+
+
+def _has_device() -> bool:
+    if torch.cuda.is_available():
+        return True
+    for name in ("xpu", "mps", "npu"):
+        backend = getattr(torch, name, None) or getattr(torch.backends, name, None)
+        if backend is not None and hasattr(backend, "is_available") and backend.is_available():
+            return True
+    return False

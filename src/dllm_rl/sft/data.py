@@ -1,0 +1,281 @@
+"""SFT data: JSON lines with ``prompt`` / ``response`` (or chat ``messages``) -> token ids -> ScoringBatch.
+
+Rows are never truncated. A row that cannot be used (invalid JSON, missing field, empty response,
+longer than ``max_length``, a step map of the wrong length) is counted under its reason and skipped
+(``on_bad_row: skip``, the default, printing the first few with file and line) or stops loading with
+that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from dllm_rl.config import field as cfg_field
+from dllm_rl.estimators.base import ScoringBatch
+
+
+@dataclass
+class DataConfig:
+    """Where the SFT examples come from and how they become tokens."""
+
+    train_file: str = cfg_field("", help="JSON-lines training file with prompt/response (or messages) rows")
+    prompt_field: str = cfg_field("prompt", help="column holding the prompt text")
+    response_field: str = cfg_field("response", help="column holding the target response text")
+    messages_field: str = cfg_field(
+        "messages", help="column holding chat messages [{role, content}, ...]; the last (assistant) one is the "
+        "response; used when a row has no prompt/response columns")
+    step_map_field: str = cfg_field(
+        "steps", help="column with the decoding step of every response token (trace objective); `dllm-rl generate "
+        "--trace` writes it as 'steps' next to the generated 'token_ids'")
+    response_ids_field: str = cfg_field(
+        "token_ids", help="column with the response as token ids, used verbatim instead of tokenizing the response "
+        "text (trace files from `dllm-rl generate --trace`); no EOS is appended to them")
+    task: str | None = cfg_field(
+        None, help="build prompt and response from a task's rows (e.g. countdown from `dllm-rl data make`): "
+        "prompt = the task's prompt in `prompt_style`, response = the task's reference completion")
+    prompt_style: Literal["chat", "plain", "compact"] = cfg_field(
+        "chat", help="prompt style of `task` (compact = terse one-line prompts for character-level models)")
+    chat_template: Literal["auto", "always", "never"] = cfg_field(
+        "auto", help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one")
+    system_prompt: str | None = cfg_field(None, help="system message for the chat template")
+    add_eos: bool = cfg_field(True, help="end every response with the EOS token (the model learns to stop)")
+    pad_response_to: int | None = cfg_field(
+        None, help="pad each response with EOS tokens to this many tokens, all trained (LLaDA SFT, Nie et al. "
+        "2025 sec. 2.3/app. B: the model learns to fill a fixed gen_length with EOS after the answer); "
+        "longer responses are dropped, never cut")
+    max_length: int = cfg_field(1024, help="drop (never truncate) rows whose prompt + response exceed this many tokens")
+    on_bad_row: Literal["skip", "error"] = cfg_field(
+        "skip", help="skip (and count) unusable rows, or stop with an error naming the file and line")
+    limit: int | None = cfg_field(None, help="use only the first N usable rows")
+
+
+@dataclass
+class SFTExample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    step_map: list[int] | None = None
+    where: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class DataReport:
+    """How many rows were read, kept and dropped (by reason), with the first few messages."""
+
+    source: str
+    read: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    messages: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        drops = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items())) or "none"
+        return f"{self.source}: read {self.read} rows, kept {self.kept}, dropped {sum(self.dropped.values())} ({drops})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "read": self.read, "kept": self.kept, "dropped": dict(self.dropped),
+                "first_messages": self.messages}
+
+
+class BadRow(ValueError):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _use_template(tokenizer: Any, mode: str) -> bool:
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "always" and not has:
+        raise ValueError("data.chat_template=always but the tokenizer has no chat template")
+    return has and mode != "never"
+
+
+def _texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool, task: Any = None,
+           where: str = "") -> tuple[str, str]:
+    """(prompt text, response text) of one row, rendered with the chat template when ``templated``."""
+    if task is not None:
+        from dllm_rl.tasks import DataError
+
+        try:
+            ex = task.prepare(dict(row), where)
+        except DataError as exc:
+            raise BadRow("bad_field", str(exc).removeprefix(f"{where}: ")) from None
+        if ex is None:
+            raise BadRow("filtered", f"the {task.name} task skips this row")
+        response = task.reference_completion(ex)
+        if not response:
+            raise BadRow("empty_response", f"the {task.name} task has no reference completion for this row")
+        if not (templated and cfg.prompt_style == "chat"):
+            return task.build_prompt(ex, None), response
+        messages = task.messages(ex) + [{"role": "assistant", "content": response}]
+        return _render(messages, tokenizer)
+    if cfg.prompt_field in row or cfg.response_field in row:
+        for name in (cfg.prompt_field, cfg.response_field):
+            if row.get(name) is None:
+                raise BadRow("missing_field", f"missing field {name!r}")
+            if not isinstance(row[name], str):
+                raise BadRow("bad_field", f"field {name!r} must be a string, got {type(row[name]).__name__}")
+        prompt, response = row[cfg.prompt_field], row[cfg.response_field]
+        if not response.strip():
+            raise BadRow("empty_response", "empty response")
+        if not templated:
+            return prompt, response
+        msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+        msgs.append({"role": "user", "content": prompt})
+        messages = msgs + [{"role": "assistant", "content": response}]
+    elif cfg.messages_field in row:
+        messages = row[cfg.messages_field]
+        ok = isinstance(messages, list) and len(messages) >= 2 and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)
+        if not ok:
+            raise BadRow("bad_messages", f"{cfg.messages_field!r} must be a list of >= 2 {{role, content}} dicts")
+        if messages[-1]["role"] != "assistant":
+            raise BadRow("bad_messages", f"the last message must be the assistant's, got {messages[-1]['role']!r}")
+        if not messages[-1]["content"].strip():
+            raise BadRow("empty_response", "empty response (last assistant message)")
+        if not templated:
+            raise BadRow("bad_messages", "chat messages need a tokenizer with a chat template "
+                                         "(or use prompt/response columns)")
+        if cfg.system_prompt and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": cfg.system_prompt}] + list(messages)
+    else:
+        raise BadRow("missing_field", f"missing fields {cfg.prompt_field!r}/{cfg.response_field!r} "
+                                      f"(or {cfg.messages_field!r}); row has: {', '.join(sorted(row)) or 'none'}")
+    return _render(messages, tokenizer)
+
+
+def _render(messages: list[dict[str, str]], tokenizer: Any) -> tuple[str, str]:
+    """Chat-template a conversation; the response text is everything after the generation prompt
+    (so it carries the template's end-of-turn marker)."""
+    prompt_text = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+    full_text = tokenizer.apply_chat_template(messages, tokenize=False)
+    if not full_text.startswith(prompt_text):
+        raise BadRow("bad_messages", "the chat template does not render the prompt as a prefix of the conversation")
+    return prompt_text, full_text[len(prompt_text):]
+
+
+def encode_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, eos_token_id: int,
+               templated: bool | None = None, where: str = "", task: Any = None) -> SFTExample:
+    """Tokenize one row; raises :class:`BadRow` (with a reason) when it cannot be used as is."""
+    if templated is None:
+        templated = _use_template(tokenizer, cfg.chat_template)
+    verbatim = row.get(cfg.response_ids_field) if task is None else None
+    if verbatim is not None:
+        if not isinstance(verbatim, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in verbatim):
+            raise BadRow("bad_field", f"{cfg.response_ids_field!r} must be a list of token ids")
+        if not verbatim:
+            raise BadRow("empty_response", f"empty {cfg.response_ids_field!r}")
+        if max(verbatim) >= len(tokenizer) or min(verbatim) < 0:
+            raise BadRow("bad_field", f"{cfg.response_ids_field!r} has ids outside the tokenizer's vocabulary")
+        text_row = {k: v for k, v in row.items() if k != cfg.response_ids_field}
+        text_row.setdefault(cfg.response_field, "<ids>")
+        prompt, _ = _texts(text_row, cfg, tokenizer, templated, None, where)
+        p_ids, r_ids = list(tokenizer.encode(prompt, add_special_tokens=False)), list(verbatim)
+    else:
+        prompt, response = _texts(row, cfg, tokenizer, templated, task, where)
+        p_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+        r_ids = list(tokenizer.encode(response, add_special_tokens=False))
+        if cfg.add_eos:
+            r_ids.append(eos_token_id)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in p_ids + r_ids:
+        raise BadRow("unknown_token", "text has characters the tokenizer maps to its unknown token")
+    if cfg.pad_response_to is not None and verbatim is None:
+        if len(r_ids) > cfg.pad_response_to:
+            raise BadRow("too_long", f"response has {len(r_ids)} tokens > data.pad_response_to={cfg.pad_response_to}")
+        r_ids = r_ids + [eos_token_id] * (cfg.pad_response_to - len(r_ids))
+    if len(p_ids) + len(r_ids) > cfg.max_length:
+        raise BadRow("too_long", f"prompt + response = {len(p_ids) + len(r_ids)} tokens > data.max_length="
+                                 f"{cfg.max_length} (rows are never truncated)")
+    step_map = None
+    if cfg.step_map_field in row and row[cfg.step_map_field] is not None:
+        sm = row[cfg.step_map_field]
+        if not isinstance(sm, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in sm):
+            raise BadRow("bad_step_map", f"{cfg.step_map_field!r} must be a list of integers")
+        if len(sm) != len(r_ids):
+            raise BadRow("bad_step_map", f"{cfg.step_map_field!r} has {len(sm)} entries for {len(r_ids)} response "
+                                         "tokens (set data.add_eos / pad_response_to as at generation time)")
+        step_map = list(sm)
+    return SFTExample(p_ids, r_ids, step_map, where)
+
+
+def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str | Path | None = None,
+                  verbose: bool = True) -> tuple[list[SFTExample], DataReport]:
+    """Read and tokenize a JSON-lines SFT file, counting and skipping (or refusing) unusable rows."""
+    path = Path(path or cfg.train_file)
+    if not str(path) or not path.is_file():
+        raise FileNotFoundError(f"{path}: SFT data file not found (set data.train_file)")
+    templated = _use_template(tokenizer, cfg.chat_template)
+    task = None
+    if cfg.task is not None:
+        from dllm_rl.tasks import get_task
+
+        task = get_task(cfg.task, data=[], prompt_style=cfg.prompt_style, system_prompt=cfg.system_prompt)
+    report = DataReport(source=str(path))
+    examples: list[SFTExample] = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if cfg.limit is not None and len(examples) >= cfg.limit:
+                break
+            report.read += 1
+            where = f"{path}:{n}"
+            try:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise BadRow("invalid_json", f"invalid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise BadRow("invalid_json", f"expected a JSON object, got {type(row).__name__}")
+                examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task))
+            except BadRow as bad:
+                if cfg.on_bad_row == "error":
+                    raise ValueError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
+                report.dropped[bad.reason] += 1
+                if len(report.messages) < 5:
+                    report.messages.append(f"{where}: {bad}")
+    report.kept = len(examples)
+    if verbose:
+        print(f"data: {report.summary()}")
+        for m in report.messages:
+            print(f"data: skipped {m}")
+    if not examples:
+        raise ValueError(f"{path}: no usable rows ({report.summary()})")
+    return examples, report
+
+
+def collate(examples: list[SFTExample], pad_token_id: int) -> ScoringBatch:
+    """Left-pad prompts, right-pad responses: a :class:`ScoringBatch` whose ``completion_mask`` marks every
+    response token (EOS included) and ``completion_valid`` hides the right padding."""
+    if not examples:
+        raise ValueError("collate: empty batch")
+    b = len(examples)
+    p = max(len(e.prompt_ids) for e in examples)
+    g = max(len(e.response_ids) for e in examples)
+    prompt = torch.full((b, p), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((b, p), dtype=torch.bool)
+    comp = torch.full((b, g), pad_token_id, dtype=torch.long)
+    comp_mask = torch.zeros((b, g), dtype=torch.bool)
+    has_map = all(e.step_map is not None for e in examples)
+    step_map = torch.full((b, g), -1, dtype=torch.long) if has_map else None
+    for i, e in enumerate(examples):
+        lp, lr = len(e.prompt_ids), len(e.response_ids)
+        if lp:
+            prompt[i, p - lp:] = torch.tensor(e.prompt_ids)
+            prompt_mask[i, p - lp:] = True
+        comp[i, :lr] = torch.tensor(e.response_ids)
+        comp_mask[i, :lr] = True
+        if step_map is not None:
+            step_map[i, :lr] = torch.tensor(e.step_map)
+    return ScoringBatch(prompt, prompt_mask, comp, comp_mask, step_map=step_map, completion_valid=comp_mask.clone())

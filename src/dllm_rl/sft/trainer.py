@@ -1,0 +1,334 @@
+"""The SFT trainer: one script from one CPU to many GPUs (``accelerate``).
+
+Loop per optimizer step: ``grad_accum`` micro-batches (``accelerator.no_sync`` on all but the last), each
+``loss / grad_accum`` back-propagated; clip; AdamW; scheduler. Exact resume restores weights, optimizer,
+scheduler, every RNG and the data position (see :mod:`dllm_rl.training.checkpoint`).
+
+Run directory (``train.output_dir``)::
+
+    config.yaml            resolved config            metrics.jsonl   one JSON object per logged step
+    data_report.json       rows read / kept / dropped  checkpoints/step-NNNNNNN/   periodic + final checkpoints
+    model/                 the final model in the family's published layout (LoRA merged) + tokenizer
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from dllm_rl.config import field, save_config
+from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
+from dllm_rl.sft.objectives import ObjectiveConfig, compute_objective
+from dllm_rl.training import (
+    IndexStream,
+    LoraOptions,
+    MetricsLogger,
+    OptimConfig,
+    Progress,
+    apply_lora,
+    build_optimizer,
+    build_scheduler,
+    checkpoint_name,
+    has_lora,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    make_accelerator,
+    merged_model,
+    prepare_model,
+    prune_checkpoints,
+    save_checkpoint,
+)
+
+
+@dataclass
+class ModelConfig:
+    """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``)."""
+
+    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors); "
+                                        "null = build a fresh model of `family` from the sizes below")
+    tokenizer: str = field("auto", help="auto (the checkpoint's own tokenizer), char (the character tokenizer "
+                                        "over `alphabet`), or a tokenizer directory")
+    alphabet: str | None = field(None, help="characters of the char tokenizer (null = the default alphabet)")
+    family: Literal["llada", "dream", "sdar"] = field("llada", help="family of a fresh model (path: null)")
+    hidden_size: int = field(128, help="fresh model: hidden size")
+    num_layers: int = field(4, help="fresh model: transformer layers")
+    num_heads: int = field(4, help="fresh model: attention heads")
+    num_kv_heads: int = field(4, help="fresh model: key/value heads (GQA when < num_heads)")
+    intermediate_size: int = field(384, help="fresh model: MLP width")
+    block_size: int = field(4, help="fresh block model (sdar): block size of block-causal attention")
+    max_position_embeddings: int = field(256, help="fresh model: context length")
+    tie_word_embeddings: bool = field(False, help="fresh model: share input and output embeddings")
+    init_std: float | None = field(
+        None, help="fresh model: draw every weight matrix (embeddings, projections, head) from N(0, init_std^2) with "
+        "a generator seeded by train.seed (null = HF's init, std 0.02). Tiny models without QK-norm (llada) learn "
+        "attention far faster from a larger init, e.g. 0.08")
+    dtype: Literal["float32", "bfloat16"] = field("float32", help="weight dtype (mixed precision keeps fp32 weights)")
+    attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
+    gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
+
+
+@dataclass
+class TrainConfig:
+    """Loop, batching, logging, checkpoints."""
+
+    output_dir: str = field("runs/sft", help="run directory (config, metrics, checkpoints, final model)")
+    max_steps: int = field(1000, help="optimizer steps (the schedule spans them)")
+    num_epochs: float | None = field(None, help="if set, max_steps = ceil(num_epochs * examples / global batch)")
+    batch_size: int = field(8, help="micro-batch size per process")
+    grad_accum: int = field(1, help="micro-batches per optimizer step (global batch = batch_size * grad_accum * world)")
+    seed: int = field(0, help="seeds the fresh model, the data order and the masking generator")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
+        "auto", help="auto = bf16 autocast where the device supports it, else fp32")
+    log_every: int = field(10, help="write metrics every N optimizer steps")
+    save_every: int = field(0, help="checkpoint every N optimizer steps (0 = final checkpoint only)")
+    keep_checkpoints: int | None = field(2, help="keep the N newest checkpoints (null = all)")
+    resume: str | None = field(None, help="auto (newest checkpoint in output_dir, if any) or a checkpoint directory")
+    stop_after: int | None = field(None, help="end this invocation after N steps of the run (the schedule still "
+                                              "spans max_steps; resume later with train.resume=auto)")
+    num_threads: int | None = field(None, help="torch CPU threads (null = torch's default)")
+    progress: bool = field(True, help="show the progress bar")
+    cpu: bool = field(False, help="force CPU even when an accelerator is present")
+
+
+@dataclass
+class SFTConfig:
+    """``dllm-rl sft CONFIG.yaml [key=value ...]``: supervised fine-tuning of a diffusion LM."""
+
+    model: ModelConfig = field(default_factory=ModelConfig, help="model and tokenizer")
+    data: DataConfig = field(default_factory=DataConfig, help="training data")
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig, help="SFT loss")
+    optim: OptimConfig = field(default_factory=OptimConfig, help="AdamW and learning-rate schedule")
+    lora: LoraOptions = field(default_factory=LoraOptions, help="LoRA adapters (peft)")
+    train: TrainConfig = field(default_factory=TrainConfig, help="loop, batching, checkpoints")
+
+
+@dataclass
+class SFTResult:
+    output_dir: Path
+    step: int
+    model_dir: Path | None
+    last_loss: float | None
+    tokens_per_s: float
+    data_report: DataReport
+
+
+def reinit_weights(dlm: DiffusionLM, std: float, seed: int = 0) -> None:
+    """Redraw every weight matrix of ``dlm`` (ndim >= 2) from N(0, std^2); norms and biases keep their init."""
+    if std <= 0:
+        raise ValueError(f"model.init_std must be > 0, got {std}")
+    g = torch.Generator().manual_seed(seed)
+    seen: set[int] = set()
+    with torch.no_grad():
+        for _, p in dlm.model.named_parameters():
+            if p.ndim >= 2 and id(p) not in seen:
+                seen.add(id(p))
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, DiffusionLM]:
+    """The tokenizer and model of a :class:`ModelConfig` (a fresh model is sized to the tokenizer)."""
+    if cfg.tokenizer == "char":
+        tok = char_tokenizer(cfg.alphabet) if cfg.alphabet else char_tokenizer()
+    elif cfg.tokenizer == "auto":
+        if cfg.path is None:
+            raise ValueError("model.tokenizer=auto needs model.path; a fresh model needs model.tokenizer=char or a dir")
+        tok = None
+    else:
+        tok = load_tokenizer(cfg.tokenizer)
+    if cfg.path is not None:
+        dlm = load_model(cfg.path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+        if tok is None:
+            tok = load_tokenizer(cfg.path, mask_token_id=dlm.mask_token_id)
+    else:
+        pub = tiny_config(
+            cfg.family, vocab_size=len(tok), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, intermediate_size=cfg.intermediate_size,
+            mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            block_size=cfg.block_size, max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+        )
+        dlm = build_model(cfg.family, pub, seed=seed, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+        if cfg.init_std is not None:
+            reinit_weights(dlm, cfg.init_std, seed)
+    if tok.mask_token_id != dlm.mask_token_id:
+        raise ValueError(f"tokenizer mask id {tok.mask_token_id} != model mask_token_id {dlm.mask_token_id}")
+    return tok, dlm
+
+
+class SFTTrainer:
+    """Set-up and loop of one SFT run; :func:`train` is ``SFTTrainer(cfg).run()``."""
+
+    def __init__(self, cfg: SFTConfig, verbose: bool = True):
+        self.cfg = cfg
+        self.verbose = verbose
+        t = cfg.train
+        if t.num_threads:
+            torch.set_num_threads(t.num_threads)
+        if t.batch_size < 1 or t.grad_accum < 1:
+            raise ValueError("train.batch_size and train.grad_accum must be >= 1")
+        self.out = Path(t.output_dir)
+        self.accelerator = make_accelerator(t.mixed_precision, cpu=t.cpu)
+        acc = self.accelerator
+        self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=t.seed)
+        if cfg.lora.enabled:
+            apply_lora(self.dlm, cfg.lora, seed=t.seed)
+        if cfg.model.gradient_checkpointing:
+            self.dlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.dlm.to(acc.device)
+        self.dlm.train()
+        self.examples, self.report = load_sft_data(
+            cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=verbose and acc.is_main_process)
+        too_long = [e for e in self.examples if e.num_tokens > self.dlm.max_length]
+        if too_long:
+            raise ValueError(f"{too_long[0].where}: {too_long[0].num_tokens} tokens exceed the model's context "
+                             f"{self.dlm.max_length}; lower data.max_length")
+        if cfg.objective.name == "trace" and any(e.step_map is None for e in self.examples):
+            bad = next(e for e in self.examples if e.step_map is None)
+            raise ValueError(
+                f"{bad.where}: the trace objective needs a {cfg.data.step_map_field!r} column in every row")
+        world = acc.num_processes
+        self.global_micro = t.batch_size * world
+        per_step = self.global_micro * t.grad_accum
+        if t.num_epochs is not None:
+            self.max_steps = max(1, math.ceil(t.num_epochs * len(self.examples) / per_step))
+        else:
+            self.max_steps = t.max_steps
+        if self.max_steps < 1:
+            raise ValueError(f"train.max_steps must be >= 1, got {self.max_steps}")
+        self.optimizer = build_optimizer(self.dlm, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
+        self.model = prepare_model(acc, self.dlm)
+        self.optimizer = acc.prepare_optimizer(self.optimizer)
+        self.stream = IndexStream(len(self.examples), seed=t.seed)
+        self.generator = torch.Generator().manual_seed(t.seed * 1_000_003 + 17 + acc.process_index)
+        self.step = 0
+        self.tokens_seen = 0  # real tokens through the model over the whole run (all ranks)
+        resume_from = self._resume_dir()
+        if resume_from is not None:
+            state = load_checkpoint(resume_from, self.dlm, optimizer=self.optimizer, scheduler=self.scheduler,
+                                    generators={"mask": self.generator}, accelerator=acc)
+            self.step = state.step
+            self.stream.load_state_dict(state.data_state["stream"])
+            self.tokens_seen = int(state.extra.get("tokens", 0))
+            if verbose and acc.is_main_process:
+                print(f"sft: resumed from {resume_from} at step {self.step}")
+        if acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
+            (self.out / "data_report.json").write_text(json.dumps(self.report.to_dict(), indent=2) + "\n")
+        self.logger = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step if resume_from else None,
+                                    enabled=acc.is_main_process)
+
+    def _resume_dir(self) -> Path | None:
+        r = self.cfg.train.resume
+        if r is None or r == "none":
+            if list_checkpoints(self.out):
+                raise ValueError(f"{self.out} already holds checkpoints; pass train.resume=auto to continue that "
+                                 "run or choose another train.output_dir")
+            return None
+        if r == "auto":
+            return latest_checkpoint(self.out)
+        path = Path(r)
+        if not path.is_dir():
+            raise FileNotFoundError(f"train.resume={r}: no such checkpoint directory")
+        return path
+
+    # ------------------------------------------------------------------------------------------
+    def next_micro_batch(self) -> tuple[list[SFTExample], Any]:
+        """This rank's share of the next global micro-batch (every rank advances the stream alike)."""
+        idx = self.stream.take(self.global_micro)
+        bs, rank = self.cfg.train.batch_size, self.accelerator.process_index
+        mine = [self.examples[i] for i in idx[rank * bs : (rank + 1) * bs]]
+        return mine, collate(mine, self.dlm.pad_token_id)
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns this rank's metrics."""
+        acc, cfg = self.accelerator, self.cfg
+        accum = cfg.train.grad_accum
+        total_loss, tokens, scored = 0.0, 0, 0
+        for micro in range(accum):
+            _, batch = self.next_micro_batch()
+            tokens += int(batch.valid().sum().item())
+            ctx = acc.no_sync(self.model.prepared) if micro < accum - 1 else nullcontext()
+            with ctx:
+                out = compute_objective(cfg.objective.name, self.model, batch, self.generator,
+                                        **cfg.objective.options())
+                acc.backward(out.loss / accum)
+            total_loss += float(out.loss.detach()) / accum
+            scored += out.scored_tokens
+        grad_norm = None
+        if cfg.optim.max_grad_norm is not None:
+            grad_norm = acc.clip_grad_norm_(self.dlm.parameters(), cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        metrics = {"loss": total_loss, "tokens": tokens, "scored_tokens": scored,
+                   "lr": self.scheduler.get_last_lr()[0]}
+        if grad_norm is not None:
+            metrics["grad_norm"] = float(grad_norm)
+        return metrics
+
+    def save(self) -> Path:
+        path = self.out / "checkpoints" / checkpoint_name(self.step)
+        save_checkpoint(path, self.dlm, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step,
+                        data_state={"stream": self.stream.state_dict()}, generators={"mask": self.generator},
+                        extra={"tokens": self.tokens_seen},
+                        tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator)
+        if self.accelerator.is_main_process:
+            prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
+        return path
+
+    def save_final_model(self) -> Path:
+        path = self.out / "model"
+        if self.accelerator.is_main_process:
+            model = merged_model(self.dlm) if has_lora(self.dlm) else self.dlm
+            save_model(model, path, tokenizer=self.tokenizer)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def run(self) -> SFTResult:
+        acc, t = self.accelerator, self.cfg.train
+        end = self.max_steps if t.stop_after is None else min(self.max_steps, t.stop_after)
+        main = acc.is_main_process
+        bar = Progress(total=self.max_steps, initial=self.step, desc="sft", disable=not (t.progress and main))
+        window_loss, window_n, last_loss, tps = 0.0, 0, None, 0.0
+        start = time.perf_counter()
+        while self.step < end:
+            m = self.train_step()
+            window_loss += m["loss"]
+            window_n += 1
+            self.tokens_seen += m["tokens"] * acc.num_processes
+            tps = bar.update(1, tokens=m["tokens"] * acc.num_processes, loss=m["loss"], lr=m["lr"])
+            if self.step % max(t.log_every, 1) == 0 or self.step == end:
+                loss = acc.reduce(torch.tensor(window_loss / window_n, device=acc.device), reduction="mean")
+                last_loss = float(loss)
+                row = {"loss": last_loss, "lr": m["lr"], "tokens_per_s": tps, "epoch": self.stream.epoch_float,
+                       "tokens": self.tokens_seen, "elapsed_s": time.perf_counter() - start}
+                if "grad_norm" in m:
+                    row["grad_norm"] = m["grad_norm"]
+                self.logger.log(self.step, **row)
+                window_loss, window_n = 0.0, 0
+            if t.save_every and self.step % t.save_every == 0 and self.step < end:
+                self.save()
+        bar.close()
+        self.save()
+        model_dir = self.save_final_model() if self.step >= self.max_steps else None
+        if main and self.verbose:
+            print(f"sft: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; run in {self.out}"
+                  + (f"; model in {model_dir}" if model_dir else ""))
+        return SFTResult(self.out, self.step, model_dir, last_loss, tps, self.report)
+
+
+def train(cfg: SFTConfig, verbose: bool = True) -> SFTResult:
+    """Run SFT as configured (see :class:`SFTConfig`)."""
+    return SFTTrainer(cfg, verbose=verbose).run()

@@ -1,0 +1,92 @@
+"""Training infrastructure shared by the SFT and RL trainers.
+
+API (all importable from ``dllm_rl.training``):
+
+Set-up
+    ``make_accelerator(mixed_precision="auto", cpu=False, **kwargs) -> accelerate.Accelerator``
+        ``auto`` = bf16 where the device supports it (CUDA bf16 / XPU), else fp32. Trainers do gradient
+        accumulation themselves (``accelerator.no_sync`` on non-final micro-batches) and step the
+        scheduler once per optimizer step (do not ``prepare`` the scheduler).
+    ``prepare_model(accelerator, dlm) -> PreparedModel``: ``accelerator.prepare(dlm)`` behind the
+        DiffusionLM interface (calls go through DDP/autocast, attributes read the unwrapped model, which is
+        ``.unwrapped``); pass it to estimators / objectives for training forwards.
+    ``resolve_mixed_precision(requested, cpu=False) -> str``, ``bf16_supported() -> bool``
+
+Optimisation
+    ``OptimConfig`` (dataclass config section: lr, weight_decay, beta1, beta2, eps, scheduler
+        cosine|constant|linear, warmup_steps, min_lr_ratio, max_grad_norm)
+    ``build_optimizer(model, cfg) -> torch.optim.AdamW`` (trainable params only; no decay on 1-D params)
+    ``build_scheduler(optimizer, cfg, total_steps) -> LambdaLR`` (linear warmup, then the schedule)
+
+LoRA (peft)
+    ``LoraOptions`` (enabled, r, alpha, dropout, target_modules = family.lora_target_modules when null)
+    ``apply_lora(dlm, opts) -> dlm``: wraps ``dlm.model`` in place (it stays at ``dlm.model``); only
+        adapters train. Reference policy = base weights: ``with dlm.model.disable_adapter(): ...``.
+    ``has_lora(dlm)``, ``merged_model(dlm, device="cpu") -> DiffusionLM`` (plain model, adapters merged,
+        live model untouched), ``merged_state_dict``, ``save_adapter(dlm, dir)``, ``load_adapter_weights(dlm, dir)``
+
+Checkpoints (exact resume)
+    ``save_checkpoint(dir, dlm, *, optimizer=None, scheduler=None, step=0, data_state=None,
+        generators=None, tokenizer=None, config=None, extra=None, accelerator=None) -> Path``
+    ``load_checkpoint(dir, dlm, *, optimizer=None, scheduler=None, generators=None, accelerator=None,
+        restore_rng_state=True) -> TrainerState(step, data_state, extra, path)``
+        A checkpoint dir holds ``model/`` (published layout via ``save_model``; LoRA merged into a copy),
+        ``adapter/`` (LoRA only), ``optimizer.pt``, ``scheduler.pt``, ``rng_state_rank{R}.pt`` (python,
+        numpy, torch, cuda and the named ``generators``), ``trainer_state.json`` (step, data_state, extra,
+        world_size, lora), ``config.yaml``. Written to ``<dir>.tmp`` and renamed when complete.
+    ``checkpoint_name(step) -> "step-0000123"``; ``list_checkpoints(out)``, ``latest_checkpoint(out)``,
+        ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/``.
+    ``capture_rng(generators) / restore_rng(state, generators)``
+
+Data position
+    ``IndexStream(n, seed, shuffle=True)``: ``take(k) -> list[int]``, ``state_dict()`` / ``load_state_dict()``
+        (epoch permutations seeded by seed + epoch, so the position is just epoch and offset).
+
+Logging
+    ``MetricsLogger(path, *, resume_step=None, enabled=True).log(step, **metrics) -> dict`` (JSON lines;
+        ``resume_step`` drops lines after it), ``read_metrics(path) -> list[dict]``, ``METRICS_FILE``
+    ``Progress(total, initial=0, desc="train", disable=False)``: tqdm bar; ``update(steps=1, tokens=0,
+        **metrics) -> tokens/s``, ``write(msg)``, ``close()``
+    ``plot_metrics(run_dir, keys=None) -> list[Path]``: ``run_dir/metrics.jsonl`` -> ``run_dir/plots/<key>.png``
+"""
+
+from dllm_rl.training.accel import (
+    PreparedModel,
+    bf16_supported,
+    make_accelerator,
+    prepare_model,
+    resolve_mixed_precision,
+)
+from dllm_rl.training.checkpoint import (
+    TrainerState,
+    capture_rng,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    restore_rng,
+    save_checkpoint,
+)
+from dllm_rl.training.lora import (
+    LoraOptions,
+    apply_lora,
+    has_lora,
+    load_adapter_weights,
+    merged_model,
+    merged_state_dict,
+    save_adapter,
+)
+from dllm_rl.training.metrics import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
+from dllm_rl.training.optim import OptimConfig, build_optimizer, build_scheduler, parameter_groups
+from dllm_rl.training.sampler import IndexStream
+
+__all__ = [
+    "METRICS_FILE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig", "PreparedModel", "Progress",
+    "TrainerState", "prepare_model",
+    "apply_lora", "bf16_supported", "build_optimizer", "build_scheduler", "capture_rng", "checkpoint_name",
+    "has_lora", "latest_checkpoint", "list_checkpoints", "load_adapter_weights", "load_checkpoint",
+    "make_accelerator", "merged_model", "merged_state_dict", "parameter_groups", "plot_metrics",
+    "prune_checkpoints", "read_metrics", "resolve_mixed_precision", "restore_rng", "save_adapter",
+    "save_checkpoint",
+]

@@ -1,0 +1,236 @@
+"""Exact checkpoint / resume: weights in the published layout, optimizer, scheduler, every RNG, data position.
+
+A checkpoint directory::
+
+    model/                      published layout (config.json + safetensors [+ tokenizer]); LoRA merged
+    adapter/                    LoRA only: peft adapter_config.json + adapter_model.safetensors
+    optimizer.pt                optimizer.state_dict()            (when an optimizer is given)
+    scheduler.pt                scheduler.state_dict()            (when a scheduler is given)
+    rng_state_rank{R}.pt        python / numpy / torch / cuda RNG + named torch.Generators, one per rank
+    trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
+    config.yaml                 the run's resolved config (when given)
+
+``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint. The directory is
+written under a temporary name and renamed when complete, so a crash never leaves a half checkpoint
+that :func:`latest_checkpoint` would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from dllm_rl.config import save_config
+from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
+
+FORMAT = 1
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """What :func:`load_checkpoint` hands back: the step to continue from and the saved data position."""
+
+    step: int = 0
+    data_state: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG state: python ``random``, numpy's global RNG, torch CPU (+ all CUDA devices), and ``generators``."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
+    """Inverse of :func:`capture_rng`; every name in ``generators`` must be present in ``state``."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("generators", {})
+    for name, g in (generators or {}).items():
+        if name not in saved:
+            raise ValueError(f"checkpoint has no state for generator {name!r} (saved: {sorted(saved)})")
+        g.set_state(saved[name])
+
+
+def _rank_world(accelerator) -> tuple[int, int, bool]:
+    if accelerator is None:
+        return 0, 1, True
+    return accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+
+
+def save_checkpoint(
+    directory: str | Path,
+    dlm: DiffusionLM,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    step: int = 0,
+    data_state: dict[str, Any] | None = None,
+    generators: dict[str, torch.Generator] | None = None,
+    tokenizer: Any = None,
+    config: Any = None,
+    extra: dict[str, Any] | None = None,
+    accelerator: Any = None,
+) -> Path:
+    """Write a complete checkpoint of a training run to ``directory`` (see the module docstring).
+
+    ``dlm`` is the unwrapped model (``accelerator.unwrap_model``). With an ``accelerator`` every rank must
+    call this (each writes its RNG state; the main process writes the rest); data-parallel (DDP) state only.
+    """
+    directory = Path(directory)
+    rank, world, main = _rank_world(accelerator)
+    tmp = directory.with_name(directory.name + ".tmp")
+    if main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if main:
+        lora = has_lora(dlm)
+        save_model(merged_model(dlm) if lora else dlm, tmp / "model", tokenizer=tokenizer)
+        if lora:
+            save_adapter(dlm, tmp / "adapter")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if config is not None:
+            save_config(config, tmp / "config.yaml")
+        meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
+                "world_size": world, "lora": lora}
+        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if main:
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    return directory
+
+
+def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
+    """Copy a published-layout checkpoint's tensors into the live (non-LoRA) module, in place."""
+    fam = dlm.family
+    files = sorted(model_dir.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no model*.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                state[fam.to_hf_name(name)] = f.get_tensor(name)
+    result = dlm.model.load_state_dict(state, strict=False)
+    tied = bool(dlm.model.config.tie_word_embeddings)
+    missing = [m for m in result.missing_keys if not (tied and m == "lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{model_dir}: checkpoint does not match the model (missing {missing[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]})"
+        )
+
+
+def load_checkpoint(
+    directory: str | Path,
+    dlm: DiffusionLM,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    generators: dict[str, torch.Generator] | None = None,
+    accelerator: Any = None,
+    restore_rng_state: bool = True,
+) -> TrainerState:
+    """Restore a checkpoint written by :func:`save_checkpoint` into live objects, in place.
+
+    Full fine-tuning: the weights are read from ``model/``. LoRA (``dlm`` already wrapped with the same
+    :class:`~dllm_rl.training.LoraOptions`): the adapters are read from ``adapter/`` and the base weights are
+    the ones ``dlm`` was loaded with. Optimizer, scheduler and RNG states are restored when given.
+    """
+    directory = Path(directory)
+    state_file = directory / STATE_FILE
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{directory}: not a checkpoint (no {STATE_FILE})")
+    meta = json.loads(state_file.read_text())
+    rank, world, _ = _rank_world(accelerator)
+    if meta.get("lora") and not has_lora(dlm):
+        raise ValueError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
+    if not meta.get("lora") and has_lora(dlm):
+        raise ValueError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
+    if meta.get("lora"):
+        load_adapter_weights(dlm, directory / "adapter")
+    else:
+        _load_published_weights(dlm, directory / "model")
+    if optimizer is not None:
+        file = directory / "optimizer.pt"
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: checkpoint has no optimizer state")
+        optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    if scheduler is not None:
+        file = directory / "scheduler.pt"
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: checkpoint has no scheduler state")
+        scheduler.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    if restore_rng_state:
+        if int(meta.get("world_size", 1)) != world:
+            raise ValueError(
+                f"{directory}: saved with {meta.get('world_size')} processes, resuming with {world}; "
+                "exact resume needs the same world size (pass restore_rng_state=False to continue anyway)"
+            )
+        rng = torch.load(directory / f"rng_state_rank{rank}.pt", map_location="cpu", weights_only=False)
+        restore_rng(rng, generators)
+    return TrainerState(step=int(meta["step"]), data_state=dict(meta.get("data_state") or {}),
+                        extra=dict(meta.get("extra") or {}), path=directory)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under ``output_dir/checkpoints`` (oldest first)."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``output_dir/checkpoints``, or None."""
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints; returns what was deleted (``keep`` None = keep all)."""
+    if keep is None or keep <= 0:
+        return []
+    found = list_checkpoints(output_dir)
+    doomed = found[:-keep]
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed

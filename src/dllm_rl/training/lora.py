@@ -1,0 +1,142 @@
+"""LoRA through ``peft`` (Hu et al. 2021, "LoRA", eq. 3: ``W x + (alpha / r) B A x``).
+
+:func:`apply_lora` wraps the HF module in place, so the wrapped module stays at ``dlm.model`` and every
+forward of the :class:`~dllm_rl.models.DiffusionLM` goes through the adapters. The frozen base weights
+are the reference policy for free: ``with dlm.model.disable_adapter(): ...``.
+:func:`merged_model` builds a plain (adapter-free) model with ``W + (alpha / r) B A`` for saving in the
+published layout, without touching the live adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from transformers import AutoModelForCausalLM
+
+from dllm_rl.config import field
+from dllm_rl.models import DiffusionLM
+
+ADAPTER_NAME = "default"
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters (``peft``); the base weights stay frozen."""
+
+    enabled: bool = field(False, help="train LoRA adapters instead of all weights")
+    r: int = field(16, help="LoRA rank r (Hu et al. 2021)")
+    alpha: int = field(32, help="LoRA alpha; the update is scaled by alpha / r")
+    dropout: float = field(0.0, help="dropout on the LoRA input")
+    target_modules: list[str] | None = field(
+        None, help="HF module names to adapt; null = the family's lora_target_modules (all attention + MLP projections)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1, got {self.r}")
+
+
+def has_lora(dlm: DiffusionLM) -> bool:
+    """True when ``dlm.model`` is a ``peft`` model."""
+    return hasattr(dlm.model, "get_base_model") and hasattr(dlm.model, "peft_config")
+
+
+def apply_lora(dlm: DiffusionLM, opts: LoraOptions, seed: int = 0) -> DiffusionLM:
+    """Wrap ``dlm.model`` with fresh LoRA adapters (in place; returns ``dlm``). Only adapters are trainable.
+
+    The adapters' random init (peft: Kaiming-uniform A, zero B) is drawn from a torch RNG seeded with
+    ``seed`` inside ``fork_rng``, so it is reproducible and the caller's global RNG is untouched.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if has_lora(dlm):
+        raise ValueError("apply_lora: the model already has LoRA adapters")
+    targets = list(opts.target_modules or dlm.family.lora_target_modules)
+    present = {name.rsplit(".", 1)[-1] for name, _ in dlm.model.named_modules()}
+    missing = [t for t in targets if t not in present]
+    if missing:
+        raise ValueError(f"lora.target_modules {missing} are not modules of this {dlm.family.name} model")
+    cfg = LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout, target_modules=targets, bias="none")
+    devices = [dlm.device] if dlm.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        dlm.model = get_peft_model(dlm.model, cfg, adapter_name=ADAPTER_NAME)
+    return dlm
+
+
+def merged_state_dict(dlm: DiffusionLM, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """HF-named weights with the active adapters merged (``W + (alpha/r) B A``, computed in float32)."""
+    from peft.tuners.lora import LoraLayer
+
+    if not has_lora(dlm):
+        return {k: v.detach().to(device) for k, v in dlm.model.state_dict().items()}
+    base = dlm.model.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    lora_modules = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        merged[name.replace(".base_layer.", ".")] = tensor.detach().to(device)
+    with torch.no_grad():
+        for name, module in lora_modules.items():
+            weight = module.get_base_layer().weight
+            out = weight.detach().float()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A and adapter not in module.merged_adapters:
+                    out = out + module.get_delta_weight(adapter).float()
+            merged[f"{name}.weight"] = out.to(device=device, dtype=weight.dtype)
+    return merged
+
+
+def merged_model(dlm: DiffusionLM, device: str | torch.device = "cpu") -> DiffusionLM:
+    """A plain :class:`DiffusionLM` (stock HF module, no adapters) holding the merged weights on ``device``.
+
+    The live model is untouched (training can continue). Tensors not adapted by LoRA are shared with
+    the live model when it already lives on ``device``. Use it to save the published layout or to
+    evaluate without the ``peft`` forward overhead.
+    """
+    if not has_lora(dlm):
+        return dlm
+    state = merged_state_dict(dlm, device)
+    hf_config = dlm.model.get_base_model().config
+    with init_empty_weights(include_buffers=False):
+        shell = AutoModelForCausalLM.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
+    if bool(hf_config.tie_word_embeddings):
+        state.pop("lm_head.weight", None)
+    shell.load_state_dict(state, strict=False, assign=True)
+    if bool(hf_config.tie_word_embeddings):
+        shell.tie_weights()
+    missing = [n for n, p in shell.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise RuntimeError(f"merged_model: no merged value for {missing[:5]}")
+    shell.to(device)
+    shell.eval()
+    return DiffusionLM(shell, dlm.family, dlm.published_config)
+
+
+def save_adapter(dlm: DiffusionLM, directory: str | Path) -> Path:
+    """Write the adapters with ``peft``'s ``save_pretrained`` (``adapter_config.json`` + safetensors)."""
+    if not has_lora(dlm):
+        raise ValueError("save_adapter: the model has no LoRA adapters")
+    directory = Path(directory)
+    dlm.model.save_pretrained(str(directory))
+    return directory
+
+
+def load_adapter_weights(dlm: DiffusionLM, directory: str | Path) -> None:
+    """Load adapter weights saved by :func:`save_adapter` into the live adapters of ``dlm`` (in place)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if not has_lora(dlm):
+        raise ValueError("load_adapter_weights: the model has no LoRA adapters (apply_lora first)")
+    file = Path(directory) / "adapter_model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: no adapter weights")
+    result = set_peft_model_state_dict(dlm.model, load_file(str(file)), adapter_name=ADAPTER_NAME)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise ValueError(f"{file}: adapter tensors {unexpected[:5]} do not match this model's adapters")

@@ -1,0 +1,51 @@
+"""The shipped demo checkpoints and the accuracy command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dllm_rl.models import load_model, load_tokenizer, save_model
+from dllm_rl.sft.demo_eval import DEMO_DIR, HELDOUT, evaluate, main
+from dllm_rl.sft.trainer import ModelConfig, build_tokenizer_and_model
+
+DEMOS = {"llada-countdown": ("llada", None), "sdar-countdown": ("sdar", 4)}
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_shipped_checkpoint_is_small_and_loads(name):
+    path = DEMO_DIR / name
+    family, block = DEMOS[name]
+    size = sum(f.stat().st_size for f in path.iterdir())
+    assert size < 10 * 2**20
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in path.iterdir()}
+    dlm = load_model(path)
+    tok = load_tokenizer(path, mask_token_id=dlm.mask_token_id)
+    assert dlm.family.name == family and dlm.block_size == block
+    assert 500_000 <= dlm.num_parameters() <= 5_000_000
+    assert tok.decode(tok.encode("nums 3 5 7 target 22\n", add_special_tokens=False)) == "nums 3 5 7 target 22\n"
+
+
+def test_heldout_file_is_countdown():
+    rows = [json.loads(x) for x in HELDOUT.read_text().splitlines()]
+    assert len(rows) == 500 and {"nums", "target", "solution"} <= set(rows[0])
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_shipped_checkpoint_solves_some_heldout_puzzles(name):
+    res = evaluate(DEMO_DIR / name, n=40, batch_size=40)
+    assert res["n"] == 40 and res["accuracy"] >= 0.05, res["samples"]  # greedy: llada 2/40, sdar 4/40
+    assert all(s["completion"].startswith("<answer>") for s in res["samples"])
+
+
+def test_demo_eval_command_on_a_fresh_model(tmp_path, capsys):
+    tok, dlm = build_tokenizer_and_model(ModelConfig(tokenizer="char", hidden_size=32, num_layers=1,
+                                                     intermediate_size=32, num_heads=2, num_kv_heads=2))
+    save_model(dlm, tmp_path / "m", tokenizer=tok)
+    assert main([str(tmp_path / "m"), "--n", "3", "--gen-length", "8", "--block-length", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "countdown accuracy 0.000 (0/3) greedy, gen_length 8, block 8, steps/block 8" in out
+    assert main([str(tmp_path / "nope")]) == 2
+    assert Path(HELDOUT).is_file()

@@ -1,0 +1,107 @@
+"""Exact checkpoint / resume of weights, optimizer, scheduler, RNGs and data position."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from dllm_rl.models import build_model, load_model, tiny_config
+from dllm_rl.training import (
+    OptimConfig,
+    build_optimizer,
+    build_scheduler,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+
+
+def _setup(seed=0):
+    dlm = build_model("llada", tiny_config("llada", vocab_size=32, hidden_size=32, intermediate_size=64), seed=seed)
+    cfg = OptimConfig(lr=1e-2, warmup_steps=2)
+    opt = build_optimizer(dlm, cfg)
+    return dlm, opt, build_scheduler(opt, cfg, 10)
+
+
+def _step(dlm, opt, sched, gen):
+    ids = torch.randint(0, 30, (2, 6), generator=gen)
+    ids[:, 0] = torch.randint(0, 30, (1,)).item()  # uses the global torch RNG too
+    loss = dlm(ids).logits.float().logsumexp(-1).mean() - dlm(ids).logits[..., 5].float().mean()
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+
+
+def test_checkpoint_restores_everything_exactly(tmp_path):
+    dlm, opt, sched = _setup()
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        _step(dlm, opt, sched, gen)
+    random.seed(1)
+    np.random.seed(2)
+    head_at_2 = dlm.model.lm_head.weight.detach().clone()
+    ck = save_checkpoint(tmp_path / "out" / "checkpoints" / checkpoint_name(2), dlm, optimizer=opt, scheduler=sched,
+                         step=2, data_state={"epoch": 1, "offset": 3}, generators={"mask": gen}, extra={"note": "x"})
+    files = sorted(p.name for p in ck.iterdir())
+    assert files == ["model", "optimizer.pt", "rng_state_rank0.pt", "scheduler.pt", "trainer_state.json"]
+    meta = json.loads((ck / "trainer_state.json").read_text())
+    assert meta["step"] == 2 and meta["lora"] is False and meta["world_size"] == 1
+    # continue the original run for 2 steps, remembering what the RNGs produce
+    expect_py, expect_np = random.random(), np.random.rand()
+    for _ in range(2):
+        _step(dlm, opt, sched, gen)
+    want = {k: v.clone() for k, v in dlm.state_dict().items()}
+    # a different model, optimizer and generator, restored from the checkpoint, must land on the same weights
+    dlm2, opt2, sched2 = _setup(seed=5)
+    gen2 = torch.Generator().manual_seed(999)
+    random.seed(0)
+    state = load_checkpoint(ck, dlm2, optimizer=opt2, scheduler=sched2, generators={"mask": gen2})
+    assert state.step == 2 and state.data_state == {"epoch": 1, "offset": 3} and state.extra == {"note": "x"}
+    assert random.random() == expect_py and np.random.rand() == expect_np
+    for _ in range(2):
+        _step(dlm2, opt2, sched2, gen2)
+    for k, v in dlm2.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    # the model dir is an ordinary published checkpoint
+    with safe_open(str(ck / "model" / "model.safetensors"), "pt") as f:
+        assert "model.transformer.wte.weight" in f.keys()  # llada's published names
+    assert torch.equal(load_model(ck / "model").model.lm_head.weight, head_at_2)
+
+
+def test_missing_generator_state_and_world_size_are_errors(tmp_path):
+    dlm, opt, sched = _setup()
+    ck = save_checkpoint(tmp_path / "ck", dlm, step=1)
+    with pytest.raises(ValueError, match="generator 'mask'"):
+        load_checkpoint(ck, dlm, generators={"mask": torch.Generator()})
+    meta = json.loads((ck / "trainer_state.json").read_text())
+    meta["world_size"] = 2
+    (ck / "trainer_state.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="world size"):
+        load_checkpoint(ck, dlm)
+    with pytest.raises(FileNotFoundError, match="optimizer"):
+        load_checkpoint(ck, dlm, optimizer=opt, restore_rng_state=False)
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        load_checkpoint(tmp_path, dlm)
+
+
+def test_latest_prune_and_incomplete_dirs(tmp_path):
+    dlm, _, _ = _setup()
+    for s in (2, 10, 4):
+        save_checkpoint(tmp_path / "checkpoints" / checkpoint_name(s), dlm, step=s)
+    (tmp_path / "checkpoints" / (checkpoint_name(12) + ".tmp")).mkdir()  # a crash mid-save
+    (tmp_path / "checkpoints" / checkpoint_name(14)).mkdir()  # no trainer_state.json
+    assert latest_checkpoint(tmp_path).name == "step-0000010"
+    removed = prune_checkpoints(tmp_path, keep=2)
+    assert [p.name for p in removed] == ["step-0000002"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000004", "step-0000010"]
+    assert latest_checkpoint(tmp_path / "nothing") is None
