@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what was asked, for reproducibility records
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

@@ -32,8 +32,9 @@ def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k.removeprefix("decode_"): v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
 
 
-def _command_line() -> str:
-    return " ".join(shlex.quote(a) for a in ["dllm-rl", *sys.argv[1:]])
+def _command_line(args: argparse.Namespace) -> str:
+    argv = getattr(args, "argv", None)
+    return " ".join(shlex.quote(a) for a in ["dllm-rl", *(argv if argv is not None else sys.argv[1:])])
 
 
 def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
@@ -67,7 +68,8 @@ def eval_command(args: argparse.Namespace) -> int:
         limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
         device=args.device, tokenizer=args.tokenizer, prompt_style=args.prompt_style, system_prompt=args.system_prompt,
         task_options=task_options, decode=decode_overrides(args), settings=settings,
-        trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress, command=_command_line(),
+        trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
+        command=_command_line(args),
     )
     summary = run_eval(cfg)
     print((Path(output) / "summary.md").read_text())
