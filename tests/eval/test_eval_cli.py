@@ -30,6 +30,7 @@ def _main(argv: list[str]) -> int:
     register(sub)
     register(sub)  # idempotent: listing the module under several names in cli.SUBCOMMANDS is harmless
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # as dllm_rl.cli.main records it
     return args.func(args)
 
 
@@ -63,7 +64,7 @@ def test_eval_cli_writes_all_reports(workdir, capsys):
     assert list(summary["settings"]) == ["s1", "s2", "dyn"]
     assert summary["settings"]["s1"]["metrics"]["nfe_mean"] == 8
     assert summary["settings"]["s2"]["metrics"]["nfe_mean"] == 4
-    assert summary["items"] == 4 and summary["command"].startswith("dllm-rl ")
+    assert summary["items"] == 4 and summary["command"].startswith("dllm-rl eval ")
     for name in ("s1", "s2", "dyn"):
         assert len(read_records(out / "items" / f"{name}.jsonl")) == 4
         page = (out / "traces" / f"{name}.html").read_text()
