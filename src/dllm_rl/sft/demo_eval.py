@@ -1,11 +1,13 @@
 """Held-out accuracy of a (demo) checkpoint on a task: greedy decoding + the task's reward.
 
     python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/llada-countdown
+    python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/sdar-countdown --data .../countdown_heldout200.jsonl
     python -m dllm_rl.sft.demo_eval MODEL_DIR --data test.jsonl --task countdown --gen-length 32 --block-length 8
 
-Defaults are the shipped demo models' settings: the held-out countdown file next to them
-(``assets/demo/countdown_heldout.jsonl``), the compact prompt style, gen_length 32, greedy decoding one token
-per step (semi-autoregressive blocks of 8 for full-attention models; block models use their own block size).
+Defaults are the shipped demo models' settings: the 500-puzzle held-out countdown file next to them
+(``assets/demo/countdown_heldout.jsonl``, the one ``make demo`` reports), the compact prompt style, gen_length
+32, greedy decoding one token per step, low-confidence (probability) order; full-attention models decode the 32
+slots as one block (``--block-length 32``), block models in their own block size.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def evaluate(
     prompt_style: str = "compact",
     n: int | None = None,
     gen_length: int = 32,
-    block_length: int = 8,
+    block_length: int = 32,
     steps: int | None = None,
     threshold: float | None = None,
     batch_size: int = 100,
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-style", default="compact", choices=["chat", "plain", "compact"])
     p.add_argument("--n", type=int, default=None, help="evaluate the first N examples (default: all)")
     p.add_argument("--gen-length", type=int, default=32)
-    p.add_argument("--block-length", type=int, default=8, help="semi-AR block (full-attention models)")
+    p.add_argument("--block-length", type=int, default=32, help="semi-AR block (full-attention models)")
     p.add_argument("--steps", type=int, default=None, help="steps per block (default: one token per step)")
     p.add_argument("--threshold", type=float, default=None, help="dynamic decoding threshold instead of steps")
     p.add_argument("--batch-size", type=int, default=100)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from accelerate import DistributedDataParallelKwargs
 
 from dllm_rl.config import field, save_config
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
@@ -176,7 +177,10 @@ class SFTTrainer:
         if t.batch_size < 1 or t.grad_accum < 1:
             raise ValueError("train.batch_size and train.grad_accum must be >= 1")
         self.out = Path(t.output_dir)
-        self.accelerator = make_accelerator(t.mixed_precision, cpu=t.cpu)
+        # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
+        # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
+        self.accelerator = make_accelerator(
+            t.mixed_precision, cpu=t.cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=t.seed)
         if cfg.lora.enabled:

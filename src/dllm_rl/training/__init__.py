@@ -4,7 +4,8 @@ API (all importable from ``dllm_rl.training``):
 
 Set-up
     ``make_accelerator(mixed_precision="auto", cpu=False, **kwargs) -> accelerate.Accelerator``
-        ``auto`` = bf16 where the device supports it (CUDA bf16 / XPU), else fp32. Trainers do gradient
+        ``auto`` = bf16 where the device supports it (CUDA bf16 / XPU), else fp32. Without an accelerator
+        device ``cpu=True`` is implied (so ``accelerate launch --multi_gpu`` forms gloo ranks). Trainers do gradient
         accumulation themselves (``accelerator.no_sync`` on non-final micro-batches) and step the
         scheduler once per optimizer step (do not ``prepare`` the scheduler).
     ``prepare_model(accelerator, dlm) -> PreparedModel``: ``accelerator.prepare(dlm)`` behind the
@@ -20,8 +21,9 @@ Optimisation
 
 LoRA (peft)
     ``LoraOptions`` (enabled, r, alpha, dropout, target_modules = family.lora_target_modules when null)
-    ``apply_lora(dlm, opts) -> dlm``: wraps ``dlm.model`` in place (it stays at ``dlm.model``); only
-        adapters train. Reference policy = base weights: ``with dlm.model.disable_adapter(): ...``.
+    ``apply_lora(dlm, opts, seed=0) -> dlm``: wraps ``dlm.model`` in place (it stays at ``dlm.model``); only
+        adapters train; the adapter init is seeded (global RNG untouched).
+        Reference policy = base weights: ``with dlm.model.disable_adapter(): ...``.
     ``has_lora(dlm)``, ``merged_model(dlm, device="cpu") -> DiffusionLM`` (plain model, adapters merged,
         live model untouched), ``merged_state_dict``, ``save_adapter(dlm, dir)``, ``load_adapter_weights(dlm, dir)``
 
