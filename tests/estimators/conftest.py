@@ -90,3 +90,39 @@ def direct_logp(model, ids: torch.Tensor, valid: torch.Tensor, prompt_len: int, 
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def blockwise_logp(model, noisy: torch.Tensor, valid: torch.Tensor, prompt_len: int, targets: torch.Tensor,
+                   block_size: int = 4):
+    """By hand, for a block model: a completion token of block ``j`` is scored by a plain block-causal forward
+    of the clean sequence (``targets`` in the completion) with block ``j`` taken from ``noisy`` and every later
+    completion token masked: the context the block sampler gives block ``j``. ``noisy`` ``[1, P + G]``."""
+    clean = noisy.clone()
+    clean[:, prompt_len:] = targets
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    blk = pos // block_size
+    out = torch.zeros(targets.shape[-1])
+    for j in blk[0, prompt_len:].unique().tolist():
+        ids = clean.clone()
+        in_j = blk[0] == j
+        ids[0, in_j] = noisy[0, in_j]
+        later = (blk[0] > j) & (torch.arange(ids.shape[1]) >= prompt_len)
+        ids[0, later] = MASK
+        lp = direct_logp(model, ids, valid, prompt_len, targets)[0]
+        cols = in_j[prompt_len:]
+        out[cols] = lp[cols]
+    return out
+
+
+def fed_rows(model, spy: Spy, rows) -> torch.Tensor:
+    """The masked ``[prompt | completion]`` rows the model was fed. Block models are fed the two-stream
+    layout: check it was built from the planner's rows (clean sequence + noisy copy) and return those."""
+    if not model.is_block_causal:
+        return spy.inputs()
+    from dllm_rl.models.masks import two_stream_layout
+
+    assert rows.clean_ids is not None, "block models score in the two-stream layout"
+    want = two_stream_layout(rows.clean_ids, rows.input_ids, rows.valid, rows.prompt_lengths, model.block_size,
+                             pad_token_id=model.pad_token_id).input_ids
+    assert torch.equal(spy.inputs(), want)
+    return rows.input_ids

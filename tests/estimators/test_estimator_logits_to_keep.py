@@ -41,8 +41,8 @@ def test_scores_equal_full_logits_and_lm_head_skips_the_prompt(models, monkeypat
     assert torch.equal(new.logp, old.logp) and torch.equal(new.weight, old.weight)
     assert (new.forwards, new.forward_tokens, new.calls) == (old.forwards, old.forward_tokens, old.calls)
     # P = 5, G = 8: single-stream rows project at most the 8 completion columns (Dream: + the column before);
-    # the two-stream rows of sdar's trace at most the noisy copy (<= 12 = the prompt's last block + G).
-    two_stream = family == "sdar" and name == "trace"
+    # the two-stream rows of sdar at most the noisy copy (<= 12 = the prompt's last block + G).
+    two_stream = family == "sdar"  # block models: every estimator runs the two-stream layout
     limit = 12 if two_stream else 8 + (1 if family == "dream" else 0)
     assert seen and max(seen) <= limit, seen
     if not two_stream:  # forward_tokens still counts model input columns, not kept ones

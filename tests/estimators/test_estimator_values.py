@@ -11,9 +11,19 @@ import math
 
 import pytest
 import torch
-from conftest import EOS, FAMILIES, MASK, Spy, direct_logp, gen, make_batch
+from conftest import EOS, FAMILIES, MASK, Spy, blockwise_logp, direct_logp, fed_rows, gen, make_batch
 
-from dllm_rl.estimators import coupled, elbo, estimator_forwards, mean_field, plan_elbo, random_mask
+from dllm_rl.estimators import (
+    coupled,
+    elbo,
+    estimator_forwards,
+    mean_field,
+    plan_coupled,
+    plan_elbo,
+    plan_mean_field,
+    plan_random_mask,
+    random_mask,
+)
 from dllm_rl.models import full_bias, position_ids_from_valid
 
 
@@ -27,16 +37,23 @@ def _rows_by_hand(batch, masked_rows):
     return torch.stack(ids)
 
 
+def _hand_logp(model, row, valid, prompt_len, targets):
+    """Direct forwards of one masked row ``[P + G]``: one plain forward, or block by block for block models."""
+    if model.is_block_causal:
+        return blockwise_logp(model, row[None], valid[None], prompt_len, targets[None])
+    return direct_logp(model, row[None], valid[None], prompt_len, targets[None])[0]
+
+
 def _check_logp(model, batch, scores, d, b, m, atol=1e-5):
-    """``logp[d, b]`` at the tokens ``m`` equals a direct forward of the sample with exactly ``m`` masked."""
+    """``logp[d, b]`` at the tokens ``m`` equals direct forwards of the sample with exactly ``m`` masked."""
     row = batch.input_ids()[b].clone()
     row[batch.prompt_len :][m] = MASK
-    hand = direct_logp(model, row[None], batch.valid()[b][None], batch.prompt_len, batch.completion_ids[b][None])[0]
+    hand = _hand_logp(model, row, batch.valid()[b], batch.prompt_len, batch.completion_ids[b])
     torch.testing.assert_close(scores.logp[d, b][m], hand[m], atol=atol, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------- elbo
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("is_coupled", [False, True])
 def test_elbo_masks_weights_and_logp_by_hand(models, family, is_coupled):
     model, batch, d_n = models[family], make_batch(), 3
@@ -92,6 +109,63 @@ def test_elbo_masks_weights_and_logp_by_hand(models, family, is_coupled):
     torch.testing.assert_close(sc.sequence_score(), by_hand)
 
 
+@pytest.mark.parametrize("is_coupled", [False, True])
+def test_elbo_block_model_draws_noise_per_block_by_hand(models, is_coupled):
+    """Block models: each block of the completion is its own ELBO segment (n_j ~ U{1..L_j} stratified, weight
+    L_j / n_j, complement per block), scored in the two-stream layout against clean earlier blocks."""
+    model, batch, d_n = models["sdar"], make_batch(), 2
+    with Spy(model) as spy:
+        sc = elbo(model, batch, gen(7), num_mc=d_n, coupled=is_coupled)
+    planned = plan_elbo(model, batch, gen(7), num_mc=d_n, coupled=is_coupled)
+    g = gen(7)
+    b_n, g_n = batch.batch_size, batch.completion_len
+    s_n = (4 + g_n - 2) // 4 + 1  # segments a completion of G tokens can touch (block size 4)
+    offset = torch.rand((b_n, d_n, s_n), generator=g)
+    keys = torch.rand((b_n, d_n, g_n), generator=g)
+    rows, second, expected_w = [], [], torch.zeros(d_n, b_n, g_n)
+    for d in range(d_n):
+        for b in range(b_n):
+            p_real = int(batch.prompt_mask[b].sum())
+            seg = torch.tensor([(p_real + i) // 4 - p_real // 4 for i in range(g_n)])
+            s_set = torch.zeros(g_n, dtype=torch.bool)
+            comp = torch.zeros(g_n, dtype=torch.bool)
+            total_n = 0
+            for j in range(s_n):
+                members = [i for i in range(g_n) if seg[i] == j and batch.completion_mask[b, i]]
+                big_l = len(members)
+                if big_l == 0:
+                    continue
+                n = min(math.floor((d + float(offset[b, d, j])) / d_n * big_l) + 1, big_l)
+                total_n += n
+                chosen = sorted(members, key=lambda i: float(keys[b, d, i]))[:n]
+                rest = [i for i in members if i not in chosen]
+                s_set[chosen] = True
+                comp[rest] = True
+                if not is_coupled:
+                    expected_w[d, b, chosen] = big_l / n
+                elif n == big_l:
+                    expected_w[d, b, chosen] = 1.0
+                else:
+                    expected_w[d, b, chosen] = big_l / (2 * n)
+                    expected_w[d, b, rest] = big_l / (2 * (big_l - n))
+            assert sc.info["num_masked"][d, b] == total_n
+            rows.append((b, s_set))
+            if is_coupled and comp.any():
+                second.append((b, comp))
+    assert torch.equal(fed_rows(model, spy, planned), _rows_by_hand(batch, rows + second))
+    torch.testing.assert_close(sc.weight, expected_w, atol=0, rtol=1e-6)
+    assert planned.num_rows == len(rows) + len(second)
+    for d in range(d_n):
+        for b in range(b_n):
+            chosen = rows[d * b_n + b][1]
+            _check_logp(model, batch, sc, d, b, chosen)
+            if is_coupled:
+                assert torch.equal(sc.weight[d, b] != 0, batch.completion_mask[b])  # each token once per draw
+                comp = batch.completion_mask[b] & ~chosen
+                if comp.any():
+                    _check_logp(model, batch, sc, d, b, comp)
+
+
 def test_elbo_zero_length_rows_score_zero(models):
     model = models["llada"]
     batch = make_batch()
@@ -117,10 +191,11 @@ def test_mean_field_by_hand(models, family):
     p = batch.prompt_len
     want[:, :p][prompt_draw & batch.prompt_mask] = MASK
     want[:, p:][batch.completion_mask] = MASK
-    assert torch.equal(spy.inputs(), want)
+    assert torch.equal(fed_rows(model, spy, plan_mean_field(model, batch, gen(5), p_mask_prompt=0.4)), want)
     assert (want[:, :p] == MASK).any(), "the seed should mask at least one prompt token"
     assert torch.equal(sc.weight[0], batch.completion_mask.float())
-    hand = direct_logp(model, want, batch.valid(), p, batch.completion_ids)
+    hand = torch.stack([_hand_logp(model, want[b], batch.valid()[b], p, batch.completion_ids[b])
+                        for b in range(batch.batch_size)])
     torch.testing.assert_close(sc.logp[0], torch.where(batch.completion_mask, hand, 0.0), atol=1e-5, rtol=0)
 
 
@@ -175,7 +250,8 @@ def test_random_mask_by_hand(models, family, importance_weight):
             if m.any():
                 rows.append((b, m))
             w[d, b][m] = 1.0 / t[b, d] if importance_weight else 1.0
-    assert torch.equal(spy.inputs(), _rows_by_hand(batch, rows))
+    planned = plan_random_mask(model, batch, gen(11), lo=lo, hi=hi, importance_weight=importance_weight, num_mc=d_n)
+    assert torch.equal(fed_rows(model, spy, planned), _rows_by_hand(batch, rows))
     torch.testing.assert_close(sc.info["mask_ratio"], t.t())
     torch.testing.assert_close(sc.weight, w)
     for d in range(d_n):
@@ -210,7 +286,8 @@ def test_coupled_by_hand(models, family):
     second = [(b, (r[b, 0] >= t[b, 0]) & batch.completion_mask[b]) for b in range(b_n)]
     full = [(b, batch.completion_mask[b]) for b in range(b_n)]
     expected = [x for x in first + second + full if x[1].any()]
-    assert torch.equal(spy.inputs(), _rows_by_hand(batch, expected))
+    planned = plan_coupled(model, batch, gen(13), full_mask_row=True)
+    assert torch.equal(fed_rows(model, spy, planned), _rows_by_hand(batch, expected))
     assert sc.num_draws == 2
     for b in range(b_n):
         w = torch.zeros(g_n)
@@ -222,8 +299,7 @@ def test_coupled_by_hand(models, family):
         for mask_set in (first[b][1], second[b][1]):
             row = batch.input_ids()[b].clone()
             row[batch.prompt_len :][mask_set] = MASK
-            hand = direct_logp(model, row[None], batch.valid()[b][None], batch.prompt_len,
-                               batch.completion_ids[b][None])[0]
+            hand = _hand_logp(model, row, batch.valid()[b], batch.prompt_len, batch.completion_ids[b])
             torch.testing.assert_close(sc.logp[0, b][mask_set], hand[mask_set], atol=1e-5, rtol=0)
         _check_logp(model, batch, sc, 1, b, batch.completion_mask[b])
     # DiffuCoder's per-token estimate (logp_full + w * logp_pair) / 2 is token_score().

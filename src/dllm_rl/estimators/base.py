@@ -25,6 +25,11 @@ Conventions shared by all estimators:
   ends" visible to the model, as it is in the rollout once those tokens are decoded.
 * In every draw each ``(sample, token)`` is scored by at most one row, so ``TokenScores.logp`` is
   well defined; :func:`score_rows` checks it.
+* Block models (``model.is_block_causal``) score every row in the two-stream layout (noisy copy of the
+  completion next to the clean sequence, :func:`dllm_rl.models.masks.two_stream_layout`): a token of block
+  ``j`` sees the prompt, *clean* blocks ``< j`` and the masked state of its own block, which is the only
+  context the block sampler ever gives it. (A single masked sequence would show later blocks masked
+  earlier blocks, a state the sampler never produces.)
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 import torch
 
 from dllm_rl.models.diffusion_lm import DiffusionLM
-from dllm_rl.models.masks import two_stream_layout
+from dllm_rl.models.masks import block_index, position_ids_from_valid, two_stream_layout
 
 # --------------------------------------------------------------------------------------------------
 # Batch and result types
@@ -384,13 +389,22 @@ def build_rows(
     mask_uncounted: bool = False,
     prompt_masked: torch.Tensor | None = None,
     info: dict[str, torch.Tensor] | None = None,
+    two_stream: bool = False,
 ) -> MaskedRows:
     """Rows for samples ``sample`` (``[R]``) with completion tokens ``masked`` (``[R, G]``) replaced by
     the mask id (plus every uncounted valid completion token when ``mask_uncounted``, plus prompt tokens
-    ``prompt_masked`` ``[R, P]`` if given), weights ``weight`` (``[R, G]``)."""
+    ``prompt_masked`` ``[R, P]`` if given), weights ``weight`` (``[R, G]``).
+
+    ``two_stream`` (block models): the rows run in the two-stream layout; the clean stream is the sample
+    with only ``prompt_masked`` applied, the noisy copy is the masked row."""
     ids = batch.input_ids()[sample]
     valid = batch.valid()[sample]
     p = batch.prompt_len
+    if two_stream and prompt_masked is not None:
+        clean = ids.clone()
+        clean[:, :p] = torch.where(prompt_masked.bool() & valid[:, :p], mask_token_id, ids[:, :p])
+    else:
+        clean = ids
     comp_masked = masked.bool()
     if mask_uncounted:
         comp_valid = valid[:, p:]
@@ -404,8 +418,28 @@ def build_rows(
     return MaskedRows(
         input_ids=ids, valid=valid, draw=draw.long(), sample=sample.long(), weight=weight.float(),
         targets=batch.completion_ids, num_draws=num_draws, batch_size=batch.batch_size, prompt_len=p,
+        clean_ids=clean if two_stream else None,
+        prompt_lengths=batch.prompt_mask.sum(-1)[sample] if two_stream else None,
         info=dict(info or {}),
     )
+
+
+def completion_segments(model: DiffusionLM, batch: ScoringBatch) -> tuple[torch.Tensor, int]:
+    """``([B, G] long, S)``: the independent noise segment of each completion token and how many there can be.
+
+    Full-attention models: one segment (all zeros, ``S = 1``). Block models: the token's block (the library's
+    block rule on real-token positions), counted from the block holding the sample's first completion token;
+    ``S`` covers a completion that starts at any offset inside a block. In the two-stream layout the blocks
+    are scored independently of each other's masks, so per-block noise levels are the block model's ELBO."""
+    b_n, g_n = batch.completion_ids.shape
+    dev = batch.completion_ids.device
+    if not model.is_block_causal:
+        return torch.zeros(b_n, g_n, dtype=torch.long, device=dev), 1
+    bs = int(model.block_size)
+    blk = block_index(position_ids_from_valid(batch.valid()), bs)[:, batch.prompt_len :]
+    first = torch.div(batch.prompt_mask.sum(-1), bs, rounding_mode="floor")
+    seg = (blk - first[:, None]).clamp(min=0)
+    return seg.to(dev), (bs + g_n - 2) // bs + 1
 
 
 # --------------------------------------------------------------------------------------------------

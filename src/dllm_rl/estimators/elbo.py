@@ -39,6 +39,7 @@ from dllm_rl.estimators.base import (
     TokenScores,
     build_rows,
     check_int,
+    completion_segments,
     register,
     score_rows,
 )
@@ -51,6 +52,22 @@ def random_subsets(keys: torch.Tensor, counted: torch.Tensor, n: torch.Tensor) -
     keys = torch.where(counted, keys, torch.full_like(keys, 2.0))  # uncounted sort last (keys < 1)
     rank = keys.argsort(-1).argsort(-1)
     return (rank < n.unsqueeze(-1)) & counted
+
+
+def segment_subsets(keys: torch.Tensor, counted: torch.Tensor, seg: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """:func:`random_subsets` inside each segment: ``keys`` ``[B, D, G]``, ``counted``/``seg`` ``[B, G]``,
+    ``n`` ``[B, D, S]`` (the subset size of each segment). Returns ``[B, D, G]`` bool."""
+    s_n = n.shape[-1]
+    if s_n == 1:
+        return random_subsets(keys, counted[:, None, :], n[..., 0])
+    # Sort by (segment, key): counted tokens of segment s take ranks start_s .. start_s + L_s - 1.
+    seg_d = seg[:, None, :].expand_as(keys)
+    sort_key = torch.where(counted[:, None, :], seg_d.to(keys.dtype) * 2.0 + keys, torch.full_like(keys, 2.0 * s_n))
+    rank = sort_key.argsort(-1).argsort(-1)
+    length = (counted[:, :, None] & (seg[:, :, None] == torch.arange(s_n, device=seg.device))).sum(1)  # [B, S]
+    start = (length.cumsum(-1) - length)[:, None, :].expand(-1, keys.shape[1], -1)  # [B, D, S]
+    local = rank - start.gather(-1, seg_d)
+    return (local < n.gather(-1, seg_d)) & counted[:, None, :]
 
 
 def plan_elbo(
@@ -67,35 +84,39 @@ def plan_elbo(
     rng = RowRandom(generator, batch)
     b_n, g_n = batch.batch_size, batch.completion_len
     dev = batch.completion_ids.device
-    offset = rng.rand(d_n).to(dev)  # [B, D]
+    seg, s_n = completion_segments(model, batch)  # [B, G]; S = 1 for full attention
+    offset = rng.rand(d_n, s_n).to(dev)  # [B, D, S]
     keys = rng.rand(d_n, g_n).to(dev)  # [B, D, G]
     counted = batch.completion_mask
-    length = batch.lengths  # [B]
-    u = (torch.arange(d_n, device=dev, dtype=torch.float32)[None, :] + offset) / d_n
-    n = torch.minimum(torch.floor(u * length[:, None]).long() + 1, length[:, None].expand(-1, d_n))
-    n = torch.where(length[:, None] > 0, n, torch.zeros_like(n))  # [B, D]
-    subset = random_subsets(keys, counted[:, None, :], n)  # [B, D, G]
+    in_seg = counted[:, :, None] & (seg[:, :, None] == torch.arange(s_n, device=dev))  # [B, G, S]
+    length = in_seg.sum(1)  # [B, S]: L of each segment
+    u = (torch.arange(d_n, device=dev, dtype=torch.float32)[None, :, None] + offset) / d_n
+    lengths = length[:, None, :].expand(-1, d_n, -1)
+    n = torch.minimum(torch.floor(u * lengths).long() + 1, lengths)
+    n = torch.where(lengths > 0, n, torch.zeros_like(n))  # [B, D, S]
+    subset = segment_subsets(keys, counted, seg, n)  # [B, D, G]
 
-    lf = length[:, None].float().expand(-1, d_n)
-    nf = n.float()
+    lf, nf = lengths.float(), n.float()
     if coupled:
-        full = n == length[:, None]
+        full = n == lengths
         w_s = torch.where(full, torch.ones_like(nf), lf / (2 * nf.clamp(min=1)))
         w_c = lf / (2 * (lf - nf).clamp(min=1))
     else:
         w_s = lf / nf.clamp(min=1)
         w_c = torch.zeros_like(nf)
+    seg_d = seg[:, None, :].expand(-1, d_n, -1)
+    w_s, w_c = w_s.gather(-1, seg_d), w_c.gather(-1, seg_d)  # [B, D, G]: each token's segment weight
 
     # Rows are draw-major: row d * B + b.
     draw = torch.arange(d_n, device=dev).repeat_interleave(b_n)
     sample = torch.arange(b_n, device=dev).repeat(d_n)
     masked_s = subset.transpose(0, 1).reshape(d_n * b_n, g_n)
-    weight_s = masked_s * w_s.t().reshape(-1, 1)
+    weight_s = masked_s * w_s.transpose(0, 1).reshape(d_n * b_n, g_n)
     parts_mask, parts_weight, parts_draw, parts_sample = [masked_s], [weight_s], [draw], [sample]
     if coupled:
         comp = (counted[:, None, :] & ~subset).transpose(0, 1).reshape(d_n * b_n, g_n)
         parts_mask.append(comp)
-        parts_weight.append(comp * w_c.t().reshape(-1, 1))
+        parts_weight.append(comp * w_c.transpose(0, 1).reshape(d_n * b_n, g_n))
         parts_draw.append(draw)
         parts_sample.append(sample)
     masked = torch.cat(parts_mask)
@@ -103,8 +124,8 @@ def plan_elbo(
     keep = masked.any(-1)
     return build_rows(
         batch, torch.cat(parts_sample)[keep], torch.cat(parts_draw)[keep], masked[keep], weight[keep],
-        model.mask_token_id, d_n, mask_uncounted=mask_uncounted,
-        info={"num_masked": n.t().float(), "length": length.float()},
+        model.mask_token_id, d_n, mask_uncounted=mask_uncounted, two_stream=model.is_block_causal,
+        info={"num_masked": n.sum(-1).t().float(), "length": batch.lengths.float()},
     )
 
 

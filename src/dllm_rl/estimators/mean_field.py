@@ -57,7 +57,7 @@ def plan_mean_field(
     pm = prompt_masked.transpose(0, 1).reshape(d_n * b_n, -1)
     return build_rows(
         batch, sample[keep], draw[keep], masked[keep], masked[keep].float(), model.mask_token_id, d_n,
-        mask_uncounted=mask_uncounted, prompt_masked=pm[keep],
+        mask_uncounted=mask_uncounted, prompt_masked=pm[keep], two_stream=model.is_block_causal,
         info={"prompt_masked": prompt_masked.transpose(0, 1)},
     )
 

@@ -90,7 +90,7 @@ def plan_random_mask(
     keep = m.any(-1)
     return build_rows(
         batch, sample[keep], draw[keep], m[keep], weight[keep], model.mask_token_id, d_n,
-        mask_uncounted=mask_uncounted, info={"mask_ratio": t.t()},
+        mask_uncounted=mask_uncounted, info={"mask_ratio": t.t()}, two_stream=model.is_block_causal,
     )
 
 
@@ -168,7 +168,7 @@ def plan_coupled(
     keep = masked.any(-1)
     return build_rows(
         batch, torch.cat(samples)[keep], torch.cat(draws)[keep], masked[keep], weight[keep], model.mask_token_id,
-        total_draws, mask_uncounted=mask_uncounted, info={"mask_ratio": t.t()},
+        total_draws, mask_uncounted=mask_uncounted, info={"mask_ratio": t.t()}, two_stream=model.is_block_causal,
     )
 
 

@@ -124,14 +124,10 @@ def plan_trace(
         sample = torch.zeros(0, dtype=torch.long, device=dev)
         masked = torch.zeros(0, g_n, dtype=torch.bool, device=dev)
         weight = torch.zeros(0, g_n, device=dev)
-    rows = build_rows(
+    return build_rows(
         batch, sample, torch.zeros_like(sample), masked, weight, model.mask_token_id, 1,
-        info={"merged_step": merged[None]},
+        info={"merged_step": merged[None]}, two_stream=two_stream,
     )
-    if two_stream:
-        rows.clean_ids = batch.input_ids()[sample]
-        rows.prompt_lengths = batch.prompt_mask.sum(-1)[sample]
-    return rows
 
 
 def trace(
