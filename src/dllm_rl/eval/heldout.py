@@ -1,8 +1,13 @@
-"""Held-out accuracy of a model on a task, used by the RL trainer before, during and after training."""
+"""In-memory held-out accuracy: decode a task's prompts with a model already in memory and score them.
+
+The one evaluation loop of training runs (the RL trainer before, during and after training) and of the demo
+accuracy command (``python -m dllm_rl.sft.demo_eval``). ``dllm-rl eval`` (:mod:`dllm_rl.eval.harness`) is the
+file-based, resumable evaluation of saved checkpoints over several decoding settings.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +22,9 @@ class HeldOut:
     mean_length: float
     nfe_per_token: float
     n: int
+    nfe_mean: float = 0.0
+    texts: list[str] = field(default_factory=list)  # the decoded completions, in example order
+    scores: list[Any] = field(default_factory=list)  # the task's scores (float-like, with ``.reason``)
 
 
 def encode_prompts(task: Any, examples: list[dict], tokenizer: Any) -> tuple[list[str], list[list[int]]]:
@@ -47,4 +55,7 @@ def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: Decod
         mean_length=float(lengths.mean()),
         nfe_per_token=float(rollout.nfe.float().sum() / lengths.sum().clamp(min=1)),
         n=len(examples),
+        nfe_mean=float(rollout.nfe.float().mean()),
+        texts=list(rollout.texts),
+        scores=list(scores),
     )

@@ -24,12 +24,12 @@ from accelerate.utils import DistributedDataParallelKwargs, gather_object
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
+from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.evaluation import HeldOut, encode_prompts, heldout_accuracy
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.sampling import DecodeConfig, generate_batched

@@ -40,8 +40,9 @@ def evaluate(
     """Greedy-decode the task's prompts and score them; returns accuracy, counts, settings and a few samples.
 
     ``model`` / ``tokenizer`` may be given instead of loading ``model_dir`` (e.g. during training)."""
+    from dllm_rl.eval.heldout import heldout_accuracy
     from dllm_rl.models import load_model, load_tokenizer
-    from dllm_rl.sampling import DecodeConfig, generate_batched
+    from dllm_rl.sampling import DecodeConfig
     from dllm_rl.tasks import get_task
 
     if model is None:
@@ -50,24 +51,21 @@ def evaluate(
         tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
     task = get_task(task_name, data=str(data), prompt_style=prompt_style, limit=n)
     examples = task.examples
-    prompts = [tokenizer.encode(task.build_prompt(ex, tokenizer), add_special_tokens=False) for ex in examples]
     config = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=steps, threshold=threshold,
                           temperature=0.0)
     t0 = time.perf_counter()
-    rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=batch_size)
+    res = heldout_accuracy(model, tokenizer, task, examples, config, batch_size=batch_size)
     elapsed = time.perf_counter() - t0
-    scores = task.score_examples(rollout.texts, examples)
-    metrics = task.metrics(scores)
     task.close()
     decode_block = model.block_size if model.is_block_causal else block_length
     return {
-        "model": str(model_dir), "data": str(data), "task": task_name, "n": len(examples),
-        "accuracy": metrics["accuracy"], "correct": int(sum(float(s) >= 1.0 for s in scores)),
+        "model": str(model_dir), "data": str(data), "task": task_name, "n": res.n,
+        "accuracy": res.accuracy, "correct": int(sum(float(s) >= 1.0 for s in res.scores)),
         "decode": {"gen_length": gen_length, "block_length": decode_block, "steps": steps, "threshold": threshold,
                    "temperature": 0.0, "confidence": config.confidence},
-        "nfe_mean": float(rollout.nfe.float().mean()), "seconds": round(elapsed, 2),
+        "nfe_mean": res.nfe_mean, "seconds": round(elapsed, 2),
         "samples": [{"prompt": task.build_prompt(ex), "completion": t, "reward": float(s), "reason": s.reason}
-                    for ex, t, s in list(zip(examples, rollout.texts, scores))[:5]],
+                    for ex, t, s in list(zip(examples, res.texts, res.scores))[:5]],
     }
 
 
