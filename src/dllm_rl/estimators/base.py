@@ -424,6 +424,41 @@ def build_rows(
     )
 
 
+def draw_rows(
+    model: DiffusionLM,
+    batch: ScoringBatch,
+    parts: list[tuple[torch.Tensor, torch.Tensor]],
+    num_draws: int,
+    *,
+    first_draws: list[int] | None = None,
+    mask_uncounted: bool = False,
+    prompt_masked: torch.Tensor | None = None,
+    info: dict[str, torch.Tensor] | None = None,
+) -> MaskedRows:
+    """Rows from per-draw masks: each part is ``(masked, weight)``, both ``[B, D_k, G]``, laid out draw-major
+    (row ``d * B + b``) with draw ids ``first_draws[k] + d`` (default 0); parts are concatenated in order and
+    rows that mask nothing are dropped. ``prompt_masked`` (``[B, D, P]``) goes with a single part. Block models
+    get two-stream rows (see the module docstring)."""
+    if prompt_masked is not None and len(parts) != 1:
+        raise ValueError("prompt_masked needs exactly one part")
+    first_draws = first_draws or [0] * len(parts)
+    masks, weights, draws, samples = [], [], [], []
+    for (masked, weight), first in zip(parts, first_draws):
+        b_n, d_n, g_n = masked.shape
+        dev = masked.device
+        masks.append(masked.transpose(0, 1).reshape(d_n * b_n, g_n))
+        weights.append((masked * weight).transpose(0, 1).reshape(d_n * b_n, g_n).float())
+        draws.append(first + torch.arange(d_n, device=dev).repeat_interleave(b_n))
+        samples.append(torch.arange(b_n, device=dev).repeat(d_n))
+    masked, weight = torch.cat(masks), torch.cat(weights)
+    keep = masked.any(-1)
+    pm = None if prompt_masked is None else prompt_masked.transpose(0, 1).reshape(masked.shape[0], -1)[keep]
+    return build_rows(
+        batch, torch.cat(samples)[keep], torch.cat(draws)[keep], masked[keep], weight[keep], model.mask_token_id,
+        num_draws, mask_uncounted=mask_uncounted, prompt_masked=pm, info=info, two_stream=model.is_block_causal,
+    )
+
+
 def completion_segments(model: DiffusionLM, batch: ScoringBatch) -> tuple[torch.Tensor, int]:
     """``([B, G] long, S)``: the independent noise segment of each completion token and how many there can be.
 

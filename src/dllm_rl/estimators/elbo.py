@@ -37,9 +37,9 @@ from dllm_rl.estimators.base import (
     RowRandom,
     ScoringBatch,
     TokenScores,
-    build_rows,
     check_int,
     completion_segments,
+    draw_rows,
     register,
     score_rows,
 )
@@ -82,7 +82,7 @@ def plan_elbo(
     """The rows of :func:`elbo` (see the module docstring for the formula and weights)."""
     d_n = check_int("num_mc", num_mc, 1)
     rng = RowRandom(generator, batch)
-    b_n, g_n = batch.batch_size, batch.completion_len
+    g_n = batch.completion_len
     dev = batch.completion_ids.device
     seg, s_n = completion_segments(model, batch)  # [B, G]; S = 1 for full attention
     offset = rng.rand(d_n, s_n).to(dev)  # [B, D, S]
@@ -106,25 +106,11 @@ def plan_elbo(
         w_c = torch.zeros_like(nf)
     seg_d = seg[:, None, :].expand(-1, d_n, -1)
     w_s, w_c = w_s.gather(-1, seg_d), w_c.gather(-1, seg_d)  # [B, D, G]: each token's segment weight
-
-    # Rows are draw-major: row d * B + b.
-    draw = torch.arange(d_n, device=dev).repeat_interleave(b_n)
-    sample = torch.arange(b_n, device=dev).repeat(d_n)
-    masked_s = subset.transpose(0, 1).reshape(d_n * b_n, g_n)
-    weight_s = masked_s * w_s.transpose(0, 1).reshape(d_n * b_n, g_n)
-    parts_mask, parts_weight, parts_draw, parts_sample = [masked_s], [weight_s], [draw], [sample]
+    parts = [(subset, w_s)]
     if coupled:
-        comp = (counted[:, None, :] & ~subset).transpose(0, 1).reshape(d_n * b_n, g_n)
-        parts_mask.append(comp)
-        parts_weight.append(comp * w_c.transpose(0, 1).reshape(d_n * b_n, g_n))
-        parts_draw.append(draw)
-        parts_sample.append(sample)
-    masked = torch.cat(parts_mask)
-    weight = torch.cat(parts_weight).float()
-    keep = masked.any(-1)
-    return build_rows(
-        batch, torch.cat(parts_sample)[keep], torch.cat(parts_draw)[keep], masked[keep], weight[keep],
-        model.mask_token_id, d_n, mask_uncounted=mask_uncounted, two_stream=model.is_block_causal,
+        parts.append((counted[:, None, :] & ~subset, w_c))
+    return draw_rows(
+        model, batch, parts, d_n, mask_uncounted=mask_uncounted,
         info={"num_masked": n.sum(-1).t().float(), "length": batch.lengths.float()},
     )
 

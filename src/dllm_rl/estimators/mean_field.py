@@ -23,9 +23,9 @@ from dllm_rl.estimators.base import (
     RowRandom,
     ScoringBatch,
     TokenScores,
-    build_rows,
     check_int,
     check_unit_interval,
+    draw_rows,
     register,
     score_rows,
 )
@@ -45,19 +45,12 @@ def plan_mean_field(
     p = check_unit_interval("p_mask_prompt", p_mask_prompt)
     d_n = check_int("num_mc", num_mc, 1)
     rng = RowRandom(generator, batch)
-    b_n = batch.batch_size
     dev = batch.completion_ids.device
     prompt_draw = rng.rand(d_n, batch.prompt_len).to(dev) < p  # [B, D, P]
     prompt_masked = prompt_draw & batch.prompt_mask[:, None, :]
-    counted = batch.completion_mask
-    draw = torch.arange(d_n, device=dev).repeat_interleave(b_n)
-    sample = torch.arange(b_n, device=dev).repeat(d_n)
-    masked = counted[sample]
-    keep = masked.any(-1)
-    pm = prompt_masked.transpose(0, 1).reshape(d_n * b_n, -1)
-    return build_rows(
-        batch, sample[keep], draw[keep], masked[keep], masked[keep].float(), model.mask_token_id, d_n,
-        mask_uncounted=mask_uncounted, prompt_masked=pm[keep], two_stream=model.is_block_causal,
+    masked = batch.completion_mask[:, None, :].expand(-1, d_n, -1)
+    return draw_rows(
+        model, batch, [(masked, masked.float())], d_n, mask_uncounted=mask_uncounted, prompt_masked=prompt_masked,
         info={"prompt_masked": prompt_masked.transpose(0, 1)},
     )
 

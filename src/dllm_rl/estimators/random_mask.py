@@ -31,9 +31,9 @@ from dllm_rl.estimators.base import (
     RowRandom,
     ScoringBatch,
     TokenScores,
-    build_rows,
     check_int,
     check_unit_interval,
+    draw_rows,
     register,
     score_rows,
 )
@@ -51,11 +51,13 @@ def _ratios(
     return lo + (hi - lo) * u
 
 
-def _check_range(lo: float, hi: float) -> tuple[float, float]:
+def _check_ratio_options(lo: float, hi: float, mask_ratio: float | None) -> tuple[float, float]:
     lo = check_unit_interval("lo", lo)
     hi = check_unit_interval("hi", hi)
     if lo > hi:
         raise ValueError(f"lo must be <= hi, got lo={lo}, hi={hi}")
+    if mask_ratio is not None:
+        check_unit_interval("mask_ratio", mask_ratio)
     return lo, hi
 
 
@@ -72,25 +74,18 @@ def plan_random_mask(
     mask_uncounted: bool = False,
 ) -> MaskedRows:
     """The rows of :func:`random_mask`."""
-    lo, hi = _check_range(lo, hi)
-    if mask_ratio is not None:
-        check_unit_interval("mask_ratio", mask_ratio)
+    lo, hi = _check_ratio_options(lo, hi, mask_ratio)
     d_n = check_int("num_mc", num_mc, 1)
     rng = RowRandom(generator, batch)
-    b_n, g_n = batch.batch_size, batch.completion_len
+    g_n = batch.completion_len
     dev = batch.completion_ids.device
     t = _ratios(rng, d_n, lo, hi, mask_ratio, dev)  # [B, D]
     r = rng.rand(d_n, g_n).to(dev)  # [B, D, G]
     masked = (r < t[..., None]) & batch.completion_mask[:, None, :]
     w = 1.0 / t.clamp(min=1e-12) if importance_weight else torch.ones_like(t)
-    draw = torch.arange(d_n, device=dev).repeat_interleave(b_n)
-    sample = torch.arange(b_n, device=dev).repeat(d_n)
-    m = masked.transpose(0, 1).reshape(d_n * b_n, g_n)
-    weight = m * w.t().reshape(-1, 1)
-    keep = m.any(-1)
-    return build_rows(
-        batch, sample[keep], draw[keep], m[keep], weight[keep], model.mask_token_id, d_n,
-        mask_uncounted=mask_uncounted, info={"mask_ratio": t.t()}, two_stream=model.is_block_causal,
+    return draw_rows(
+        model, batch, [(masked, w[..., None].expand_as(r))], d_n, mask_uncounted=mask_uncounted,
+        info={"mask_ratio": t.t()},
     )
 
 
@@ -132,12 +127,10 @@ def plan_coupled(
     mask_uncounted: bool = False,
 ) -> MaskedRows:
     """The rows of :func:`coupled`."""
-    lo, hi = _check_range(lo, hi)
-    if mask_ratio is not None:
-        check_unit_interval("mask_ratio", mask_ratio)
+    lo, hi = _check_ratio_options(lo, hi, mask_ratio)
     d_n = check_int("num_mc", num_mc, 1)
     rng = RowRandom(generator, batch)
-    b_n, g_n = batch.batch_size, batch.completion_len
+    g_n = batch.completion_len
     dev = batch.completion_ids.device
     t = _ratios(rng, d_n, lo, hi, mask_ratio, dev)  # [B, D]
     r = rng.rand(d_n, g_n).to(dev)
@@ -148,27 +141,14 @@ def plan_coupled(
         w1, w2 = 1.0 / t.clamp(min=1e-12), 1.0 / (1.0 - t).clamp(min=1e-12)
     else:
         w1, w2 = torch.ones_like(t), torch.ones_like(t)
-    draw = torch.arange(d_n, device=dev).repeat_interleave(b_n)
-    sample = torch.arange(b_n, device=dev).repeat(d_n)
-    m1 = first.transpose(0, 1).reshape(d_n * b_n, g_n)
-    m2 = second.transpose(0, 1).reshape(d_n * b_n, g_n)
-    masks = [m1, m2]
-    weights = [m1 * w1.t().reshape(-1, 1), m2 * w2.t().reshape(-1, 1)]
-    draws, samples = [draw, draw], [sample, sample]
-    total_draws = d_n
-    if full_mask_row:
-        full = batch.completion_mask
-        masks.append(full)
-        weights.append(full.float())
-        draws.append(torch.full((b_n,), d_n, device=dev, dtype=torch.long))
-        samples.append(torch.arange(b_n, device=dev))
-        total_draws = d_n + 1
-    masked = torch.cat(masks)
-    weight = torch.cat(weights).float()
-    keep = masked.any(-1)
-    return build_rows(
-        batch, torch.cat(samples)[keep], torch.cat(draws)[keep], masked[keep], weight[keep], model.mask_token_id,
-        total_draws, mask_uncounted=mask_uncounted, info={"mask_ratio": t.t()}, two_stream=model.is_block_causal,
+    parts = [(first, w1[..., None].expand_as(r)), (second, w2[..., None].expand_as(r))]
+    first_draws = [0, 0]
+    if full_mask_row:  # one extra draw: the whole answer masked, weight 1
+        parts.append((counted, torch.ones_like(counted, dtype=torch.float32)))
+        first_draws.append(d_n)
+    return draw_rows(
+        model, batch, parts, d_n + int(full_mask_row), first_draws=first_draws, mask_uncounted=mask_uncounted,
+        info={"mask_ratio": t.t()},
     )
 
 
