@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+from dllm_rl.models import build_model, char_tokenizer, load_tokenizer, save_model, tiny_config
 from dllm_rl.sampling.cli import read_prompts_file, register
 
 
@@ -38,6 +38,8 @@ def test_generate_prints_completions_and_writes_trace(model_dir, tmp_path, capsy
     assert out.count("=== [") == 3
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["abc", "bad", "cafe"]
+    tok = load_tokenizer(model_dir)
+    assert [r["prompt_ids"] for r in rows] == [tok.encode(t, add_special_tokens=False) for t in ("abc", "bad", "cafe")]
     for r in rows:
         assert len(r["token_ids"]) == len(r["tokens"]) == len(r["steps"]) == len(r["confidence"]) == 8
         assert sorted(r["steps"]) == [0, 0, 1, 1, 2, 2, 3, 3]  # 2 steps per block, 2 tokens per step

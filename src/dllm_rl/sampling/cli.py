@@ -68,13 +68,15 @@ def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
 
 
 def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, block: int) -> list[dict]:
-    """One JSON-ready dict per prompt: text, token ids/strings, step and confidence per generated token."""
+    """One JSON-ready dict per prompt: text and token ids of the prompt, token ids/strings, step and confidence
+    per generated token."""
     records = []
     for i in range(len(rollout)):
         generated = rollout.step_map[i] >= 0
         ids = rollout.completion_ids[i][generated].tolist()
         records.append({
             "prompt": prompts[i],
+            "prompt_ids": rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist(),
             "completion": rollout.texts[i] if rollout.texts is not None else None,
             "token_ids": ids,
             "tokens": tokenizer.convert_ids_to_tokens(ids),
