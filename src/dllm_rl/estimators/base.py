@@ -442,6 +442,8 @@ def draw_rows(
     if prompt_masked is not None and len(parts) != 1:
         raise ValueError("prompt_masked needs exactly one part")
     first_draws = first_draws or [0] * len(parts)
+    if len(first_draws) != len(parts):
+        raise ValueError(f"first_draws has {len(first_draws)} entries for {len(parts)} parts")
     masks, weights, draws, samples = [], [], [], []
     for (masked, weight), first in zip(parts, first_draws):
         b_n, d_n, g_n = masked.shape

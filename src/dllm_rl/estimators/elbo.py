@@ -23,6 +23,14 @@ i.e. weights ``L/(2n)`` on ``S`` and ``L/(2(L-n))`` on ``S^c``, or 1 when ``n = 
 the inner expectation at size ``m``, ``E[pair] = (1/L)[g(L) + sum_{n<L} (g(n) + g(L-n))/2]
 = (1/L) sum_{m=1..L} g(m) = ELBO``. Every counted token is scored exactly once per coupled draw.
 
+Block models (``model.is_block_causal``): the block-diffusion ELBO is the sum over blocks of each block's
+ELBO given the clean earlier blocks, so every block ``j`` of the completion is its own segment with its own
+``L_j``, ``n_j ~ U{1..L_j}`` (stratified across draws as above), subset and weights ``L_j / n_j`` (coupled:
+``L_j / (2 n_j)`` and ``L_j / (2 (L_j - n_j))``, or 1 when ``n_j = L_j``); rows run in the two-stream
+layout, where a block's scores depend on its own mask only, so the per-block argument above applies to each
+term. ``info["num_masked"]`` is then ``sum_j n_j``. Full-attention models have one segment (the formulas
+above, unchanged).
+
 The prompt is never masked. Tokens outside ``completion_mask`` (EOS padding after the answer) are never
 masked and never scored: they stay as clean context (``mask_uncounted=True`` masks them in every row
 instead, still unscored). Samples with ``L = 0`` get no rows and score 0.
@@ -54,17 +62,21 @@ def random_subsets(keys: torch.Tensor, counted: torch.Tensor, n: torch.Tensor) -
     return (rank < n.unsqueeze(-1)) & counted
 
 
-def segment_subsets(keys: torch.Tensor, counted: torch.Tensor, seg: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """:func:`random_subsets` inside each segment: ``keys`` ``[B, D, G]``, ``counted``/``seg`` ``[B, G]``,
-    ``n`` ``[B, D, S]`` (the subset size of each segment). Returns ``[B, D, G]`` bool."""
+def segment_subsets(
+    keys: torch.Tensor, counted: torch.Tensor, seg: torch.Tensor, n: torch.Tensor, length: torch.Tensor
+) -> torch.Tensor:
+    """:func:`random_subsets` inside each segment: ``keys`` ``[B, D, G]`` (uniform float32 draws),
+    ``counted``/``seg`` ``[B, G]``, ``n`` ``[B, D, S]`` (the subset size of each segment), ``length`` ``[B, S]``
+    (counted tokens per segment). Returns ``[B, D, G]`` bool."""
     s_n = n.shape[-1]
     if s_n == 1:
         return random_subsets(keys, counted[:, None, :], n[..., 0])
-    # Sort by (segment, key): counted tokens of segment s take ranks start_s .. start_s + L_s - 1.
+    # Sort by (segment, key) with an exact integer key (float32 uniforms are multiples of 2^-24): counted
+    # tokens of segment s take ranks start_s .. start_s + L_s - 1; uncounted ones sort last.
     seg_d = seg[:, None, :].expand_as(keys)
-    sort_key = torch.where(counted[:, None, :], seg_d.to(keys.dtype) * 2.0 + keys, torch.full_like(keys, 2.0 * s_n))
+    scale = 1 << 24
+    sort_key = torch.where(counted[:, None, :], seg_d * scale + (keys * scale).long(), s_n * scale)
     rank = sort_key.argsort(-1).argsort(-1)
-    length = (counted[:, :, None] & (seg[:, :, None] == torch.arange(s_n, device=seg.device))).sum(1)  # [B, S]
     start = (length.cumsum(-1) - length)[:, None, :].expand(-1, keys.shape[1], -1)  # [B, D, S]
     local = rank - start.gather(-1, seg_d)
     return (local < n.gather(-1, seg_d)) & counted[:, None, :]
@@ -88,13 +100,13 @@ def plan_elbo(
     offset = rng.rand(d_n, s_n).to(dev)  # [B, D, S]
     keys = rng.rand(d_n, g_n).to(dev)  # [B, D, G]
     counted = batch.completion_mask
-    in_seg = counted[:, :, None] & (seg[:, :, None] == torch.arange(s_n, device=dev))  # [B, G, S]
-    length = in_seg.sum(1)  # [B, S]: L of each segment
+    length = torch.zeros(counted.shape[0], s_n, dtype=torch.long, device=dev)
+    length.scatter_add_(1, seg, counted.long())  # [B, S]: L of each segment
     u = (torch.arange(d_n, device=dev, dtype=torch.float32)[None, :, None] + offset) / d_n
     lengths = length[:, None, :].expand(-1, d_n, -1)
     n = torch.minimum(torch.floor(u * lengths).long() + 1, lengths)
     n = torch.where(lengths > 0, n, torch.zeros_like(n))  # [B, D, S]
-    subset = segment_subsets(keys, counted, seg, n)  # [B, D, G]
+    subset = segment_subsets(keys, counted, seg, n, length)  # [B, D, G]
 
     lf, nf = lengths.float(), n.float()
     if coupled:
@@ -130,7 +142,8 @@ def elbo(
     ``D = num_mc`` draws; per draw exactly ``n ~ U{1..L}`` (stratified across draws) of the ``L`` counted
     completion tokens are masked with weight ``L/n``; with ``coupled`` their complement is scored in a
     second row and the pair is averaged so that ``sequence_score()`` stays an unbiased ELBO estimate (see
-    the module docstring). ``info``: ``num_masked`` ``[D, B]`` (``n``), ``length`` ``[B]`` (``L``).
+    the module docstring; block models draw ``n_j`` per block). ``info``: ``num_masked`` ``[D, B]`` (``n``, or
+    ``sum_j n_j``), ``length`` ``[B]`` (``L``).
     Cost: ``num_mc`` rows per sample, ``2 * num_mc`` with ``coupled`` (minus draws with ``n = L``).
     """
     rows = plan_elbo(model, batch, generator, num_mc=num_mc, coupled=coupled, mask_uncounted=mask_uncounted)
