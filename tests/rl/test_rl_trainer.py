@@ -35,6 +35,7 @@ def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_p
     rows = [m for m in _metrics(tmp_path) if "loss" in m]
     assert len(rows) == 2 and all(math.isfinite(m["loss"]) for m in rows)
     assert all(m["kept_samples"] == 8 for m in rows)
+    assert all(math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0 for m in rows)  # logged before clipping
     before, after = _weights(rl_setup / family), _weights(summary["final_model"])
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) >= len(before) // 2, f"{algorithm}: only {len(changed)} tensors changed"

@@ -117,6 +117,7 @@ class RLTrainer:
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
+        self.grad_norms: list[float] = []  # pre-clipping gradient norms of the current step
         if cfg.resume:
             self._resume(cfg.resume)
         self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
@@ -231,6 +232,7 @@ class RLTrainer:
                         ref = [self._scores(self.model, batch.select(mb), est_seed) if mb else None
                                for mb in mbs]
         loss_fn = POLICY_LOSSES[cfg.loss_type]
+        self.grad_norms = []
         stats: dict[str, list[float]] = {}
         losses = []
         first_dev = 0.0
@@ -275,6 +277,8 @@ class RLTrainer:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
         result["ratio_dev_first_update"] = first_dev
+        if self.grad_norms:
+            result["grad_norm"] = max(self.grad_norms)
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
         result["bad_updates"] = float(self.bad_updates)
         return result
@@ -308,7 +312,8 @@ class RLTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             return
         if self.cfg.optim.max_grad_norm:
-            self.accelerator.clip_grad_norm_(self.model.model.parameters(), self.cfg.optim.max_grad_norm)
+            norm = self.accelerator.clip_grad_norm_(self.model.model.parameters(), self.cfg.optim.max_grad_norm)
+            self.grad_norms.append(float(norm))  # before clipping
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
