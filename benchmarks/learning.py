@@ -4,9 +4,10 @@
     python benchmarks/learning.py --runs full:espo --seeds 0 --minutes 3   # one quick run
 
 Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
-time budget (``max_time_minutes``), one CPU thread, evaluated on ``--eval-limit`` held-out problems
-before and after. Runs go ``--parallel`` at a time. Prints a Markdown table (method x model: before,
-after, gain, minutes, seeds) and writes it with the raw summaries to ``--out``.
+time budget (``max_time_minutes``), one CPU thread, evaluated on ``--eval-limit`` held-out problems before
+and after. Runs go ``--parallel`` at a time. Prints a Markdown table (method x model: before, after per seed,
+gain, steps, minutes, seeds) and writes it with the raw summaries to ``--out``. Runs whose ``summary.json``
+exists are not rerun (``--force`` reruns them): the same command fills in missing runs and reprints the table.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=8.0, help="training time budget per run (wall, 1 thread)")
     ap.add_argument("--eval-limit", type=int, default=500)
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--force", action="store_true", help="rerun runs whose summary.json already exists")
     ap.add_argument("--out", default="runs/learning")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args()
@@ -51,7 +53,8 @@ def main() -> None:
                          command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra)))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, tuple]] = []
-    pending = list(jobs)
+    # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table)
+    pending = [j for j in jobs if args.force or not (j[3] / "summary.json").is_file()]
     while pending or running:
         while pending and len(running) < args.parallel:
             job = pending.pop(0)
@@ -73,16 +76,18 @@ def main() -> None:
             continue
         s = json.loads(f.read_text())
         rows.setdefault((algo, model), []).append(s)
-    lines = ["| method | model | before | after | gain (mean ± sd) | minutes | seeds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | steps | minutes | seeds |",
+             "|---|---|---|---|---|---|---|---|"]
     for (algo, model), ss in rows.items():
         before = [s["accuracy_before"] for s in ss]
         after = [s["accuracy_after"] for s in ss]
         gains = [a - b for a, b in zip(after, before)]
         sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
         after_s = " / ".join(f"{a:.1%}" for a in after)
+        steps = [s["steps"] for s in ss]
         lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | "
                      f"{statistics.mean(gains) * 100:+.1f} ± {sd * 100:.1f} pts | "
+                     f"{'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
                      f"{statistics.mean(s['minutes'] for s in ss):.1f} | {len(ss)} |")
     table = "\n".join(lines)
     print(table)
