@@ -119,10 +119,8 @@ def plan_block(
         t_tok = t_blk.gather(1, comp_blk.clamp(min=0, max=n_blk - 1))
         masked = (rng.rand(g_n).to(dev) < t_tok) & counted
         weight = masked / t_tok
-        rows = build_rows(batch, sample, draw, masked, weight, model.mask_token_id, 1, info={"mask_ratio": t_blk})
-        rows.clean_ids = batch.input_ids()
-        rows.prompt_lengths = batch.prompt_mask.sum(-1)
-        return rows
+        return build_rows(batch, sample, draw, masked, weight, model.mask_token_id, 1, info={"mask_ratio": t_blk},
+                          two_stream=True)
     if block_size is None:
         raise ValueError("the block objective on a full-attention model needs objective.block_size "
                          "(the semi-autoregressive decoding block_length)")
