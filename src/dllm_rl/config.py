@@ -64,7 +64,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(tp, value, where)
-    origin = typing.get_origin(tp)
+    # a bare ``dict`` / ``list`` annotation has no typing origin; treat it as ``dict[Any, Any]`` / ``list[Any]``
+    origin = typing.get_origin(tp) or (tp if tp in (list, tuple, dict) else None)
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         if value not in choices:

@@ -18,6 +18,8 @@ class Run:
     bf16: bool = field(False, help="use bfloat16")
     block_size: int | None = field(None, help="block size (None for full attention)")
     optim: Optim = field(default_factory=Optim, help="optimizer settings")
+    options: dict | None = field(None, help="free-form options (a bare dict annotation)")
+    band: list | None = field(None, help="a bare list annotation")
 
 
 def test_typo_fails_with_suggestion(tmp_path):
@@ -42,6 +44,15 @@ def test_overrides_of_nested_fields_and_types(tmp_path):
         load_config(Run, None, ["bf16=maybe"])
     with pytest.raises(ConfigError, match="must look like key=value"):
         load_config(Run, None, ["steps"])
+
+
+def test_bare_dict_and_list_fields_parse_overrides():
+    """`estimator_options={shrinkage: 2}` on the command line is a mapping, not the string."""
+    run = load_config(Run, None, ["options={shrinkage: 2, coupled: true}", "band=[0.2, 0.8]"])
+    assert run.options == {"shrinkage": 2, "coupled": True} and run.band == [0.2, 0.8]
+    assert load_config(Run, None, ["options=none"]).options is None
+    with pytest.raises(ConfigError, match="options: expected a mapping, got 3"):
+        load_config(Run, None, ["options=3"])
 
 
 def test_saved_config_reloads_equal(tmp_path):
