@@ -42,6 +42,12 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+def _origin(tp: Any) -> Any:
+    """``typing.get_origin``, with a bare ``dict`` / ``list`` / ``tuple`` annotation as its own origin (it has no
+    typing origin; it means ``dict[Any, Any]`` / ``list[Any]`` / ``tuple[Any, ...]``)."""
+    return typing.get_origin(tp) or (tp if tp in (list, tuple, dict) else None)
+
+
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -64,8 +70,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(tp, value, where)
-    # a bare ``dict`` / ``list`` annotation has no typing origin; treat it as ``dict[Any, Any]`` / ``list[Any]``
-    origin = typing.get_origin(tp) or (tp if tp in (list, tuple, dict) else None)
+    origin = _origin(tp)
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -154,7 +159,7 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
         tp, _ = _strip_optional(types_[part])
         if i == len(parts) - 1:
             node[part] = raw if not dataclasses.is_dataclass(tp) else yaml.safe_load(raw)
-            if isinstance(node[part], str) and tp not in (str, typing.Any) and typing.get_origin(tp) is None:
+            if isinstance(node[part], str) and tp not in (str, typing.Any) and _origin(tp) is None:
                 node[part] = raw.strip()
         else:
             if not dataclasses.is_dataclass(tp):
