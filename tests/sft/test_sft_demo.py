@@ -36,7 +36,7 @@ def test_heldout_file_is_countdown():
 @pytest.mark.parametrize("name", sorted(DEMOS))
 def test_shipped_checkpoint_solves_some_heldout_puzzles(name):
     res = evaluate(DEMO_DIR / name, n=40, batch_size=40)
-    assert res["n"] == 40 and res["accuracy"] >= 0.05, res["samples"]  # greedy: llada 2/40, sdar 4/40
+    assert res["n"] == 40 and res["accuracy"] >= 0.1, res["samples"]  # greedy: llada 8/40, sdar 7/40
     assert all(s["completion"].startswith("<answer>") for s in res["samples"])
 
 

@@ -1,7 +1,7 @@
 """Held-out accuracy of a (demo) checkpoint on a task: greedy decoding + the task's reward.
 
     python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/llada-countdown
-    python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/sdar-countdown --data .../countdown_heldout200.jsonl
+    python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/sdar-countdown --n 200
     python -m dllm_rl.sft.demo_eval MODEL_DIR --data test.jsonl --task countdown --gen-length 32 --block-length 8
 
 Defaults are the shipped demo models' settings: the 500-puzzle held-out countdown file next to them
