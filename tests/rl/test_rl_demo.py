@@ -13,9 +13,9 @@ def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, caps
                "prompts_per_step=2", "num_generations=4", "progress=false", "log_samples_every=0"])
     assert rc == 0
     out = capsys.readouterr().out
-    run = tmp_path / f"{model}-espo"  # ESPO is the default algorithm
+    run = tmp_path / f"{model}-tracerl"  # TraceRL is the default algorithm
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["algorithm"] == "espo" and summary["steps"] == 1
+    assert summary["algorithm"] == "tracerl" and summary["steps"] == 1
     assert f"held-out greedy accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}" in out
     assert (run / "final" / "model.safetensors").is_file()
     # the demo's held-out set is the shipped 500-puzzle file, limited here to 8 items

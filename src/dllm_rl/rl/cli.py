@@ -68,8 +68,8 @@ def register(sub) -> None:
     p.set_defaults(func=run_rl)
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
-    d.add_argument("--algorithm", default="espo",
-                   help="espo (default) | tracerl | diffu_grpo | coupled_grpo | random_mask_grpo")
+    d.add_argument("--algorithm", default="tracerl",
+                   help="tracerl (default) | espo | diffu_grpo | coupled_grpo | random_mask_grpo")
     d.add_argument("--model", choices=("full", "block"), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
     d.add_argument("--output-dir", default="runs/demo", help="where the run goes")
