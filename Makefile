@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU PyTorch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-ALGO ?= tracerl
+# ALGO empty: the demo config's algorithm (tracerl)
+ALGO ?=
 MODEL ?= block
 PYTEST_ARGS ?=
 
@@ -40,7 +41,7 @@ lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 demo: install
-	$(PY) -m dllm_rl demo --algorithm $(ALGO) --model $(MODEL)
+	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) --model $(MODEL)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -48,13 +48,15 @@ def run_demo(args: argparse.Namespace) -> int:
     path = demo_config_path(args.model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
-    overrides = demo_overrides(args.model)
-    overrides += [f"algorithm={args.algorithm}", f"output_dir={args.output_dir}/{args.model}-{args.algorithm}"]
+    overrides = demo_overrides(args.model) + ([f"algorithm={args.algorithm}"] if args.algorithm else [])
+    # the run directory is named for the algorithm the config resolves to (the demo YAML's unless overridden)
+    algorithm = load_config(RLConfig, path, overrides + list(args.overrides)).algorithm
+    overrides.append(f"output_dir={args.output_dir}/{args.model}-{algorithm}")
     cfg = load_config(RLConfig, path, overrides + list(args.overrides))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)
     print()
-    print(f"demo ({args.algorithm} on the {args.model}-attention model): held-out greedy accuracy "
+    print(f"demo ({cfg.algorithm} on the {args.model}-attention model): held-out greedy accuracy "
           f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
           f"in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/plots")
     return 0
@@ -68,8 +70,9 @@ def register(sub) -> None:
     p.set_defaults(func=run_rl)
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
-    d.add_argument("--algorithm", default="tracerl",
-                   help="tracerl (default) | espo | diffu_grpo | coupled_grpo | random_mask_grpo")
+    d.add_argument("--algorithm", default=None,
+                   help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo "
+                   "(default: the demo config's, tracerl)")
     d.add_argument("--model", choices=("full", "block"), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
     d.add_argument("--output-dir", default="runs/demo", help="where the run goes")
