@@ -18,6 +18,24 @@ def test_char_tokenizer_roundtrip(tmp_path):
     assert again(text)["input_ids"] == ids
 
 
+
+def test_char_tokenizer_words_are_one_token_each(tmp_path):
+    tok = char_tokenizer("0123456789+-*/ <>answer\n", words=["<answer>", "</answer>"])
+    alphabet = 4 + len(set("0123456789+-*/ <>answer\n"))  # specials, then one id per distinct character
+    assert len(tok) == alphabet + 2
+    text = "12 + 3\n<answer>15</answer>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    digit = {c: tok.convert_tokens_to_ids(c) for c in "12534"}
+    assert ids[-4:] == [alphabet + 0, digit["1"], digit["5"], alphabet + 1]  # <answer> 1 5 </answer>
+    assert len(ids) == len("12 + 3\n") + 4
+    assert tok.decode(ids + [tok.eos_token_id, 0], skip_special_tokens=True) == text
+    assert tok("<answe", add_special_tokens=False)["input_ids"] == tok.convert_tokens_to_ids(list("<answe"))
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path, mask_token_id=2)
+    assert again(text, add_special_tokens=False)["input_ids"] == ids
+    with pytest.raises(ValueError, match="at least 2 characters"):
+        char_tokenizer(words=["x"])
+
 def test_tokenizer_without_mask_token_is_refused(tmp_path):
     tok = char_tokenizer()
     tok.mask_token = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # Generic ChatML template (the format Qwen-family chat models use).
@@ -58,11 +58,15 @@ def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = No
     return tok
 
 
-def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: ids 0-3 are ``<pad> <eos> <mask> <unk>``, then one id per character.
+def char_tokenizer(
+    alphabet: str = DEFAULT_ALPHABET, chat_template: str | None = None, words: tuple[str, ...] | list[str] = ()
+) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ids 0-3 are ``<pad> <eos> <mask> <unk>``, then one id per character,
+    then one id per entry of ``words`` (whole strings such as ``"<answer>"``, matched before the text is
+    split into characters, and decoded back verbatim).
 
     Built with the ``tokenizers`` library (split into single characters, word-level lookup, fused
-    decoding), so it saves and loads as an ordinary HF tokenizer.
+    decoding; ``words`` as added tokens), so it saves and loads as an ordinary HF tokenizer.
     """
     chars = list(dict.fromkeys(alphabet))
     vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS)}
@@ -71,6 +75,10 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, chat_template: str | None =
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    if any(len(w) < 2 for w in words):
+        raise ValueError(f"char_tokenizer: words must be at least 2 characters long, got {list(words)}")
+    extra = list(dict.fromkeys(words))
+    backend.add_tokens([AddedToken(w, normalized=False, special=False) for w in extra])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", mask_token="<mask>", unk_token="<unk>",
         clean_up_tokenization_spaces=False,
