@@ -5,9 +5,11 @@
     python -m dllm_rl.sft.demo_eval MODEL_DIR --data test.jsonl --task countdown --gen-length 32 --block-length 8
 
 Defaults are the shipped demo models' settings: the 500-puzzle held-out countdown file next to them
-(``assets/demo/countdown_heldout.jsonl``, the one ``make demo`` reports), the compact prompt style, gen_length
-32, greedy decoding one token per step, low-confidence (probability) order; full-attention models decode the 32
-slots as one block (``--block-length 32``), block models in their own block size.
+(``assets/demo/countdown_heldout.jsonl``, the one ``make demo`` reports), the compact prompt style, greedy
+decoding one token per step, low-confidence (probability) order, and the ``gen_length`` / ``block_length`` of
+the demo RL config that trains the checkpoint (``assets/demo/rl-*.yaml``): ``llada-countdown`` decodes 16 slots
+as one block (its tokenizer spells ``<answer>`` and ``</answer>`` as one token each), ``sdar-countdown`` 32 slots
+in its own blocks of 4. Any other checkpoint: gen_length 32, one block of 32.
 """
 
 from __future__ import annotations
@@ -23,14 +25,25 @@ DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 HELDOUT = DEMO_DIR / "countdown_heldout.jsonl"
 
 
+def decode_lengths(model_dir: str | Path) -> tuple[int, int]:
+    """``(gen_length, block_length)`` of the demo RL config whose ``model`` is ``model_dir``; (32, 32) else."""
+    import yaml
+
+    for cfg in sorted(DEMO_DIR.glob("rl-*.yaml")):
+        data = yaml.safe_load(cfg.read_text())
+        if (DEMO_DIR / data["model"]).resolve() == Path(model_dir).resolve():
+            return int(data["rollout"]["gen_length"]), int(data["rollout"]["block_length"])
+    return 32, 32
+
+
 def evaluate(
     model_dir: str | Path,
     data: str | Path = HELDOUT,
     task_name: str = "countdown",
     prompt_style: str = "compact",
     n: int | None = None,
-    gen_length: int = 32,
-    block_length: int = 32,
+    gen_length: int | None = None,
+    block_length: int | None = None,
     steps: int | None = None,
     threshold: float | None = None,
     batch_size: int = 100,
@@ -39,12 +52,16 @@ def evaluate(
 ) -> dict[str, Any]:
     """Greedy-decode the task's prompts and score them; returns accuracy, counts, settings and a few samples.
 
-    ``model`` / ``tokenizer`` may be given instead of loading ``model_dir`` (e.g. during training)."""
+    ``model`` / ``tokenizer`` may be given instead of loading ``model_dir`` (e.g. during training);
+    ``gen_length`` / ``block_length`` default to :func:`decode_lengths`."""
     from dllm_rl.eval.heldout import heldout_accuracy
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling import DecodeConfig
     from dllm_rl.tasks import get_task
 
+    default_gen, default_block = decode_lengths(model_dir)
+    gen_length = gen_length or default_gen
+    block_length = block_length or default_block
     if model is None:
         model = load_model(model_dir)
     if tokenizer is None:
@@ -77,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="countdown", help="task whose reward scores the completions")
     p.add_argument("--prompt-style", default="compact", choices=["chat", "plain", "compact"])
     p.add_argument("--n", type=int, default=None, help="evaluate the first N examples (default: all)")
-    p.add_argument("--gen-length", type=int, default=32)
-    p.add_argument("--block-length", type=int, default=32, help="semi-AR block (full-attention models)")
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="completion slots (default: the demo RL config's for a shipped checkpoint, else 32)")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="semi-AR block of full-attention models (default: as --gen-length)")
     p.add_argument("--steps", type=int, default=None, help="steps per block (default: one token per step)")
     p.add_argument("--threshold", type=float, default=None, help="dynamic decoding threshold instead of steps")
     p.add_argument("--batch-size", type=int, default=100)
