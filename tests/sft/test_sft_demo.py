@@ -47,6 +47,8 @@ def test_demo_eval_decodes_each_demo_model_as_its_rl_config_does():
     assert decode_lengths(DEMO_DIR / "llada-countdown") == (16, 16)
     assert decode_lengths(DEMO_DIR / "sdar-countdown") == (32, 4)
     assert decode_lengths(DEMO_DIR / "elsewhere") == (32, 32)
+    res = evaluate(DEMO_DIR / "llada-countdown", n=2, batch_size=2, gen_length=8)  # block follows gen_length
+    assert (res["decode"]["gen_length"], res["decode"]["block_length"]) == (8, 8)
 
 
 def test_demo_eval_command_on_a_fresh_model(tmp_path, capsys):

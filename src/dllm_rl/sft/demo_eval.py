@@ -53,15 +53,17 @@ def evaluate(
     """Greedy-decode the task's prompts and score them; returns accuracy, counts, settings and a few samples.
 
     ``model`` / ``tokenizer`` may be given instead of loading ``model_dir`` (e.g. during training);
-    ``gen_length`` / ``block_length`` default to :func:`decode_lengths`."""
+    without ``gen_length``, both lengths default to :func:`decode_lengths`; ``block_length`` else to
+    ``gen_length``."""
     from dllm_rl.eval.heldout import heldout_accuracy
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling import DecodeConfig
     from dllm_rl.tasks import get_task
 
-    default_gen, default_block = decode_lengths(model_dir)
-    gen_length = gen_length or default_gen
-    block_length = block_length or default_block
+    if gen_length is None:
+        gen_length, default_block = decode_lengths(model_dir)
+        block_length = block_length or default_block
+    block_length = block_length or gen_length
     if model is None:
         model = load_model(model_dir)
     if tokenizer is None:
