@@ -18,7 +18,6 @@ def test_char_tokenizer_roundtrip(tmp_path):
     assert again(text)["input_ids"] == ids
 
 
-
 def test_char_tokenizer_words_are_one_token_each(tmp_path):
     tok = char_tokenizer("0123456789+-*/ <>answer\n", words=["<answer>", "</answer>"])
     alphabet = 4 + len(set("0123456789+-*/ <>answer\n"))  # specials, then one id per distinct character
@@ -35,6 +34,7 @@ def test_char_tokenizer_words_are_one_token_each(tmp_path):
     assert again(text, add_special_tokens=False)["input_ids"] == ids
     with pytest.raises(ValueError, match="at least 2 characters"):
         char_tokenizer(words=["x"])
+
 
 def test_tokenizer_without_mask_token_is_refused(tmp_path):
     tok = char_tokenizer()

@@ -62,8 +62,9 @@ def evaluate(
 
     if gen_length is None:
         gen_length, default_block = decode_lengths(model_dir)
-        block_length = block_length or default_block
-    block_length = block_length or gen_length
+    else:
+        default_block = gen_length
+    block_length = block_length or default_block
     if model is None:
         model = load_model(model_dir)
     if tokenizer is None:
