@@ -113,7 +113,26 @@ def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
     with pytest.raises(ConfigError, match="reference: 'base'"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "beta=0.1",
                                                            "reference=base")))
+    with pytest.raises(ConfigError, match=r"eval.threshold: must be in \(0, 1\], got 1.5"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "eval.threshold=1.5")))
+    with pytest.raises(ConfigError, match="rollout.steps: must be >= 1, got 0"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.steps=0")))
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_evaluation_keeps_its_own_decoding_schedule(rl_setup, tmp_path):
+    """A faster rollout schedule does not change the held-out metric: evaluation decodes one token per step
+    (8 forwards for 8 slots) unless ``eval.steps`` / ``eval.threshold`` say otherwise."""
+    def heldout(*extra):
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "eval.limit=4", *extra))
+        return RLTrainer(cfg).evaluate()
+
+    plain = heldout()
+    fast_rollouts = heldout("rollout.threshold=0.5", "rollout.steps=2", "rollout.temperature=0.7")
+    assert plain.nfe_mean == fast_rollouts.nfe_mean == 8.0
+    assert fast_rollouts.texts == plain.texts and len(plain.texts) == 4
+    assert heldout("eval.steps=2").nfe_mean == 2.0
+    assert heldout("eval.steps=2", "eval.threshold=1.0").nfe_mean == 8.0  # nothing passes: one per step
 
 
 def test_reference_policy_gets_no_gradient_and_stays_frozen(rl_setup, tmp_path):

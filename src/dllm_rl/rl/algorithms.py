@@ -66,6 +66,11 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     _check("scale_rewards", out.scale_rewards, ("group", "batch", "none"))
     _check("reference", out.reference, ("copy", "base"))
     _check("rollout.cache", out.rollout.cache, ("none", "prefix", "dual"))
+    for name, schedule in (("rollout", out.rollout), ("eval", out.eval)):
+        if schedule.threshold is not None and not 0.0 < schedule.threshold <= 1.0:
+            raise ConfigError(f"{name}.threshold: must be in (0, 1], got {schedule.threshold}")
+        if schedule.steps is not None and schedule.steps < 1:
+            raise ConfigError(f"{name}.steps: must be >= 1, got {schedule.steps}")
     if out.advantage == "leave_one_out" and out.num_generations < 2:
         raise ConfigError("num_generations: leave_one_out needs at least 2 generations per prompt")
     if out.num_generations < 1 or out.prompts_per_step < 1 or out.micro_batch_size < 1:

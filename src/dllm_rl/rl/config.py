@@ -33,13 +33,23 @@ class RolloutConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out greedy evaluation during and after training."""
+    """Held-out greedy evaluation during and after training.
+
+    It decodes the rollout's window (``rollout.gen_length`` / ``block_length``), order (``confidence``) and
+    cache, with its own temperature and schedule (``steps`` / ``threshold`` below).
+    """
 
     every: int = field(0, help="evaluate every N steps (0 = only before and after training)")
     limit: int = field(200, help="held-out items evaluated")
     split: str = field("test", help="split of the task used for evaluation")
     data: str | None = field(None, help="evaluation data file (default: the task's test file)")
     temperature: float = field(0.0, help="decoding temperature for evaluation (0 = greedy)")
+    steps: int | None = field(
+        None, help="static decoding steps per block for evaluation (default: one token per step; ignored with "
+        "threshold). The rollout's schedule (rollout.steps / rollout.threshold) never applies here, so a faster "
+        "rollout schedule does not change what the held-out metric measures")
+    threshold: float | None = field(
+        None, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
 
 
 @dataclass

@@ -63,14 +63,16 @@ def _seed(*parts: int) -> int:
     return h
 
 
-def decode_config(cfg: RLConfig, model, temperature: float, seed: int) -> DecodeConfig:
-    """The sampler settings for rollouts (or evaluation at ``temperature``)."""
+def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
+    """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
+    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
     r = cfg.rollout
+    schedule = cfg.eval if evaluation else r
     block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
-    steps = None if r.threshold is not None else (r.steps or block)
-    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=r.threshold,
-                        confidence=r.confidence, temperature=temperature, top_k=r.top_k, top_p=r.top_p,
-                        cache=r.cache, seed=seed)
+    steps = None if schedule.threshold is not None else (schedule.steps or block)
+    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
+                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
+                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)
 
 
 @dataclass
@@ -150,7 +152,7 @@ class RLTrainer:
         # 2. rollouts (eval mode, no grad, in-memory weights)
         self.model.eval()
         with torch.no_grad():
-            decode = decode_config(cfg, self.model, cfg.rollout.temperature, 0)
+            decode = decode_config(cfg, self.model)
             rollout = generate_batched(self.model, group_ids, decode, seeds=seeds, tokenizer=self.tokenizer,
                                        batch_size=cfg.rollout.batch_size)
         self.model.train()
@@ -337,7 +339,7 @@ class RLTrainer:
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
         res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
-                               decode_config(cfg, self.model, cfg.eval.temperature, 0),
+                               decode_config(cfg, self.model, evaluation=True),
                                batch_size=cfg.rollout.batch_size, seed=cfg.seed)
         if world > 1:
             vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
