@@ -80,18 +80,23 @@ def main() -> None:
             continue
         s = json.loads(f.read_text())
         rows.setdefault((algo, model), []).append(s)
-    lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | steps | minutes | seeds |",
-             "|---|---|---|---|---|---|---|---|"]
+    def gain(after: list[float], before: list[float]) -> str:
+        gains = [a - b for a, b in zip(after, before)]
+        sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+        return f"{statistics.mean(gains) * 100:+.1f} ± {sd * 100:.1f} pts"
+
+    # with ema_decay the returned model is the weight average; the last live policy's gain is shown beside it
+    lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | gain, last live policy | steps | "
+             "minutes | seeds |", "|---|---|---|---|---|---|---|---|---|"]
     for (algo, model), ss in rows.items():
         before = [s["accuracy_before"] for s in ss]
         after = [s["accuracy_after"] for s in ss]
-        gains = [a - b for a, b in zip(after, before)]
-        sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+        live = gain([s["accuracy_after_live"] for s in ss], before) if all(
+            "accuracy_after_live" in s for s in ss) else "(no average)"
         after_s = " / ".join(f"{a:.1%}" for a in after)
         steps = [s["steps"] for s in ss]
-        lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | "
-                     f"{statistics.mean(gains) * 100:+.1f} ± {sd * 100:.1f} pts | "
-                     f"{'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
+        lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | {gain(after, before)} | "
+                     f"{live} | {'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
                      f"{statistics.mean(s['minutes'] for s in ss):.1f} | {len(ss)} |")
     table = "\n".join(lines)
     print(table)

@@ -56,7 +56,7 @@ def test_first_update_ratio_is_exactly_one_with_common_random_numbers(rl_setup, 
 def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
     """4 steps straight == 2 steps, a kill, then a resume from the step-2 checkpoint for the last 2."""
     common = ["algorithm=tracerl", "num_iterations=2", "micro_batch_size=4", "max_steps=4", "save_every=2",
-              "keep_checkpoints=3"]
+              "keep_checkpoints=3", "ema_decay=0.5"]
     straight = tmp_path / "straight"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=digit_reward)
     ckpt = straight / "checkpoints" / "step-0000002"
@@ -64,14 +64,43 @@ def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
     resumed = tmp_path / "resumed"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *common, f"resume={ckpt}")),
           reward_fn=digit_reward)
-    a, b = _weights(straight / "final"), _weights(resumed / "final")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for saved in ("final", "checkpoints/step-0000004/model"):  # the weight average, the live policy
+        a, b = _weights(straight / saved), _weights(resumed / saved)
+        assert all(torch.equal(a[k], b[k]) for k in a)
     ra = [json.loads(x) for x in (straight / "rollouts.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (resumed / "rollouts.jsonl").read_text().splitlines()]
     assert len(ra) == 16 and [r for r in ra if r["step"] > 2] == rb
     la = [m["loss"] for m in _metrics(straight) if "loss" in m][2:]
     lb = [m["loss"] for m in _metrics(resumed) if "loss" in m]
     assert la == lb
+
+
+def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
+    """ema_decay: final/ holds the mean of the live weights after steps 1 and 2 (still in the warm-up, where the
+    average is a plain mean), the live policy keeps its own weights, and both accuracies are reported."""
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl", "max_steps=2",
+                                                   "drop_zero_variance=false", "ema_decay=0.9", "eval.limit=4"))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    live = []
+    for _ in range(2):
+        trainer.step()
+        live.append({k: v.detach().clone() for k, v in trainer.model.hf_model.state_dict().items()})
+    assert any(not torch.equal(live[0][k], live[1][k]) for k in live[0])
+    final = _weights(trainer.save_final_model())
+    for k in final:
+        assert torch.allclose(final[k], (live[0][k] + live[1][k]) / 2, atol=1e-6), k
+    assert all(torch.equal(trainer.model.hf_model.state_dict()[k], live[1][k]) for k in live[1])
+    with trainer.averaged():
+        averaged_eval = trainer.evaluate(live=True)  # the average is in place: the "live" weights are it
+    assert trainer.evaluate().texts == averaged_eval.texts
+
+    summary = train(load_config(RLConfig, None, rl_overrides(
+        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9")),
+        reward_fn=digit_reward)
+    assert 0.0 <= summary["accuracy_after_live"] <= 1.0
+    assert [m for m in _metrics(tmp_path / "run") if "eval_accuracy_live" in m][0]["step"] == 2
+    with pytest.raises(ConfigError, match=r"ema_decay: must be in \[0, 1\), got 1.0"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "ema_decay=1.0")))
 
 
 def test_reward_that_raises_for_one_sample_scores_it_zero():

@@ -77,6 +77,8 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
         raise ConfigError("num_generations, prompts_per_step and micro_batch_size must be >= 1")
     if out.num_iterations < 1:
         raise ConfigError(f"num_iterations: must be >= 1, got {out.num_iterations}")
+    if not 0.0 <= out.ema_decay < 1.0:
+        raise ConfigError(f"ema_decay: must be in [0, 1), got {out.ema_decay}")
     if out.beta < 0:
         raise ConfigError(f"beta: must be >= 0, got {out.beta}")
     if out.reference == "base" and not out.lora.enabled:

@@ -57,8 +57,10 @@ def run_demo(args: argparse.Namespace) -> int:
     summary = train(cfg)
     print()
     print(f"demo ({cfg.algorithm} on the {args.model}-attention model): held-out greedy accuracy "
-          f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
-          f"in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/plots")
+          f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
+          + (f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
+             if "accuracy_after_live" in summary else "")
+          + f" in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/plots")
     return 0
 
 

@@ -104,6 +104,10 @@ class RLConfig:
     max_time_minutes: float | None = field(None, help="stop training after this many minutes (checked per step)")
     max_bad_steps: int = field(3, help="stop after this many updates skipped for a NaN/inf loss")
 
+    ema_decay: float = field(
+        0.0, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; 0.93 is a "
+        "half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; rollouts "
+        "and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
     optim: OptimConfig = field(default_factory=OptimConfig, help="optimizer and schedule")
     lora: LoraOptions = field(default_factory=LoraOptions, help="LoRA (peft) settings; full fine-tuning when off")
     rollout: RolloutConfig = field(default_factory=RolloutConfig, help="rollout decoding")

@@ -11,6 +11,7 @@ A run resumed from a checkpoint therefore replays exactly what an uninterrupted 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -38,6 +39,7 @@ from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
     Progress,
+    WeightEMA,
     apply_lora,
     build_optimizer,
     build_scheduler,
@@ -116,6 +118,7 @@ class RLTrainer:
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
+        self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -177,6 +180,8 @@ class RLTrainer:
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
         any_kept = self._max_over_ranks(len(keep)) > 0
         update = self._update(rollout, keep, adv, seeds) if any_kept else {"skipped_step": 1.0}
+        if self.ema is not None:
+            self.ema.update()
         t_update = time.perf_counter() - t0 - t_rollout - t_reward
 
         lengths = rollout.completion_mask.sum(-1).float()
@@ -242,7 +247,7 @@ class RLTrainer:
             for j, mb in enumerate(mbs):
                 sub = batch.select(mb)
                 last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
-                ctx = acc.no_sync(self.model.model) if not last_in_group else _nullcontext()
+                ctx = acc.no_sync(self.model.model) if not last_in_group else contextlib.nullcontext()
                 if not mb:  # padding (see above)
                     with ctx:
                         acc.backward(self._zero_loss())
@@ -333,14 +338,21 @@ class RLTrainer:
         return out
 
     # ----------------------------------------------------------------------------- evaluation
-    def evaluate(self) -> HeldOut:
+    def averaged(self, live: bool = False):
+        """A context in which the policy holds the returned weights: the weight average when ``ema_decay``
+        is on (unless ``live``), else the live weights."""
+        return self.ema.applied() if self.ema is not None and not live else contextlib.nullcontext()
+
+    def evaluate(self, live: bool = False) -> HeldOut:
+        """Held-out accuracy of the returned weights (the average, when on), or of the ``live`` policy."""
         cfg = self.cfg
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
-        res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
-                               decode_config(cfg, self.model, evaluation=True),
-                               batch_size=cfg.rollout.batch_size, seed=cfg.seed)
+        with self.averaged(live):
+            res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
+                                   decode_config(cfg, self.model, evaluation=True),
+                                   batch_size=cfg.rollout.batch_size, seed=cfg.seed)
         if world > 1:
             vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
             total = vals["n"] * world
@@ -363,7 +375,7 @@ class RLTrainer:
         save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
                         config=to_dict(self.cfg), extra={"bad_updates": self.bad_updates},
-                        accelerator=self.accelerator)
+                        accelerator=self.accelerator, ema=self.ema)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
         return path
@@ -373,7 +385,7 @@ class RLTrainer:
         if path is None:
             raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
         state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                                accelerator=self.accelerator)
+                                accelerator=self.accelerator, ema=self.ema)
         self.step_idx = state.step
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
@@ -385,19 +397,13 @@ class RLTrainer:
             print(f"resumed from {path} at step {self.step_idx}")
 
     def save_final_model(self) -> Path:
+        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
         path = self.out / "final"
         if self.is_main:
-            unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
-            save_model(unwrapped, path, tokenizer=self.tokenizer)
+            with self.averaged():
+                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
+                save_model(unwrapped, path, tokenizer=self.tokenizer)
         return path
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _detached(s: TokenScores) -> TokenScores:
@@ -454,7 +460,13 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
     summary.update(accuracy_after=after.accuracy, steps=trainer.step_idx,
                    minutes=(time.perf_counter() - t_start) / 60, output_dir=str(trainer.out))
-    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)")
+    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
+        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
+    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
+        live = trainer.evaluate(live=True)
+        summary["accuracy_after_live"] = live.accuracy
+        trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
+        say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
     trainer.save()
     summary["final_model"] = str(trainer.save_final_model())
     if trainer.is_main:

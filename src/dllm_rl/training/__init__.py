@@ -29,16 +29,22 @@ LoRA (peft)
 
 Checkpoints (exact resume)
     ``save_checkpoint(dir, dlm, *, optimizer=None, scheduler=None, step=0, data_state=None,
-        generators=None, tokenizer=None, config=None, extra=None, accelerator=None) -> Path``
+        generators=None, tokenizer=None, config=None, extra=None, accelerator=None, ema=None) -> Path``
     ``load_checkpoint(dir, dlm, *, optimizer=None, scheduler=None, generators=None, accelerator=None,
-        restore_rng_state=True) -> TrainerState(step, data_state, extra, path)``
+        restore_rng_state=True, ema=None) -> TrainerState(step, data_state, extra, path)``
         A checkpoint dir holds ``model/`` (published layout via ``save_model``; LoRA merged into a copy),
         ``adapter/`` (LoRA only), ``optimizer.pt``, ``scheduler.pt``, ``rng_state_rank{R}.pt`` (python,
         numpy, torch, cuda and the named ``generators``), ``trainer_state.json`` (step, data_state, extra,
         world_size, lora), ``config.yaml``. Written to ``<dir>.tmp`` and renamed when complete.
     ``checkpoint_name(step) -> "step-0000123"``; ``list_checkpoints(out)``, ``latest_checkpoint(out)``,
-        ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/``.
+        ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/``. ``ema=WeightEMA`` on both saves /
+        restores a weight average as ``ema.pt`` (a checkpoint without one starts the average afresh).
     ``capture_rng(generators) / restore_rng(state, generators)``
+
+Weight average
+    ``WeightEMA(module, decay)``: EMA of the trainable parameters; ``update()`` once per step (the first
+        ``1/(1-decay)`` updates are a plain running mean), ``with ema.applied(): ...`` swaps the average into
+        the live module; ``state_dict()`` / ``load_state_dict()``, ``save(path)`` / ``load(path)``, ``reset()``
 
 Data position
     ``IndexStream(n, seed, shuffle=True)``: ``take(k) -> list[int]``, ``state_dict()`` / ``load_state_dict()``
@@ -70,6 +76,7 @@ from dllm_rl.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import (
     LoraOptions,
     apply_lora,
@@ -85,7 +92,7 @@ from dllm_rl.training.sampler import IndexStream
 
 __all__ = [
     "METRICS_FILE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig", "PreparedModel", "Progress",
-    "TrainerState", "prepare_model",
+    "TrainerState", "WeightEMA", "prepare_model",
     "apply_lora", "bf16_supported", "build_optimizer", "build_scheduler", "capture_rng", "checkpoint_name",
     "has_lora", "latest_checkpoint", "list_checkpoints", "load_adapter_weights", "load_checkpoint",
     "make_accelerator", "merged_model", "merged_state_dict", "parameter_groups", "plot_metrics",

@@ -6,6 +6,7 @@ A checkpoint directory::
     adapter/                    LoRA only: peft adapter_config.json + adapter_model.safetensors
     optimizer.pt                optimizer.state_dict()            (when an optimizer is given)
     scheduler.pt                scheduler.state_dict()            (when a scheduler is given)
+    ema.pt                      WeightEMA.state_dict()            (when a weight average is given)
     rng_state_rank{R}.pt        python / numpy / torch / cuda RNG + named torch.Generators, one per rank
     trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
     config.yaml                 the run's resolved config (when given)
@@ -18,6 +19,7 @@ that :func:`latest_checkpoint` would pick.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -30,10 +32,13 @@ from safetensors import safe_open
 
 from dllm_rl.config import save_config
 from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
 
+logger = logging.getLogger(__name__)
 FORMAT = 1
 STATE_FILE = "trainer_state.json"
+EMA_FILE = "ema.pt"
 
 
 @dataclass
@@ -92,6 +97,7 @@ def save_checkpoint(
     config: Any = None,
     extra: dict[str, Any] | None = None,
     accelerator: Any = None,
+    ema: WeightEMA | None = None,
 ) -> Path:
     """Write a complete checkpoint of a training run to ``directory`` (see the module docstring).
 
@@ -116,6 +122,8 @@ def save_checkpoint(
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if ema is not None:
+            ema.save(tmp / EMA_FILE)
         if config is not None:
             save_config(config, tmp / "config.yaml")
         meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
@@ -163,6 +171,7 @@ def load_checkpoint(
     generators: dict[str, torch.Generator] | None = None,
     accelerator: Any = None,
     restore_rng_state: bool = True,
+    ema: WeightEMA | None = None,
 ) -> TrainerState:
     """Restore a checkpoint written by :func:`save_checkpoint` into live objects, in place.
 
@@ -194,6 +203,13 @@ def load_checkpoint(
         if not file.is_file():
             raise FileNotFoundError(f"{file}: checkpoint has no scheduler state")
         scheduler.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    if ema is not None:
+        if (directory / EMA_FILE).is_file():
+            ema.load(directory / EMA_FILE)
+        else:  # a run that turns the average on when resumed: it starts from the resumed weights
+            logger.warning("%s: no %s (saved without a weight average); the average starts here", directory,
+                           EMA_FILE)
+            ema.reset()
     if restore_rng_state:
         if int(meta.get("world_size", 1)) != world:
             raise ValueError(
