@@ -53,6 +53,39 @@ def test_first_update_ratio_is_exactly_one_with_common_random_numbers(rl_setup, 
         assert row["clip_frac"] <= 0.5
 
 
+@pytest.mark.parametrize("noise", ["sample", "group"])
+def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_path, monkeypatch, noise):
+    """estimator_noise=group: the 4 samples of a prompt draw the same masks (same n, same positions where their
+    counted lengths agree); sample: every sample its own."""
+    import dllm_rl.rl.trainer as trainer_mod
+
+    seen, real = [], trainer_mod.estimate
+
+    def spy(name, model, batch, gen, **opts):
+        out = real(name, model, batch, gen, **opts)
+        seen.append((batch.sample_seeds.tolist(), batch.completion_mask.sum(-1).tolist(), out.weight[0].clone()))
+        return out
+
+    monkeypatch.setattr(trainer_mod, "estimate", spy)
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "max_steps=1",
+                                                   "drop_zero_variance=false", f"estimator_noise={noise}",
+                                                   "estimator_options={num_mc: 1, coupled: false}"))
+    RLTrainer(cfg, reward_fn=digit_reward).step()
+    seeds, lengths, weight = seen[0]
+    assert len(seeds) == 8
+    groups = [seeds[0:4], seeds[4:8]]
+    pairs = [(i, j) for g in (0, 4) for i in range(g, g + 4) for j in range(i + 1, g + 4) if lengths[i] == lengths[j]]
+    assert pairs  # samples of one prompt with equal counted lengths
+    same = [torch.equal(weight[i], weight[j]) for i, j in pairs]
+    if noise == "group":
+        assert all(len(set(g)) == 1 for g in groups) and groups[0][0] != groups[1][0]
+        assert all(same)
+    else:
+        assert len(set(seeds)) == 8 and not all(same)
+    with pytest.raises(ConfigError, match="estimator_noise: 'prompt' is not allowed; choose one of sample, group"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "estimator_noise=prompt")))
+
+
 def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
     """4 steps straight == 2 steps, a kill, then a resume from the step-2 checkpoint for the last 2."""
     common = ["algorithm=tracerl", "num_iterations=2", "micro_batch_size=4", "max_steps=4", "save_every=2",

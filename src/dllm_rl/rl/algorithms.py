@@ -65,6 +65,7 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     _check("advantage", out.advantage, ADVANTAGES)
     _check("scale_rewards", out.scale_rewards, ("group", "batch", "none"))
     _check("reference", out.reference, ("copy", "base"))
+    _check("estimator_noise", out.estimator_noise, ("sample", "group"))
     _check("rollout.cache", out.rollout.cache, ("none", "prefix", "dual"))
     for name, schedule in (("rollout", out.rollout), ("eval", out.eval)):
         if schedule.threshold is not None and not 0.0 < schedule.threshold <= 1.0:

@@ -179,7 +179,9 @@ class RLTrainer:
         # 5. optimisation passes over the kept samples
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
         any_kept = self._max_over_ranks(len(keep)) > 0
-        update = self._update(rollout, keep, adv, seeds) if any_kept else {"skipped_step": 1.0}
+        # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
+        mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
+        update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
         if self.ema is not None:
             self.ema.update()
         t_update = time.perf_counter() - t0 - t_rollout - t_reward
@@ -206,11 +208,11 @@ class RLTrainer:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
         return estimate(self.cfg.estimator, model, batch, gen, **(self.cfg.estimator_options or {}))
 
-    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, seeds: list[int]) -> dict:
+    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
         cfg, acc = self.cfg, self.accelerator
         device = self.model.device
         full = ScoringBatch.from_rollout(rollout)
-        full.sample_seeds = torch.tensor([s % (1 << 62) for s in seeds], dtype=torch.long)
+        full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
         batch = full.select(keep)
         batch = ScoringBatch(*(None if t is None else t.to(device) for t in (
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
