@@ -9,14 +9,19 @@ from dllm_rl.cli import main
 
 @pytest.mark.parametrize("model", ["block", "full"])
 def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, capsys, model):
+    ema = ["ema_decay=0.9"] if model == "full" else []  # the weight average's line of the report
     rc = main(["demo", "--model", model, "--output-dir", str(tmp_path), "max_steps=1", "eval.limit=8",
-               "prompts_per_step=2", "num_generations=4", "progress=false", "log_samples_every=0"])
+               "prompts_per_step=2", "num_generations=4", "progress=false", "log_samples_every=0", *ema])
     assert rc == 0
     out = capsys.readouterr().out
-    run = tmp_path / f"{model}-tracerl"  # TraceRL is the default algorithm
+    default = {"block": "espo", "full": "tracerl"}[model]  # the demo configs' algorithms
+    run = tmp_path / f"{model}-{default}"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["algorithm"] == "tracerl" and summary["steps"] == 1
-    assert f"held-out greedy accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}" in out
+    assert summary["algorithm"] == default and summary["steps"] == 1
+    report = f"held-out greedy accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
+    if ema:
+        report += f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
+    assert report + " in " in out
     assert (run / "final" / "model.safetensors").is_file()
     # the demo's held-out set is the shipped 500-puzzle file, limited here to 8 items
     assert "8 held-out" in out

@@ -74,7 +74,7 @@ def register(sub) -> None:
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
     d.add_argument("--algorithm", default=None,
                    help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo "
-                   "(default: the demo config's, tracerl)")
+                   "(default: the demo config's: espo on the block model, tracerl on the full one)")
     d.add_argument("--model", choices=("full", "block"), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
     d.add_argument("--output-dir", default="runs/demo", help="where the run goes")
