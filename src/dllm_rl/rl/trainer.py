@@ -4,8 +4,9 @@ per rank over the same in-memory weights (no subprocess per stage, no reload bet
 Read top to bottom: :func:`train` sets everything up, :meth:`RLTrainer.step` is one RL step.
 
 Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
-rollout noise (one generator per sequence) and estimator masks (one seed per sample, shared by the old,
-reference and current policy: common random numbers, so at the first pass every ratio is exactly 1).
+rollout noise (one generator per sequence) and estimator masks (one seed per sample, or per prompt group
+with ``estimator_noise=group``, shared by the old, reference and current policy: common random numbers, so at
+the first pass every ratio is exactly 1).
 A run resumed from a checkpoint therefore replays exactly what an uninterrupted run would have done.
 """
 
