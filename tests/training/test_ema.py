@@ -68,5 +68,8 @@ def test_state_round_trip_and_mismatch(tmp_path):
     assert other.updates == 3 and torch.equal(other.shadow[0], ema.shadow[0])
     with pytest.raises(ValueError, match="does not match"):
         WeightEMA(torch.nn.Linear(1, 1), decay=0.5).load(tmp_path / "ema.pt")
+    _set(lin, 9.0)
+    ema.reset()  # a checkpoint without an average: it starts over from the live weights
+    assert ema.updates == 0 and ema.shadow[0].item() == 9.0
     with pytest.raises(ValueError, match=r"in \[0, 1\)"):
         WeightEMA(lin, decay=1.0)

@@ -27,15 +27,16 @@ class WeightEMA:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"ema decay must be in [0, 1), got {decay}")
         self.decay = decay
-        self.names = [n for n, p in module.named_parameters() if p.requires_grad]
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in trainable]
+        self.params = [p for _, p in trainable]
         self.shadow = [p.detach().clone() for p in self.params]
         self.updates = 0
 
     def reset(self) -> None:
         """Start over from the live weights (no updates yet)."""
-        for t, p in zip(self.shadow, self.params, strict=True):
-            t.copy_(p.detach())
+        with torch.no_grad():
+            torch._foreach_copy_(self.shadow, [p.detach() for p in self.params])
         self.updates = 0
 
     @torch.no_grad()
