@@ -207,3 +207,68 @@ def test_reference_policy_gets_no_gradient_and_stays_frozen(rl_setup, tmp_path):
     assert all(p.grad is None for p in trainer.reference.parameters())
     assert all(torch.equal(v, trainer.reference.hf_model.state_dict()[k]) for k, v in ref_before.items())
     assert any(not torch.equal(v, trainer.model.hf_model.state_dict()[k]) for k, v in ref_before.items())
+
+
+def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_setup, tmp_path, monkeypatch):
+    """rollout.dtype=bfloat16: every step decodes with a bfloat16 copy holding the policy's current weights,
+    rounded; the policy stays float32 (old log-probs too: the first-pass ratio is still exactly 1), and the
+    copy's rotary buffers keep the policy's dtype."""
+    import dllm_rl.rl.trainer as trainer_mod
+
+    seen, real = [], trainer_mod.generate_batched
+
+    def spy(model, *args, **kwargs):
+        seen.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "generate_batched", spy)
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "max_steps=2",
+                                                   "drop_zero_variance=false", "rollout.dtype=bfloat16"))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    live = []
+    for _ in range(2):
+        live.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        metrics = trainer.step().metrics
+        assert metrics["ratio_dev_first_update"] == 0.0 and math.isfinite(metrics["loss"])
+    assert any(not torch.equal(live[0][n], live[1][n]) for n in live[0])
+    for weights, decoded in zip(live, seen, strict=True):
+        assert sorted(weights) == sorted(decoded)
+        for n, w in weights.items():
+            assert w.dtype == torch.float32 and decoded[n].dtype == torch.bfloat16
+            assert torch.equal(decoded[n], w.to(torch.bfloat16)), n
+    buffers = dict(trainer.rollout_copy.model.named_buffers())
+    assert buffers and all(b.dtype == torch.float32 for b in buffers.values())
+
+    same = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=float32"))
+    assert RLTrainer(same).rollout_copy is None  # the policy's own dtype: no copy
+    with pytest.raises(ConfigError, match="rollout.dtype: 'int8' is not allowed; choose one of float32"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
+
+
+def test_lora_rl_trains_only_the_adapters_against_the_base_as_reference(rl_setup, tmp_path):
+    """lora.enabled with reference=base: the adapters (B starts at 0, so the first step's KL to the adapter-free
+    base is exactly 0) are all that moves; the bfloat16 rollout copy follows them; final/ is merged."""
+    cfg = load_config(RLConfig, None, rl_overrides(
+        rl_setup, "llada", tmp_path, "algorithm=diffu_grpo", "beta=0.1", "reference=base", "lora.enabled=true",
+        "lora.r=4", "max_steps=2", "drop_zero_variance=false", "rollout.dtype=bfloat16"))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    assert trainer.reference is None
+    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert adapters and frozen and all("lora_" in n for n in adapters)
+    kls = [trainer.step().metrics["kl"]]
+    decoded_by = {n: p.detach().to(torch.bfloat16) for n, p in trainer.model.named_parameters() if p.requires_grad}
+    kls.append(trainer.step().metrics["kl"])  # its rollouts: the adapters as step 1 left them
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[1] > 0.0
+    now = dict(trainer.model.named_parameters())
+    assert all(torch.equal(now[n], w) for n, w in frozen.items())
+    moved = [n for n, w in adapters.items() if not torch.equal(now[n], w)]
+    assert any("lora_B" in n for n in moved)
+    copy_params = dict(trainer.rollout_copy.model.named_parameters())
+    assert all(torch.equal(copy_params[n], w) for n, w in decoded_by.items())
+    assert all(torch.equal(copy_params[n], w.to(torch.bfloat16)) for n, w in frozen.items())
+
+    merged = _weights(trainer.save_final_model())
+    base = _weights(rl_setup / "llada")
+    assert sorted(merged) == sorted(base)  # no adapter tensors left: the published layout
+    assert any(not torch.equal(merged[k], base[k]) for k in base)

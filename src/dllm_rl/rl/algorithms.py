@@ -12,6 +12,7 @@ from typing import Any
 
 from dllm_rl.config import ConfigError
 from dllm_rl.estimators import ESTIMATORS
+from dllm_rl.models.loading import DTYPES
 from dllm_rl.rl.advantages import ADVANTAGES
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.kl import KL_ESTIMATORS
@@ -67,6 +68,8 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     _check("reference", out.reference, ("copy", "base"))
     _check("estimator_noise", out.estimator_noise, ("sample", "group"))
     _check("rollout.cache", out.rollout.cache, ("none", "prefix", "dual"))
+    if out.rollout.dtype is not None:
+        _check("rollout.dtype", out.rollout.dtype, DTYPES)
     for name, schedule in (("rollout", out.rollout), ("eval", out.eval)):
         if schedule.threshold is not None and not 0.0 < schedule.threshold <= 1.0:
             raise ConfigError(f"{name}.threshold: must be in (0, 1], got {schedule.threshold}")

@@ -29,6 +29,10 @@ class RolloutConfig:
     confidence: str = field("prob", help="which tokens to commit first: prob | margin | entropy | random")
     cache: str = field("prefix", help="KV cache for full-attention models: none | prefix | dual")
     batch_size: int = field(64, help="sequences decoded together")
+    dtype: str | None = field(
+        None, help="decode rollouts with a copy of the policy in this dtype (bfloat16 | float16 | float32), "
+        "refreshed from the live weights each step; log-probs, updates and the held-out evaluation keep the "
+        "policy's dtype. Default: the policy itself")
 
 
 @dataclass

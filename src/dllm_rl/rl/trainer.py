@@ -28,12 +28,13 @@ from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
-from dllm_rl.models.loading import read_config
+from dllm_rl.models.loading import read_config, resolve_dtype
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.rewards import safe_rewards
+from dllm_rl.rl.rollout_copy import RolloutCopy
 from dllm_rl.sampling import DecodeConfig, generate_batched
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
@@ -120,6 +121,8 @@ class RLTrainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
         self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        rollout_dtype = resolve_dtype(cfg.rollout.dtype) if cfg.rollout.dtype else self.model.dtype
+        self.rollout_copy = RolloutCopy(self._plain(), rollout_dtype) if rollout_dtype != self.model.dtype else None
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -153,11 +156,12 @@ class RLTrainer:
         group_ids = [p for p in ids for _ in range(G)]
         seeds = [_seed(cfg.seed, self.step_idx, rank, j) for j in range(len(group_ids))]
 
-        # 2. rollouts (eval mode, no grad, in-memory weights)
+        # 2. rollouts (eval mode, no grad, in-memory weights: the policy, or its rollout.dtype copy)
         self.model.eval()
+        policy = self.rollout_copy.refresh() if self.rollout_copy is not None else self.model
         with torch.no_grad():
-            decode = decode_config(cfg, self.model)
-            rollout = generate_batched(self.model, group_ids, decode, seeds=seeds, tokenizer=self.tokenizer,
+            decode = decode_config(cfg, policy)
+            rollout = generate_batched(policy, group_ids, decode, seeds=seeds, tokenizer=self.tokenizer,
                                        batch_size=cfg.rollout.batch_size)
         self.model.train()
         t_rollout = time.perf_counter() - t0
