@@ -73,5 +73,6 @@ def main() -> None:
     print(f"greedy on {len(held.examples)} held-out prompts: identical completions {same / len(held.examples):.1%}; "
           f"accuracy float32 {res['float32'].accuracy:.1%}, bfloat16 {res['bfloat16'].accuracy:.1%}")
 
+
 if __name__ == "__main__":
     main()
