@@ -126,3 +126,20 @@ def test_espo_first_pass_ratio_exactly_one_and_k2():
     # E_new - E_ref = 0.9 (per draw, mean over the 2 draws) -> per token 0.3 -> k2 = 0.045
     assert out.stats["kl"] == pytest.approx(0.045, rel=1e-5)
     assert out.loss.item() == pytest.approx(-1.0 + 0.5 * 0.045, rel=1e-5)
+
+
+def test_presets_fill_only_the_fields_left_unset():
+    """Each preset fills the None fields (ESPO: masks shared by a prompt's rollouts; TraceRL's s by attention
+    kind); whatever the user set stays."""
+    from dllm_rl.rl.algorithms import resolve
+    from dllm_rl.rl.config import RLConfig
+
+    espo = resolve(RLConfig(model="m", algorithm="espo"), "full")
+    assert (espo.estimator, espo.estimator_noise, espo.advantage, espo.loss_type) == (
+        "elbo", "group", "leave_one_out", "sequence")
+    assert espo.estimator_options == {"num_mc": 2, "coupled": True}
+    assert resolve(RLConfig(model="m", algorithm="espo", estimator_noise="sample"), "full").estimator_noise == "sample"
+    for algo in ("tracerl", "diffu_grpo", "coupled_grpo", "random_mask_grpo"):
+        assert resolve(RLConfig(model="m", algorithm=algo), "full").estimator_noise == "sample"
+    assert resolve(RLConfig(model="m", algorithm="tracerl"), "full").estimator_options == {"shrinkage": 8}
+    assert resolve(RLConfig(model="m", algorithm="tracerl"), "block").estimator_options == {"shrinkage": 1}

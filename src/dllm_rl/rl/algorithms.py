@@ -20,25 +20,28 @@ from dllm_rl.rl.losses import POLICY_LOSSES
 
 # Paper defaults. "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full).
 PRESETS: dict[str, dict[str, Any]] = {
-    # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL, leave-one-out advantages.
+    # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL, leave-one-out advantages. Ours: a
+    # prompt's rollouts share the ELBO's masks (estimator_noise=group), so the leave-one-out gradients on the
+    # tokens they share cancel (README "Measured": it lifted ESPO on both demo models).
     "espo": dict(estimator="elbo", estimator_options={"num_mc": 2, "coupled": True}, loss_type="sequence",
                  loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2", advantage="leave_one_out",
-                 scale_rewards="none"),
+                 scale_rewards="none", estimator_noise="group"),
     # TraceRL (arXiv 2509.06949): the inference trace as the policy's action sequence, token-level ratio.
     "tracerl": dict(estimator="trace", estimator_options={}, loss_type="token", loss_aggregation="token_mean",
-                    beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="group"),
+                    beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
+                    estimator_noise="sample"),
     # diffu-GRPO (d1, arXiv 2504.12216): mean-field one-step estimate with random prompt masking.
     "diffu_grpo": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="token",
                        loss_aggregation="seq_mean", beta=0.04, kl_estimator="k3", advantage="group_zscore",
-                       scale_rewards="group"),
+                       scale_rewards="group", estimator_noise="sample"),
     # coupled-GRPO (DiffuCoder, arXiv 2506.20639): a mask and its complement score every token once.
     "coupled_grpo": dict(estimator="coupled", estimator_options={}, loss_type="token",
                          loss_aggregation="token_mean", beta=0.0, kl_estimator="k3", advantage="group_zscore",
-                         scale_rewards="group"),
+                         scale_rewards="group", estimator_noise="sample"),
     # UniGRPO / random-masking GRPO (MMaDA, arXiv 2505.15809).
     "random_mask_grpo": dict(estimator="random_mask", estimator_options={}, loss_type="token",
                              loss_aggregation="token_mean", beta=0.0, kl_estimator="k3",
-                             advantage="group_zscore", scale_rewards="group"),
+                             advantage="group_zscore", scale_rewards="group", estimator_noise="sample"),
 }
 
 

@@ -85,10 +85,11 @@ class RLConfig:
         None, help="estimator options, e.g. {shrinkage: 8} (TraceRL's s), {num_mc: 2, coupled: true} (ESPO)")
     loss_type: str | None = field(None, help="policy loss: token (clipped per token) | sequence (ESPO, eq. 7-9)")
     loss_aggregation: str | None = field(None, help="token loss reduction: token_mean | seq_mean | fixed_length")
-    estimator_noise: str = field(
-        "sample", help="random masks of the estimator: sample (each sample its own) | group (the samples of one "
+    estimator_noise: str | None = field(
+        None, help="random masks of the estimator: sample (each sample its own) | group (the samples of one "
         "prompt share them: same noise levels and positions, so the group's advantage-weighted gradients on "
-        "the tokens its samples share cancel more exactly; each sample's estimate stays unbiased)")
+        "the tokens its samples share cancel more exactly; each sample's estimate stays unbiased). "
+        "Preset: group for espo, sample otherwise")
     epsilon: float = field(0.2, help="PPO clip range (TRL epsilon)")
     epsilon_high: float | None = field(None, help="upper clip range (DAPO clip-higher); default epsilon")
     beta: float | None = field(None, help="KL coefficient against the reference policy (TRL beta; 0 = no reference)")
