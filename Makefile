@@ -10,7 +10,7 @@ ALGO ?=
 MODEL ?= block
 PYTEST_ARGS ?=
 
-.PHONY: install sysdeps test lint demo clean
+.PHONY: install sysdeps cxx test lint demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# A C++ compiler: torch.compile on CPU builds its kernels with one (rollout.compile, on in rl-full.yaml).
+# Installed only when missing and when we are root.
+cxx:
+	@if ! command -v g++ >/dev/null && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  echo "installing system packages: g++"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; \
+	fi
+
 # System packages the tests use: bubblewrap (code sandbox) and chromium (trace viewer browser test).
 # Installed only when missing and when we are root; otherwise the tests that need them say so and skip.
-sysdeps:
+sysdeps: cxx
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 	  missing=""; \
 	  command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -40,7 +48,7 @@ test: install sysdeps
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 
-demo: install
+demo: install cxx
 	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) --model $(MODEL)
 
 clean:

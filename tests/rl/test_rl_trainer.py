@@ -245,6 +245,37 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
 
 
+def test_compiled_rollout_copy_decodes_what_the_live_policy_would(rl_setup, tmp_path, monkeypatch):
+    """rollout.compile=true at the policy's dtype: a copy exists only to be compiled, and each step's rollouts
+    (decoded by it, refreshed) are token for token those of the uncompiled policy, as are the rewards
+    (tests/rl/test_rollout_copy.py checks the refresh and the shapes on the copy alone)."""
+    import dllm_rl.rl.trainer as trainer_mod
+
+    tokens, real = [], trainer_mod.generate_batched
+
+    def spy(model, *args, **kwargs):
+        out = real(model, *args, **kwargs)
+        tokens.append(torch.cat([out.prompt_ids, out.completion_ids, out.step_map], 1))
+        return out
+
+    monkeypatch.setattr(trainer_mod, "generate_batched", spy)
+    runs = {}
+    for compiled in (False, True):
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / str(compiled), "algorithm=espo",
+                                                       "drop_zero_variance=false", f"rollout.compile={compiled}"))
+        trainer = RLTrainer(cfg, reward_fn=digit_reward)
+        tokens.clear()
+        rewards = [trainer.step().metrics["reward"] for _ in range(2)]
+        runs[compiled] = (trainer, [t.clone() for t in tokens], rewards)
+    eager, compiled = runs[False], runs[True]
+    assert eager[0].rollout_copy is None
+    copy_ = compiled[0].rollout_copy
+    assert copy_.model.dtype == torch.float32 and copy_.model.hf_model._compiled_call_impl is not None
+    for a, b in zip(eager[1], compiled[1], strict=True):
+        assert torch.equal(a, b)
+    assert eager[2] == compiled[2]
+
+
 def test_lora_rl_trains_only_the_adapters_against_the_base_as_reference(rl_setup, tmp_path):
     """lora.enabled with reference=base: the adapters (B starts at 0, so the first step's KL to the adapter-free
     base is exactly 0) are all that moves; the bfloat16 rollout copy follows them; final/ is merged."""

@@ -1,4 +1,5 @@
-"""A copy of the policy in a lower precision, used only to decode rollouts (``rollout.dtype``).
+"""A copy of the policy used only to decode rollouts: in a lower precision (``rollout.dtype``) and/or
+compiled (``rollout.compile``).
 
 Rollouts are most of an RL step when decoding re-reads the whole window at every step (full attention
 without a KV cache). With ``rollout.dtype: bfloat16`` the rollouts are decoded by a bfloat16 copy of the
@@ -10,21 +11,35 @@ The held-out evaluation decodes with the policy itself.
 
 Only the parameters are cast. Buffers (the rotary inverse frequencies) keep the policy's dtype, so token
 positions are encoded exactly as the policy encodes them.
+
+With ``compile`` the copy's transformer runs under ``torch.compile(dynamic=True)``: on a tiny model half of
+a decoding forward is elementwise work (norms, rotary, activations, casts) that the compiler fuses. Shapes
+are symbolic, so the one compile (on the first rollout) serves every batch size and prompt width. The
+weights stay inputs of the compiled graph (inductor does not freeze them by default), so the in-place
+refresh below reaches it.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 
 import torch
 
+from dllm_rl.config import ConfigError
 from dllm_rl.models import DiffusionLM
 
 
 class RolloutCopy:
-    """A frozen, eval-mode copy of ``policy`` whose parameters are stored in ``dtype``."""
+    """A frozen, eval-mode copy of ``policy`` whose parameters are stored in ``dtype`` (compiled with
+    ``compile``)."""
 
-    def __init__(self, policy: DiffusionLM, dtype: torch.dtype):
+    def __init__(self, policy: DiffusionLM, dtype: torch.dtype, compile: bool = False):
+        if compile and policy.device.type == "cpu" and not any(
+                shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+            raise ConfigError("rollout.compile: torch.compile on CPU builds C++ kernels and no C++ compiler was "
+                              "found (g++, clang++ or $CXX); install one (`make cxx`) or set rollout.compile=false")
         self.model = copy.deepcopy(policy).eval()
         trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
         self.source = [p for n, p in policy.named_parameters() if n in trainable]
@@ -33,6 +48,8 @@ class RolloutCopy:
             for p in self.model.parameters():
                 p.data = p.data.to(dtype)
         self.model.requires_grad_(False)
+        if compile:
+            self.model.hf_model.compile(dynamic=True)  # in place: names and parameters stay as they are
 
     @torch.no_grad()
     def refresh(self) -> DiffusionLM:

@@ -122,7 +122,9 @@ class RLTrainer:
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
         self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         rollout_dtype = resolve_dtype(cfg.rollout.dtype) if cfg.rollout.dtype else self.model.dtype
-        self.rollout_copy = RolloutCopy(self._plain(), rollout_dtype) if rollout_dtype != self.model.dtype else None
+        self.rollout_copy = None
+        if rollout_dtype != self.model.dtype or cfg.rollout.compile:
+            self.rollout_copy = RolloutCopy(self._plain(), rollout_dtype, compile=cfg.rollout.compile)
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -437,6 +439,8 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         summary["accuracy_before"] = before.accuracy
         trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
         say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
+    if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
+        say("rollout.compile: the first step compiles the rollout model (torch.compile, once; ~30 s on a CPU)")
     bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
                    disable=not (cfg.progress and trainer.is_main))
     while trainer.step_idx < cfg.max_steps:
