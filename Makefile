@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# A C++ compiler: torch.compile on CPU builds its kernels with one (rollout.compile, on in rl-full.yaml).
+# A C++ compiler: torch.compile on CPU builds its kernels with one (rollout.compile and its tests).
 # Installed only when missing and when we are root.
 cxx:
 	@if ! command -v g++ >/dev/null && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
@@ -48,7 +48,7 @@ test: install sysdeps
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 
-demo: install cxx
+demo: install
 	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) --model $(MODEL)
 
 clean:
