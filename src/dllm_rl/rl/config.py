@@ -34,7 +34,7 @@ class RolloutConfig:
         "refreshed from the live weights each step; log-probs, updates and the held-out evaluation keep the "
         "policy's dtype. Default: the policy itself")
     compile: bool = field(
-        False, help="decode rollouts with a torch.compile'd copy of the policy (dynamic shapes: one compile, ~30 s "
+        False, help="decode rollouts with a torch.compile'd copy of the policy (dynamic shapes: one compile, 10-30 s "
         "on the first step, serves every batch and prompt width; needs a C++ compiler on CPU), refreshed from "
         "the live weights each step like the rollout.dtype copy")
 

@@ -440,7 +440,7 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
         say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
     if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
-        say("rollout.compile: the first step compiles the rollout model (torch.compile, once; ~30 s on a CPU)")
+        say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
     bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
                    disable=not (cfg.progress and trainer.is_main))
     while trainer.step_idx < cfg.max_steps:
