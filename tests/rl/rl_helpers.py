@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
+
+# torch.compile on CPU builds C++ kernels; `make test` installs g++ (`make cxx`) when it can
+needs_cxx = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),
+                               reason="no C++ compiler for torch.compile (`make cxx` installs g++)")
+
 
 def digit_reward(prompts, completions, **columns):
     """A dense test reward: the fraction of digit characters in the completion (varies between samples)."""

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from rl_helpers import digit_reward, rl_overrides
+from rl_helpers import digit_reward, needs_cxx, rl_overrides
 
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.models import load_model
@@ -245,6 +245,7 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
 
 
+@needs_cxx
 def test_compiled_rollout_copy_decodes_what_the_live_policy_would(rl_setup, tmp_path, monkeypatch):
     """rollout.compile=true at the policy's dtype: a copy exists only to be compiled, and each step's rollouts
     (decoded by it, refreshed) are token for token those of the uncompiled policy, as are the rewards

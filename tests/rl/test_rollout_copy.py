@@ -3,6 +3,7 @@ refresh, and one compile serves every batch size and width."""
 
 import pytest
 import torch
+from rl_helpers import needs_cxx
 from torch._dynamo.utils import counters
 
 from dllm_rl.config import ConfigError
@@ -10,6 +11,7 @@ from dllm_rl.models import load_model
 from dllm_rl.rl.rollout_copy import RolloutCopy
 
 
+@needs_cxx
 def test_compiled_copy_follows_the_policy_through_refreshes_and_shapes(rl_setup):
     policy = load_model(rl_setup / "llada").eval()
     copy_ = RolloutCopy(policy, torch.float32, compile=True)
