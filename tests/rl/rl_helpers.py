@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
+from dllm_rl.rl.rollout_copy import cxx_compiler
+
 # torch.compile on CPU builds C++ kernels; `make test` installs g++ (`make cxx`) when it can
-needs_cxx = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),
+needs_cxx = pytest.mark.skipif(cxx_compiler() is None,
                                reason="no C++ compiler for torch.compile (`make cxx` installs g++)")
 
 

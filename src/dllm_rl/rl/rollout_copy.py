@@ -31,13 +31,20 @@ from dllm_rl.config import ConfigError
 from dllm_rl.models import DiffusionLM
 
 
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch.compile would build CPU kernels with ($CXX, g++ or clang++), or None."""
+    for name in (os.environ.get("CXX", "g++"), "g++", "clang++"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
 class RolloutCopy:
     """A frozen, eval-mode copy of ``policy`` whose parameters are stored in ``dtype`` (compiled with
     ``compile``)."""
 
     def __init__(self, policy: DiffusionLM, dtype: torch.dtype, compile: bool = False):
-        if compile and policy.device.type == "cpu" and not any(
-                shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+        if compile and policy.device.type == "cpu" and cxx_compiler() is None:
             raise ConfigError("rollout.compile: torch.compile on CPU builds C++ kernels and no C++ compiler was "
                               "found (g++, clang++ or $CXX); install one (`make cxx`) or set rollout.compile=false")
         self.model = copy.deepcopy(policy).eval()

@@ -158,7 +158,7 @@ class RLTrainer:
         group_ids = [p for p in ids for _ in range(G)]
         seeds = [_seed(cfg.seed, self.step_idx, rank, j) for j in range(len(group_ids))]
 
-        # 2. rollouts (eval mode, no grad, in-memory weights: the policy, or its rollout.dtype copy)
+        # 2. rollouts (eval mode, no grad, in-memory weights: the policy, or its rollout.dtype/compile copy)
         self.model.eval()
         policy = self.rollout_copy.refresh() if self.rollout_copy is not None else self.model
         with torch.no_grad():
