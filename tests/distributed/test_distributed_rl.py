@@ -109,8 +109,8 @@ def _training_prompts(calls: list[dict]) -> list[list[str]]:
     return steps
 
 
-@pytest.mark.slow
-def test_two_cpu_ranks_stay_in_sync_and_shard_the_prompts(tmp_path):
+def _setup(tmp_path):
+    """Data, a tiny LLaDA-shaped checkpoint, and the reward and driver modules the ranks import."""
     root = tmp_path / "data"
     root.mkdir()
     write_jsonl(make_countdown(32, seed=0, numbers=3, max_value=9), root / "train.jsonl")
@@ -123,18 +123,19 @@ def test_two_cpu_ranks_stay_in_sync_and_shard_the_prompts(tmp_path):
     (tmp_path / "dist_rl_reward.py").write_text(REWARD_MODULE)
     (tmp_path / "dist_rl_driver.py").write_text(DRIVER)
     (tmp_path / "rl.yaml").write_text("algorithm: espo\nreward: dist_rl_reward:reward\n")
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    (tmp_path / "logs").mkdir()
+    return root
 
-    # --- 2 ranks, P prompts each
-    out2 = tmp_path / "two"
+
+def _launch_two_ranks(tmp_path, overrides: list[str]) -> None:
+    """``dllm-rl rl`` under ``accelerate launch`` with 2 CPU ranks; fails the test on an error or a hang."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HOME=str(tmp_path / "hf"),
-               HF_HUB_OFFLINE="1", DIST_TEST_LOG=str(logs),
+               HF_HUB_OFFLINE="1", DIST_TEST_LOG=str(tmp_path / "logs"),
                PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(_free_port()), str(tmp_path / "dist_rl_driver.py"),
-           "rl", str(tmp_path / "rl.yaml"), *_overrides(root, out2, P)]
+           "rl", str(tmp_path / "rl.yaml"), *overrides]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -145,10 +146,41 @@ def test_two_cpu_ranks_stay_in_sync_and_shard_the_prompts(tmp_path):
         pytest.fail("2-rank run hung (a collective that only some ranks reached?)\n" + log[-4000:])
     assert proc.returncode == 0, log[-6000:]
 
-    # DDP kept the ranks identical, rank 0 saved exactly that model, and the updates were not zero
-    w0 = torch.load(out2 / "weights_rank0.pt", weights_only=True)
-    w1 = torch.load(out2 / "weights_rank1.pt", weights_only=True)
+
+def _calls(tmp_path) -> dict[int, list[dict]]:
+    """Each rank's reward calls."""
+    logs = tmp_path / "logs"
+    return {r: [json.loads(x) for x in (logs / f"calls_rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+
+
+def _same_weights_on_both_ranks(out) -> dict:
+    w0 = torch.load(out / "weights_rank0.pt", weights_only=True)
+    w1 = torch.load(out / "weights_rank1.pt", weights_only=True)
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    return w0
+
+
+def _dense_recording_reward(seen: list[dict]):
+    """The reward module's dense reward in this process, recording its calls like the ranks' log."""
+    def reward(prompts, completions, **columns):
+        prompts = list(prompts or [])
+        training = len(prompts) >= 2 and prompts[0] is not None and prompts[0] == prompts[1]
+        seen.append({"training": training, "n": len(completions), "prompts": prompts})
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100
+                for c in completions]
+    return reward
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_stay_in_sync_and_shard_the_prompts(tmp_path):
+    root = _setup(tmp_path)
+
+    # --- 2 ranks, P prompts each
+    out2 = tmp_path / "two"
+    _launch_two_ranks(tmp_path, _overrides(root, out2, P))
+
+    # DDP kept the ranks identical, rank 0 saved exactly that model, and the updates were not zero
+    w0 = _same_weights_on_both_ranks(out2)
     final = load_model(out2 / "final").hf_model.state_dict()
     start = load_model(root / "llada").hf_model.state_dict()
     assert all(torch.equal(final[k], w0[k]) for k in final)
@@ -169,26 +201,43 @@ def test_two_cpu_ranks_stay_in_sync_and_shard_the_prompts(tmp_path):
     assert len((out2 / "rollouts.jsonl").read_text().splitlines()) == STEPS * 4
 
     # the two ranks split each step's prompt groups; together they are what 1 rank with 2P prompts sees
-    calls = {r: [json.loads(x) for x in (logs / f"calls_rank{r}.jsonl").read_text().splitlines()]
-             for r in (0, 1)}
+    calls = _calls(tmp_path)
     per_rank = {r: _training_prompts(calls[r]) for r in (0, 1)}
     assert [len(s) for s in per_rank[0]] == [P] * STEPS and [len(s) for s in per_rank[1]] == [P] * STEPS
     assert all(not set(a) & set(b) for a, b in zip(per_rank[0], per_rank[1]))
     seen_one: list[dict] = []
-
-    def recording_reward(prompts, completions, **columns):
-        prompts = list(prompts or [])
-        training = len(prompts) >= 2 and prompts[0] is not None and prompts[0] == prompts[1]
-        seen_one.append({"training": training, "n": len(completions), "prompts": prompts})
-        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100
-                for c in completions]
-
     out1 = tmp_path / "one"
     train(load_config(RLConfig, None, [*_overrides(root, out1, 2 * P), "algorithm=espo"]),
-          reward_fn=recording_reward)
+          reward_fn=_dense_recording_reward(seen_one))
     one_rank = _training_prompts(seen_one)
     assert one_rank == [sorted(a + b) for a, b in zip(per_rank[0], per_rank[1])]
     # held-out evaluation: rank 0 scores items 0 and 2, rank 1 item 1; the reduced mean is the 1-rank mean
     assert [c["n"] for c in calls[0] if not c["training"]] == [2, 2]
     assert [c["n"] for c in calls[1] if not c["training"]] == [1, 1]
     assert rows[0]["eval_reward"] == pytest.approx(_rows(out1)[0]["eval_reward"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_on_two_ranks_keeps_their_prompt_streams_in_step(tmp_path):
+    """Rank 1's first batch has no signal, so it rolls out a second one while rank 0, already full, only draws
+    that batch's prompts: both ranks leave step 1 at the same stream position, and step 2 splits the third
+    batch between them, as a 1-rank run with 2P prompts per step meets it."""
+    root = _setup(tmp_path)
+    out2 = tmp_path / "two"
+    _launch_two_ranks(tmp_path, [*_overrides(root, out2, P), "dynamic_sampling=true", "max_sampling_rounds=3"])
+    _same_weights_on_both_ranks(out2)
+    steps = [r for r in _rows(out2) if "loss" in r]
+    assert [r["sampling_rounds"] for r in steps] == [1.5, 1.0]  # rank-averaged: (1 + 2) / 2, then 1 each
+    assert [r["kept_samples"] for r in steps] == [P * G, P * G]
+    assert [r["zero_variance_groups"] for r in steps] == [P / 2, 0]
+
+    per_rank = {r: _training_prompts(c) for r, c in _calls(tmp_path).items()}
+    seen_one: list[dict] = []
+    out1 = tmp_path / "one"
+    train(load_config(RLConfig, None, [*_overrides(root, out1, 2 * P), "algorithm=espo", "max_steps=3"]),
+          reward_fn=_dense_recording_reward(seen_one))
+    batches = _training_prompts(seen_one)  # the stream's first three batches of 2P prompts
+    assert [len(s) for s in per_rank[0]] == [P, P] and [len(s) for s in per_rank[1]] == [P, P, P]
+    assert sorted(per_rank[0][0] + per_rank[1][0]) == batches[0]
+    assert set(per_rank[1][1]) < set(batches[1])  # rank 1's share of the batch rank 0 drew but did not roll out
+    assert sorted(per_rank[0][1] + per_rank[1][2]) == batches[2]

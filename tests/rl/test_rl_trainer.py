@@ -8,6 +8,7 @@ import torch
 from rl_helpers import digit_reward, needs_cxx, rl_overrides
 
 from dllm_rl.config import ConfigError, load_config
+from dllm_rl.eval.heldout import encode_prompts
 from dllm_rl.models import load_model
 from dllm_rl.rl import losses as losses_mod
 from dllm_rl.rl.config import RLConfig
@@ -304,3 +305,78 @@ def test_lora_rl_trains_only_the_adapters_against_the_base_as_reference(rl_setup
     base = _weights(rl_setup / "llada")
     assert sorted(merged) == sorted(base)  # no adapter tensors left: the published layout
     assert any(not torch.equal(merged[k], base[k]) for k in base)
+
+
+def _even_target_reward(prompts, completions, target=None, **cols):
+    """Signal only for prompts with an even target: their groups score 0, 1, 0, 1 (by position in the call, so
+    every such group of 4 varies); odd targets score a flat 0 (a zero-variance group)."""
+    return [float(i % 2) if int(t) % 2 == 0 else 0.0 for i, t in enumerate(target)]
+
+
+@pytest.mark.parametrize("max_rounds", [3, 2])
+def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup, tmp_path, monkeypatch, max_rounds):
+    """dynamic_sampling: batches of prompts_per_step prompts are rolled out until prompts_per_step groups have
+    signal; the update gets the first of them in stream order, the last batch's surplus is counted and dropped,
+    and every rolled-out sample has its own rollout seed (numbered on across the batches)."""
+    import dllm_rl.rl.trainer as trainer_mod
+    from dllm_rl.tasks import get_task
+    from dllm_rl.training import IndexStream
+
+    scored = []
+    real = trainer_mod.estimate
+
+    def spy(name, model, batch, gen, **opts):
+        scored.append(batch.sample_seeds.tolist())
+        return real(name, model, batch, gen, **opts)
+
+    monkeypatch.setattr(trainer_mod, "estimate", spy)
+    P, G = 2, 4
+    cfg = load_config(RLConfig, None, rl_overrides(
+        rl_setup, "llada", tmp_path, "seed=1", "algorithm=espo", "estimator_noise=sample", "dynamic_sampling=true",
+        f"max_sampling_rounds={max_rounds}", "save_rollouts=100"))
+    trainer = RLTrainer(cfg, reward_fn=_even_target_reward)
+    task = get_task("countdown", data=str(rl_setup / "train.jsonl"), split="train", prompt_style="compact")
+    stream = IndexStream(len(task), seed=cfg.seed)
+    cases = []
+    for step in range(3):
+        trainer.step_idx = step
+        # expected: draw batches of P prompts until P of them have an even target, at most max_rounds batches
+        drawn, even = [], 0
+        for _ in range(max_rounds):
+            batch = stream.take(P)
+            drawn += batch
+            even += sum(task[i]["target"] % 2 == 0 for i in batch)
+            if even >= P:
+                break
+        kept = [j for j, i in enumerate(drawn) if task[i]["target"] % 2 == 0][:P]
+        cases.append((len(drawn) // P, even))
+        scored.clear()
+        res = trainer.step()
+        m = res.metrics
+        assert m["sampling_rounds"] == len(drawn) // P
+        assert m["zero_variance_groups"] == sum(task[i]["target"] % 2 for i in drawn)
+        assert m["surplus_groups"] == max(0, even - P)
+        assert m["kept_samples"] == G * len(kept)
+        # the rewards saw the drawn prompts, G rollouts each, in stream order
+        texts, _ = encode_prompts(task, [task[i] for i in drawn], trainer.tokenizer)
+        assert [s[0] for s in res.samples] == [t for t in texts for _ in range(G)]
+        # the update scored exactly the kept groups' samples, with the rollouts' own seeds
+        want = [trainer_mod._seed(cfg.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
+        assert scored and all(s == want for s in scored)
+    assert trainer.stream.state_dict() == stream.state_dict()
+    # seed 1's stream: a surplus group, then 3 batches for 2 groups, or (max 2 batches) a step left one short
+    assert cases == ([(2, 3), (3, 2), (2, 2)] if max_rounds == 3 else [(2, 3), (2, 1), (2, 2)])
+
+
+def test_dynamic_sampling_stops_after_max_sampling_rounds_and_needs_a_filter(rl_setup, tmp_path):
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "dynamic_sampling=true",
+                                                   "max_sampling_rounds=3"))
+    trainer = RLTrainer(cfg, reward_fn=lambda prompts, completions, **cols: [0.5] * len(completions))
+    m = trainer.step().metrics
+    assert (m["sampling_rounds"], m["zero_variance_groups"], m["kept_samples"], m["skipped_step"]) == (3, 6, 0, 1)
+    assert trainer.stream.state_dict()["consumed"] == 6
+    with pytest.raises(ConfigError, match="dynamic_sampling: refills the groups that drop_zero_variance"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "dynamic_sampling=true",
+                                                           "drop_zero_variance=false")))
+    with pytest.raises(ConfigError, match="max_sampling_rounds: must be >= 1, got 0"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "max_sampling_rounds=0")))

@@ -92,6 +92,11 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
         raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
     if out.accuracy_band is not None and len(out.accuracy_band) != 2:
         raise ConfigError("accuracy_band: give two numbers [lo, hi]")
+    if out.max_sampling_rounds < 1:
+        raise ConfigError(f"max_sampling_rounds: must be >= 1, got {out.max_sampling_rounds}")
+    if out.dynamic_sampling and not out.drop_zero_variance and out.accuracy_band is None:
+        raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
+                          "with drop_zero_variance=false and no accuracy_band nothing is dropped")
     if not out.model:
         raise ConfigError("model: set the checkpoint directory (model=PATH)")
     return out

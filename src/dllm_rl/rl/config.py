@@ -103,6 +103,11 @@ class RLConfig:
     drop_zero_variance: bool = field(True, help="drop groups whose rewards are all equal (counted in the logs)")
     accuracy_band: list[float] | None = field(
         None, help="keep only groups with lo <= accuracy <= hi (TraceRL uses [0.2, 0.8])")
+    dynamic_sampling: bool = field(
+        False, help="DAPO's dynamic sampling: after the groups without signal are dropped (drop_zero_variance, "
+        "accuracy_band), roll out further batches of prompts_per_step prompts until prompts_per_step groups with "
+        "signal are kept (the surplus of the last batch is dropped) or max_sampling_rounds batches were drawn")
+    max_sampling_rounds: int = field(4, help="dynamic_sampling: most prompt batches rolled out per step")
     reference: str = field("copy", help="reference policy: copy (frozen copy of the start weights) | "
                            "base (LoRA adapters disabled; needs lora.enabled)")
 

@@ -35,7 +35,7 @@ from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy
-from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
     IndexStream,
@@ -77,6 +77,19 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
                         confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
                         top_k=r.top_k, top_p=r.top_p, cache=r.cache)
+
+
+@dataclass
+class _Round:
+    """One batch of prompts rolled out and rewarded (a step has one, or several with dynamic_sampling)."""
+
+    rollout: Rollout
+    rewards: list[float]
+    reasons: list[str]
+    seeds: list[int]  # per sample: its rollout noise, and its estimator masks
+    prompts: list[str]  # per sample: its prompt text
+    t_rollout: float
+    t_reward: float
 
 
 @dataclass
@@ -147,51 +160,54 @@ class RLTrainer:
 
     # --------------------------------------------------------------------------------- one step
     def step(self) -> StepResult:
-        cfg, acc = self.cfg, self.accelerator
+        cfg = self.cfg
         t0 = time.perf_counter()
-        # 1. prompts: this rank's share of the step's prompt groups
-        world, rank = acc.num_processes, acc.process_index
-        idx = self.stream.take(cfg.prompts_per_step * world)[rank::world]
-        examples = [self.train_task[i] for i in idx]
-        texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
-        G = cfg.num_generations
-        group_ids = [p for p in ids for _ in range(G)]
-        seeds = [_seed(cfg.seed, self.step_idx, rank, j) for j in range(len(group_ids))]
-
-        # 2. rollouts (eval mode, no grad, in-memory weights: the policy, or its rollout.dtype/compile copy)
-        self.model.eval()
+        G, target = cfg.num_generations, cfg.prompts_per_step
+        # 1-3. prompts -> rollouts -> rewards, one round or (dynamic_sampling) until `target` groups have signal
+        rounds: list[_Round] = []
+        signal = 0
+        t_reward = 0.0
+        # the rollouts' weights: the policy, or its rollout.dtype/compile copy refreshed from it
         policy = self.rollout_copy.refresh() if self.rollout_copy is not None else self.model
-        with torch.no_grad():
-            decode = decode_config(cfg, policy)
-            rollout = generate_batched(policy, group_ids, decode, seeds=seeds, tokenizer=self.tokenizer,
-                                       batch_size=cfg.rollout.batch_size)
-        self.model.train()
         t_rollout = time.perf_counter() - t0
-
-        # 3. rewards
-        prompts_rep = [t for t in texts for _ in range(G)]
-        columns: dict[str, list] = {}
-        for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
-            columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
-        rewards_list, reasons = safe_rewards(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
+        for _ in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            # every rank draws each round's prompts, so the ranks' prompt streams stay in step
+            idx = self.stream.take(cfg.prompts_per_step * self.accelerator.num_processes)
+            if signal < target:
+                rnd = self._rollout_round(policy, idx, first_sample=sum(len(x.rewards) for x in rounds))
+                rounds.append(rnd)
+                t_rollout, t_reward = t_rollout + rnd.t_rollout, t_reward + rnd.t_reward
+                signal += int(self._filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
+            if not cfg.dynamic_sampling or self._max_over_ranks(int(signal < target)) == 0:
+                break
+        rollout = Rollout.cat([x.rollout for x in rounds]) if len(rounds) > 1 else rounds[0].rollout
+        rewards_list = [v for x in rounds for v in x.rewards]
         rewards = torch.tensor(rewards_list, dtype=torch.float32)
-        t_reward = time.perf_counter() - t0 - t_rollout
+        seeds = [s for x in rounds for s in x.seeds]
+        prompts_rep = [p for x in rounds for p in x.prompts]
+        reasons = [why for x in rounds for why in x.reasons]
 
-        # 4. advantages; groups with no signal are dropped (and counted)
+        # 4. advantages; groups with no signal are dropped (and counted), and with dynamic_sampling the groups
+        # with signal beyond `target` (the last round's surplus)
         adv = compute_advantages(cfg.advantage, rewards, G, cfg.scale_rewards)
-        band = tuple(cfg.accuracy_band) if cfg.accuracy_band else None
-        filt = group_filter(rewards, G, drop_zero_variance=cfg.drop_zero_variance, accuracy_band=band)
-        keep = torch.nonzero(filt.keep).flatten()
+        filt = self._filter(rewards)
+        keep_group = filt.keep.view(-1, G)[:, 0]
+        surplus = 0
+        if cfg.dynamic_sampling:
+            within = keep_group & (keep_group.long().cumsum(0) <= target)
+            surplus, keep_group = int((keep_group & ~within).sum()), within
+        keep = torch.nonzero(keep_group.repeat_interleave(G)).flatten()
 
         # 5. optimisation passes over the kept samples
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
         any_kept = self._max_over_ranks(len(keep)) > 0
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
+        t_update = time.perf_counter()
         update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
         if self.ema is not None:
             self.ema.update()
-        t_update = time.perf_counter() - t0 - t_rollout - t_reward
+        t_update = time.perf_counter() - t_update
 
         lengths = rollout.completion_mask.sum(-1).float()
         gen_tokens = float(lengths.sum())
@@ -205,11 +221,43 @@ class RLTrainer:
             "time_rollout": t_rollout, "time_reward": t_reward, "time_update": t_update,
             "lr": float(self.scheduler.get_last_lr()[0]),
         }
+        if cfg.dynamic_sampling:
+            m.update(sampling_rounds=float(len(rounds)), surplus_groups=float(surplus))
         m.update(update)
         m = self._reduce(m)
         samples = [(prompts_rep[i], rollout.texts[i], rewards_list[i], reasons[i])
-                   for i in range(min(cfg.save_rollouts, len(rewards_list)))]
+                   for i in range(min(cfg.save_rollouts, len(rewards)))]
         return StepResult(m, samples)
+
+    def _filter(self, rewards: torch.Tensor):
+        band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
+        return group_filter(rewards, self.cfg.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
+                            accuracy_band=band)
+
+    def _rollout_round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> _Round:
+        """Roll out (with ``policy``'s weights) and reward this rank's share of the prompts ``idx`` (every
+        rank's, drawn together); its samples are numbered from ``first_sample`` on in the step (their rollout
+        and mask seeds)."""
+        cfg, acc = self.cfg, self.accelerator
+        t0 = time.perf_counter()
+        examples = [self.train_task[i] for i in idx[acc.process_index::acc.num_processes]]
+        texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
+        G = cfg.num_generations
+        group_ids = [p for p in ids for _ in range(G)]
+        seeds = [_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j) for j in range(len(group_ids))]
+        self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
+        with torch.no_grad():
+            rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
+                                       tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
+        self.model.train()
+        t_rollout = time.perf_counter() - t0
+        prompts_rep = [t for t in texts for _ in range(G)]
+        columns: dict[str, list] = {}
+        for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
+            columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
+        rewards, reasons = safe_rewards(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
+        return _Round(rollout, rewards, reasons, seeds, prompts_rep,
+                      t_rollout, time.perf_counter() - t0 - t_rollout)
 
     def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
