@@ -2,6 +2,7 @@
 
     python benchmarks/learning.py                       # the README table: every method x model, 2 seeds
     python benchmarks/learning.py --runs full:espo --seeds 0 --minutes 3   # one quick run
+    python benchmarks/learning.py --runs full:espo --seeds 0 1 --steps 250 # equal updates, any machine speed
 
 Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation
@@ -28,9 +29,12 @@ from dllm_rl.rl.cli import demo_config_path, demo_overrides
 DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo"]
 
 
-def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str]):
+def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str],
+            steps: int | None = None):
+    # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
+    budget = [f"max_steps={steps}", "max_time_minutes=null"] if steps else [f"max_time_minutes={minutes}"]
     return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
-            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", f"max_time_minutes={minutes}",
+            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", *budget,
             f"eval.limit={eval_limit}", "progress=false", "log_samples_every=0", *extra]
 
 
@@ -41,6 +45,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=9.2,
                     help="time budget per run (wall, 1 thread), from the run's start: the evaluation before "
                     "training counts, the one after does not")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="a step budget instead of --minutes: every run trains exactly this many RL steps (the "
+                    "machine's speed varies by 20-50%% over a day, which moves a time budget's step count)")
     ap.add_argument("--eval-limit", type=int, default=500)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="rerun runs whose summary.json already exists")
@@ -54,7 +61,8 @@ def main() -> None:
         for seed in args.seeds:
             run_dir = out / f"{model}-{algo}-seed{seed}"
             jobs.append((model, algo, seed, run_dir,
-                         command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra)))
+                         command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra,
+                                 args.steps)))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, tuple]] = []
     # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table)
