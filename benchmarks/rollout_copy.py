@@ -10,7 +10,7 @@ rollout, timed on its own). Rounds interleave the three and the best time of the
 are the figures. How far each copy moves the policy: the share of held-out prompts whose greedy completion
 is the same token for token as the float32 policy's, and the greedy accuracy of each on those prompts. The
 bfloat16 speed-up needs a CPU or GPU that computes bfloat16 matrix products natively (e.g. AMX or
-AVX512-BF16); elsewhere bfloat16 can be slower.
+AVX512-BF16); elsewhere bfloat16 can be slower. The last line says what ``rollout.dtype: auto`` picks here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dllm_rl.eval.heldout import encode_prompts, heldout_accuracy
 from dllm_rl.models import load_model, load_tokenizer
 from dllm_rl.rl.cli import demo_config_path, demo_overrides
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.rollout_copy import RolloutCopy
+from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.trainer import decode_config
 from dllm_rl.sampling import generate_batched
 from dllm_rl.tasks import get_task
@@ -82,6 +82,8 @@ def main() -> None:
         same = sum(a == b for a, b in zip(res["float32"].texts, res[which].texts, strict=True))
         print(f"  {which:<13} identical completions {same / len(held.examples):.1%}, "
               f"accuracy {res[which].accuracy:.1%}")
+    _, note = rollout_dtype("auto", policy.dtype, policy.device)
+    print(f"on this machine {note}")
 
 
 if __name__ == "__main__":

@@ -246,6 +246,22 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
 
 
+def test_rollout_dtype_auto_takes_bfloat16_only_where_the_device_has_it(rl_setup, tmp_path, monkeypatch):
+    """rollout.dtype=auto: a bfloat16 copy where native_bfloat16 finds support, no copy (the float32 policy
+    decodes) where it does not; the run's log says which."""
+    import dllm_rl.rl.rollout_copy as copy_mod
+
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=auto"))
+    monkeypatch.setattr(copy_mod, "native_bfloat16", lambda device: "AMX")
+    trainer = RLTrainer(cfg)
+    assert trainer.rollout_copy.model.dtype == torch.bfloat16 and trainer.model.dtype == torch.float32
+    assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded by a bfloat16 copy (AMX)"
+    monkeypatch.setattr(copy_mod, "native_bfloat16", lambda device: None)
+    trainer = RLTrainer(cfg)
+    assert trainer.rollout_copy is None
+    assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded in float32 (no native bfloat16 on this device)"
+
+
 @needs_cxx
 def test_compiled_rollout_copy_decodes_what_the_live_policy_would(rl_setup, tmp_path, monkeypatch):
     """rollout.compile=true at the policy's dtype: a copy exists only to be compiled, and each step's rollouts

@@ -1,5 +1,6 @@
 """RolloutCopy with rollout.compile: the compiled copy computes what the live policy computes, after every
-refresh, and one compile serves every batch size and width."""
+refresh, and one compile serves every batch size and width. rollout_dtype / native_bfloat16: which dtype
+rollouts decode in for each rollout.dtype setting and device."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from torch._dynamo.utils import counters
 
 from dllm_rl.config import ConfigError
 from dllm_rl.models import load_model
-from dllm_rl.rl.rollout_copy import RolloutCopy
+from dllm_rl.rl.rollout_copy import RolloutCopy, native_bfloat16, rollout_dtype
 
 
 @needs_cxx
@@ -47,3 +48,49 @@ def test_compile_without_a_cxx_compiler_fails_with_the_key_and_the_way_out(rl_se
     with pytest.raises(ConfigError, match=r"rollout.compile: .*no C\+\+ compiler.*rollout.compile=false"):
         RolloutCopy(policy, torch.float32, compile=True)
     assert RolloutCopy(policy, torch.bfloat16).model.dtype == torch.bfloat16  # without compile: no compiler needed
+
+
+@pytest.mark.parametrize(("machine", "amx", "avx512_bf16", "mkldnn_bf16", "want"), [
+    ("x86_64", True, True, False, "AMX"),
+    ("x86_64", False, True, False, "AVX512-BF16"),
+    ("x86_64", False, False, True, None),  # oneDNN's check counts AVX512 emulation: not asked on x86
+    ("aarch64", False, False, True, "aarch64 BF16"),
+    ("aarch64", False, False, False, None),
+])
+def test_native_bfloat16_reads_the_cpus_instructions(monkeypatch, machine, amx, avx512_bf16, mkldnn_bf16, want):
+    import dllm_rl.rl.rollout_copy as mod
+
+    monkeypatch.setattr(mod.platform, "machine", lambda: machine)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: mkldnn_bf16)
+    assert native_bfloat16("cpu") == want
+    assert native_bfloat16("meta") is None
+
+
+def test_native_bfloat16_without_torchs_checks_is_no_support(monkeypatch):
+    import dllm_rl.rl.rollout_copy as mod
+
+    monkeypatch.setattr(mod.platform, "machine", lambda: "x86_64")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    assert native_bfloat16("cpu") is None
+
+
+@pytest.mark.parametrize(("requested", "policy", "native", "want", "note"), [
+    (None, torch.float32, "AMX", torch.float32, None),
+    ("auto", torch.float32, "AMX", torch.bfloat16, "rollout.dtype=auto: rollouts decoded by a bfloat16 copy (AMX)"),
+    ("auto", torch.float32, None, torch.float32,
+     "rollout.dtype=auto: rollouts decoded in float32 (no native bfloat16 on this device)"),
+    ("auto", torch.bfloat16, None, torch.bfloat16, None),
+    ("float32", torch.float32, None, torch.float32, None),
+    ("bf16", torch.float32, "AVX512-BF16", torch.bfloat16, None),
+    ("bfloat16", torch.float32, None, torch.bfloat16, "warning: rollout.dtype=bfloat16 on a CPU without AMX"),
+])
+def test_rollout_dtype_for_each_setting(monkeypatch, requested, policy, native, want, note):
+    import dllm_rl.rl.rollout_copy as mod
+
+    monkeypatch.setattr(mod, "native_bfloat16", lambda device: native)
+    dtype, said = rollout_dtype(requested, policy, "cpu")
+    assert dtype == want
+    assert (said is None) == (note is None) and (said or "").startswith(note or "")

@@ -72,7 +72,7 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     _check("estimator_noise", out.estimator_noise, ("sample", "group"))
     _check("rollout.cache", out.rollout.cache, ("none", "prefix", "dual"))
     if out.rollout.dtype is not None:
-        _check("rollout.dtype", out.rollout.dtype, DTYPES)
+        _check("rollout.dtype", out.rollout.dtype, (*DTYPES, "auto"))
     for name, schedule in (("rollout", out.rollout), ("eval", out.eval)):
         if schedule.threshold is not None and not 0.0 < schedule.threshold <= 1.0:
             raise ConfigError(f"{name}.threshold: must be in (0, 1], got {schedule.threshold}")

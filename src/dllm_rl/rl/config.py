@@ -30,9 +30,10 @@ class RolloutConfig:
     cache: str = field("prefix", help="KV cache for full-attention models: none | prefix | dual")
     batch_size: int = field(64, help="sequences decoded together")
     dtype: str | None = field(
-        None, help="decode rollouts with a copy of the policy in this dtype (bfloat16 | float16 | float32), "
+        None, help="decode rollouts with a copy of the policy in this dtype (bfloat16 | float16 | float32 | auto), "
         "refreshed from the live weights each step; log-probs, updates and the held-out evaluation keep the "
-        "policy's dtype. Default: the policy itself")
+        "policy's dtype. auto: bfloat16 where the device multiplies it natively (CUDA; a CPU with AMX or "
+        "AVX512-BF16), else the policy's dtype. Default: the policy itself")
     compile: bool = field(
         False, help="decode rollouts with a torch.compile'd copy of the policy (dynamic shapes: one compile, 10-30 s "
         "on the first step, serves every batch and prompt width; needs a C++ compiler on CPU), refreshed from "

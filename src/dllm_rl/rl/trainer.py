@@ -28,13 +28,13 @@ from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
-from dllm_rl.models.loading import read_config, resolve_dtype
+from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.rewards import safe_rewards
-from dllm_rl.rl.rollout_copy import RolloutCopy
+from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
@@ -134,10 +134,10 @@ class RLTrainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
         self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-        rollout_dtype = resolve_dtype(cfg.rollout.dtype) if cfg.rollout.dtype else self.model.dtype
+        decode_dtype, self.rollout_note = rollout_dtype(cfg.rollout.dtype, self.model.dtype, self.accelerator.device)
         self.rollout_copy = None
-        if rollout_dtype != self.model.dtype or cfg.rollout.compile:
-            self.rollout_copy = RolloutCopy(self._plain(), rollout_dtype, compile=cfg.rollout.compile)
+        if decode_dtype != self.model.dtype or cfg.rollout.compile:
+            self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -482,6 +482,8 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         f"{len(trainer.train_task)} train / {len(trainer.eval_task)} held-out")
     summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
                      "is_main": trainer.is_main}
+    if trainer.rollout_note:
+        say(trainer.rollout_note)
     if trainer.step_idx == 0:
         before = trainer.evaluate()
         summary["accuracy_before"] = before.accuracy
