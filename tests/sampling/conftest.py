@@ -54,10 +54,16 @@ def logit_for(p: float, vocab: int = V) -> float:
 
 
 def table_from(rows: dict[int, tuple[int, float]], n_pos: int = 64, vocab: int = V) -> torch.Tensor:
-    """``rows[pos] = (token, prob)``: at ``pos`` the model puts ``prob`` on ``token`` (uniform elsewhere)."""
+    """``rows[pos] = (token, prob)``: at ``pos`` the model puts ``prob`` on ``token`` (uniform elsewhere).
+
+    Unlisted positions put ``0.5 - pos / 1000`` on ``pos % 10``: distinct confidences that fall left to right.
+    Equal probabilities at two positions are not exact ties after the sampler's softmax (its vectorised sum
+    rounds differently with the hot token in another lane, and differently per CPU instruction set), so the
+    tests never rely on them; the tie rule itself is tested on exact values in test_sampling_confidence.py.
+    """
     table = torch.zeros(n_pos, vocab)
     for pos in range(n_pos):
-        tok, p = rows.get(pos, (pos % min(10, vocab), 0.5))
+        tok, p = rows.get(pos, (pos % min(10, vocab), 0.5 - pos / 1000))
         table[pos, tok] = logit_for(p, vocab)
     return table
 

@@ -9,24 +9,24 @@ from dllm_rl.sampling import DecodeConfig, generate
 
 def test_static_commit_order_counts_and_ties(fakes):
     # Prompt of 2 tokens: completion positions 2..9, two blocks of 4, 3 steps per block -> counts [2, 1, 1].
-    rows = {2: (3, 0.6), 3: (4, 0.2), 4: (5, 0.6), 5: (6, 0.6),  # three-way tie at 0.6: lower positions first
+    rows = {2: (3, 0.62), 3: (4, 0.2), 4: (5, 0.61), 5: (6, 0.6),
             6: (7, 0.3), 7: (8, 0.7), 8: (9, 0.5), 9: (1, 0.9)}
     model = fakes.fake_model(fakes.table_from(rows))
     r = generate(model, [[11, 12]], DecodeConfig(gen_length=8, block_length=4, steps=3))
     assert r.completion_ids[0].tolist() == [3, 4, 5, 6, 7, 8, 9, 1]
-    # block 0: step 0 -> pos 2, 4 (tie, lower first); step 1 -> pos 5; step 2 -> pos 3
+    # block 0: step 0 -> pos 2, 4 (0.62, 0.61); step 1 -> pos 5; step 2 -> pos 3
     # block 1: step 3 -> pos 9, 7; step 4 -> pos 8; step 5 -> pos 6
     assert r.step_map[0].tolist() == [0, 2, 0, 1, 5, 3, 4, 3]
     assert r.nfe.tolist() == [6]
-    assert r.confidence[0].tolist() == pytest.approx([0.6, 0.2, 0.6, 0.6, 0.3, 0.7, 0.5, 0.9], abs=1e-6)
+    assert r.confidence[0].tolist() == pytest.approx([0.62, 0.2, 0.61, 0.6, 0.3, 0.7, 0.5, 0.9], abs=1e-6)
     assert r.finish_reason == ["length"] and r.completion_mask.all()
     assert r.prompt_ids.tolist() == [[11, 12]] and r.prompt_mask.all()
 
 
 def test_static_schedule_splits_evenly_and_skips_empty_steps(fakes):
-    model = fakes.fake_model(fakes.table_from({}))  # every position 0.5: commit strictly left to right
+    model = fakes.fake_model(fakes.table_from({}))  # confidence falls with the position: left to right
     r = generate(model, [[1]], DecodeConfig(gen_length=10, block_length=10, steps=4))
-    # 10 masks over 4 steps: 3, 3, 2, 2 tokens, highest confidence (all tied) -> lowest positions first
+    # 10 masks over 4 steps: 3, 3, 2, 2 tokens, highest confidence (the lowest positions) first
     assert r.step_map[0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 3, 3]
     r = generate(model, [[1]], DecodeConfig(gen_length=8, block_length=4, steps=6))
     # more steps than masks: one token per step, the empty steps are not spent
