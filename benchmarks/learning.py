@@ -8,9 +8,10 @@ Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation
 before training; the default 9.2 keeps each whole run, both evaluations included, under 10 minutes), one CPU
 thread, evaluated on ``--eval-limit`` held-out problems before and after. Runs go ``--parallel`` at a time.
-Prints a Markdown table (method x model: before, after per seed, gain, steps, minutes, seeds) and writes it
-with the raw summaries to ``--out``. Runs whose ``summary.json`` exists are not rerun (``--force`` reruns
-them): the same command fills in missing runs and reprints the table.
+Prints a Markdown table (method x model: before, after per seed, gain, steps, minutes, seconds per step in
+rollouts and in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
+``summary.json`` exists are not rerun (``--force`` reruns them): the same command fills in missing runs and
+reprints the table.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_li
     return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
             f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", *budget,
             f"eval.limit={eval_limit}", "progress=false", "log_samples_every=0", *extra]
+
+
+def step_seconds(metrics: Path) -> tuple[float, float]:
+    """Mean seconds per RL step spent in rollouts and in the update: how fast this machine ran the run
+    (machines differ by 2x and more, which moves a time budget's step count)."""
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"time_rollout"' in line]
+    if not steps:
+        return float("nan"), float("nan")
+    return (statistics.mean(m["time_rollout"] for m in steps), statistics.mean(m["time_update"] for m in steps))
 
 
 def main() -> None:
@@ -87,6 +97,7 @@ def main() -> None:
             print(f"missing {f} (see {run_dir / 'log.txt'})")
             continue
         s = json.loads(f.read_text())
+        s["step_seconds"] = step_seconds(run_dir / "metrics.jsonl")
         rows.setdefault((algo, model), []).append(s)
     def gain(after: list[float], before: list[float]) -> str:
         gains = [a - b for a, b in zip(after, before)]
@@ -95,7 +106,7 @@ def main() -> None:
 
     # with ema_decay the returned model is the weight average; the last live policy's gain is shown beside it
     lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | gain, last live policy | steps | "
-             "minutes | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+             "minutes | s/step rollout + update | seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for (algo, model), ss in rows.items():
         before = [s["accuracy_before"] for s in ss]
         after = [s["accuracy_after"] for s in ss]
@@ -103,9 +114,10 @@ def main() -> None:
             "accuracy_after_live" in s for s in ss) else "(no average)"
         after_s = " / ".join(f"{a:.1%}" for a in after)
         steps = [s["steps"] for s in ss]
+        t_roll, t_upd = (statistics.mean(s["step_seconds"][k] for s in ss) for k in (0, 1))
         lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | {gain(after, before)} | "
                      f"{live} | {'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
-                     f"{statistics.mean(s['minutes'] for s in ss):.1f} | {len(ss)} |")
+                     f"{statistics.mean(s['minutes'] for s in ss):.1f} | {t_roll:.2f} + {t_upd:.2f} | {len(ss)} |")
     table = "\n".join(lines)
     print(table)
     out.mkdir(parents=True, exist_ok=True)
