@@ -3,6 +3,7 @@
     python benchmarks/learning.py                       # the README table: every method x model, 2 seeds
     python benchmarks/learning.py --runs full:espo --seeds 0 --minutes 3   # one quick run
     python benchmarks/learning.py --runs full:espo --seeds 0 1 --steps 250 # equal updates, any machine speed
+    python benchmarks/learning.py --runs full:espo --seeds 0 1 2 --report  # the table of finished runs only
 
 Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--eval-limit", type=int, default=500)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="rerun runs whose summary.json already exists")
+    ap.add_argument("--report", action="store_true", help="start no run: print the table of the finished ones")
     ap.add_argument("--out", default="runs/learning")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args()
@@ -76,7 +78,7 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, tuple]] = []
     # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table)
-    pending = [j for j in jobs if args.force or not (j[3] / "summary.json").is_file()]
+    pending = [] if args.report else [j for j in jobs if args.force or not (j[3] / "summary.json").is_file()]
     while pending or running:
         while pending and len(running) < args.parallel:
             job = pending.pop(0)
