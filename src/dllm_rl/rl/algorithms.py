@@ -22,7 +22,7 @@ from dllm_rl.rl.losses import POLICY_LOSSES
 PRESETS: dict[str, dict[str, Any]] = {
     # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL, leave-one-out advantages. Ours: a
     # prompt's rollouts share the ELBO's masks (estimator_noise=group), so the leave-one-out gradients on the
-    # tokens they share cancel (README "Measured": it lifted ESPO on both demo models).
+    # tokens they share cancel (benchmarks/LEARNING.md: it lifted ESPO on both demo models).
     "espo": dict(estimator="elbo", estimator_options={"num_mc": 2, "coupled": True}, loss_type="sequence",
                  loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2", advantage="leave_one_out",
                  scale_rewards="none", estimator_noise="group"),
