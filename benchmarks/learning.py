@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from dllm_rl.rl.cli import demo_config_path, demo_overrides
+from dllm_rl.training import METRICS_FILE, read_metrics
 
 DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo"]
 
@@ -43,7 +44,7 @@ def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_li
 def step_seconds(metrics: Path) -> tuple[float, float]:
     """Mean seconds per RL step spent in rollouts and in the update: how fast this machine ran the run
     (machines differ by 2x and more, which moves a time budget's step count)."""
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"time_rollout"' in line]
+    steps = [m for m in read_metrics(metrics) if "time_rollout" in m]
     if not steps:
         return float("nan"), float("nan")
     return (statistics.mean(m["time_rollout"] for m in steps), statistics.mean(m["time_update"] for m in steps))
@@ -99,7 +100,7 @@ def main() -> None:
             print(f"missing {f} (see {run_dir / 'log.txt'})")
             continue
         s = json.loads(f.read_text())
-        s["step_seconds"] = step_seconds(run_dir / "metrics.jsonl")
+        s["step_seconds"] = step_seconds(run_dir / METRICS_FILE)
         rows.setdefault((algo, model), []).append(s)
     def gain(after: list[float], before: list[float]) -> str:
         gains = [a - b for a, b in zip(after, before)]

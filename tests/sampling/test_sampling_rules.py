@@ -7,7 +7,7 @@ import torch
 from dllm_rl.sampling import DecodeConfig, generate
 
 
-def test_static_commit_order_counts_and_ties(fakes):
+def test_static_commit_order_and_counts(fakes):
     # Prompt of 2 tokens: completion positions 2..9, two blocks of 4, 3 steps per block -> counts [2, 1, 1].
     rows = {2: (3, 0.62), 3: (4, 0.2), 4: (5, 0.61), 5: (6, 0.6),
             6: (7, 0.3), 7: (8, 0.7), 8: (9, 0.5), 9: (1, 0.9)}
