@@ -19,7 +19,7 @@ import torch
 from dllm_rl.estimators import ScoringBatch, estimate
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.rl.advantages import group_zscore
-from dllm_rl.rl.losses import token_clipped_loss
+from dllm_rl.rl.losses import LossConfig, token_clipped_loss
 from dllm_rl.sampling import DecodeConfig, generate
 
 
@@ -60,7 +60,7 @@ def main() -> None:
                            ("coupled", {})]:
             t0 = time.perf_counter()
             with torch.no_grad():
-                sc = estimate(name, model, batch, torch.Generator().manual_seed(1), **opts)
+                sc = estimate(model, name, batch, torch.Generator().manual_seed(1), **opts)
             dt = time.perf_counter() - t0
             label = f"{name}" + (f"(s={opts['shrinkage']})" if name == "trace" else "")
             print(f"{label:<14}{sc.forwards / B:>16.2f}{sc.forward_tokens / max(sc.forwards, 1):>16.1f}{dt / B:>10.4f}")
@@ -68,8 +68,8 @@ def main() -> None:
         # one update: forward + backward of the preset's estimator
         model.train()
         t0 = time.perf_counter()
-        new = estimate("trace", model, batch, torch.Generator().manual_seed(1), shrinkage=shrink)
-        out = token_clipped_loss(new, new, None, adv)
+        new = estimate(model, "trace", batch, torch.Generator().manual_seed(1), shrinkage=shrink)
+        out = token_clipped_loss(new, new, None, adv, batch.lengths, LossConfig())
         out.loss.backward()
         t_upd = time.perf_counter() - t0
         model.eval()

@@ -21,19 +21,19 @@ def test_registry_names():
 
 def test_unknown_name_and_option(models, batch):
     with pytest.raises(ValueError, match="valid estimators: .*coupled.*elbo.*mean_field.*random_mask.*trace"):
-        estimate("bogus", models["llada"], batch, gen(0))
+        estimate(models["llada"], "bogus", batch, gen(0))
     with pytest.raises(ValueError, match="unknown option.*num_samples.*valid options: num_mc"):
-        estimate("elbo", models["llada"], batch, gen(0), num_samples=3)
+        estimate(models["llada"], "elbo", batch, gen(0), num_samples=3)
     with pytest.raises(ValueError, match="num_mc"):
-        estimate("elbo", models["llada"], batch, gen(0), num_mc=0)
+        estimate(models["llada"], "elbo", batch, gen(0), num_mc=0)
     with pytest.raises(ValueError, match="lo must be <= hi"):
-        estimate("random_mask", models["llada"], batch, gen(0), lo=0.9, hi=0.1)
+        estimate(models["llada"], "random_mask", batch, gen(0), lo=0.9, hi=0.1)
     with pytest.raises(ValueError, match="p_mask_prompt"):
-        estimate("mean_field", models["llada"], batch, gen(0), p_mask_prompt=1.5)
+        estimate(models["llada"], "mean_field", batch, gen(0), p_mask_prompt=1.5)
     with pytest.raises(ValueError, match="torch.Generator"):
-        estimate("elbo", models["llada"], batch, 0)
+        estimate(models["llada"], "elbo", batch, 0)
     with pytest.raises(ValueError, match="max_rows"):
-        estimate("elbo", models["llada"], batch, gen(0), max_rows=0)
+        estimate(models["llada"], "elbo", batch, gen(0), max_rows=0)
 
 
 def test_batch_validation():
@@ -57,25 +57,25 @@ def test_every_family_and_estimator(models, batch, family, name):
     """Same seed -> identical scores; other seed -> other masks; global RNG untouched; gradients flow."""
     model = models[family]
     state = torch.get_rng_state()
-    a = estimate(name, model, batch, gen(3))
-    b = estimate(name, model, batch, gen(3))
+    a = estimate(model, name, batch, gen(3))
+    b = estimate(model, name, batch, gen(3))
     assert torch.equal(torch.get_rng_state(), state), "the global RNG must not be used"
     assert torch.equal(a.logp, b.logp) and torch.equal(a.weight, b.weight)
     d = a.num_draws
     assert a.logp.shape == a.weight.shape == (d, 3, 8) and a.logp.dtype == torch.float32
     assert torch.all(a.weight[:, ~batch.completion_mask] == 0), "uncounted tokens are never scored"
     assert torch.all(a.logp[a.weight == 0] == 0) and torch.all(a.logp[a.weight != 0] < 0)
-    assert a.forwards == estimator_forwards(name, model, batch, gen(3))
+    assert a.forwards == estimator_forwards(model, name, batch, gen(3))
     if name != "trace":  # trace is deterministic
         with Spy(model) as s1:
-            estimate(name, model, batch, gen(3))
+            estimate(model, name, batch, gen(3))
         with Spy(model) as s2:
-            estimate(name, model, batch, gen(4))
+            estimate(model, name, batch, gen(4))
         x, y = s1.inputs(), s2.inputs()
         assert x.shape != y.shape or not torch.equal(x == MASK, y == MASK)
     # gradients reach the parameters through logp
     model.zero_grad()
-    loss = -estimate(name, model, batch, gen(3)).sequence_score().sum()
+    loss = -estimate(model, name, batch, gen(3)).sequence_score().sum()
     loss.backward()
     for p in (model.model.get_input_embeddings().weight, model.model.lm_head.weight):
         assert p.grad is not None and p.grad.abs().sum() > 0
@@ -85,8 +85,8 @@ def test_every_family_and_estimator(models, batch, family, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_max_rows_chunks_without_changing_scores(models, batch, name):
     model = models["sdar"]
-    full = estimate(name, model, batch, gen(2))
-    chunked = estimate(name, model, batch, gen(2), max_rows=2)
+    full = estimate(model, name, batch, gen(2))
+    chunked = estimate(model, name, batch, gen(2), max_rows=2)
     torch.testing.assert_close(chunked.logp, full.logp, atol=1e-5, rtol=0)
     assert torch.equal(chunked.weight, full.weight)
     assert full.calls == 1 and chunked.calls == -(-full.forwards // 2)
@@ -98,9 +98,9 @@ def test_sample_seeds_make_masks_independent_of_the_batch(models, name):
     model = models["llada"]
     batch = make_batch()
     batch.sample_seeds = torch.tensor([11, 22, 33])
-    whole = estimate(name, model, batch, gen(9))
+    whole = estimate(model, name, batch, gen(9))
     for part in ([0, 2], [1]):
-        sub = estimate(name, model, batch.select(part), gen(9))
+        sub = estimate(model, name, batch.select(part), gen(9))
         torch.testing.assert_close(sub.logp, whole.logp[:, part], atol=1e-5, rtol=0)
         assert torch.equal(sub.weight, whole.weight[:, part])
 
@@ -119,8 +119,8 @@ def test_completion_valid_hides_right_padding(models, name, family):
     padded = ScoringBatch(base.prompt_ids, base.prompt_mask, padded_ids,
                           torch.cat([base.completion_mask, torch.zeros(3, 3, dtype=torch.bool)], 1),
                           torch.cat([base.step_map, torch.full((3, 3), -1)], 1), completion_valid=valid)
-    a = estimate(name, model, base, gen(1))
-    b = estimate(name, model, padded, gen(1))
+    a = estimate(model, name, base, gen(1))
+    b = estimate(model, name, padded, gen(1))
     torch.testing.assert_close(b.logp[..., :6], a.logp, atol=1e-5, rtol=0)
     assert torch.all(b.weight[..., 6:] == 0)
 
@@ -128,10 +128,10 @@ def test_completion_valid_hides_right_padding(models, name, family):
 def test_mask_uncounted_masks_the_padding(models, batch):
     model = models["llada"]
     with Spy(model) as spy:
-        estimate("mean_field", model, batch, gen(0), mask_uncounted=True, p_mask_prompt=0.0)
+        estimate(model, "mean_field", batch, gen(0), mask_uncounted=True, p_mask_prompt=0.0)
     comp = spy.inputs()[:, batch.prompt_len :]
     assert torch.all(comp == MASK)
     with Spy(model) as spy:
-        estimate("mean_field", model, batch, gen(0), p_mask_prompt=0.0)
+        estimate(model, "mean_field", batch, gen(0), p_mask_prompt=0.0)
     comp = spy.inputs()[:, batch.prompt_len :]
     assert torch.equal(comp == MASK, batch.completion_mask)

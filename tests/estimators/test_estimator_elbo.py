@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import EOS, MASK, blockwise_logp, gen
 
-from dllm_rl.estimators import ScoringBatch, elbo
+from dllm_rl.estimators import ScoringBatch, estimate
 
 
 def _sample(length: int, pad: int) -> ScoringBatch:
@@ -50,7 +50,8 @@ def test_elbo_is_unbiased(models, family, is_coupled, num_mc):
     reps = 4000 // num_mc  # 4000 draws in all, each replica an independent estimate
     batch = one.select(torch.zeros(reps, dtype=torch.long))
     with torch.no_grad():
-        est = elbo(model, batch, gen(1), num_mc=num_mc, coupled=is_coupled, max_rows=2048).sequence_score().double()
+        est = estimate(model, "elbo", batch, gen(1), num_mc=num_mc, coupled=is_coupled, max_rows=2048)
+        est = est.sequence_score().double()
     mean, se = est.mean().item(), (est.std() / reps**0.5).item()
     assert abs(mean - exact) < 3 * se, (mean, exact, se)
     # the test has teeth: a biased variant (complement without the n = L correction) is detectably off
@@ -61,7 +62,7 @@ def test_elbo_exact_for_one_token_and_full_length(models):
     """L = 1: n = 1 always, the estimate is exact (log p of the single masked token), in every draw."""
     model = models["llada"]
     one = _sample(length=1, pad=3)
-    est = elbo(model, one, gen(0), num_mc=4, coupled=True)
+    est = estimate(model, "elbo", one, gen(0), num_mc=4, coupled=True)
     assert torch.all(est.info["num_masked"] == 1)
     torch.testing.assert_close(est.sequence_score()[0].item(), exact_elbo(model, one), atol=1e-5, rtol=0)
     assert est.forwards == 4  # no complement rows when n = L
@@ -100,7 +101,8 @@ def test_block_elbo_is_unbiased(models, is_coupled):
     reps = 2000
     batch = one.select(torch.zeros(reps, dtype=torch.long))
     with torch.no_grad():
-        est = elbo(model, batch, gen(2), num_mc=2, coupled=is_coupled, max_rows=2048).sequence_score().double()
+        est = estimate(model, "elbo", batch, gen(2), num_mc=2, coupled=is_coupled, max_rows=2048)
+        est = est.sequence_score().double()
     mean, se = est.mean().item(), (est.std() / reps**0.5).item()
     assert abs(mean - exact) < 3 * se, (mean, exact, se)
     assert se < abs(exact) / 30

@@ -32,12 +32,12 @@ def test_scores_equal_full_logits_and_lm_head_skips_the_prompt(models, monkeypat
     handle = model.hf_model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
     try:
         with torch.no_grad():
-            new = estimate(name, model, batch, gen(11), **opts)
+            new = estimate(model, name, batch, gen(11), **opts)
     finally:
         handle.remove()
     with monkeypatch.context() as m, torch.no_grad():
         m.setattr(model, "forward", types.MethodType(_full_head_forward, model))
-        old = estimate(name, model, batch, gen(11), **opts)
+        old = estimate(model, name, batch, gen(11), **opts)
     assert torch.equal(new.logp, old.logp) and torch.equal(new.weight, old.weight)
     assert (new.forwards, new.forward_tokens, new.calls) == (old.forwards, old.forward_tokens, old.calls)
     # P = 5, G = 8: single-stream rows project at most the 8 completion columns (Dream: + the column before);

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import EOS, MASK, Spy, direct_logp, gen
 
-from dllm_rl.estimators import ScoringBatch, estimate, estimator_forwards, trace
+from dllm_rl.estimators import ScoringBatch, estimate, estimator_forwards
 from dllm_rl.models import block_index, position_ids_from_valid
 
 M = MASK
@@ -28,7 +28,7 @@ def _known_batch() -> ScoringBatch:
 def test_trace_s1_exact_states(models, family):
     model, batch = models[family], _known_batch()
     with Spy(model) as spy:
-        sc = trace(model, batch, gen(0), shrinkage=1)
+        sc = estimate(model, "trace", batch, gen(0), shrinkage=1)
     p = [10, 11, 12]
     want = torch.tensor([
         p + [M, M, M, M, M, EOS],         # before step 0: every counted token masked; scores token 0
@@ -51,7 +51,7 @@ def test_trace_s1_exact_states(models, family):
 def test_trace_shrinkage_merges_steps(models):
     model, batch = models["llada"], _known_batch()
     with Spy(model) as spy:
-        sc = trace(model, batch, gen(0), shrinkage=2)
+        sc = estimate(model, "trace", batch, gen(0), shrinkage=2)
     p = [10, 11, 12]
     # merged steps = step // 2 = [0, 1, 0, 1, 1, 2]
     want = torch.tensor([
@@ -62,20 +62,20 @@ def test_trace_shrinkage_merges_steps(models):
     hand = direct_logp(model, want, torch.ones_like(want, dtype=torch.bool), 3, batch.completion_ids.expand(2, -1))
     for g, r in enumerate([0, 1, 0, 1, 1]):
         torch.testing.assert_close(sc.logp[0, 0, g], hand[r, g], atol=1e-5, rtol=0)
-    assert trace(model, batch, gen(0), shrinkage=6).forwards == 1
+    assert estimate(model, "trace", batch, gen(0), shrinkage=6).forwards == 1
 
 
 def test_trace_mask_uncounted_and_never_committed(models):
     model = models["llada"]
     batch = _known_batch()
     with Spy(model) as spy:
-        trace(model, batch, gen(0), shrinkage=2, mask_uncounted=True)
+        estimate(model, "trace", batch, gen(0), shrinkage=2, mask_uncounted=True)
     # the padding (step 5) is masked in both states since it is committed after them
     assert torch.equal(spy.inputs()[:, -1], torch.tensor([M, M]))
     # a counted token that was never committed (step -1) is neither masked nor scored
     batch.step_map[0, 1] = -1
     with Spy(model) as spy:
-        sc = trace(model, batch, gen(0), shrinkage=1)
+        sc = estimate(model, "trace", batch, gen(0), shrinkage=1)
     assert (spy.inputs()[:, 4] == 21).all()
     assert sc.weight[0, 0, 1] == 0 and sc.logp[0, 0, 1] == 0
     assert sc.forwards == 3  # steps 0, 1, 3
@@ -148,12 +148,12 @@ def _per_step_by_hand(model, batch, s):
 def test_two_stream_equals_per_step_direct_forwards(models, s, prompt_lens):
     model = models["sdar"]
     batch = _block_batch(prompt_lens)
-    sc = trace(model, batch, gen(0), shrinkage=s)
+    sc = estimate(model, "trace", batch, gen(0), shrinkage=s)
     hand, rows = _per_step_by_hand(model, batch, s)
     torch.testing.assert_close(sc.logp, hand, atol=1e-5, rtol=0)
     assert torch.equal(sc.weight[0], batch.completion_mask.float())
     # the full-attention-style path (one block-causal row per (block, merged step)) agrees too
-    plain = trace(model, batch, gen(0), shrinkage=s, layout="per_step")
+    plain = estimate(model, "trace", batch, gen(0), shrinkage=s, layout="per_step")
     torch.testing.assert_close(plain.logp, sc.logp, atol=1e-5, rtol=0)
     assert plain.forwards == rows
     assert sc.forwards < plain.forwards
@@ -167,14 +167,14 @@ def test_two_stream_cost(models, s, tokens_per_step):
     batch = _block_batch([8, 8], g_n=12, tokens_per_step=tokens_per_step)
     steps_per_block = 4 // tokens_per_step
     with Spy(model) as spy:
-        sc = trace(model, batch, gen(0), shrinkage=s)
+        sc = estimate(model, "trace", batch, gen(0), shrinkage=s)
     per_sample = math.ceil(steps_per_block / s)
     assert sc.forwards == 2 * per_sample
-    assert estimator_forwards("trace", model, batch, shrinkage=s) == sc.forwards
+    assert estimator_forwards(model, "trace", batch, shrinkage=s) == sc.forwards
     assert spy.inputs().shape == (2 * per_sample, 8 + 2 * 12)
     assert sc.forward_tokens == sc.forwards * (8 + 2 * 12)
     assert sc.calls == 1
-    chunked = trace(model, batch, gen(0), shrinkage=s, max_rows=1)
+    chunked = estimate(model, "trace", batch, gen(0), shrinkage=s, max_rows=1)
     assert chunked.calls == sc.forwards
     torch.testing.assert_close(chunked.logp, sc.logp, atol=1e-5, rtol=0)
 
@@ -184,7 +184,7 @@ def test_two_stream_noisy_copy_states(models):
     model = models["sdar"]
     batch = _block_batch([8], g_n=8)
     with Spy(model) as spy:
-        trace(model, batch, gen(0), shrinkage=1)
+        estimate(model, "trace", batch, gen(0), shrinkage=1)
     ids = spy.inputs()
     clean = batch.input_ids()[0]
     step = batch.step_map[0]
@@ -199,7 +199,7 @@ def test_two_stream_noisy_copy_states(models):
 def test_block_trace_with_early_eos_and_ungenerated_blocks(models):
     model = models["sdar"]
     batch = _block_batch([8, 7], g_n=16, answer_lens=[6, 10], seed=3)
-    sc = trace(model, batch, gen(0))
+    sc = estimate(model, "trace", batch, gen(0))
     hand, _ = _per_step_by_hand(model, batch, 1)
     torch.testing.assert_close(sc.logp, hand, atol=1e-5, rtol=0)
     assert torch.equal(sc.weight[0], batch.completion_mask.float())
@@ -209,8 +209,8 @@ def test_trace_errors(models):
     batch = _known_batch()
     batch.step_map = None
     with pytest.raises(ValueError, match="step_map"):
-        trace(models["llada"], batch, gen(0))
+        estimate(models["llada"], "trace", batch, gen(0))
     with pytest.raises(ValueError, match="two_stream"):
-        trace(models["llada"], _known_batch(), gen(0), layout="two_stream")
+        estimate(models["llada"], "trace", _known_batch(), gen(0), layout="two_stream")
     with pytest.raises(ValueError, match="shrinkage"):
-        estimate("trace", models["llada"], _known_batch(), gen(0), shrinkage=0)
+        estimate(models["llada"], "trace", _known_batch(), gen(0), shrinkage=0)

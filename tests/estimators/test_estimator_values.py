@@ -14,15 +14,12 @@ import torch
 from conftest import EOS, FAMILIES, MASK, Spy, blockwise_logp, direct_logp, fed_rows, gen, make_batch
 
 from dllm_rl.estimators import (
-    coupled,
-    elbo,
+    estimate,
     estimator_forwards,
-    mean_field,
     plan_coupled,
     plan_elbo,
     plan_mean_field,
     plan_random_mask,
-    random_mask,
 )
 from dllm_rl.models import full_bias, position_ids_from_valid
 
@@ -58,7 +55,7 @@ def _check_logp(model, batch, scores, d, b, m, atol=1e-5):
 def test_elbo_masks_weights_and_logp_by_hand(models, family, is_coupled):
     model, batch, d_n = models[family], make_batch(), 3
     with Spy(model) as spy:
-        sc = elbo(model, batch, gen(7), num_mc=d_n, coupled=is_coupled)
+        sc = estimate(model, "elbo", batch, gen(7), num_mc=d_n, coupled=is_coupled)
     # Redraw the estimator's random numbers by hand.
     g = gen(7)
     b_n, g_n = batch.batch_size, batch.completion_len
@@ -115,7 +112,7 @@ def test_elbo_block_model_draws_noise_per_block_by_hand(models, is_coupled):
     L_j / n_j, complement per block), scored in the two-stream layout against clean earlier blocks."""
     model, batch, d_n = models["sdar"], make_batch(), 2
     with Spy(model) as spy:
-        sc = elbo(model, batch, gen(7), num_mc=d_n, coupled=is_coupled)
+        sc = estimate(model, "elbo", batch, gen(7), num_mc=d_n, coupled=is_coupled)
     planned = plan_elbo(model, batch, gen(7), num_mc=d_n, coupled=is_coupled)
     g = gen(7)
     b_n, g_n = batch.batch_size, batch.completion_len
@@ -171,7 +168,7 @@ def test_elbo_zero_length_rows_score_zero(models):
     batch = make_batch()
     batch.completion_mask[1] = False
     with Spy(model) as spy:
-        sc = elbo(model, batch, gen(0), num_mc=2)
+        sc = estimate(model, "elbo", batch, gen(0), num_mc=2)
     assert sc.sequence_score()[1] == 0
     assert torch.all(sc.weight[:, 1] == 0)
     rows = plan_elbo(model, batch, gen(0), num_mc=2)
@@ -184,7 +181,7 @@ def test_elbo_zero_length_rows_score_zero(models):
 def test_mean_field_by_hand(models, family):
     model, batch = models[family], make_batch()
     with Spy(model) as spy:
-        sc = mean_field(model, batch, gen(5), p_mask_prompt=0.4)
+        sc = estimate(model, "mean_field", batch, gen(5), p_mask_prompt=0.4)
     g = gen(5)
     prompt_draw = torch.rand((batch.batch_size, 1, batch.prompt_len), generator=g)[:, 0] < 0.4
     want = batch.input_ids().clone()
@@ -202,7 +199,7 @@ def test_mean_field_by_hand(models, family):
 def test_mean_field_dream_shift_by_raw_logits(models):
     """Dream's raw logit at i scores token i+1: rebuild the aligned log-probs from the HF module directly."""
     model, batch = models["dream"], make_batch()
-    sc = mean_field(model, batch, gen(1), p_mask_prompt=0.0)
+    sc = estimate(model, "mean_field", batch, gen(1), p_mask_prompt=0.0)
     ids = batch.input_ids().clone()
     p = batch.prompt_len
     ids[:, p:][batch.completion_mask] = MASK
@@ -238,7 +235,8 @@ def test_random_mask_by_hand(models, family, importance_weight):
     model, batch = models[family], make_batch()
     lo, hi, d_n = 0.3, 0.9, 2
     with Spy(model) as spy:
-        sc = random_mask(model, batch, gen(11), lo=lo, hi=hi, importance_weight=importance_weight, num_mc=d_n)
+        sc = estimate(model, "random_mask", batch, gen(11), lo=lo, hi=hi, importance_weight=importance_weight,
+                      num_mc=d_n)
     g = gen(11)
     b_n, g_n = batch.batch_size, batch.completion_len
     t = lo + (hi - lo) * torch.rand((b_n, d_n), generator=g)
@@ -277,7 +275,7 @@ def test_random_mask_pinned_ratio_and_rate(models):
 def test_coupled_by_hand(models, family):
     model, batch = models[family], make_batch()
     with Spy(model) as spy:
-        sc = coupled(model, batch, gen(13), full_mask_row=True)
+        sc = estimate(model, "coupled", batch, gen(13), full_mask_row=True)
     g = gen(13)
     b_n, g_n = batch.batch_size, batch.completion_len
     t = 0.2 + 0.6 * torch.rand((b_n, 1), generator=g)
@@ -309,8 +307,8 @@ def test_coupled_by_hand(models, family):
 
 def test_coupled_unweighted_pair_sums_each_token_once(models):
     model, batch = models["llada"], make_batch()
-    sc = coupled(model, batch, gen(3), importance_weight=False, num_mc=2)
+    sc = estimate(model, "coupled", batch, gen(3), importance_weight=False, num_mc=2)
     assert torch.equal(sc.weight, batch.completion_mask.float()[None].expand(2, -1, -1))
     # 2 rows per sample and draw, minus rows that mask nothing (the other row then masks every token)
     assert 2 * 2 * batch.batch_size - 1 == sc.forwards
-    assert estimator_forwards("coupled", model, batch, gen(3), importance_weight=False, num_mc=2) == sc.forwards
+    assert estimator_forwards(model, "coupled", batch, gen(3), importance_weight=False, num_mc=2) == sc.forwards

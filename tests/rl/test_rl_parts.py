@@ -8,7 +8,7 @@ import torch
 
 from dllm_rl.rl.advantages import group_filter, group_zscore, leave_one_out
 from dllm_rl.rl.kl import k1, k2, k3
-from dllm_rl.rl.losses import sequence_clipped_loss, token_clipped_loss
+from dllm_rl.rl.losses import LossConfig, sequence_clipped_loss, token_clipped_loss
 
 
 @dataclass
@@ -60,11 +60,14 @@ def test_kl_estimators_hand_values():
     assert k1(same, same).item() == k2(same, same).item() == k3(same, same).item() == 0.0
 
 
+NO_LENGTHS = torch.tensor([])  # the token loss does not read completion lengths
+
+
 def test_token_loss_first_pass_ratio_one_and_gradient():
     logp = torch.tensor([[[-1.0, -2.0, -0.5, 0.0]]], requires_grad=True)  # D=1, B=1, G=4
     w = torch.tensor([[[1.0, 1.0, 1.0, 0.0]]])
     new, old = Scores(logp, w), Scores(logp.detach().clone(), w)
-    out = token_clipped_loss(new, old, None, torch.tensor([2.0]), epsilon=0.2)
+    out = token_clipped_loss(new, old, None, torch.tensor([2.0]), NO_LENGTHS, LossConfig(epsilon=0.2))
     assert out.loss.item() == pytest.approx(-2.0)  # -(1 * A) averaged over 3 active tokens
     assert out.stats["clip_frac"] == 0.0 and out.stats["ratio_mean"] == pytest.approx(1.0)
     out.loss.backward()
@@ -79,14 +82,16 @@ def test_token_loss_clipping_and_aggregations():
     adv = torch.tensor([1.0, -1.0])
     # seq 0 (A=+1): ratios 1.5 -> clipped 1.2, 0.9 -> 0.9: terms -1.2, -0.9
     # seq 1 (A=-1): ratio 0.5 -> min(-0.5, -0.8) = -0.8: term +0.8
-    tm = token_clipped_loss(new, old, None, adv, epsilon=0.2, aggregation="token_mean")
+    tm = token_clipped_loss(new, old, None, adv, NO_LENGTHS, LossConfig(epsilon=0.2, aggregation="token_mean"))
     assert tm.loss.item() == pytest.approx((-1.2 - 0.9 + 0.8) / 3)
     assert tm.stats["clip_frac"] == pytest.approx(2 / 3)
-    sm = token_clipped_loss(new, old, None, adv, epsilon=0.2, aggregation="seq_mean")
+    sm = token_clipped_loss(new, old, None, adv, NO_LENGTHS, LossConfig(epsilon=0.2, aggregation="seq_mean"))
     assert sm.loss.item() == pytest.approx(((-1.2 - 0.9) / 2 + 0.8) / 2)
-    fl = token_clipped_loss(new, old, None, adv, epsilon=0.2, aggregation="fixed_length", max_length=4)
+    fl = token_clipped_loss(new, old, None, adv, NO_LENGTHS,
+                            LossConfig(epsilon=0.2, aggregation="fixed_length", max_length=4))
     assert fl.loss.item() == pytest.approx((-1.2 - 0.9 + 0.8) / (2 * 4))
-    hi = token_clipped_loss(new, old, None, adv, epsilon=0.2, epsilon_high=0.6, aggregation="token_mean")
+    hi = token_clipped_loss(new, old, None, adv, NO_LENGTHS,
+                            LossConfig(epsilon=0.2, epsilon_high=0.6, aggregation="token_mean"))
     assert hi.loss.item() == pytest.approx((-1.5 - 0.9 + 0.8) / 3)
 
 
@@ -94,7 +99,7 @@ def test_token_loss_kl_term():
     w = torch.ones(1, 1, 2)
     new = Scores(torch.tensor([[[-1.0, -2.0]]]), w)
     ref = Scores(torch.tensor([[[-1.5, -2.0]]]), w)
-    out = token_clipped_loss(new, new, ref, torch.tensor([0.0]), beta=0.1, kl_estimator="k3")
+    out = token_clipped_loss(new, new, ref, torch.tensor([0.0]), NO_LENGTHS, LossConfig(beta=0.1, kl_estimator="k3"))
     kl = (math.exp(-0.5) - 1 + 0.5) / 2
     assert out.loss.item() == pytest.approx(0.1 * kl)
     assert out.stats["kl"] == pytest.approx(kl)
@@ -107,7 +112,7 @@ def test_espo_sequence_loss_hand_values():
     old = Scores(torch.tensor([[[-1.5, -1.5, -1.5, -1.5], [-3.0, -3.0, 0.0, 0.0]]]), w)
     lengths = torch.tensor([4, 2])
     adv = torch.tensor([1.0, -1.0])
-    out = sequence_clipped_loss(new, old, None, adv, epsilon=0.2, lengths=lengths)
+    out = sequence_clipped_loss(new, old, None, adv, lengths, LossConfig(epsilon=0.2))
     r0 = math.exp((-4 - -6) / 4)  # 1.6487 -> clipped at 1.2 for A>0
     assert out.loss.item() == pytest.approx((-min(r0, 1.2) * 1 + 1.0) / 2)
     assert out.stats["clip_frac"] == pytest.approx(0.5)
@@ -121,7 +126,8 @@ def test_espo_first_pass_ratio_exactly_one_and_k2():
     w = torch.ones(2, 1, 3)
     s = Scores(torch.tensor([[[-1.0, -2.0, -3.0]], [[-1.0, -1.0, -1.0]]]), w)
     ref = Scores(s.logp - 0.3, w)
-    out = sequence_clipped_loss(s, s, ref, torch.tensor([1.0]), beta=0.5, lengths=torch.tensor([3]))
+    out = sequence_clipped_loss(s, s, ref, torch.tensor([1.0]), torch.tensor([3]),
+                                LossConfig(beta=0.5, kl_estimator="k2"))
     assert out.stats["ratio_mean"] == 1.0 and out.stats["clip_frac"] == 0.0
     # E_new - E_ref = 0.9 (per draw, mean over the 2 draws) -> per token 0.3 -> k2 = 0.045
     assert out.stats["kl"] == pytest.approx(0.045, rel=1e-5)

@@ -151,8 +151,8 @@ def test_reward_that_raises_for_one_sample_scores_it_zero():
 
 
 def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
-    def nan_loss(new, old, ref, adv, **kw):
-        out = losses_mod.token_clipped_loss(new, old, ref, adv, **kw)
+    def nan_loss(new, old, ref, adv, lengths, config):
+        out = losses_mod.token_clipped_loss(new, old, ref, adv, lengths, config)
         return losses_mod.LossOutput(out.loss * float("nan"), out.stats)
 
     monkeypatch.setitem(losses_mod.POLICY_LOSSES, "token", nan_loss)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dllm_rl.estimators import plan_block
 from dllm_rl.models import block_index, build_model, position_ids_from_valid, tiny_config
 from dllm_rl.sft.data import SFTExample, collate
-from dllm_rl.sft.objectives import compute_objective, plan_block
+from dllm_rl.sft.objectives import compute_objective
 
 
 @pytest.mark.parametrize("seed", [0, 1])

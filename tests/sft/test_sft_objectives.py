@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import EOS, MASK, P_MASK, logp
 
-from dllm_rl.estimators import ScoringBatch, TokenScores
+from dllm_rl.estimators import ScoringBatch, TokenScores, plan_block
 from dllm_rl.sft.data import SFTExample, collate
-from dllm_rl.sft.objectives import compute_objective, plan_block, sequence_loss
+from dllm_rl.sft.objectives import compute_objective, sequence_loss
 
 L = math.log
 

@@ -1,30 +1,30 @@
-"""Log-likelihood estimators for diffusion LMs: ``trace``, ``elbo``, ``mean_field``, ``random_mask``, ``coupled``.
+"""Log-likelihood estimators for diffusion LMs: ``trace``, ``elbo``, ``mean_field``, ``random_mask``, ``coupled``,
+``block`` and ``ar``.
 
-Each estimator is one function ``f(model, batch, generator, **options) -> TokenScores`` registered by name
-in :data:`ESTIMATORS`; :func:`estimate` dispatches by name. The only randomness is the passed
+An estimator is one *row planner* registered by name in :data:`ESTIMATORS` (verl's ``core_algos`` style,
+:mod:`~dllm_rl.estimators.registry`); :func:`estimate` plans the rows with it and scores them with the one
+shared row scorer (:mod:`~dllm_rl.estimators.scoring`). The only randomness is the passed
 ``torch.Generator``: identically seeded generators give identical masks (common random numbers for old,
 reference and current policy).
+
+Modules: :mod:`~dllm_rl.estimators.batch` (``ScoringBatch``, ``MaskedRows``, ``TokenScores``),
+:mod:`~dllm_rl.estimators.rows` (random draws and row building), :mod:`~dllm_rl.estimators.scoring`,
+:mod:`~dllm_rl.estimators.registry`, and one module per estimator (each registers its planner when imported).
 """
 
-from dllm_rl.estimators.base import (
-    ESTIMATORS,
-    PLANNERS,
-    Estimator,
-    MaskedRows,
-    ScoringBatch,
-    TokenScores,
-    estimate,
-    estimator_forwards,
-    estimator_options,
-    score_rows,
-)
-from dllm_rl.estimators.elbo import elbo, plan_elbo
-from dllm_rl.estimators.mean_field import mean_field, plan_mean_field
-from dllm_rl.estimators.random_mask import coupled, plan_coupled, plan_random_mask, random_mask
-from dllm_rl.estimators.trace import merged_steps, plan_trace, trace
+from dllm_rl.estimators.ar import plan_ar
+from dllm_rl.estimators.batch import MaskedRows, ScoringBatch, TokenScores
+from dllm_rl.estimators.block import plan_block
+from dllm_rl.estimators.coupled import plan_coupled
+from dllm_rl.estimators.elbo import plan_elbo
+from dllm_rl.estimators.mean_field import plan_mean_field
+from dllm_rl.estimators.random_mask import plan_random_mask
+from dllm_rl.estimators.registry import ESTIMATORS, Planner, estimate, estimator_forwards, estimator_options, register
+from dllm_rl.estimators.scoring import score_rows
+from dllm_rl.estimators.trace import merged_steps, plan_trace
 
 __all__ = [
-    "ESTIMATORS", "PLANNERS", "Estimator", "MaskedRows", "ScoringBatch", "TokenScores", "coupled", "elbo",
-    "estimate", "estimator_forwards", "estimator_options", "mean_field", "merged_steps", "plan_coupled",
-    "plan_elbo", "plan_mean_field", "plan_random_mask", "plan_trace", "random_mask", "score_rows", "trace",
+    "ESTIMATORS", "MaskedRows", "Planner", "ScoringBatch", "TokenScores", "estimate", "estimator_forwards",
+    "estimator_options", "merged_steps", "plan_ar", "plan_block", "plan_coupled", "plan_elbo", "plan_mean_field",
+    "plan_random_mask", "plan_trace", "register", "score_rows",
 ]

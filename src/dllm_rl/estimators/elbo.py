@@ -40,17 +40,10 @@ from __future__ import annotations
 
 import torch
 
-from dllm_rl.estimators.base import (
-    MaskedRows,
-    RowRandom,
-    ScoringBatch,
-    TokenScores,
-    check_int,
-    completion_segments,
-    draw_rows,
-    register,
-    score_rows,
-)
+from dllm_rl.estimators.batch import MaskedRows, ScoringBatch
+from dllm_rl.estimators.checks import check_int
+from dllm_rl.estimators.registry import register
+from dllm_rl.estimators.rows import RowRandom, completion_segments, draw_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
 
 
@@ -82,6 +75,7 @@ def segment_subsets(
     return (local < n.gather(-1, seg_d)) & counted[:, None, :]
 
 
+@register("elbo")
 def plan_elbo(
     model: DiffusionLM,
     batch: ScoringBatch,
@@ -91,7 +85,16 @@ def plan_elbo(
     coupled: bool = True,
     mask_uncounted: bool = False,
 ) -> MaskedRows:
-    """The rows of :func:`elbo` (see the module docstring for the formula and weights)."""
+    """ESPO's Monte-Carlo ELBO (arXiv 2512.03759, method section: the ELBO as the sequence log-likelihood
+    proxy; the "exactly n masked" form is LLaDA's likelihood evaluation, arXiv 2502.09992, inference section).
+
+    ``D = num_mc`` draws; per draw exactly ``n ~ U{1..L}`` (stratified across draws) of the ``L`` counted
+    completion tokens are masked with weight ``L/n``; with ``coupled`` their complement is scored in a
+    second row and the pair is averaged so that ``sequence_score()`` stays an unbiased ELBO estimate (see
+    the module docstring; block models draw ``n_j`` per block). ``info``: ``num_masked`` ``[D, B]`` (``n``, or
+    ``sum_j n_j``), ``length`` ``[B]`` (``L``).
+    Cost: ``num_mc`` rows per sample, ``2 * num_mc`` with ``coupled`` (minus draws with ``n = L``).
+    """
     d_n = check_int("num_mc", num_mc, 1)
     rng = RowRandom(generator, batch)
     g_n = batch.completion_len
@@ -126,28 +129,3 @@ def plan_elbo(
         info={"num_masked": n.sum(-1).t().float(), "length": batch.lengths.float()},
     )
 
-
-def elbo(
-    model: DiffusionLM,
-    batch: ScoringBatch,
-    generator: torch.Generator,
-    *,
-    num_mc: int = 2,
-    coupled: bool = True,
-    mask_uncounted: bool = False,
-    max_rows: int | None = None,
-) -> TokenScores:
-    """ESPO's Monte-Carlo ELBO (arXiv 2512.03759, the sequence-level ELBO likelihood proxy).
-
-    ``D = num_mc`` draws; per draw exactly ``n ~ U{1..L}`` (stratified across draws) of the ``L`` counted
-    completion tokens are masked with weight ``L/n``; with ``coupled`` their complement is scored in a
-    second row and the pair is averaged so that ``sequence_score()`` stays an unbiased ELBO estimate (see
-    the module docstring; block models draw ``n_j`` per block). ``info``: ``num_masked`` ``[D, B]`` (``n``, or
-    ``sum_j n_j``), ``length`` ``[B]`` (``L``).
-    Cost: ``num_mc`` rows per sample, ``2 * num_mc`` with ``coupled`` (minus draws with ``n = L``).
-    """
-    rows = plan_elbo(model, batch, generator, num_mc=num_mc, coupled=coupled, mask_uncounted=mask_uncounted)
-    return score_rows(model, rows, max_rows)
-
-
-register("elbo", plan_elbo)(elbo)

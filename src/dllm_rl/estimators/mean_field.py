@@ -18,20 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from dllm_rl.estimators.base import (
-    MaskedRows,
-    RowRandom,
-    ScoringBatch,
-    TokenScores,
-    check_int,
-    check_unit_interval,
-    draw_rows,
-    register,
-    score_rows,
-)
+from dllm_rl.estimators.batch import MaskedRows, ScoringBatch
+from dllm_rl.estimators.checks import check_int, check_unit_interval
+from dllm_rl.estimators.registry import register
+from dllm_rl.estimators.rows import RowRandom, draw_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
 
 
+@register("mean_field")
 def plan_mean_field(
     model: DiffusionLM,
     batch: ScoringBatch,
@@ -41,7 +35,13 @@ def plan_mean_field(
     num_mc: int = 1,
     mask_uncounted: bool = False,
 ) -> MaskedRows:
-    """The rows of :func:`mean_field`."""
+    """d1 diffu-GRPO's one-step log-likelihood (arXiv 2504.12216, diffu-GRPO section, "efficient log
+    probability estimation": the mean-field decomposition of the sequence log-probability with one-step
+    per-token estimates): completion fully masked, prompt tokens masked with probability ``p_mask_prompt``.
+
+    One row per sample and draw (``num_mc`` independent prompt masks, default 1); weight 1 on every
+    counted completion token. ``info["prompt_masked"]``: ``[D, B, P]`` bool.
+    """
     p = check_unit_interval("p_mask_prompt", p_mask_prompt)
     d_n = check_int("num_mc", num_mc, 1)
     rng = RowRandom(generator, batch)
@@ -54,27 +54,3 @@ def plan_mean_field(
         info={"prompt_masked": prompt_masked.transpose(0, 1)},
     )
 
-
-def mean_field(
-    model: DiffusionLM,
-    batch: ScoringBatch,
-    generator: torch.Generator,
-    *,
-    p_mask_prompt: float = 0.15,
-    num_mc: int = 1,
-    mask_uncounted: bool = False,
-    max_rows: int | None = None,
-) -> TokenScores:
-    """d1 diffu-GRPO's one-step log-likelihood (arXiv 2504.12216, diffu-GRPO, "efficient log probability
-    estimation"): completion fully masked, prompt tokens masked with probability ``p_mask_prompt``.
-
-    One row per sample and draw (``num_mc`` independent prompt masks, default 1); weight 1 on every
-    counted completion token. ``info["prompt_masked"]``: ``[D, B, P]`` bool.
-    """
-    rows = plan_mean_field(
-        model, batch, generator, p_mask_prompt=p_mask_prompt, num_mc=num_mc, mask_uncounted=mask_uncounted
-    )
-    return score_rows(model, rows, max_rows)
-
-
-register("mean_field", plan_mean_field)(mean_field)

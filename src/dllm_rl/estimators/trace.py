@@ -37,15 +37,10 @@ from __future__ import annotations
 
 import torch
 
-from dllm_rl.estimators.base import (
-    MaskedRows,
-    ScoringBatch,
-    TokenScores,
-    build_rows,
-    check_int,
-    register,
-    score_rows,
-)
+from dllm_rl.estimators.batch import MaskedRows, ScoringBatch
+from dllm_rl.estimators.checks import check_int
+from dllm_rl.estimators.registry import register
+from dllm_rl.estimators.rows import build_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
 from dllm_rl.models.masks import block_index, position_ids_from_valid
 
@@ -78,6 +73,7 @@ def merged_steps(
     return merged, blk
 
 
+@register("trace")
 def plan_trace(
     model: DiffusionLM,
     batch: ScoringBatch,
@@ -87,7 +83,14 @@ def plan_trace(
     layout: str = "auto",
     mask_uncounted: bool = False,
 ) -> MaskedRows:
-    """The rows of :func:`trace` (deterministic: the generator is not used)."""
+    """TraceRL's trace log-likelihood with shrinkage ``s`` (arXiv 2509.06949, trajectory-aware RL with
+    shrinkage; see the module docstring for the per-step states and the block two-stream layout).
+
+    ``layout``: ``"auto"`` (two-stream for block models, one row per merged step otherwise),
+    ``"two_stream"`` (block models only) or ``"per_step"``. ``info["merged_step"]``: ``[1, B, G]`` merged
+    (local, for block models) step of each token, -1 if never committed. Deterministic: the generator is
+    accepted for the common signature and not used.
+    """
     s = check_int("shrinkage", shrinkage, 1)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -129,27 +132,3 @@ def plan_trace(
         info={"merged_step": merged[None]}, two_stream=two_stream,
     )
 
-
-def trace(
-    model: DiffusionLM,
-    batch: ScoringBatch,
-    generator: torch.Generator | None = None,
-    *,
-    shrinkage: int = 1,
-    layout: str = "auto",
-    mask_uncounted: bool = False,
-    max_rows: int | None = None,
-) -> TokenScores:
-    """TraceRL's trace log-likelihood with shrinkage ``s`` (arXiv 2509.06949, trajectory-aware RL with shrinkage;
-    see the module docstring for the per-step states and the block two-stream layout).
-
-    ``layout``: ``"auto"`` (two-stream for block models, one row per merged step otherwise),
-    ``"two_stream"`` (block models only) or ``"per_step"``. ``info["merged_step"]``: ``[1, B, G]`` merged
-    (local, for block models) step of each token, -1 if never committed. Deterministic: the generator is
-    accepted for the common signature and not used.
-    """
-    rows = plan_trace(model, batch, generator, shrinkage=shrinkage, layout=layout, mask_uncounted=mask_uncounted)
-    return score_rows(model, rows, max_rows)
-
-
-register("trace", plan_trace)(trace)

@@ -1,17 +1,22 @@
-"""Policy losses: token-level clipped ratio (GRPO family) and ESPO's sequence-level clipped ratio.
+"""Policy losses, registered by name in :data:`POLICY_LOSSES` (verl's ``core_algos`` style).
 
-Both take the estimator outputs of the current, old and reference policies (``TokenScores``: per-draw,
-per-token ``logp`` and ``weight``), advantages per sequence, and return the loss plus statistics.
+Every loss has one signature, ``loss(new, old, ref, advantages, lengths, config) -> LossOutput``: the
+estimator outputs (``TokenScores``: per-draw, per-token ``logp`` and ``weight``) of the current, old and
+reference policy (``ref`` may be ``None``), advantages ``[B]``, completion lengths ``L`` ``[B]`` and the loss
+settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from_rl_config`). A new policy
+loss is one such function plus a name in :data:`POLICY_LOSSES`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from dllm_rl.rl.kl import kl_estimate
+from dllm_rl.estimators import TokenScores
+from dllm_rl.rl.kl import KL_ESTIMATORS, kl_estimate
 
 
 @dataclass
@@ -20,7 +25,73 @@ class LossOutput:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def _clipped(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float):
+def _token_mean(terms: torch.Tensor, active: torch.Tensor, max_length: int) -> torch.Tensor:
+    """Sum over all scored tokens / their count (DAPO's token-level loss, arXiv 2503.14476 Eq. 8)."""
+    return terms.sum() / active.sum().clamp(min=1.0)
+
+
+def _seq_mean(terms: torch.Tensor, active: torch.Tensor, max_length: int) -> torch.Tensor:
+    """Per-sequence mean, then mean over the sequences that have a scored token (GRPO, arXiv 2402.03300 Eq. 3)."""
+    per_seq = terms.sum(-1) / active.sum(-1).clamp(min=1.0)  # [D, B]
+    has = (active.sum(-1) > 0).float()
+    return (per_seq * has).sum() / has.sum().clamp(min=1.0)
+
+
+def _fixed_length(terms: torch.Tensor, active: torch.Tensor, max_length: int) -> torch.Tensor:
+    """Sum / (draws x sequences x ``max_length``) (Dr. GRPO, arXiv 2503.20783, its unbiased-loss section)."""
+    return terms.sum() / float(terms.shape[0] * terms.shape[1] * max_length)
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
+    "token_mean": _token_mean,
+    "seq_mean": _seq_mean,
+    "fixed_length": _fixed_length,
+}
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The policy-loss settings (TRL names where they exist): the clip range ``[1 - epsilon, 1 + epsilon_high]``,
+    the token-term ``aggregation`` (a name in :data:`AGGREGATIONS`; the sequence loss has one term per
+    sequence), the KL coefficient ``beta`` and ``kl_estimator`` (a name in
+    :data:`dllm_rl.rl.kl.KL_ESTIMATORS`), and ``max_length`` (``fixed_length``'s divisor: the completion
+    columns of the batch)."""
+
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    aggregation: str = "token_mean"
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    max_length: int = 1
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown loss aggregation {self.aggregation!r}; choose "
+                             f"{', '.join(AGGREGATIONS)} (loss_aggregation)")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
+        if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
+            raise ValueError(f"epsilon and epsilon_high must be >= 0, got {self.epsilon} and {self.epsilon_high}")
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range: ``epsilon_high``, or ``epsilon`` when unset."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @classmethod
+    def from_rl_config(cls, cfg: Any, max_length: int) -> LossConfig:
+        """The loss settings of a resolved ``RLConfig`` (the one place they are read from it)."""
+        return cls(epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, aggregation=cfg.loss_aggregation,
+                   beta=cfg.beta, kl_estimator=cfg.kl_estimator, max_length=max_length)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), was_clipped)``: PPO's clipped
+    surrogate (arXiv 1707.06347 Eq. 7) as a loss, with DAPO's decoupled clip-higher range (arXiv 2503.14476)."""
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     obj = torch.minimum(unclipped, clipped)
@@ -28,87 +99,69 @@ def _clipped(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: f
     return -obj, was_clipped
 
 
-def _aggregate(per_token: torch.Tensor, weight: torch.Tensor, aggregation: str, max_length: int) -> torch.Tensor:
-    """Reduce ``[D, B, G]`` weighted per-token terms to a scalar.
-
-    ``token_mean``: sum over all scored tokens / their count (DAPO, arXiv 2503.14476 eq. 8);
-    ``seq_mean``: per-sequence mean, then mean over sequences (GRPO, arXiv 2402.03300 eq. 3);
-    ``fixed_length``: sum / (draws x sequences x ``max_length``) (Dr. GRPO, arXiv 2503.20783).
-    """
-    active = (weight != 0).float()
-    terms = weight * per_token
-    if aggregation == "token_mean":
-        return terms.sum() / active.sum().clamp(min=1.0)
-    if aggregation == "seq_mean":
-        per_seq = terms.sum(-1) / active.sum(-1).clamp(min=1.0)  # [D, B]
-        has = (active.sum(-1) > 0).float()
-        return (per_seq * has).sum() / has.sum().clamp(min=1.0)
-    if aggregation == "fixed_length":
-        return terms.sum() / float(terms.shape[0] * terms.shape[1] * max_length)
-    raise ValueError(f"unknown loss aggregation {aggregation!r}; choose token_mean, seq_mean or fixed_length")
-
-
 def token_clipped_loss(
-    new, old, ref, advantages: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float | None = None,
-    aggregation: str = "token_mean", beta: float = 0.0, kl_estimator: str = "k3", max_length: int = 1,
+    new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
+    config: LossConfig,
 ) -> LossOutput:
-    """Token-level clipped surrogate (PPO/GRPO, arXiv 2402.03300 eq. 3) over estimator tokens.
+    """Token-level clipped surrogate over estimator tokens (PPO arXiv 1707.06347 Eq. 7 per token, as GRPO
+    arXiv 2402.03300 Eq. 3 uses it; diffu-GRPO, coupled-GRPO, UniGRPO and TraceRL put their estimators'
+    per-token log-likelihoods in it).
 
     ``ratio = exp(logp_new - logp_old)`` per token and draw, clipped to ``[1 - epsilon, 1 + epsilon_high]``
     (DAPO's clip-higher when ``epsilon_high`` > ``epsilon``), each token's term multiplied by the
-    estimator's weight; KL to the reference per token with ``beta``.
+    estimator's weight and reduced by ``config.aggregation``; KL to the reference per token with ``beta``.
+    ``lengths`` is not used (the token weights say which tokens count).
     """
-    eps_high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.float().view(1, -1, 1)
     ratio = torch.exp(new.logp - old.logp.detach())
-    per_token, was_clipped = _clipped(ratio, adv, epsilon, eps_high)
+    per_token, was_clipped = clipped_surrogate(ratio, adv, config.epsilon, config.clip_high)
     weight = new.weight
-    loss = _aggregate(per_token, weight, aggregation, max_length)
     active = weight != 0
+    aggregate = AGGREGATIONS[config.aggregation]
+    loss = aggregate(weight * per_token, active.float(), config.max_length)
     stats = {
         "clip_frac": float(was_clipped[active].float().mean()) if active.any() else 0.0,
         "ratio_mean": float(ratio.detach()[active].mean()) if active.any() else 1.0,
         "ratio_max_dev": float((ratio.detach()[active] - 1).abs().max()) if active.any() else 0.0,
     }
-    if beta and ref is not None:
-        kl = kl_estimate(kl_estimator, new.logp, ref.logp.detach())
-        kl_term = _aggregate(kl, (weight != 0).float(), aggregation, max_length)
-        loss = loss + beta * kl_term
+    if config.beta and ref is not None:
+        kl = kl_estimate(config.kl_estimator, new.logp, ref.logp.detach())
+        kl_term = aggregate(active.float() * kl, active.float(), config.max_length)
+        loss = loss + config.beta * kl_term
         stats["kl"] = float(kl_term.detach())
     return LossOutput(loss, stats)
 
 
 def sequence_clipped_loss(
-    new, old, ref, advantages: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float | None = None,
-    aggregation: str = "seq_mean", beta: float = 0.0, kl_estimator: str = "k2", max_length: int = 1,
-    lengths: torch.Tensor | None = None,
+    new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
+    config: LossConfig,
 ) -> LossOutput:
     """ESPO's sequence-level clipped surrogate (arXiv 2512.03759, eq. 7-9).
 
     The whole completion is one action with log-likelihood proxy ``E`` (the ELBO estimate,
     ``TokenScores.sequence_score``). ``ratio = exp((E_new - E_old) / L)`` with ``L`` the completion
-    length (per-token normalisation), clipped as in PPO; KL at sequence level on ``(E_new - E_ref) / L``.
-    ``aggregation`` is unused (one term per sequence; mean over sequences).
+    length (ESPO's per-token normalisation of the sequence ratio), clipped as in PPO (arXiv 1707.06347 Eq. 7);
+    KL at sequence level on ``(E_new - E_ref) / L`` with ``config.kl_estimator`` (ESPO uses k2).
+    ``config.aggregation`` is unused (one term per sequence; mean over sequences).
     """
-    eps_high = epsilon if epsilon_high is None else epsilon_high
-    if lengths is None:
-        raise ValueError("sequence_clipped_loss needs completion lengths")
     L = lengths.float().clamp(min=1.0)
     e_new, e_old = new.sequence_score(), old.sequence_score().detach()
     ratio = torch.exp((e_new - e_old) / L)
-    adv = advantages.float()
-    per_seq, was_clipped = _clipped(ratio, adv, epsilon, eps_high)
+    per_seq, was_clipped = clipped_surrogate(ratio, advantages.float(), config.epsilon, config.clip_high)
     loss = per_seq.mean()
     stats = {"clip_frac": float(was_clipped.float().mean()), "ratio_mean": float(ratio.detach().mean()),
              "ratio_max_dev": float((ratio.detach() - 1).abs().max())}
-    if beta and ref is not None:
-        kl = kl_estimate(kl_estimator, e_new / L, ref.sequence_score().detach() / L).mean()
-        loss = loss + beta * kl
+    if config.beta and ref is not None:
+        kl = kl_estimate(config.kl_estimator, e_new / L, ref.sequence_score().detach() / L).mean()
+        loss = loss + config.beta * kl
         stats["kl"] = float(kl.detach())
     return LossOutput(loss, stats)
 
 
-POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
+PolicyLoss = Callable[[TokenScores, TokenScores, TokenScores | None, torch.Tensor, torch.Tensor, LossConfig],
+                      LossOutput]
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
     "token": token_clipped_loss,
     "sequence": sequence_clipped_loss,
 }

@@ -32,7 +32,7 @@ from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.losses import POLICY_LOSSES
+from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
@@ -261,7 +261,7 @@ class RLTrainer:
 
     def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
-        return estimate(self.cfg.estimator, model, batch, gen, **(self.cfg.estimator_options or {}))
+        return estimate(model, self.cfg.estimator, batch, gen, **(self.cfg.estimator_options or {}))
 
     def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
         cfg, acc = self.cfg, self.accelerator
@@ -296,6 +296,7 @@ class RLTrainer:
                         ref = [self._scores(self.model, batch.select(mb), est_seed) if mb else None
                                for mb in mbs]
         loss_fn = POLICY_LOSSES[cfg.loss_type]
+        loss_cfg = LossConfig.from_rl_config(cfg, max_length=max_len)
         self.grad_norms = []
         stats: dict[str, list[float]] = {}
         losses = []
@@ -314,11 +315,7 @@ class RLTrainer:
                 with ctx:
                     new = self._scores(self.model, sub, est_seed)
                     old_j = old[j] if old is not None else _detached(new)
-                    out = loss_fn(new, old_j, ref[j] if ref is not None else None, adv_k[mb],
-                                  epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                                  aggregation=cfg.loss_aggregation, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-                                  max_length=max_len,
-                                  **({"lengths": sub.lengths} if cfg.loss_type == "sequence" else {}))
+                    out = loss_fn(new, old_j, ref[j] if ref is not None else None, adv_k[mb], sub.lengths, loss_cfg)
                     group_size = min(accum, len(mbs) - (j // accum) * accum)
                     group_n = sum(len(mbs[k]) for k in range(j - j % accum, j - j % accum + group_size))
                     loss = out.loss * (len(mb) / group_n)

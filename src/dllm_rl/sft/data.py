@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from dllm_rl.config import field as cfg_field
-from dllm_rl.estimators.base import ScoringBatch
+from dllm_rl.estimators.batch import ScoringBatch
 
 
 @dataclass

@@ -1,0 +1,210 @@
+"""The estimators' data types: what is scored (:class:`ScoringBatch`), what is forwarded (:class:`MaskedRows`,
+a planner's output) and what comes back (:class:`TokenScores`).
+
+Conventions shared by all estimators:
+
+* The model input of a row is ``[prompt | completion]`` with the prompt left-padded. The prompt is
+  clean unless an estimator says otherwise (``mean_field`` masks it at random).
+* Every completion column is attended to (rollouts always produce ``G`` tokens); pass
+  ``completion_valid`` to hide right padding instead.
+* Tokens outside ``completion_mask`` (e.g. the EOS padding after the answer) are never scored and, unless
+  ``mask_uncounted=True``, never masked: they stay as clean context. This keeps "where the answer
+  ends" visible to the model, as it is in the rollout once those tokens are decoded.
+* In every draw each ``(sample, token)`` is scored by at most one row, so ``TokenScores.logp`` is
+  well defined; :func:`dllm_rl.estimators.scoring.score_rows` checks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ScoringBatch:
+    """What an estimator scores: prompts, completions and (for ``trace``) the decoding trace.
+
+    ``prompt_ids``/``prompt_mask`` are ``[B, P]`` and left-padded. ``completion_ids`` is ``[B, G]``;
+    ``completion_mask`` marks the tokens that count (the answer up to and including its first EOS).
+    ``step_map[b, g]`` is the global decoding step at which completion token ``g`` was committed
+    (-1 = never committed). ``completion_valid`` (default: all true) marks completion columns that exist
+    at all; False columns are right padding that nothing attends to. ``sample_seeds`` (optional, ``[B]``)
+    makes each sample's random masks depend only on the caller's generator and its own seed, not on
+    which other samples share the batch — use it when old / reference / current log-probs are computed
+    over differently split micro-batches.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    step_map: torch.Tensor | None = None
+    completion_valid: torch.Tensor | None = None
+    sample_seeds: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_mask = self.prompt_mask.bool()
+        self.completion_mask = self.completion_mask.bool()
+        if self.completion_valid is not None:
+            self.completion_valid = self.completion_valid.bool()
+        self.validate()
+
+    @classmethod
+    def from_rollout(cls, rollout: Any) -> ScoringBatch:
+        """Build from any object with ``prompt_ids``, ``prompt_mask``, ``completion_ids``,
+        ``completion_mask`` and optionally ``step_map`` attributes (``sampling.Rollout`` has them)."""
+        missing = [
+            k for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask") if not hasattr(rollout, k)
+        ]
+        if missing:
+            raise ValueError(f"ScoringBatch.from_rollout: {type(rollout).__name__} lacks {', '.join(missing)}")
+        return cls(
+            prompt_ids=rollout.prompt_ids,
+            prompt_mask=rollout.prompt_mask,
+            completion_ids=rollout.completion_ids,
+            completion_mask=rollout.completion_mask,
+            step_map=getattr(rollout, "step_map", None),
+            completion_valid=getattr(rollout, "completion_valid", None),
+            sample_seeds=getattr(rollout, "sample_seeds", None),
+        )
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return int(self.completion_ids.shape[0])
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_ids.shape[1])
+
+    @property
+    def completion_len(self) -> int:
+        return int(self.completion_ids.shape[1])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``L`` per sample: the number of counted completion tokens, ``[B]``."""
+        return self.completion_mask.sum(-1)
+
+    def input_ids(self) -> torch.Tensor:
+        """The clean ``[B, P + G]`` sequences."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    def valid(self) -> torch.Tensor:
+        """``[B, P + G]`` real-token mask (prompt padding and ``completion_valid`` False are not real)."""
+        comp = self.completion_valid if self.completion_valid is not None else torch.ones_like(self.completion_mask)
+        return torch.cat([self.prompt_mask, comp], dim=1)
+
+    def select(self, index: torch.Tensor | slice | list[int]) -> ScoringBatch:
+        """The sub-batch of the given samples (for micro-batching)."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+
+        return ScoringBatch(
+            pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
+            pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds),
+        )
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first inconsistent field."""
+        if self.prompt_ids.dim() != 2 or self.completion_ids.dim() != 2:
+            raise ValueError(
+                f"ScoringBatch: prompt_ids and completion_ids must be 2-D [B, P] / [B, G], got "
+                f"{tuple(self.prompt_ids.shape)} and {tuple(self.completion_ids.shape)}"
+            )
+        b = self.prompt_ids.shape[0]
+        checks = {
+            "prompt_mask": (self.prompt_mask, tuple(self.prompt_ids.shape)),
+            "completion_ids": (self.completion_ids, (b, self.completion_ids.shape[1])),
+            "completion_mask": (self.completion_mask, tuple(self.completion_ids.shape)),
+        }
+        if self.step_map is not None:
+            checks["step_map"] = (self.step_map, tuple(self.completion_ids.shape))
+        if self.completion_valid is not None:
+            checks["completion_valid"] = (self.completion_valid, tuple(self.completion_ids.shape))
+        if self.sample_seeds is not None:
+            checks["sample_seeds"] = (self.sample_seeds, (b,))
+        for name, (t, shape) in checks.items():
+            if tuple(t.shape) != shape:
+                raise ValueError(f"ScoringBatch: {name} has shape {tuple(t.shape)}, expected {shape}")
+        if self.prompt_ids.is_floating_point() or self.completion_ids.is_floating_point():
+            raise ValueError("ScoringBatch: token ids must be integer tensors")
+        if self.step_map is not None and self.step_map.is_floating_point():
+            raise ValueError("ScoringBatch: step_map must be an integer tensor")
+        if self.completion_valid is not None and bool((self.completion_mask & ~self.completion_valid).any()):
+            raise ValueError("ScoringBatch: completion_mask marks tokens that completion_valid says do not exist")
+
+
+@dataclass
+class TokenScores:
+    """Per-token log-probs and weights of ``D`` draws: ``logp``/``weight`` are float32 ``[D, B, G]``.
+
+    ``logp[d, b, g]`` is ``log p(token g | the masked state of draw d)`` where ``weight[d, b, g] != 0``
+    and 0 elsewhere. ``forwards`` counts sequences (rows) pushed through the model; ``forward_tokens``
+    the total columns of those rows (a two-stream row is ``prompt + 2 x response`` long); ``calls`` the
+    model invocations (rows are batched ``max_rows`` at a time). ``info`` holds estimator-specific
+    tensors (e.g. ``mask_ratio`` or ``num_masked``) for logging and tests.
+    """
+
+    logp: torch.Tensor
+    weight: torch.Tensor
+    forwards: int
+    forward_tokens: int = 0
+    calls: int = 0
+    info: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_draws(self) -> int:
+        return int(self.logp.shape[0])
+
+    def sequence_score(self) -> torch.Tensor:
+        """``[B]``: mean over draws of ``sum_g weight * logp`` (e.g. the Monte-Carlo ELBO)."""
+        return (self.weight * self.logp).sum(-1).mean(0)
+
+    def token_score(self) -> torch.Tensor:
+        """``[B, G]``: mean over draws of ``weight * logp`` — the per-token log-likelihood proxy that
+        token-level losses (diffu-GRPO, coupled-GRPO, UniGRPO, TraceRL) put into their ratios."""
+        return (self.weight * self.logp).mean(0)
+
+    def scored(self) -> torch.Tensor:
+        """``[D, B, G]`` bool: which tokens were scored in each draw."""
+        return self.weight != 0
+
+
+@dataclass
+class MaskedRows:
+    """The rows an estimator forwards (the output of a planner).
+
+    ``input_ids``/``valid`` are ``[R, P + G]``: the masked sequence of each row. With ``clean_ids`` set
+    (block models), a row is run in the two-stream layout ``[prompt | clean | noisy copy]`` whose noisy
+    copy is ``input_ids``. With ``causal`` (the ``ar`` estimator) rows run under a causal mask and token
+    ``g`` is read from the logits that predict the next token at the column before it.
+    ``draw``/``sample`` (``[R]``) say where the row's scores go; ``weight`` (``[R, G]``, float32) is each
+    completion token's weight in that row (0 = not scored); ``targets`` (``[B, G]``) are the clean
+    completion tokens the scored positions must predict.
+    """
+
+    input_ids: torch.Tensor
+    valid: torch.Tensor
+    draw: torch.Tensor
+    sample: torch.Tensor
+    weight: torch.Tensor
+    targets: torch.Tensor
+    num_draws: int
+    batch_size: int
+    prompt_len: int
+    clean_ids: torch.Tensor | None = None
+    prompt_lengths: torch.Tensor | None = None
+    causal: bool = False
+    info: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def completion_len(self) -> int:
+        return int(self.weight.shape[1])

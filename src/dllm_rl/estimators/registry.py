@@ -1,0 +1,97 @@
+"""The estimator registry (verl ``core_algos`` style): an estimator is one *row planner* registered by name.
+
+A planner ``plan(model, batch, generator, *, option=...) -> MaskedRows`` draws every random number it needs
+from the caller's generator and returns the masked rows to forward with each completion token's weight
+(:mod:`dllm_rl.estimators.rows`). Scoring is shared: :func:`estimate` plans the rows with the registered
+planner and scores them with :func:`dllm_rl.estimators.scoring.score_rows`. A new estimator is one planner
+function plus ``@register("name")``.
+
+:func:`estimator_forwards` runs only the planner, so a cost benchmark can count forwards without running the
+model; :func:`estimator_options` lists the options a name accepts (its planner's keyword-only parameters and
+``max_rows``, the scorer's memory bound).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dllm_rl.estimators.batch import MaskedRows, ScoringBatch, TokenScores
+from dllm_rl.estimators.scoring import score_rows
+from dllm_rl.models.diffusion_lm import DiffusionLM
+
+Planner = Callable[..., MaskedRows]
+
+ESTIMATORS: dict[str, Planner] = {}
+
+
+def register(name: str) -> Callable[[Planner], Planner]:
+    """Decorator: register ``planner`` as estimator ``name``."""
+
+    def deco(planner: Planner) -> Planner:
+        if name in ESTIMATORS:
+            raise ValueError(f"estimator {name!r} registered twice")
+        ESTIMATORS[name] = planner
+        return planner
+
+    return deco
+
+
+def _lookup(name: str) -> Planner:
+    planner = ESTIMATORS.get(name)
+    if planner is None:
+        raise ValueError(f"unknown estimator {name!r}; valid estimators: {', '.join(sorted(ESTIMATORS))}")
+    return planner
+
+
+def estimator_options(name: str) -> list[str]:
+    """The keyword options estimator ``name`` accepts: its planner's keyword-only parameters, then ``max_rows``."""
+    params = inspect.signature(_lookup(name)).parameters.values()
+    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY] + ["max_rows"]
+
+
+def _check_options(name: str, options: dict[str, Any]) -> None:
+    valid = estimator_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"estimator {name!r} got unknown option(s) {', '.join(unknown)}; valid options: {', '.join(valid)}"
+        )
+
+
+def estimate(
+    model: DiffusionLM, name: str, batch: ScoringBatch, generator: torch.Generator | None, **options: Any
+) -> TokenScores:
+    """Per-token log-probs and weights of estimator ``name`` (see :data:`ESTIMATORS`) for ``batch``.
+
+    Plans the rows with the registered planner (all randomness from ``generator``) and scores them,
+    ``max_rows`` rows per model call. Unknown names or options raise ``ValueError`` naming the valid ones.
+    """
+    planner = _lookup(name)
+    _check_options(name, options)
+    max_rows = options.pop("max_rows", None)
+    return score_rows(model, planner(model, batch, generator, **options), max_rows)
+
+
+def estimator_forwards(
+    model: DiffusionLM,
+    name: str,
+    batch: ScoringBatch,
+    generator: torch.Generator | None = None,
+    **options: Any,
+) -> int:
+    """How many sequences (rows) estimator ``name`` would forward for ``batch``, without running the model.
+
+    Random estimators skip some rows depending on the draws (e.g. ``elbo`` when ``n = L``); pass the
+    generator you will use for the exact number (default: a generator seeded 0).
+    """
+    planner = _lookup(name)
+    _check_options(name, options)
+    options.pop("max_rows", None)
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    rows = planner(model, batch, generator, **options)
+    return int(rows.weight.ne(0).any(-1).sum().item())

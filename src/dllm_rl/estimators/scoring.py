@@ -1,0 +1,131 @@
+"""Scoring planned rows: run them through the model and gather float32 log-probs of the scored tokens.
+
+This is the one row scorer every estimator shares (:func:`dllm_rl.estimators.estimate` plans the rows with
+the registered planner, then calls :func:`score_rows`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_rl.estimators.batch import MaskedRows, TokenScores
+from dllm_rl.models.diffusion_lm import DiffusionLM
+from dllm_rl.models.masks import block_causal_bias, position_ids_from_valid, two_stream_layout
+
+
+def _two_stream_inputs(
+    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Model inputs of rows ``idx`` in the two-stream layout ``[prompt | clean | noisy copy]`` (SDAR arXiv
+    2510.06303 / TraceRL arXiv 2509.06949 block training; :func:`dllm_rl.models.masks.two_stream_layout`) and
+    ``col[r, g]``, the output column of completion token ``g``'s noisy copy (-1 for right padding)."""
+    if model.family.shift:
+        raise ValueError("the two-stream layout is for block models without a logit shift")
+    device = ids.device
+    layout = two_stream_layout(
+        rows.clean_ids[idx].to(device), ids, valid, rows.prompt_lengths[idx].to(device), int(model.block_size),
+        pad_token_id=model.pad_token_id, dtype=model.dtype,
+    )
+    inputs = {"input_ids": layout.input_ids, "position_ids": layout.position_ids, "attn_bias": layout.bias}
+    seq = layout.seq_len
+    # noisy slot j copies original column noisy_columns[r, j]; invert that map for the completion columns.
+    slot_of = torch.full((ids.shape[0], seq), -1, dtype=torch.long, device=device)
+    r_idx, j_idx = torch.nonzero(layout.noisy_columns >= 0, as_tuple=True)
+    slot_of[r_idx, layout.noisy_columns[r_idx, j_idx]] = j_idx
+    comp_slot = slot_of[:, rows.prompt_len :]
+    # Every valid response column has a noisy copy; invalid (right-padding) columns get -1 (never scored).
+    return inputs, torch.where(comp_slot >= 0, seq + comp_slot, -1)
+
+
+def _row_inputs(
+    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Model inputs of rows ``idx`` and ``col[r, g]``, the output column that scores completion token ``g``."""
+    ids = rows.input_ids[idx].to(device)
+    valid = rows.valid[idx].to(device)
+    p, g = rows.prompt_len, rows.completion_len
+    if rows.clean_ids is not None:
+        return _two_stream_inputs(model, rows, idx, ids, valid)
+    cols = torch.arange(p, p + g, device=device).expand(ids.shape[0], -1)
+    if not rows.causal:
+        return {"input_ids": ids, "attention_mask": valid}, cols
+    # Causal rows: token c is predicted by the raw logits at c - 1, which a shifted family (Dream) already
+    # aligns to column c.
+    pos = position_ids_from_valid(valid)
+    bias = block_causal_bias(valid, 1, pos, dtype=model.dtype)  # block size 1 = causal
+    return {"input_ids": ids, "position_ids": pos, "attn_bias": bias}, cols if model.family.shift else cols - 1
+
+
+def _forward_rows(
+    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device, scored: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Run rows ``idx`` and return ``(logits, col, width)``: ``col[r, g]`` is the logits column that scores
+    completion token ``g`` of row ``r`` (-1: none) and ``width`` the number of model input columns.
+
+    Scored tokens always sit in the last columns of the model input (the completion of ``[prompt |
+    completion]``, or the noisy stream of the two-stream layout), so the LM head is asked only for the
+    columns from the first scored one to the end (``logits_to_keep``); ``scored`` (``[r, G]`` bool) says
+    which tokens are scored.
+    """
+    inputs, col = _row_inputs(model, rows, idx, device)
+    width = int(inputs["input_ids"].shape[1])
+    scored_cols = col[scored]
+    if bool((scored_cols < 0).any()):
+        raise RuntimeError("a scored completion token has no output column (scored a non-existent token?)")
+    first = int(scored_cols.min().item()) if scored_cols.numel() else width - 1
+    out = model(**inputs, logits_to_keep=width - first)
+    return out.logits, torch.where(col >= first, col - first, -1), width
+
+
+def score_rows(model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None) -> TokenScores:
+    """Forward ``rows`` (``max_rows`` at a time) and gather float32 log-probs of the scored tokens.
+
+    Only rows with a non-zero weight are run. The LM head projects only the columns from a chunk's first
+    scored column to the end (``logits_to_keep``: the completion, or the two-stream noisy copy), and the
+    log-softmax is taken in float32 over the scored positions only (``[N, V]``, not ``[R, G, V]``).
+    Gradients flow to the model through ``logp`` when called under grad (every chunk's graph is kept until
+    backward: ``max_rows`` bounds the logits held at once, micro-batch the :class:`ScoringBatch` to bound
+    training memory).
+    """
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
+    device = model.device
+    d_n, b_n, g_n = rows.num_draws, rows.batch_size, rows.completion_len
+    weight_rows = rows.weight.float()
+    live = torch.nonzero(weight_rows.ne(0).any(-1), as_tuple=True)[0]
+    r_sel, g_sel = torch.nonzero(weight_rows.ne(0), as_tuple=True)
+    d_sel, b_sel = rows.draw[r_sel], rows.sample[r_sel]
+    count = torch.zeros(d_n, b_n, g_n, dtype=torch.long)
+    count.index_put_((d_sel.cpu(), b_sel.cpu(), g_sel.cpu()), torch.ones_like(g_sel.cpu()), accumulate=True)
+    if int(count.max().item() if count.numel() else 0) > 1:
+        raise RuntimeError("estimator plan scores a token twice in one draw")
+    weight = torch.zeros(d_n, b_n, g_n, dtype=torch.float32, device=device)
+    weight[d_sel.to(device), b_sel.to(device), g_sel.to(device)] = weight_rows[r_sel, g_sel].to(device)
+
+    values: list[torch.Tensor] = []
+    where: list[torch.Tensor] = []
+    calls = 0
+    tokens = 0
+    chunk = len(live) if max_rows is None else max_rows
+    for start in range(0, len(live), max(chunk, 1)):
+        idx = live[start : start + chunk]
+        w = weight_rows[idx].to(device)
+        logits, col, width = _forward_rows(model, rows, idx, device, w.ne(0))
+        calls += 1
+        tokens += int(logits.shape[0] * width)
+        rr, gg = torch.nonzero(w.ne(0), as_tuple=True)
+        out_col = col[rr, gg]
+        picked = logits[rr, out_col].float()
+        sample = rows.sample[idx].to(device)
+        target = rows.targets[rows.sample[idx]].to(device)[rr, gg]
+        lp = torch.log_softmax(picked, dim=-1).gather(-1, target[:, None]).squeeze(-1)
+        values.append(lp)
+        where.append(torch.stack([rows.draw[idx].to(device)[rr], sample[rr], gg]))
+    logp = torch.zeros(d_n, b_n, g_n, dtype=torch.float32, device=device)
+    if values:
+        pos = torch.cat(where, dim=1)
+        logp = logp.index_put((pos[0], pos[1], pos[2]), torch.cat(values))
+    return TokenScores(
+        logp=logp, weight=weight, forwards=len(live), forward_tokens=tokens, calls=calls,
+        info={k: v.to(device) for k, v in rows.info.items()},
+    )
