@@ -8,7 +8,16 @@ import pytest
 import torch
 from conftest import FAMILIES, MASK, Spy, gen, make_batch
 
-from dllm_rl.estimators import ESTIMATORS, ScoringBatch, estimate, estimator_forwards, estimator_options
+from dllm_rl.estimators import (
+    ESTIMATORS,
+    ScoringBatch,
+    estimate,
+    estimator_forwards,
+    estimator_options,
+    plan_elbo,
+    register,
+)
+from dllm_rl.models import block_causal_bias, position_ids_from_valid
 
 NAMES = ("trace", "elbo", "mean_field", "random_mask", "coupled")
 
@@ -135,3 +144,42 @@ def test_mask_uncounted_masks_the_padding(models, batch):
         estimate(model, "mean_field", batch, gen(0), p_mask_prompt=0.0)
     comp = spy.inputs()[:, batch.prompt_len :]
     assert torch.equal(comp == MASK, batch.completion_mask)
+
+
+def test_register_refuses_a_second_planner_for_a_name():
+    with pytest.raises(ValueError, match="estimator 'elbo' registered twice"):
+        register("elbo")(lambda model, batch, generator: None)
+    assert ESTIMATORS["elbo"] is plan_elbo
+
+
+def test_options_are_the_planner_keywords_then_max_rows():
+    assert estimator_options("block") == ["eps", "block_size", "mask_ratio", "max_rows"]
+    assert estimator_options("ar") == ["max_rows"]
+    assert estimator_options("trace") == ["shrinkage", "layout", "mask_uncounted", "max_rows"]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_ar_equals_a_full_causal_forward(models, batch, family):
+    """``ar`` through the shared scorer (LM head on the kept columns only) gives the log-probs of one causal
+    forward with full logits: token c from the raw logits at c - 1 (Dream: the adapter's aligned column c)."""
+    model = models[family]
+    with torch.no_grad():
+        sc = estimate(model, "ar", batch, None, max_rows=2)
+        ids, valid = batch.input_ids(), batch.valid()
+        pos = position_ids_from_valid(valid)
+        logits = model(input_ids=ids, position_ids=pos, attn_bias=block_causal_bias(valid, 1, pos)).logits
+    p, g = batch.prompt_len, batch.completion_len
+    cols = torch.arange(p, p + g) - (0 if model.family.shift else 1)
+    want = torch.log_softmax(logits[:, cols].float(), -1).gather(-1, batch.completion_ids[..., None])[..., 0]
+    assert torch.equal(sc.weight[0], batch.completion_mask.float())
+    torch.testing.assert_close(sc.logp[0][batch.completion_mask], want[batch.completion_mask], atol=1e-5, rtol=0)
+    assert (sc.forwards, sc.calls) == (3, 2)
+
+
+def test_ar_and_block_say_what_they_need(models, batch):
+    with pytest.raises(ValueError, match="ar estimator is for full-attention models"):
+        estimate(models["sdar"], "ar", batch, None)
+    with pytest.raises(ValueError, match="block estimator on a full-attention model needs block_size"):
+        estimate(models["llada"], "block", batch, gen(0))
+    with pytest.raises(ValueError, match="block_size=2 but the model's block_size is 4"):
+        estimate(models["sdar"], "block", batch, gen(0), block_size=2)

@@ -43,6 +43,20 @@ def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_p
     assert (tmp_path / "plots").is_dir() and any((tmp_path / "plots").glob("*.png"))
 
 
+@pytest.mark.parametrize("family,estimator", [("sdar", "block"), ("llada", "ar")])
+def test_rl_trains_with_the_estimators_sft_registered(rl_setup, tmp_path, family, estimator):
+    """block and ar are registered planners like the RL ones, so an RL preset runs on them by name."""
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, family, tmp_path, "algorithm=tracerl",
+                                                   f"estimator={estimator}", "max_steps=1", "num_iterations=2",
+                                                   "drop_zero_variance=false"))
+    summary = train(cfg, reward_fn=digit_reward)
+    (row,) = [m for m in _metrics(tmp_path) if "loss" in m]
+    assert math.isfinite(row["loss"]) and row["kept_samples"] == 8
+    assert row["ratio_dev_first_update"] == 0.0  # old and new policy scored the same rows
+    before, after = _weights(rl_setup / family), _weights(summary["final_model"])
+    assert sum(not torch.equal(before[k], after[k]) for k in before) >= len(before) // 2
+
+
 def test_first_update_ratio_is_exactly_one_with_common_random_numbers(rl_setup, tmp_path):
     for algo in ("espo", "diffu_grpo"):
         out = tmp_path / algo
@@ -62,8 +76,8 @@ def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_pa
 
     seen, real = [], trainer_mod.estimate
 
-    def spy(name, model, batch, gen, **opts):
-        out = real(name, model, batch, gen, **opts)
+    def spy(model, name, batch, gen, **opts):
+        out = real(model, name, batch, gen, **opts)
         seen.append((batch.sample_seeds.tolist(), batch.completion_mask.sum(-1).tolist(), out.weight[0].clone()))
         return out
 

@@ -1,7 +1,8 @@
 """Advantage estimators: one function per rule, registered by name (verl's ``core_algos`` style).
 
-Each takes rewards ``[N]`` ordered group by group (``num_generations`` consecutive samples per prompt)
-and returns advantages ``[N]`` (float32). :func:`group_filter` decides which groups enter the update.
+Every rule has one signature, ``(rewards, group_size, scale_rewards) -> advantages``: rewards ``[N]`` ordered
+group by group (``num_generations`` consecutive samples per prompt) in, advantages ``[N]`` (float32) out;
+:data:`ADVANTAGES` is the table of names. :func:`group_filter` decides which groups enter the update.
 """
 
 from __future__ import annotations
@@ -20,23 +21,29 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.float().view(-1, group_size)
 
 
+def _scale(values: torch.Tensor, groups: torch.Tensor, scale_rewards: str) -> torch.Tensor:
+    """Divide ``values`` (``[N/G, G]``) by the group's (``group``) or the batch's (``batch``) reward standard
+    deviation (unbiased, as in TRL) plus :data:`EPS`, or not at all (``none``, Dr. GRPO arXiv 2503.20783)."""
+    if scale_rewards == "group":
+        std = groups.std(dim=1, keepdim=True) if groups.shape[1] > 1 else torch.zeros_like(groups[:, :1])
+        return values / (std + EPS)
+    if scale_rewards == "batch":
+        std = groups.std() if groups.numel() > 1 else torch.tensor(0.0)
+        return values / (std + EPS)
+    if scale_rewards != "none":
+        raise ValueError(f"scale_rewards must be group, batch or none; got {scale_rewards!r}")
+    return values
+
+
 def group_zscore(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group") -> torch.Tensor:
-    """GRPO advantage (DeepSeekMath, arXiv 2402.03300, eq. 3 outcome supervision): ``(r - mean_g) / std``.
+    """GRPO advantage (DeepSeekMath, arXiv 2402.03300, section 4.1.2 outcome supervision, as used in Eq. 3):
+    ``(r - mean_g) / std``.
 
     ``scale_rewards`` (TRL's name): ``group`` divides by the group's standard deviation (unbiased, as in
     TRL), ``batch`` by the whole batch's, ``none`` does not scale (Dr. GRPO, arXiv 2503.20783).
     """
     g = _groups(rewards, group_size)
-    centred = g - g.mean(dim=1, keepdim=True)
-    if scale_rewards == "group":
-        std = g.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(g[:, :1])
-        centred = centred / (std + EPS)
-    elif scale_rewards == "batch":
-        std = rewards.float().std() if rewards.numel() > 1 else torch.tensor(0.0)
-        centred = centred / (std + EPS)
-    elif scale_rewards != "none":
-        raise ValueError(f"scale_rewards must be group, batch or none; got {scale_rewards!r}")
-    return centred.reshape(-1)
+    return _scale(g - g.mean(dim=1, keepdim=True), g, scale_rewards).reshape(-1)
 
 
 def leave_one_out(rewards: torch.Tensor, group_size: int, scale_rewards: str = "none") -> torch.Tensor:
@@ -49,25 +56,22 @@ def leave_one_out(rewards: torch.Tensor, group_size: int, scale_rewards: str = "
         raise ValueError("leave_one_out needs num_generations >= 2")
     g = _groups(rewards, group_size)
     loo = g - (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
-    if scale_rewards == "group":
-        loo = loo / (g.std(dim=1, keepdim=True) + EPS)
-    elif scale_rewards == "batch":
-        loo = loo / (rewards.float().std() + EPS)
-    elif scale_rewards != "none":
-        raise ValueError(f"scale_rewards must be group, batch or none; got {scale_rewards!r}")
-    return loo.reshape(-1)
+    return _scale(loo, g, scale_rewards).reshape(-1)
 
 
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
+AdvantageFn = Callable[[torch.Tensor, int, str], torch.Tensor]
+
+ADVANTAGES: dict[str, AdvantageFn] = {
     "group_zscore": group_zscore,
     "leave_one_out": leave_one_out,
 }
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_rewards: str) -> torch.Tensor:
+    """Advantage rule ``name`` (see :data:`ADVANTAGES`) of ``rewards`` in groups of ``group_size``."""
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; choose one of {', '.join(ADVANTAGES)}")
-    return ADVANTAGES[name](rewards, group_size, scale_rewards=scale_rewards)
+    return ADVANTAGES[name](rewards, group_size, scale_rewards)
 
 
 @dataclass
