@@ -161,7 +161,8 @@ class TokenScores:
         return int(self.logp.shape[0])
 
     def sequence_score(self) -> torch.Tensor:
-        """``[B]``: mean over draws of ``sum_g weight * logp`` (e.g. the Monte-Carlo ELBO)."""
+        """``[B]``: mean over draws of ``sum_g weight * logp`` — with ``elbo`` the Monte-Carlo ELBO, ESPO's
+        sequence log-likelihood proxy (arXiv 2512.03759), with ``trace`` TraceRL's trace log-likelihood."""
         return (self.weight * self.logp).sum(-1).mean(0)
 
     def token_score(self) -> torch.Tensor:

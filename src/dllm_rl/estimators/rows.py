@@ -145,7 +145,8 @@ def completion_segments(model: DiffusionLM, batch: ScoringBatch) -> tuple[torch.
     Full-attention models: one segment (all zeros, ``S = 1``). Block models: the token's block (the library's
     block rule on real-token positions), counted from the block holding the sample's first completion token;
     ``S`` covers a completion that starts at any offset inside a block. In the two-stream layout the blocks
-    are scored independently of each other's masks, so per-block noise levels are the block model's ELBO."""
+    are scored independently of each other's masks, so per-block noise levels are the block model's ELBO
+    (the block-diffusion NELBO is a sum over blocks, BD3-LM arXiv 2503.09573 Eq. 8)."""
     b_n, g_n = batch.completion_ids.shape
     dev = batch.completion_ids.device
     if not model.is_block_causal:

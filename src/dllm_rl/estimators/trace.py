@@ -50,7 +50,8 @@ LAYOUTS = ("auto", "two_stream", "per_step")
 def merged_steps(
     batch: ScoringBatch, shrinkage: int, block_size: int | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(merged, block)``, both ``[B, G]``.
+    """``(merged, block)``, both ``[B, G]``: TraceRL's shrinkage (arXiv 2509.06949, the shrinkage parameter
+    ``s`` of its TraceRL section) merges every ``s`` consecutive decoding steps into one.
 
     ``merged`` is ``step // s`` (full attention, ``block_size=None``) or ``(step - block's min step) // s``
     (block models), -1 for tokens never committed. ``block`` is each completion token's block index
