@@ -7,7 +7,7 @@ import time
 import pytest
 
 from dllm_rl.tasks import get_task
-from dllm_rl.tasks.extract import boxed_contents, last_boxed
+from dllm_rl.tasks.extract import boxed_spans, last_boxed
 from dllm_rl.tasks.math_task import MathVerifier
 
 
@@ -15,7 +15,7 @@ def test_boxed_extraction_balances_braces():
     assert last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == ("\\frac{1}{2}", "ok")
     assert last_boxed("\\boxed{\\frac{1}{2}") == (None, "unbalanced")
     assert last_boxed("no box") == (None, "missing")
-    assert boxed_contents("\\boxed{a{b}c} \\fbox{d}")[0] == ["a{b}c", "d"]
+    assert boxed_spans("\\boxed{a{b}c} \\fbox{d}") == ([(7, 12), (20, 21)], False)
     assert last_boxed("\\boxed{2} then \\boxed{3")[0] == "2"
 
 

@@ -1,41 +1,66 @@
-"""Answer extraction shared by the tasks. Every function is linear in the text length (no regex that can
-backtrack quadratically), so megabyte-long or adversarial completions are cheap to reject."""
+"""Answer extraction shared by the tasks. Every function is linear in the text length, in time and in
+memory (no regex that can backtrack quadratically, no substring copied per nesting level), so
+megabyte-long or adversarial completions are cheap to reject.
+
+:data:`MAX_ANSWER_CHARS` is the longest extracted answer a reward hands to a parser or verifier; the
+tasks score a longer answer 0 with the reason :func:`too_long_reason` gives, without parsing it."""
 
 from __future__ import annotations
 
 import re
 from fractions import Fraction
 
+MAX_ANSWER_CHARS = 1000
+"""Longest extracted answer (characters) a reward parses or verifies; longer ones score 0."""
+
 _BOX_TOKENS = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
 
 
-def boxed_contents(text: str) -> tuple[list[str], bool]:
-    """All complete ``\\boxed{...}`` (and ``\\fbox{...}``) contents in order, with nested braces
-    balanced, and whether an opened ``\\boxed{`` was left unclosed."""
+def too_long_reason(answer: str, limit: int = MAX_ANSWER_CHARS) -> str | None:
+    """The 0-score reason for an extracted answer longer than ``limit`` characters (None when it fits)."""
+    if len(answer) <= limit:
+        return None
+    return f"answer too long ({len(answer)} chars, max {limit})"
+
+
+def boxed_spans(text: str) -> tuple[list[tuple[int, int]], bool]:
+    """``(start, end)`` of every complete ``\\boxed{...}`` (and ``\\fbox{...}``) content, nested braces
+    balanced, ordered by start (``text[start:end]`` is the content), and whether an opened ``\\boxed{``
+    was left unclosed.
+
+    One pass over the brace tokens with a stack of open-brace positions; only indices are stored, so
+    time and memory are linear in ``len(text)`` even for deeply nested boxes (a nesting bomb).
+    """
     if "\\boxed" not in text and "\\fbox" not in text:
         return [], False
-    found: list[tuple[int, str]] = []
-    stack: list[int | None] = []  # for each open brace: start index of box content, or None
+    starts: list[int] = []  # per opened box, in opening order: where its content starts
+    ends: list[int] = []  # ... and where it ends (-1 while open)
+    stack: list[int] = []  # per open brace: its box's slot in starts/ends, or -1 for a plain brace
     for m in _BOX_TOKENS.finditer(text):
         tok = m.group()
         if tok == "}":
             if stack:
-                start = stack.pop()
-                if start is not None:
-                    found.append((start, text[start : m.start()]))
+                slot = stack.pop()
+                if slot >= 0:
+                    ends[slot] = m.start()
+        elif tok == "{":
+            stack.append(-1)
         else:
-            stack.append(m.end() if tok != "{" else None)
-    unclosed = any(s is not None for s in stack)
-    found.sort()
-    return [c for _, c in found], unclosed
+            stack.append(len(starts))
+            starts.append(m.end())
+            ends.append(-1)
+    spans = [(s, e) for s, e in zip(starts, ends) if e >= 0]
+    return spans, len(spans) < len(starts)
 
 
 def last_boxed(text: str) -> tuple[str | None, str]:
-    """The content of the last complete ``\\boxed{}`` and a status: ``"ok"``, ``"unbalanced"`` (a
-    ``\\boxed{`` was opened but never closed and no complete one exists) or ``"missing"``."""
-    contents, unclosed = boxed_contents(text)
-    if contents:
-        return contents[-1], "ok"
+    """The content of the last complete ``\\boxed{}`` (the one that starts last) and a status: ``"ok"``,
+    ``"unbalanced"`` (a ``\\boxed{`` was opened but never closed and no complete one exists) or
+    ``"missing"``. Only that one content is copied out of ``text``."""
+    spans, unclosed = boxed_spans(text)
+    if spans:
+        start, end = spans[-1]
+        return text[start:end], "ok"
     return None, "unbalanced" if unclosed else "missing"
 
 
@@ -64,7 +89,7 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|-?\.\d+")
 
 
-def parse_number(text: str, max_len: int = 1000) -> Fraction | None:
+def parse_number(text: str, max_len: int = MAX_ANSWER_CHARS) -> Fraction | None:
     """The first number in an answer string, as an exact Fraction.
 
     Rule: drop LaTeX spacing / ``$`` / ``\\left`` / ``\\text{}`` wrappers and thousands separators
@@ -99,7 +124,10 @@ def format_number(x: Fraction) -> str:
     """A Fraction as a short string: ``18``, ``-2.5`` or ``1/3``."""
     if x.denominator == 1:
         return str(x.numerator)
-    f = float(x)
+    try:
+        f = float(x)
+    except OverflowError:  # a fraction of two long literals
+        return f"{x.numerator}/{x.denominator}"
     return repr(f) if Fraction(f) == x else f"{x.numerator}/{x.denominator}"
 
 

@@ -11,7 +11,8 @@ Answer extraction (first rule that finds something wins; within a rule the *last
 Reward: 1.0 when the first number of the extracted text (see :func:`extract.parse_number`: commas,
 ``$``, units, ``%`` and trailing ``.0`` are ignored; fractions are exact) equals the reference
 number, else 0.0. Reasons: ``correct``, ``wrong: got X, expected Y``, ``no final answer ...``,
-``unbalanced \\boxed{``, ``no number in answer``.
+``unbalanced \\boxed{``, ``answer too long`` (an extracted answer over
+:data:`~dllm_rl.tasks.extract.MAX_ANSWER_CHARS` characters is not parsed), ``no number in answer``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .base import DataError, Score, Task
-from .extract import format_number, last_boxed, parse_number
+from .extract import format_number, last_boxed, parse_number, too_long_reason
 
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_IS = re.compile(r"answer is[ \t:]*([^\n]*)", re.IGNORECASE)
@@ -98,6 +99,9 @@ class GSM8KTask(Task):
             if status == "unbalanced":
                 return Score(0.0, "unbalanced \\boxed{ (never closed)")
             return Score(0.0, "no final answer (\\boxed{x}, '#### x' or 'The answer is x')")
+        too_long = too_long_reason(found)
+        if too_long:
+            return Score(0.0, too_long)
         pred = parse_number(found)
         if pred is None:
             return Score(0.0, f"no number in answer {found[:40]!r}")

@@ -9,6 +9,12 @@ Reward: 1.0 when ``math_verify.verify(parse("\\boxed{gold}"), parse("\\boxed{pre
 A string-identical answer (after removing spaces, ``\\left`` / ``\\right`` and ``dfrac`` -> ``frac``)
 scores 1.0 without calling math-verify (``exact_shortcut=True``).
 
+Before math-verify: a boxed answer longer than ``max_answer_chars`` (default
+:data:`~dllm_rl.tasks.extract.MAX_ANSWER_CHARS`, 1000) scores 0 (``answer too long``), and so does one
+whose evaluation could not finish (power towers, huge factorials, big symbolic expansions; see
+:func:`~dllm_rl.tasks.answer_cost.evaluation_risk`), with the reason ``answer cannot be evaluated in
+time: ...``; no verifier call waits on a timeout for such an answer.
+
 math-verify times itself out with ``signal.alarm`` (main thread only) and sympy can hang on adversarial
 input, so checks run in a small pool of worker processes (:class:`MathVerifier`); a check that takes
 longer than ``timeout_s`` kills its worker (a fresh one replaces it) and scores 0 with reason
@@ -32,8 +38,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
+from .answer_cost import evaluation_risk
 from .base import DataError, Score, Task
-from .extract import last_boxed
+from .extract import MAX_ANSWER_CHARS, last_boxed, too_long_reason
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_math_worker.py")
 
@@ -234,7 +241,8 @@ class MathTask(Task):
     """Competition math with a boxed final answer, checked by math-verify (see module docstring).
 
     Extra args: ``workers`` (verifier processes, default 2), ``timeout_s`` per check (default 5),
-    ``exact_shortcut`` (default True), ``max_answer_chars`` (longer boxed answers score 0; 1000).
+    ``exact_shortcut`` (default True), ``max_answer_chars`` (longer boxed answers score 0;
+    :data:`~dllm_rl.tasks.extract.MAX_ANSWER_CHARS`).
     """
 
     name: ClassVar[str] = "math"
@@ -249,7 +257,7 @@ class MathTask(Task):
         workers: int = 2,
         timeout_s: float = 5.0,
         exact_shortcut: bool = True,
-        max_answer_chars: int = 1000,
+        max_answer_chars: int = MAX_ANSWER_CHARS,
         **kwargs: Any,
     ) -> None:
         super().__init__(data, **kwargs)
@@ -308,10 +316,17 @@ class MathTask(Task):
         pred = pred.strip()
         if not pred:
             return Score(0.0, "empty \\boxed{}")
-        if len(pred) > self.max_answer_chars:
-            return Score(0.0, f"answer too long ({len(pred)} chars)")
+        too_long = too_long_reason(pred, self.max_answer_chars)
+        if too_long:
+            return Score(0.0, too_long)
         if self.exact_shortcut and _canon(pred) == _canon(gold):
             return Score(1.0, "correct (exact match)")
+        risk = evaluation_risk(pred)
+        if risk:
+            return Score(0.0, risk)
+        gold_risk = evaluation_risk(gold)
+        if gold_risk:
+            return Score(0.0, f"reference {gold_risk}")
         return gold, pred
 
     def _score(self, text: str, example: Mapping[str, Any]) -> Score:
