@@ -76,6 +76,7 @@ def test_boxed_extraction_on_normal_inputs(text, expected):
         ("1000000!", "it builds a number of about 6e+06 digits (max 20000)"),
         ("\\binom{1000000}{500000}", "it builds a number of about 1e+06 digits (max 20000)"),
         ("\\Gamma(10^{7})", "it builds a number of about 7e+07 digits (max 20000)"),
+        ("1e304053986", "it builds a number of about 3.04e+08 digits (max 20000)"),
         ("(x+y+z+w)^{25}", "it expands to about 3.28e+03 terms (max 100)"),
         ("(x+1)^{60}(x+2)^{60}", "it expands to about 3.72e+03 terms (max 100)"),
         ("{{{{{{7}}}}}}", "it is nested more than 5 levels deep"),
@@ -88,8 +89,8 @@ def test_unevaluable_answers_are_named(answer, reason):
 
 @pytest.mark.parametrize(
     "answer",
-    ["2^{100}", "10^{1000}", "3000!", "\\binom{100}{50}", "(x+1)^{99}", "x^{-1}", "90^\\circ", "1" * 900,
-     "\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "11,\\! 111,\\! 111,\\! 100", "}}2^{3}"],
+    ["2^{100}", "10^{1000}", "1e-5", "2.5E3", "3000!", "\\binom{100}{50}", "(x+1)^{99}", "x^{-1}", "90^\\circ",
+     "1" * 900, "\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "11,\\! 111,\\! 111,\\! 100", "}}2^{3}"],
 )  # fmt: skip
 def test_evaluable_answers_pass(answer):
     assert evaluation_risk(answer) is None

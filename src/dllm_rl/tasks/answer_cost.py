@@ -13,7 +13,8 @@ nested deeper than :data:`MAX_DEPTH` or has more than :data:`MAX_ATOMS` literals
 parse time of math-verify itself grows fast in both). Rules (all atoms count as at least 2, so
 ``a + b <= a * b`` holds):
 
-- a literal: ``log10`` of its value, at least its count of decimals (``0.001`` divides by 10^3);
+- a literal: ``log10`` of its value, at least its count of decimals (``0.001`` divides by 10^3), plus
+  the size of a scientific exponent (``1e-5``, ``1e300000000``);
   a letter or command (``x``, ``\\pi``, ``\\circ``): magnitude 10, one symbolic term;
 - ``a + b``, ``a - b``, ``a * b``, ``a / b``, ``\\frac{a}{b}``, juxtaposition: ``M = M(a) + M(b)``;
   ``T`` adds for sums, multiplies for products;
@@ -44,7 +45,7 @@ MAX_ATOMS = 60
 grows faster than linearly in them: 80 subscripted symbols take over a second)."""
 
 _TOKEN = re.compile(
-    r"(?P<num>\d+(?:\.\d*)?|\.\d+)|(?P<pow>\^|\*\*)|(?P<cmd>\\[A-Za-z]+|\\.)|(?P<open>[{(\[])"
+    r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)|(?P<pow>\^|\*\*)|(?P<cmd>\\[A-Za-z]+|\\.)|(?P<open>[{(\[])"
     r"|(?P<close>[})\]])|(?P<bang>!)|(?P<mul>[*/\u00d7\u00f7\u00b7])|(?P<sub>_)|(?P<sym>[^\W\d_])|(?P<sep>\S)",
     re.DOTALL,
 )
@@ -78,13 +79,14 @@ def _value(b: _Bound) -> float:
 
 
 def _literal(text: str) -> _Bound:
+    text, _, exp = text.lower().partition("e")
     whole, _, frac = text.partition(".")
     whole = whole.lstrip("0")
     if len(whole) > 15:
         digits = float(len(whole))
     else:
         digits = math.log10(float(text)) if float(text) >= 1 else 0.0
-    return _Bound(max(digits, float(len(frac)), _LOG2), 1.0, False)
+    return _Bound(max(digits, float(len(frac)), _LOG2) + (abs(int(exp[:30])) if exp else 0), 1.0, False)
 
 
 def _checked(b: _Bound) -> _Bound:
@@ -189,7 +191,7 @@ class _Walk:
             if self.atoms > MAX_ATOMS:
                 raise _Reject(f"it has more than {MAX_ATOMS} numbers and symbols")
         if kind == "num":
-            return _literal(text)
+            return _checked(_literal(text))
         if kind == "sym":
             return _SYMBOL
         if kind == "open":
