@@ -37,10 +37,11 @@ def _two_stream_inputs(
     return inputs, torch.where(comp_slot >= 0, seq + comp_slot, -1)
 
 
-def _row_inputs(
+def row_inputs(
     model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Model inputs of rows ``idx`` and ``col[r, g]``, the output column that scores completion token ``g``."""
+    """Model inputs of rows ``idx`` and ``col[r, g]``, the output column that scores completion token ``g``
+    (the value model reads its values at the same columns, :mod:`dllm_rl.rl.value`)."""
     ids = rows.input_ids[idx].to(device)
     valid = rows.valid[idx].to(device)
     p, g = rows.prompt_len, rows.completion_len
@@ -67,7 +68,7 @@ def _forward_rows(
     columns from the first scored one to the end (``logits_to_keep``); ``scored`` (``[r, G]`` bool) says
     which tokens are scored.
     """
-    inputs, col = _row_inputs(model, rows, idx, device)
+    inputs, col = row_inputs(model, rows, idx, device)
     width = int(inputs["input_ids"].shape[1])
     scored_cols = col[scored]
     if bool((scored_cols < 0).any()):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dllm_rl.config import field
+from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.training import LoraOptions, OptimConfig
 
 
@@ -38,6 +39,9 @@ class RolloutConfig:
         False, help="decode rollouts with a torch.compile'd copy of the policy (dynamic shapes: one compile, 10-30 s "
         "on the first step, serves every batch and prompt width; needs a C++ compiler on CPU), refreshed from "
         "the live weights each step like the rollout.dtype copy")
+    block_size: int | None = field(
+        None, help="block models: the block the rollouts decode in (default the model's block_size); with "
+        "train_block_size larger, TraceRL's block-size adaptation")
 
 
 @dataclass
@@ -59,6 +63,8 @@ class EvalConfig:
         "rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
         None, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
+    block_size: int | None = field(
+        None, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 
 
 @dataclass
@@ -139,3 +145,11 @@ class RLConfig:
     keep_checkpoints: int = field(2, help="checkpoints kept on disk")
     resume: str | None = field(None, help="checkpoint directory to resume from, or 'latest'")
     progress: bool = field(True, help="show a progress bar")
+
+    # TraceRL's block-size adaptation and diffusion value model
+    train_block_size: int | None = field(
+        None, help="block models: the block of the training layout (trace rows, two-stream layout); default "
+        "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
+        "adaptation, src/dllm_rl/assets/demo/rl-block8.yaml)")
+    value_model: ValueModelConfig = field(
+        default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")

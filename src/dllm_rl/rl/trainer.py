@@ -31,10 +31,12 @@ from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenize
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
+from dllm_rl.rl.block_size import block_size_as, block_sizes
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
-from dllm_rl.rl.rewards import safe_rewards
+from dllm_rl.rl.rewards import safe_scores
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
+from dllm_rl.rl.value import ValueLearner
 from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
@@ -90,6 +92,7 @@ class _Round:
     prompts: list[str]  # per sample: its prompt text
     t_rollout: float
     t_reward: float
+    step_scores: list[list[float] | None] | None = None  # per sample: process rewards per decoding step
 
 
 @dataclass
@@ -138,6 +141,13 @@ class RLTrainer:
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
+        # TraceRL's block-size adaptation: rollouts at one block, the training layout at a multiple of it
+        self.rollout_block, self.train_block = block_sizes(cfg.rollout.block_size, cfg.train_block_size,
+                                                           self.model.block_size)
+        if cfg.eval.block_size is not None and self.rollout_block is None:
+            raise ConfigError("eval.block_size: for block models (SDAR) only")
+        self.eval_block = cfg.eval.block_size or self.rollout_block
+        self.value = ValueLearner(cfg, self._plain(), self.accelerator) if cfg.value_model.enabled else None
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -186,6 +196,7 @@ class RLTrainer:
         seeds = [s for x in rounds for s in x.seeds]
         prompts_rep = [p for x in rounds for p in x.prompts]
         reasons = [why for x in rounds for why in x.reasons]
+        step_scores = [s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))]
 
         # 4. advantages; groups with no signal are dropped (and counted), and with dynamic_sampling the groups
         # with signal beyond `target` (the last round's surplus)
@@ -204,7 +215,17 @@ class RLTrainer:
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         t_update = time.perf_counter()
+        targets = None
+        if self.value is not None and any_kept:  # the values before any update; their GAE token advantages
+            with block_size_as([self.value.backbone], self.train_block):
+                targets = self.value.targets(self._batch(rollout, keep, mask_seeds), rewards[keep],
+                                             [step_scores[i] for i in keep.tolist()])
+            adv = torch.zeros(len(rewards), rollout.completion_ids.shape[1])
+            adv[keep] = targets.advantages.cpu()
         update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
+        if targets is not None:  # after the policy update, which used the values from before it
+            with block_size_as([self.value.backbone], self.train_block):
+                update.update(self.value.update(self._batch(rollout, keep, mask_seeds), targets))
         if self.ema is not None:
             self.ema.update()
         t_update = time.perf_counter() - t_update
@@ -246,7 +267,7 @@ class RLTrainer:
         group_ids = [p for p in ids for _ in range(G)]
         seeds = [_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j) for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
-        with torch.no_grad():
+        with torch.no_grad(), block_size_as([policy], self.rollout_block):
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
         self.model.train()
@@ -255,25 +276,32 @@ class RLTrainer:
         columns: dict[str, list] = {}
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
-        rewards, reasons = safe_rewards(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
+        rewards, reasons, steps = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
         return _Round(rollout, rewards, reasons, seeds, prompts_rep,
-                      t_rollout, time.perf_counter() - t0 - t_rollout)
+                      t_rollout, time.perf_counter() - t0 - t_rollout, steps)
 
     def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
         return estimate(model, self.cfg.estimator, batch, gen, **(self.cfg.estimator_options or {}))
 
-    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
-        cfg, acc = self.cfg, self.accelerator
+    def _batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
+        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds."""
         device = self.model.device
         full = ScoringBatch.from_rollout(rollout)
         full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
         batch = full.select(keep)
-        batch = ScoringBatch(*(None if t is None else t.to(device) for t in (
+        return ScoringBatch(*(None if t is None else t.to(device) for t in (
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
             batch.completion_valid)), sample_seeds=batch.sample_seeds)
-        adv_k = adv[keep].to(device)
-        n = len(keep)
+
+    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
+        """The policy's ``num_iterations`` passes over the kept samples, in the training layout's block size."""
+        with block_size_as([self.model, self.reference], self.train_block):
+            return self._policy_passes(self._batch(rollout, keep, mask_seeds), adv[keep].to(self.model.device))
+
+    def _policy_passes(self, batch: ScoringBatch, adv_k: torch.Tensor) -> dict:
+        cfg, acc = self.cfg, self.accelerator
+        n = batch.batch_size
         mbs = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
         # DDP: every rank runs as many backward passes (so as many gradient all-reduces); a rank that kept
         # fewer samples pads with empty micro-batches, which back-propagate a zero loss.
@@ -403,7 +431,7 @@ class RLTrainer:
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
-        with self.averaged(live):
+        with self.averaged(live), block_size_as([self.model], self.eval_block):
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)
@@ -430,6 +458,8 @@ class RLTrainer:
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
                         config=to_dict(self.cfg), extra={"bad_updates": self.bad_updates},
                         accelerator=self.accelerator, ema=self.ema)
+        if self.value is not None:
+            self.value.save(path)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
         return path
@@ -441,6 +471,8 @@ class RLTrainer:
         state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                                 accelerator=self.accelerator, ema=self.ema)
         self.step_idx = state.step
+        if self.value is not None:
+            self.value.load(path)
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
         rollouts = self.out / "rollouts.jsonl"
