@@ -105,6 +105,19 @@ def test_value_loss_decreases_on_a_fixed_batch():
     assert float(t.old_values[0][t.mask[0]].mean()) > float(t.old_values[1][t.mask[1]].mean())
 
 
+def test_process_rewards_reach_the_returns_of_their_steps():
+    """Sample 1 decodes its 5 counted tokens in the order comp0, comp1, comp4, comp3, comp2 (blocks of 4 from
+    position 3; see _block_batch's step_map); per-step scores [0.5, 0, 0.25] put 0.5 on comp0's step and 0.25 on
+    comp4's, so at value 0 (gamma = lam = 1) the returns are 0.75, 0.25, 0, 0, 0.25. Sample 0: outcome reward 1."""
+    learner = _learner()
+    batch = _block_batch()
+    assert batch.step_map[1, :5].tolist() == [0, 1, 4, 3, 2]
+    t = learner.targets(batch, torch.tensor([1.0, 0.75]), [None, [0.5, 0.0, 0.25]])
+    assert t.returns[0].tolist() == [1.0] * 8
+    torch.testing.assert_close(t.returns[1], torch.tensor([0.75, 0.25, 0.0, 0.0, 0.25, 0.0, 0.0, 0.0]))
+    torch.testing.assert_close(t.advantages, t.returns)  # V = 0
+
+
 def test_learner_default_lr_and_family_check(tmp_path):
     cfg = RLConfig(model="unused", estimator="trace", value_model=ValueModelConfig(enabled=True))
     cfg.optim.lr = 2e-4

@@ -17,6 +17,7 @@ from dllm_rl.rl.advantages import ADVANTAGES
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.kl import KL_ESTIMATORS
 from dllm_rl.rl.losses import POLICY_LOSSES
+from dllm_rl.rl.value_config import check_value_model
 
 # Paper defaults. "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -97,9 +98,7 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     if out.dynamic_sampling and not out.drop_zero_variance and out.accuracy_band is None:
         raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
                           "with drop_zero_variance=false and no accuracy_band nothing is dropped")
-    if out.value_model.enabled and out.loss_type != "token":
-        raise ConfigError(f"value_model.enabled: the value model gives per-token advantages, which need "
-                          f"loss_type=token (got {out.loss_type!r}); use algorithm=tracerl or loss_type=token")
+    check_value_model(out.value_model, out.loss_type)
     if not out.model:
         raise ConfigError("model: set the checkpoint directory (model=PATH)")
     return out

@@ -5,7 +5,8 @@ a sequence of numbers, one per decoding step of that completion's rollout in dec
 ``k``-th distinct step at which its answer tokens were committed: the order of the distinct values of its
 ``step_map`` over ``completion_mask``; a shorter list leaves the remaining steps at 0). The value model
 (:mod:`dllm_rl.rl.value`) puts each score on its step; every other consumer (group advantages, filters,
-metrics) uses the sum of the scores.
+metrics) uses the sum of the scores. A task wraps a custom reward's per-step list in a
+:class:`dllm_rl.tasks.Score` whose value is the sum and whose ``info["steps"]`` is the list.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def safe_rewards(
 
 
 def _as_score(value: Any) -> tuple[float, list[float] | None]:
+    steps = (getattr(value, "info", None) or {}).get("steps")  # a task's Score carrying process rewards
+    if steps is not None:
+        steps = [_as_float(v) for v in steps]
+        return float(sum(steps)), steps
     if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) == 1):
         steps = [_as_float(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
         return float(sum(steps)), steps

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dllm_rl.config import field
+from dllm_rl.config import ConfigError, field
 
 
 @dataclass
@@ -44,3 +44,10 @@ class ValueModelConfig:
             raise ValueError(f"value_model.epochs must be >= 1, got {self.epochs}")
         if self.shrinkage is not None and self.shrinkage < 1:
             raise ValueError(f"value_model.shrinkage must be >= 1, got {self.shrinkage}")
+
+
+def check_value_model(cfg: ValueModelConfig, loss_type: str) -> None:
+    """Raise :class:`ConfigError` when the value model is on with a loss that cannot take its advantages."""
+    if cfg.enabled and loss_type != "token":
+        raise ConfigError(f"value_model.enabled: the value model gives per-token advantages, which need "
+                          f"loss_type=token (got {loss_type!r}); use algorithm=tracerl or loss_type=token")
