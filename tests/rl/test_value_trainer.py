@@ -155,3 +155,21 @@ def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path
             RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / "bad", *extra)))
     with pytest.raises(ConfigError, match="rollout.block_size / train_block_size: for block models"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "bad", "train_block_size=8")))
+
+
+def test_help_config_documents_the_value_model_and_block_sizes(capsys):
+    from dllm_rl.cli import main
+
+    assert main(["rl", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    for key in ("value_model.enabled (default False)", "value_model.init_from (default 'policy')",
+                "value_model.lr (default None)", "value_model.epsilon (default 0.2)", "value_model.gamma (default 1.0)",
+                "value_model.lam (default 1.0)", "value_model.whiten (default False)",
+                "rollout.block_size (default None)", "train_block_size (default None)",
+                "eval.block_size (default None)"):
+        assert key in out
+
+
+def test_the_tracerl_preset_keeps_the_value_model_off(rl_setup, tmp_path):
+    trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "algorithm=tracerl")))
+    assert trainer.cfg.value_model.enabled is False and trainer.value is None

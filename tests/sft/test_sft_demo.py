@@ -68,3 +68,15 @@ def test_fresh_model_with_word_tokens_is_sized_to_its_tokenizer():
                                                      num_heads=2, num_kv_heads=2))
     assert len(tok) == 93 and tok.convert_tokens_to_ids("</answer>") == 92
     assert dlm.model.get_input_embeddings().weight.shape[0] == 93
+
+
+def test_demo_eval_decodes_a_block_model_at_another_block_size(tmp_path):
+    """--block-size 8 decodes the block-4 demo model in blocks of 8 (reported; other NFE: rows end on a block-8
+    boundary), and restores its own block."""
+    model = load_model(DEMO_DIR / "sdar-countdown")
+    res8 = evaluate(DEMO_DIR / "sdar-countdown", n=4, block_size=8, model=model)
+    res4 = evaluate(DEMO_DIR / "sdar-countdown", n=4, model=model)
+    assert res8["decode"]["block_length"] == 8 and res4["decode"]["block_length"] == 4 and model.block_size == 4
+    assert res8["nfe_mean"] != res4["nfe_mean"]
+    with pytest.raises(ValueError, match="for block models \\(SDAR\\) only"):
+        evaluate(DEMO_DIR / "llada-countdown", n=1, block_size=8)

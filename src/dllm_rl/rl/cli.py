@@ -75,8 +75,9 @@ def register(sub) -> None:
     d.add_argument("--algorithm", default=None,
                    help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo "
                    "(default: the demo config's: espo on the block model, tracerl on the full one)")
-    d.add_argument("--model", choices=("full", "block"), default="block",
-                   help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
+    d.add_argument("--model", choices=("full", "block", "block8"), default="block",
+                   help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
+                   "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml)")
     d.add_argument("--output-dir", default="runs/demo", help="where the run goes")
     d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
     d.set_defaults(func=run_demo)

@@ -2,6 +2,7 @@
 
     python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/llada-countdown
     python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/sdar-countdown --n 200
+    python -m dllm_rl.sft.demo_eval src/dllm_rl/assets/demo/sdar-countdown --block-size 8
     python -m dllm_rl.sft.demo_eval MODEL_DIR --data test.jsonl --task countdown --gen-length 32 --block-length 8
 
 Defaults are the shipped demo models' settings: the 500-puzzle held-out countdown file next to them
@@ -47,6 +48,7 @@ def evaluate(
     steps: int | None = None,
     threshold: float | None = None,
     batch_size: int = 100,
+    block_size: int | None = None,
     model: Any = None,
     tokenizer: Any = None,
 ) -> dict[str, Any]:
@@ -54,9 +56,11 @@ def evaluate(
 
     ``model`` / ``tokenizer`` may be given instead of loading ``model_dir`` (e.g. during training);
     without ``gen_length``, both lengths default to :func:`decode_lengths`; ``block_length`` else to
-    ``gen_length``."""
+    ``gen_length``. ``block_size``: the block a block model decodes in (default its own ``block_size``; TraceRL's
+    block-size adaptation trains a block-4 model to decode at 8, ``assets/demo/rl-block8.yaml``)."""
     from dllm_rl.eval.heldout import heldout_accuracy
     from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.rl.block_size import block_size_as, block_sizes
     from dllm_rl.sampling import DecodeConfig
     from dllm_rl.tasks import get_task
 
@@ -73,11 +77,13 @@ def evaluate(
     examples = task.examples
     config = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=steps, threshold=threshold,
                           temperature=0.0)
+    block, _ = block_sizes(block_size, None, model.block_size)
     t0 = time.perf_counter()
-    res = heldout_accuracy(model, tokenizer, task, examples, config, batch_size=batch_size)
+    with block_size_as([model], block):
+        res = heldout_accuracy(model, tokenizer, task, examples, config, batch_size=batch_size)
     elapsed = time.perf_counter() - t0
     task.close()
-    decode_block = model.block_size if model.is_block_causal else block_length
+    decode_block = block if model.is_block_causal else block_length
     return {
         "model": str(model_dir), "data": str(data), "task": task_name, "n": res.n,
         "accuracy": res.accuracy, "correct": int(sum(float(s) >= 1.0 for s in res.scores)),
@@ -101,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="completion slots (default: the demo RL config's for a shipped checkpoint, else 32)")
     p.add_argument("--block-length", type=int, default=None,
                    help="semi-AR block of full-attention models (default: as --gen-length)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="block models: decode in blocks of this size (default: the model's block_size)")
     p.add_argument("--steps", type=int, default=None, help="steps per block (default: one token per step)")
     p.add_argument("--threshold", type=float, default=None, help="dynamic decoding threshold instead of steps")
     p.add_argument("--batch-size", type=int, default=100)
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         res = evaluate(args.model_dir, args.data, args.task, args.prompt_style, args.n, args.gen_length,
-                       args.block_length, args.steps, args.threshold, args.batch_size)
+                       args.block_length, args.steps, args.threshold, args.batch_size, args.block_size)
     except (ValueError, FileNotFoundError) as exc:
         print(f"demo_eval: error: {exc}", file=sys.stderr)
         return 2
