@@ -54,6 +54,11 @@ class ValueModel(nn.Module):
         hidden = int(backbone.config.hidden_size)
         self.head = nn.Linear(hidden, 1, bias=False, device=backbone.device, dtype=backbone.dtype)
         nn.init.zeros_(self.head.weight)
+        # The LM head takes no part in the value: frozen, so that it neither trains nor waits for a gradient
+        # (DDP would wait for it); a head tied to the input embeddings stays trainable through them.
+        lm_head = backbone.hf_model.get_output_embeddings()
+        if lm_head is not None and not bool(getattr(backbone.config, "tie_word_embeddings", False)):
+            lm_head.requires_grad_(False)
 
     def forward(self, input_ids: torch.Tensor, attn_bias: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """``[R, T]`` float32 values at every input column (the last hidden state through the head)."""
