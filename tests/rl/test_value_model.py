@@ -47,7 +47,7 @@ def _block_batch(seed: int = 0) -> ScoringBatch:
 
 
 def test_value_head_starts_at_exactly_zero():
-    for family in ("llada", "sdar"):
+    for family in ("llada", "dream", "sdar"):
         vm = ValueModel(_model(family))
         assert vm.head.bias is None and torch.count_nonzero(vm.head.weight) == 0
         values = token_values(vm, vm.backbone, _block_batch(), shrinkage=1)
