@@ -1,8 +1,13 @@
 """What TraceRL's diffusion value model buys on the demo task (the shipped block-4 SDAR Countdown model).
 
-    python benchmarks/value.py                         # both parts, short defaults (about 15 min on one thread)
+    python benchmarks/value.py                         # both parts, short defaults
     python benchmarks/value.py --part variance --batches 16 --warm-steps 40
-    python benchmarks/value.py --part accuracy --seeds 0 1 2 3 --steps 100
+    python benchmarks/value.py --part accuracy --seeds 0 1 2 3 --steps 100 --eval-limit 500
+
+The defaults are short: 8 value-fitting steps and 6 batches; 8 RL steps per run, 2 seeds, 100 puzzles. On one
+idle CPU thread that is minutes per part (rollouts ~1.3 s and updates ~2 s per step); on a loaded machine it
+is much longer. Runs whose ``summary.json`` exists are not rerun, so two invocations with different
+``--seeds`` can share the work and a third prints the table.
 
 Part 1, variance of the policy-gradient estimate: the policy is frozen at the shipped checkpoint; a value model
 is first fitted for ``--warm-steps`` value-only steps on fresh rollouts (the policy does not move). Then
@@ -158,12 +163,12 @@ def main() -> None:
     ap.add_argument("--part", choices=("variance", "accuracy", "both"), default="both")
     ap.add_argument("--out", default="runs/bench-value")
     ap.add_argument("--seed", type=int, default=0, help="variance part: the seed of its prompt and rollout streams")
-    ap.add_argument("--batches", type=int, default=8, help="variance part: rollout batches the variance is over")
-    ap.add_argument("--warm-steps", type=int, default=20, help="variance part: value-only fitting steps first")
+    ap.add_argument("--batches", type=int, default=6, help="variance part: rollout batches the variance is over")
+    ap.add_argument("--warm-steps", type=int, default=8, help="variance part: value-only fitting steps first")
     ap.add_argument("--value-lr", type=float, default=1e-3, help="variance part: the value model's lr")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1], help="accuracy part: seeds per setting")
-    ap.add_argument("--steps", type=int, default=25, help="accuracy part: RL steps per run")
-    ap.add_argument("--eval-limit", type=int, default=200, help="accuracy part: held-out puzzles")
+    ap.add_argument("--steps", type=int, default=8, help="accuracy part: RL steps per run")
+    ap.add_argument("--eval-limit", type=int, default=100, help="accuracy part: held-out puzzles")
     ap.add_argument("--value-lr-ratio", type=float, default=5.0,
                     help="accuracy part: the value model's lr as a multiple of the policy's (published: 5)")
     args = ap.parse_args()
