@@ -139,22 +139,20 @@ def accuracy_part(args) -> dict:
                 print(f"  lr {lr:g} value={value} seed {seed}: {s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f}"
                       f" ({time.perf_counter() - t0:.0f}s)", flush=True)
     print(f"\nTraceRL held-out accuracy, {args.steps} steps, {args.eval_limit} held-out puzzles, seeds {args.seeds}")
-    print("| lr | value model | before | after per seed | mean gain | gain with / without |")
+    # the ratio of mean accuracies after training (a ratio of gains is meaningless when a gain is 0 or negative)
+    print("| lr | value model | before | after per seed | mean gain | mean after, with / without |")
     print("|---|---|---|---|---|---|")
     table = {}
     for lr in (DEMO_LR, 2 * DEMO_LR):
-        gains = {}
+        after = {v: statistics.mean(r["accuracy_after"] for r in results[(lr, v)]) for v in (False, True)}
         for value in (False, True):
             runs = results[(lr, value)]
-            gains[value] = statistics.mean(r["accuracy_after"] - r["accuracy_before"] for r in runs)
-        for value in (False, True):
-            runs = results[(lr, value)]
-            ratio = gains[True] / gains[False] if value and gains[False] != 0 else float("nan")
-            after = ", ".join(f"{r['accuracy_after']:.3f}" for r in runs)
-            ratio_cell = f"{ratio:.2f}" if value else ""
-            print(f"| {lr:g} | {'yes' if value else 'no'} | {runs[0]['accuracy_before']:.3f} | {after} | "
-                  f"{gains[value]:+.3f} | {ratio_cell} |")
-            table[f"lr={lr:g},value={value}"] = {"gain": gains[value], "runs": runs}
+            gain = statistics.mean(r["accuracy_after"] - r["accuracy_before"] for r in runs)
+            per_seed = ", ".join(f"{r['accuracy_after']:.3f}" for r in runs)
+            ratio = f"{after[True] / after[False]:.2f}" if value and after[False] > 0 else ""
+            print(f"| {lr:g} | {'yes' if value else 'no'} | {runs[0]['accuracy_before']:.3f} | {per_seed} | "
+                  f"{gain:+.3f} | {ratio} |")
+            table[f"lr={lr:g},value={value}"] = {"gain": gain, "runs": runs}
     return table
 
 
