@@ -5,9 +5,9 @@
     python benchmarks/value.py --part accuracy --seeds 0 1 2 3 --steps 100 --eval-limit 500
 
 The defaults are short: 8 value-fitting steps and 6 batches; 8 RL steps per run, 2 seeds, 100 puzzles. On one
-idle CPU thread that is minutes per part (rollouts ~1.3 s and updates ~2 s per step); on a loaded machine it
-is much longer. Runs whose ``summary.json`` exists are not rerun, so two invocations with different
-``--seeds`` can share the work and a third prints the table.
+idle CPU thread that is minutes per part; on this project's loaded 2-core machine (load average ~10) the
+variance part took 31 min and each RL run 6-10 min. Runs whose ``summary.json`` exists are not rerun, so two
+invocations with different ``--seeds`` can share the work and a third prints the table.
 
 Part 1, variance of the policy-gradient estimate: the policy is frozen at the shipped checkpoint; a value model
 is first fitted for ``--warm-steps`` value-only steps on fresh rollouts (the policy does not move). Then
