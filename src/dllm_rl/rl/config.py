@@ -138,4 +138,7 @@ class RLConfig:
     save_every: int = field(0, help="checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = field(2, help="checkpoints kept on disk")
     resume: str | None = field(None, help="checkpoint directory to resume from, or 'latest'")
+    overwrite: bool = field(False, help="output_dir already holds a run and resume is not given: delete that run's "
+                                        "files (config, metrics, rollouts, checkpoints, final/, plots) and start "
+                                        "afresh (false = refuse to start)")
     progress: bool = field(True, help="show a progress bar")

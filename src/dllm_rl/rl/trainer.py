@@ -27,6 +27,7 @@ from accelerate.utils import DistributedDataParallelKwargs, gather_object
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
+from dllm_rl.jsonl import append_jsonl, keep_rows_through
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
@@ -54,6 +55,7 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 
 logger = logging.getLogger(__name__)
 _MIX = 1_000_003  # odd multiplier for deriving seeds
@@ -113,6 +115,20 @@ class RLTrainer:
         cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         self.accelerator = make_accelerator(
             cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        self.out = Path(cfg.output_dir)
+        self.is_main = self.accelerator.is_main_process
+        # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
+        self.run_dir = open_run_dir(self.out, RL_RUN_FILES, resume=bool(cfg.resume), overwrite=cfg.overwrite) \
+            if self.is_main else None
+        self.accelerator.wait_for_everyone()
+        try:
+            self._build(reward_fn)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, reward_fn) -> None:
+        cfg = self.cfg
         self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device)
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
         reward = reward_fn if reward_fn is not None else cfg.reward
@@ -122,8 +138,6 @@ class RLTrainer:
                                   prompt_style=cfg.prompt_style, limit=cfg.eval.limit, reward_fn=reward)
         if len(self.train_task) == 0:
             raise ValueError(f"no training examples in {self.train_task.source}")
-        self.out = Path(cfg.output_dir)
-        self.is_main = self.accelerator.is_main_process
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
         self.reference = None
@@ -142,6 +156,7 @@ class RLTrainer:
         self.step_idx = 0
         self.bad_updates = 0
         self.grad_norms: list[float] = []  # pre-clipping gradient norms of the current step
+        self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
         if cfg.resume:
             self._resume(cfg.resume)
         self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
@@ -428,7 +443,8 @@ class RLTrainer:
         path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
         save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
-                        config=to_dict(self.cfg), extra={"bad_updates": self.bad_updates},
+                        config=to_dict(self.cfg),
+                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
                         accelerator=self.accelerator, ema=self.ema)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
@@ -443,12 +459,15 @@ class RLTrainer:
         self.step_idx = state.step
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
-        rollouts = self.out / "rollouts.jsonl"
-        if self.is_main and rollouts.is_file():  # drop what a run killed after this checkpoint wrote
-            keep = [ln for ln in rollouts.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step_idx]
-            rollouts.write_text("".join(ln + "\n" for ln in keep))
-        if self.is_main:
+        self.accuracy_before = (state.extra or {}).get("accuracy_before")
+        if self.is_main:  # drop what a run killed after this checkpoint wrote
+            keep_rows_through(self.out / "rollouts.jsonl", self.step_idx)
             print(f"resumed from {path} at step {self.step_idx}")
+
+    def close(self) -> None:
+        """Release the run directory (its lock) for another run."""
+        if self.run_dir is not None:
+            self.run_dir.close()
 
     def save_final_model(self) -> Path:
         """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
@@ -483,9 +502,11 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         say(trainer.rollout_note)
     if trainer.step_idx == 0:
         before = trainer.evaluate()
-        summary["accuracy_before"] = before.accuracy
+        trainer.accuracy_before = before.accuracy
         trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
         say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
+    if trainer.accuracy_before is not None:  # a resumed run: from its checkpoint
+        summary["accuracy_before"] = trainer.accuracy_before
     if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
         say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
     bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
@@ -504,10 +525,9 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
                    loss=f"{m.get('loss', float('nan')):.4f}")
         if trainer.is_main and res.samples:
-            with open(trainer.out / "rollouts.jsonl", "a") as f:
-                for prompt, completion, reward, reason in res.samples:
-                    f.write(json.dumps({"step": trainer.step_idx, "prompt": prompt, "completion": completion,
-                                        "reward": reward, "reason": reason}) + "\n")
+            append_jsonl(trainer.out / "rollouts.jsonl", [
+                {"step": trainer.step_idx, "prompt": p, "completion": c, "reward": r, "reason": why}
+                for p, c, r, why in res.samples])
         if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
             for prompt, completion, reward, reason in res.samples[:2]:
                 bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")
@@ -530,4 +550,5 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     if trainer.is_main:
         summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
         (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    trainer.close()
     return summary

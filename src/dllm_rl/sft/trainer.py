@@ -41,7 +41,6 @@ from dllm_rl.training import (
     checkpoint_name,
     has_lora,
     latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     make_accelerator,
     merged_model,
@@ -49,6 +48,7 @@ from dllm_rl.training import (
     prune_checkpoints,
     save_checkpoint,
 )
+from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 
 
 @dataclass
@@ -96,6 +96,9 @@ class TrainConfig:
     save_every: int = field(0, help="checkpoint every N optimizer steps (0 = final checkpoint only)")
     keep_checkpoints: int | None = field(2, help="keep the N newest checkpoints (null = all)")
     resume: str | None = field(None, help="auto (newest checkpoint in output_dir, if any) or a checkpoint directory")
+    overwrite: bool = field(False, help="output_dir already holds a run and resume is not given: delete that run's "
+                                        "files (config, metrics, data report, checkpoints, model/, plots) and "
+                                        "start afresh (false = refuse to start)")
     stop_after: int | None = field(None, help="end this invocation after N steps of the run (the schedule still "
                                               "spans max_steps; resume later with train.resume=auto)")
     num_threads: int | None = field(None, help="torch CPU threads (null = torch's default)")
@@ -185,6 +188,20 @@ class SFTTrainer:
         self.accelerator = make_accelerator(
             t.mixed_precision, cpu=t.cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
+        # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
+        self.run_dir = open_run_dir(
+            self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
+            key="train.output_dir", resume_hint="train.resume=auto", overwrite_hint="train.overwrite=true",
+        ) if acc.is_main_process else None
+        acc.wait_for_everyone()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        cfg, t, acc, verbose = self.cfg, self.cfg.train, self.accelerator, self.verbose
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=t.seed)
         if cfg.lora.enabled:
             apply_lora(self.dlm, cfg.lora, seed=t.seed)
@@ -238,9 +255,6 @@ class SFTTrainer:
     def _resume_dir(self) -> Path | None:
         r = self.cfg.train.resume
         if r is None or r == "none":
-            if list_checkpoints(self.out):
-                raise ValueError(f"{self.out} already holds checkpoints; pass train.resume=auto to continue that "
-                                 "run or choose another train.output_dir")
             return None
         if r == "auto":
             return latest_checkpoint(self.out)
@@ -295,6 +309,11 @@ class SFTTrainer:
             prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
         return path
 
+    def close(self) -> None:
+        """Release the run directory (its lock) for another run."""
+        if self.run_dir is not None:
+            self.run_dir.close()
+
     def save_final_model(self) -> Path:
         path = self.out / "model"
         if self.accelerator.is_main_process:
@@ -333,6 +352,7 @@ class SFTTrainer:
         if main and self.verbose:
             print(f"sft: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; run in {self.out}"
                   + (f"; model in {model_dir}" if model_dir else ""))
+        self.close()
         return SFTResult(self.out, self.step, model_dir, last_loss, tps, self.report)
 
 

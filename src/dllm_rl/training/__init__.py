@@ -69,6 +69,8 @@ from dllm_rl.training.checkpoint import (
     TrainerState,
     capture_rng,
     checkpoint_name,
+    checkpoint_step,
+    clean_leftovers,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -88,12 +90,15 @@ from dllm_rl.training.lora import (
 )
 from dllm_rl.training.metrics import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
 from dllm_rl.training.optim import OptimConfig, build_optimizer, build_scheduler, parameter_groups
+from dllm_rl.training.run_dir import RunDir, RunDirError, open_run_dir
 from dllm_rl.training.sampler import IndexStream
 
 __all__ = [
     "METRICS_FILE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig", "PreparedModel", "Progress",
+    "RunDir", "RunDirError",
     "TrainerState", "WeightEMA", "prepare_model",
     "apply_lora", "bf16_supported", "build_optimizer", "build_scheduler", "capture_rng", "checkpoint_name",
+    "checkpoint_step", "clean_leftovers", "open_run_dir",
     "has_lora", "latest_checkpoint", "list_checkpoints", "load_adapter_weights", "load_checkpoint",
     "make_accelerator", "merged_model", "merged_state_dict", "parameter_groups", "plot_metrics",
     "prune_checkpoints", "read_metrics", "resolve_mixed_precision", "restore_rng", "save_adapter",

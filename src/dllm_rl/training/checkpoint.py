@@ -11,17 +11,25 @@ A checkpoint directory::
     trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
     config.yaml                 the run's resolved config (when given)
 
-``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint. The directory is
-written under a temporary name and renamed when complete, so a crash never leaves a half checkpoint
-that :func:`latest_checkpoint` would pick.
+``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint.
+
+Atomic: the directory is written as ``step-NNNNNNN.tmp``, ``trainer_state.json`` last, every file and the
+folder fsync'ed, then renamed to ``step-NNNNNNN``. A *complete* checkpoint is a folder whose name matches
+``step-<digits>`` exactly and whose state file parses; :func:`list_checkpoints` / :func:`latest_checkpoint`
+see only those, and :func:`clean_leftovers` deletes everything else under ``checkpoints/`` (what a kill
+during a save leaves). Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
+environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import re
 import shutil
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,7 @@ import torch
 from safetensors import safe_open
 
 from dllm_rl.config import save_config
+from dllm_rl.jsonl import fsync_path
 from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
@@ -39,6 +48,8 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 STATE_FILE = "trainer_state.json"
 EMA_FILE = "ema.pt"
+CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+KILL_ENV = "DLLM_RL_TEST_KILL_IN_CHECKPOINT"
 
 
 @dataclass
@@ -113,8 +124,8 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     if accelerator is not None:
         accelerator.wait_for_everyone()
+    lora = has_lora(dlm)
     if main:
-        lora = has_lora(dlm)
         save_model(merged_model(dlm) if lora else dlm, tmp / "model", tokenizer=tokenizer)
         if lora:
             save_adapter(dlm, tmp / "adapter")
@@ -126,19 +137,45 @@ def save_checkpoint(
             ema.save(tmp / EMA_FILE)
         if config is not None:
             save_config(config, tmp / "config.yaml")
-        meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
-                "world_size": world, "lora": lora}
-        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
     if accelerator is not None:
         accelerator.wait_for_everyone()
-    if main:
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
+    if main:  # the state file last: a folder with it holds everything else
+        meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
+                "world_size": world, "lora": lora}
+        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _fsync_tree(tmp)
+        if os.environ.get(KILL_ENV) == str(int(step)):
+            os.kill(os.getpid(), signal.SIGKILL)
+        _replace_dir(tmp, directory)
     if accelerator is not None:
         accelerator.wait_for_everyone()
     return directory
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file under ``root``, then every folder (deepest first), forced to disk."""
+    folders = [root]
+    for dirpath, dirnames, filenames in os.walk(root):
+        folders += [Path(dirpath) / d for d in dirnames]
+        for name in filenames:
+            fsync_path(Path(dirpath) / name)
+    for folder in reversed(folders):
+        fsync_path(folder)
+
+
+def _replace_dir(tmp: Path, directory: Path) -> None:
+    """Rename the finished ``tmp`` to ``directory``; an older folder of that name is moved aside first
+    (to a leftover name that :func:`clean_leftovers` removes) and deleted after."""
+    old = directory.with_name(directory.name + ".old.tmp")
+    if directory.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        directory.rename(old)
+    tmp.rename(directory)
+    fsync_path(directory.parent)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
@@ -226,13 +263,44 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of a complete checkpoint folder (name ``step-<digits>``, a readable state file), else None."""
+    path = Path(path)
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    if match is None or not path.is_dir():
+        return None
+    try:
+        meta = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    step = int(match.group(1))
+    return step if isinstance(meta, dict) and meta.get("step") == step else None
+
+
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under ``output_dir/checkpoints`` (oldest first)."""
+    """Complete checkpoints under ``output_dir/checkpoints`` (oldest first); anything else there is ignored."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+    found = [(step, p) for p in root.iterdir() if (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def clean_leftovers(output_dir: str | Path) -> list[Path]:
+    """Delete what is not a complete checkpoint under ``output_dir/checkpoints`` (``*.tmp`` folders of a save
+    cut short, a folder without its state file); one log line each. Call it from the main rank only, with
+    the run directory locked (another run's save in progress looks like a leftover). Returns what went."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    doomed = sorted(p for p in root.iterdir() if checkpoint_step(p) is None)
+    for p in doomed:
+        logger.warning("%s: not a complete checkpoint (a save cut short?); removed", p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return doomed
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

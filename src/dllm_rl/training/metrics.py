@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -10,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from dllm_rl.jsonl import append_jsonl, keep_rows_through, read_jsonl, write_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -26,7 +27,8 @@ class MetricsLogger:
     """Append one JSON object per :meth:`log` call to ``path`` (``{"step": ..., "time": ..., **metrics}``).
 
     ``resume_step``: drop the lines of steps after it first (a run resumed from a checkpoint at that step
-    rewrites them, so the file never holds two histories). ``enabled=False`` (non-main ranks) writes nothing.
+    rewrites them, so the file never holds two histories; the file is rewritten atomically), else start an
+    empty file. ``enabled=False`` (non-main ranks) writes nothing. The rules of :mod:`dllm_rl.jsonl` apply.
     """
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None, enabled: bool = True):
@@ -36,32 +38,22 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            self.path.write_text("")
-        elif self.path.exists():
-            kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            write_jsonl(self.path, [])
+        else:
+            keep_rows_through(self.path, resume_step)
 
     def log(self, step: int, **metrics: Any) -> dict[str, Any]:
         row = {"step": int(step), "time": round(time.time(), 3)}
         row.update({k: _plain(v) for k, v in metrics.items()})
         if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_jsonl(self.path, [row])
         return row
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a metrics JSONL file (a truncated last line from a crash is ignored)."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """All rows of a metrics JSONL file: a torn last line (a crash mid-write) is dropped with a warning, a bad
+    line before it is an error naming the file and line (:func:`dllm_rl.jsonl.read_jsonl`)."""
+    return read_jsonl(path)
 
 
 class Progress:
