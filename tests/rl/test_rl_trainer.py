@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -200,8 +201,9 @@ def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
 def test_evaluation_keeps_its_own_decoding_schedule(rl_setup, tmp_path):
     """A faster rollout schedule does not change the held-out metric: evaluation decodes one token per step
     (8 forwards for 8 slots) unless ``eval.steps`` / ``eval.threshold`` say otherwise."""
-    def heldout(*extra):
-        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "eval.limit=4", *extra))
+    def heldout(*extra):  # each trainer its own run directory
+        out = tmp_path / "-".join(extra or ("plain",))
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, "eval.limit=4", *extra))
         return RLTrainer(cfg).evaluate()
 
     plain = heldout()
@@ -254,7 +256,7 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
     buffers = dict(trainer.rollout_copy.model.named_buffers())
     assert buffers and all(b.dtype == torch.float32 for b in buffers.values())
 
-    same = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=float32"))
+    same = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "f32", "rollout.dtype=float32"))
     assert RLTrainer(same).rollout_copy is None  # the policy's own dtype: no copy
     with pytest.raises(ConfigError, match="rollout.dtype: 'int8' is not allowed; choose one of float32"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
@@ -271,7 +273,8 @@ def test_rollout_dtype_auto_takes_bfloat16_only_where_the_device_has_it(rl_setup
     assert trainer.rollout_copy.model.dtype == torch.bfloat16 and trainer.model.dtype == torch.float32
     assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded by a bfloat16 copy (AMX)"
     monkeypatch.setattr(copy_mod, "native_bfloat16", lambda device: None)
-    trainer = RLTrainer(cfg)
+    trainer.close()  # a second trainer in the same run directory: the first lets go of it
+    trainer = RLTrainer(replace(cfg, overwrite=True))
     assert trainer.rollout_copy is None
     assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded in float32 (no native bfloat16 on this device)"
 
