@@ -139,6 +139,20 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[Any]) -> int:
     return n
 
 
+def repair_jsonl(path: str | os.PathLike) -> list[Any]:
+    """The rows of a file about to be appended to; a torn last line is dropped from the file too (an atomic
+    rewrite, only when the file does not end with a newline), so the next row starts on a line of its own."""
+    path = Path(path)
+    rows = read_jsonl(path)
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(size - 1, 0))
+        last = f.read(1)
+    if size and last != b"\n":
+        write_jsonl(path, rows)
+    return rows
+
+
 def keep_rows_through(path: str | os.PathLike, step: int) -> int:
     """Rewrite a run's JSON-lines log keeping the rows of steps up to ``step`` (a run resumed at ``step``
     rewrites the later ones, so the file never holds two histories); a torn last line goes too. Returns

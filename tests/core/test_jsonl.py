@@ -8,7 +8,15 @@ import os
 
 import pytest
 
-from dllm_rl.jsonl import JSONLError, append_jsonl, iter_jsonl, keep_rows_through, read_jsonl, write_jsonl
+from dllm_rl.jsonl import (
+    JSONLError,
+    append_jsonl,
+    iter_jsonl,
+    keep_rows_through,
+    read_jsonl,
+    repair_jsonl,
+    write_jsonl,
+)
 
 
 def test_rows_with_line_numbers_blank_lines_bom_and_gzip(tmp_path):
@@ -80,3 +88,18 @@ def test_append_and_atomic_rewrite(tmp_path, monkeypatch):
     assert path.read_text() == '{"step": 1}\n{"step": 2, "p": "é"}\n'
     assert sorted(p.name for p in path.parent.iterdir()) == ["r.jsonl"]
     assert keep_rows_through(tmp_path / "none.jsonl", 3) == 0 and not (tmp_path / "none.jsonl").exists()
+
+
+def test_repair_drops_a_torn_tail_from_the_file_before_appending(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"i": 0}\n{"i": 1}')  # the last line parses but has no newline: kept, newline added
+    assert repair_jsonl(path) == [{"i": 0}, {"i": 1}] and path.read_text() == '{"i": 0}\n{"i": 1}\n'
+    append_jsonl(path, [{"i": 2}])
+    with path.open("a") as f:
+        f.write('{"i": 3, "x')
+    assert repair_jsonl(path) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    append_jsonl(path, [{"i": 3}])
+    assert read_jsonl(path, torn_last_line="error") == [{"i": 0}, {"i": 1}, {"i": 2}, {"i": 3}]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert repair_jsonl(empty) == [] and empty.read_text() == ""

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_rl.config import ConfigError, field, from_dict, to_dict
+from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
 
 SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 #: pseudo-keys a setting may use besides DecodeConfig's fields
@@ -215,29 +216,16 @@ def model_fingerprint(model_dir: Path, full_hash_limit: int = 2 << 30) -> dict[s
             "weights": weights}
 
 
-def _json_line(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=str, sort_keys=False)
-
-
 def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
-    """Records of a results file; a torn last line (an interrupted write) is dropped, and removed from the
-    file when ``repair``. A bad line elsewhere is an error naming the line."""
+    """Records of a results file; a torn last line (an interrupted write) is dropped with a warning, and
+    removed from the file when ``repair`` (before appending to it). A bad line elsewhere is an error naming
+    the line."""
     if not path.is_file():
         return []
-    raw = path.read_bytes()
-    good_end = raw.rfind(b"\n") + 1  # bytes up to the last complete line
-    if good_end < len(raw) and repair:
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-    out = []
-    for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: corrupt results line ({exc}); delete it or use --overwrite") from None
-    return out
+    try:
+        return repair_jsonl(path) if repair else read_jsonl(path)
+    except JSONLError as err:
+        raise ValueError(f"{err}; delete that line or use --overwrite") from None
 
 
 def is_correct(score: Any) -> bool:
@@ -574,41 +562,40 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
                        dynamic_ncols=True, file=sys.stderr)
         n_correct = 0
         n_new = 0
-        with open(path, "a", encoding="utf-8") as fh:
-            for start in range(0, len(pending), cfg.batch_size):
-                chunk = pending[start: start + cfg.batch_size]
-                seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
-                t0 = time.perf_counter()
-                roll = generate(model, [prompt_ids[i] for i, _ in chunk], resolved.decode, seeds=seeds,
-                                tokenizer=prep.tokenizer, block_cache=resolved.block_cache)
-                if prep.device.type == "cuda":
-                    import torch
+        for start in range(0, len(pending), cfg.batch_size):
+            chunk = pending[start: start + cfg.batch_size]
+            seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
+            t0 = time.perf_counter()
+            roll = generate(model, [prompt_ids[i] for i, _ in chunk], resolved.decode, seeds=seeds,
+                            tokenizer=prep.tokenizer, block_cache=resolved.block_cache)
+            if prep.device.type == "cuda":
+                import torch
 
-                    torch.cuda.synchronize(prep.device)
-                elapsed = time.perf_counter() - t0
-                exs = [prep.examples[i] for i, _ in chunk]
-                scores = prep.task.score_examples(roll.texts, exs)
-                lengths = roll.completion_mask.sum(dim=1).tolist()
-                for b, ((i, s), score) in enumerate(zip(chunk, scores)):
-                    ok = is_correct(score)
-                    n_correct += ok
-                    rec = {
-                        "setting": setting.name, "index": i, "sample": s, "seed": seeds[b],
-                        "prompt": prompt_texts[i], "completion": roll.texts[b], "reward": float(score),
-                        "correct": ok, "reason": getattr(score, "reason", ""), "length": int(lengths[b]),
-                        "nfe": int(roll.nfe[b]), "finish_reason": roll.finish_reason[b],
-                        "gen_seconds": elapsed / len(chunk), "reference": _reference(prep.examples[i]),
-                    }
-                    info = getattr(score, "info", None)
-                    if info:
-                        rec["score_info"] = info
-                    fh.write(_json_line(rec) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-                n_new += len(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
-                    bar.set_postfix(acc=f"{n_correct / n_new:.3f}", tok_s=f"{sum(lengths) / max(elapsed, 1e-9):.1f}")
+                torch.cuda.synchronize(prep.device)
+            elapsed = time.perf_counter() - t0
+            exs = [prep.examples[i] for i, _ in chunk]
+            scores = prep.task.score_examples(roll.texts, exs)
+            lengths = roll.completion_mask.sum(dim=1).tolist()
+            records = []
+            for b, ((i, s), score) in enumerate(zip(chunk, scores)):
+                ok = is_correct(score)
+                n_correct += ok
+                rec = {
+                    "setting": setting.name, "index": i, "sample": s, "seed": seeds[b],
+                    "prompt": prompt_texts[i], "completion": roll.texts[b], "reward": float(score),
+                    "correct": ok, "reason": getattr(score, "reason", ""), "length": int(lengths[b]),
+                    "nfe": int(roll.nfe[b]), "finish_reason": roll.finish_reason[b],
+                    "gen_seconds": elapsed / len(chunk), "reference": _reference(prep.examples[i]),
+                }
+                info = getattr(score, "info", None)
+                if info:
+                    rec["score_info"] = info
+                records.append(rec)
+            append_jsonl(path, records, fsync=True)  # on disk before the next batch: a kill loses this one at most
+            n_new += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+                bar.set_postfix(acc=f"{n_correct / n_new:.3f}", tok_s=f"{sum(lengths) / max(elapsed, 1e-9):.1f}")
         if bar is not None:
             bar.close()
     if prep.cfg.trace_items > 0:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 import typing
 from pathlib import Path
 
 from dllm_rl.config import to_dict
+from dllm_rl.jsonl import iter_jsonl, write_jsonl
 from dllm_rl.sampling.config import CACHE_MODES, CONFIDENCE_RULES, DecodeConfig
 
 _CHOICES = {"confidence": CONFIDENCE_RULES, "cache": CACHE_MODES}
@@ -22,13 +22,7 @@ def read_prompts_file(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: prompts file not found")
     prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, row in iter_jsonl(path, torn_last_line="error", objects=False):
         text = row.get("prompt") if isinstance(row, dict) else row
         if not isinstance(text, str):
             raise ValueError(f"{path}:{lineno}: expected an object with a string 'prompt' field (or a JSON string)")
@@ -124,9 +118,7 @@ def generate_command(args: argparse.Namespace) -> int:
         out = Path(args.trace)
         out.parent.mkdir(parents=True, exist_ok=True)
         block = decode_block_length(model, config)
-        with out.open("w") as fh:
-            for rec in trace_records(rollout, texts, config, tokenizer, block):
-                fh.write(json.dumps(rec) + "\n")
+        write_jsonl(out, trace_records(rollout, texts, config, tokenizer, block))
         print(f"generate: trace written to {out}", file=sys.stderr)
     return 0
 

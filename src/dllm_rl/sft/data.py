@@ -1,6 +1,6 @@
 """SFT data: JSON lines with ``prompt`` / ``response`` (or chat ``messages``) -> token ids -> ScoringBatch.
 
-Rows are never truncated. A row that cannot be used (invalid JSON, missing field, empty response,
+Rows are never truncated. A row that cannot be used (not UTF-8, invalid JSON, missing field, empty response,
 longer than ``max_length``, a step map of the wrong length) is counted under its reason and skipped
 (``on_bad_row: skip``, the default, printing the first few with file and line) or stops loading with
 that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
@@ -8,7 +8,6 @@ that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from dllm_rl.config import field as cfg_field
 from dllm_rl.estimators.batch import ScoringBatch
+from dllm_rl.jsonl import JSONLError, iter_jsonl
 
 
 @dataclass
@@ -223,28 +223,30 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
         task = get_task(cfg.task, data=[], prompt_style=cfg.prompt_style, system_prompt=cfg.system_prompt)
     report = DataReport(source=str(path))
     examples: list[SFTExample] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if cfg.limit is not None and len(examples) >= cfg.limit:
-                break
+
+    def full() -> bool:
+        return cfg.limit is not None and len(examples) >= cfg.limit
+
+    def drop(where: str, bad: BadRow) -> None:
+        if cfg.on_bad_row == "error":
+            raise ValueError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
+        report.dropped[bad.reason] += 1
+        if len(report.messages) < 5:
+            report.messages.append(f"{where}: {bad}")
+
+    def bad_line(err: JSONLError) -> None:  # not UTF-8, not JSON, not an object
+        if not full():  # a line past the limit is never read
             report.read += 1
-            where = f"{path}:{n}"
-            try:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise BadRow("invalid_json", f"invalid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise BadRow("invalid_json", f"expected a JSON object, got {type(row).__name__}")
-                examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task))
-            except BadRow as bad:
-                if cfg.on_bad_row == "error":
-                    raise ValueError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
-                report.dropped[bad.reason] += 1
-                if len(report.messages) < 5:
-                    report.messages.append(f"{where}: {bad}")
+            drop(f"{path}:{err.line}", BadRow("not_utf8" if err.reason == "not_utf8" else "invalid_json", err.detail))
+
+    for n, row in iter_jsonl(path, torn_last_line="error", on_error=bad_line):
+        if full():
+            break
+        report.read += 1
+        try:
+            examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, f"{path}:{n}", task))
+        except BadRow as bad:
+            drop(f"{path}:{n}", bad)
     report.kept = len(examples)
     if verbose:
         print(f"data: {report.summary()}")

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dllm_rl.jsonl import JSONLError, iter_jsonl
+
 PROMPT_STYLES = ("chat", "plain", "compact")
 
 
@@ -174,17 +176,12 @@ def read_rows(source: str | os.PathLike, *, split: str | None = None) -> Iterato
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    with _open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}, line {n}: invalid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise DataError(f"{path}, line {n}: expected a JSON object, got {type(row).__name__}")
+    """A data file's rows (a broken last line is an error too: someone wrote this file)."""
+    try:
+        for n, row in iter_jsonl(path, torn_last_line="error"):
             yield f"{path}, line {n}", row
+    except JSONLError as err:
+        raise DataError(f"{err.path}, line {err.line}: {err.detail}") from None
 
 
 def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:

@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from .synthetic import keys_of, make, make_split_pair, write_jsonl
+    from dllm_rl.jsonl import write_jsonl
+
+    from .synthetic import keys_of, make, make_split_pair
 
     for f in args.exclude:
         if not Path(f).exists():
@@ -114,7 +116,7 @@ def _make(args: argparse.Namespace) -> int:
         train, test = make_split_pair(
             args.kind, args.n, test_n, args.seed, difficulty=args.difficulty, exclude=exclude, **knobs
         )
-        write_jsonl(test, args.test_out)
+        write_jsonl(args.test_out, test)
         print(f"wrote {len(test)} {args.kind} test rows to {args.test_out}")
     else:
         train = make(
@@ -126,7 +128,7 @@ def _make(args: argparse.Namespace) -> int:
             exclude=exclude,
             **knobs,
         )
-    write_jsonl(train, args.out)
+    write_jsonl(args.out, train)
     label = "train" if args.test_out else args.split
     print(f"wrote {len(train)} {args.kind} {label} rows to {args.out}")
     return 0

@@ -22,7 +22,6 @@ Row formats match the tasks: countdown ``{"input": "3,5,7", "output": "22", "num
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -330,15 +329,3 @@ def make_split_pair(
         kind, n_train, seed, split="train", exclude=exclude | {row_key(kind, r) for r in test}, **kwargs
     )
     return train, test
-
-
-def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> int:
-    """Write rows as JSON lines (creating parent folders); returns the number written."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with open(p, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-            n += 1
-    return n

@@ -16,6 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.jsonl import iter_jsonl
+
 __all__ = ["TraceRecord", "load_trace_jsonl", "normalize_trace", "records_from_rollout", "render_html", "write_html"]
 
 
@@ -130,13 +132,7 @@ def load_trace_jsonl(path: str | Path, tokenizer=None) -> list[TraceRecord]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: trace file not found")
     records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+    for lineno, obj in iter_jsonl(path, objects=False):
         try:
             records.append(normalize_trace(obj, tokenizer, label=f"line {lineno}"))
         except ValueError as exc:
