@@ -37,7 +37,7 @@ def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_li
     # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
     budget = [f"max_steps={steps}", "max_time_minutes=null"] if steps else [f"max_time_minutes={minutes}"]
     return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
-            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", *budget,
+            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", "overwrite=true", *budget,
             f"eval.limit={eval_limit}", "progress=false", "log_samples_every=0", *extra]
 
 
@@ -78,7 +78,8 @@ def main() -> None:
                                  args.steps)))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, tuple]] = []
-    # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table)
+    # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table);
+    # a run started again (unfinished, or --force) replaces what its directory held (overwrite=true)
     pending = [] if args.report else [j for j in jobs if args.force or not (j[3] / "summary.json").is_file()]
     while pending or running:
         while pending and len(running) < args.parallel:

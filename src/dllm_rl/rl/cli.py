@@ -48,7 +48,10 @@ def run_demo(args: argparse.Namespace) -> int:
     path = demo_config_path(args.model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
+    # the demo starts afresh each time (`make demo` twice reruns it), unless resume=... is given
     overrides = demo_overrides(args.model) + ([f"algorithm={args.algorithm}"] if args.algorithm else [])
+    if not any(o.startswith(("resume=", "overwrite=")) for o in args.overrides):
+        overrides.append("overwrite=true")
     # the run directory is named for the algorithm the config resolves to (the demo YAML's unless overridden)
     algorithm = load_config(RLConfig, path, overrides + list(args.overrides)).algorithm
     overrides.append(f"output_dir={args.output_dir}/{args.model}-{algorithm}")
@@ -77,6 +80,8 @@ def register(sub) -> None:
                    "(default: the demo config's: espo on the block model, tracerl on the full one)")
     d.add_argument("--model", choices=("full", "block"), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
-    d.add_argument("--output-dir", default="runs/demo", help="where the run goes")
+    d.add_argument("--output-dir", default="runs/demo",
+                   help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
+                   "unless resume=latest is given)")
     d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
     d.set_defaults(func=run_demo)

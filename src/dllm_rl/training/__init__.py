@@ -35,11 +35,24 @@ Checkpoints (exact resume)
         A checkpoint dir holds ``model/`` (published layout via ``save_model``; LoRA merged into a copy),
         ``adapter/`` (LoRA only), ``optimizer.pt``, ``scheduler.pt``, ``rng_state_rank{R}.pt`` (python,
         numpy, torch, cuda and the named ``generators``), ``trainer_state.json`` (step, data_state, extra,
-        world_size, lora), ``config.yaml``. Written to ``<dir>.tmp`` and renamed when complete.
-    ``checkpoint_name(step) -> "step-0000123"``; ``list_checkpoints(out)``, ``latest_checkpoint(out)``,
-        ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/``. ``ema=WeightEMA`` on both saves /
-        restores a weight average as ``ema.pt`` (a checkpoint without one starts the average afresh).
+        world_size, lora), ``config.yaml``. Written to ``<dir>.tmp`` (the state file last), fsync'ed and renamed
+        when complete (``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` SIGKILLs the process just before that rename:
+        for tests).
+    ``checkpoint_name(step) -> "step-0000123"``; ``checkpoint_step(path) -> int | None`` (the step of a complete
+        checkpoint: name ``step-<digits>``, a readable state file of that step); ``list_checkpoints(out)``,
+        ``latest_checkpoint(out)``, ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/`` and see only
+        complete checkpoints; ``clean_leftovers(out) -> list[Path]`` deletes the rest (main rank, directory
+        locked). ``ema=WeightEMA`` on both saves / restores a weight average as ``ema.pt`` (a checkpoint without
+        one starts the average afresh).
     ``capture_rng(generators) / restore_rng(state, generators)``
+
+Run directory
+    ``open_run_dir(path, run_files, *, resume, overwrite, key="output_dir", resume_hint="resume=latest",
+        overwrite_hint="overwrite=true") -> RunDir``: refuses a file, locks ``path/.lock`` (``fcntl.flock``, the
+        pid written in it) or refuses a directory another run holds, refuses an existing run (any of
+        ``run_files`` present) unless ``resume``, or with ``overwrite`` deletes those files; then
+        ``clean_leftovers``. ``RunDir.close()`` releases the lock. Errors: ``RunDirError`` (a ValueError).
+        ``RL_RUN_FILES`` / ``SFT_RUN_FILES`` (in ``dllm_rl.training.run_dir``) name each trainer's files.
 
 Weight average
     ``WeightEMA(module, decay)``: EMA of the trainable parameters; ``update()`` once per step (the first
@@ -52,7 +65,8 @@ Data position
 
 Logging
     ``MetricsLogger(path, *, resume_step=None, enabled=True).log(step, **metrics) -> dict`` (JSON lines;
-        ``resume_step`` drops lines after it), ``read_metrics(path) -> list[dict]``, ``METRICS_FILE``
+        ``resume_step`` drops lines after it), ``read_metrics(path) -> list[dict]``, ``METRICS_FILE``; both
+        through :mod:`dllm_rl.jsonl` (a torn last line dropped with a warning, other bad lines an error)
     ``Progress(total, initial=0, desc="train", disable=False)``: tqdm bar; ``update(steps=1, tokens=0,
         **metrics) -> tokens/s``, ``write(msg)``, ``close()``
     ``plot_metrics(run_dir, keys=None) -> list[Path]``: ``run_dir/metrics.jsonl`` -> ``run_dir/plots/<key>.png``
