@@ -64,8 +64,9 @@ def test_busy_directory_and_a_file_are_refused_with_one_line(rl_setup, tmp_path,
     finally:
         holder.close()
     err = capsys.readouterr().err
-    assert err == (f"dllm-rl rl: error: output_dir={out} is in use by another run (pid {os.getpid()}), which holds "
-                   f"{out}/.lock; wait for it to finish or choose another output_dir\n")
+    assert err == (f"dllm-rl rl: error: output_dir={out} is in use by another run (pid {os.getpid()}), a trainer of "
+                   f"this process not yet closed (call its close()), which holds {out}/.lock; wait for it to finish "
+                   "or choose another output_dir\n")
     afile = tmp_path / "afile"
     afile.write_text("x")
     assert main(["rl", *_yaml(tmp_path), *rl_overrides(rl_setup, "llada", afile)]) == 2

@@ -38,7 +38,8 @@ def test_second_process_is_refused_while_the_first_holds_the_directory(tmp_path)
     assert holder.returncode == 0
     run = open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=False)  # released when the first ended
     assert (out / ".lock").read_text() == f"{os.getpid()}\n"
-    with pytest.raises(RunDirError, match="in use by another run"):  # a second run in this very process too
+    mine = rf"in use by another run \(pid {os.getpid()}\), a trainer of this process not yet closed \(call its close"
+    with pytest.raises(RunDirError, match=mine):  # a second run in this very process too
         open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=False)
     run.close()
     open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=False).close()

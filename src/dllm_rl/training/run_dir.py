@@ -61,6 +61,8 @@ def _lock(path: Path, key: str) -> IO[str]:
         holder = f.read().strip()
         f.close()
         who = f" (pid {holder})" if holder.isdigit() else ""
+        if holder == str(os.getpid()):  # an earlier trainer of this very process still holds it
+            who += ", a trainer of this process not yet closed (call its close())"
         raise RunDirError(f"{key}={path} is in use by another run{who}, which holds {path / LOCK_FILE}; wait for "
                           f"it to finish or choose another {key}") from None
     f.seek(0)
