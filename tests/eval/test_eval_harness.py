@@ -11,7 +11,7 @@ import torch
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
 from dllm_rl.eval.harness import (
-    EvalConfig,
+    EvalRunConfig,
     Setting,
     load_settings_file,
     parse_setting,
@@ -49,12 +49,12 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
-def _cfg(d: Path, out: str, **kw) -> EvalConfig:
+def _cfg(d: Path, out: str, **kw) -> EvalRunConfig:
     base = dict(model_dir=str(d / "llada"), task=str(d / "cd.jsonl"), output_dir=str(d / out),
                 task_options={"task_type": "countdown"}, prompt_style="compact",
                 decode={"gen_length": 8, "block_length": 8}, batch_size=4, progress=False)
     base.update(kw)
-    return EvalConfig(**base)
+    return EvalRunConfig(**base)
 
 
 def _strip_time(recs):

@@ -153,7 +153,7 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
 
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
-class EvalConfig:
+class EvalRunConfig:
     """One ``dllm-rl eval`` call."""
 
     model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
@@ -324,7 +324,7 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     return tok, fam, block_size
 
 
-def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+def _task_kwargs(cfg: EvalRunConfig) -> dict[str, Any]:
     kw = dict(cfg.task_options)
     kw["split"] = cfg.split
     if cfg.data is not None:
@@ -336,7 +336,7 @@ def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     return kw
 
 
-def load_task(cfg: EvalConfig):
+def load_task(cfg: EvalRunConfig):
     """The task with its examples loaded (unknown tasks and missing files fail here, before any compute)."""
     from dllm_rl.tasks import get_task
 
@@ -386,7 +386,7 @@ def _reference(example: Mapping[str, Any], max_chars: int = 2000) -> dict[str, A
 class PreparedEval:
     """Everything validated and loaded before the first forward pass."""
 
-    cfg: EvalConfig
+    cfg: EvalRunConfig
     task: Any
     examples: list[dict[str, Any]]
     tokenizer: Any
@@ -400,7 +400,7 @@ class PreparedEval:
     out: Path
 
 
-def prepare(cfg: EvalConfig) -> PreparedEval:
+def prepare(cfg: EvalRunConfig) -> PreparedEval:
     """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
     loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
     if cfg.num_samples < 1:
@@ -500,7 +500,7 @@ def _merge_meta(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def run_eval(cfg: EvalConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary dict (also written to ``summary.json``).
 
     ``model`` may be a loaded :class:`~dllm_rl.models.DiffusionLM` (tests, in-process use); by default the
