@@ -209,7 +209,8 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     except FieldError as exc:
         if where == "config":
             raise
-        raise FieldError(f"{where}.{exc.key}", exc.problem) from None
+        section = f"{where}." if where.replace(".", "").replace("_", "").isalnum() else f"{where}: "
+        raise FieldError(section + exc.key, exc.problem) from None
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return obj

@@ -129,7 +129,7 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     assert trainer.evaluate().texts == averaged_eval.texts
 
     summary = train(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9")),
+        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9", "eval.limit=2")),
         reward_fn=digit_reward)
     assert 0.0 <= summary["accuracy_after_live"] <= 1.0
     assert [m for m in _metrics(tmp_path / "run") if "eval_accuracy_live" in m][0]["step"] == 2

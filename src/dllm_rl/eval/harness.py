@@ -303,13 +303,13 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
     mask and EOS ids must agree and every token id must fit the embedding."""
     from dllm_rl.models import load_tokenizer
-    from dllm_rl.models.families import detect_family
+    from dllm_rl.models.families import detect_family, resolve_mask_token_id
     from dllm_rl.models.loading import read_config
 
     pub = read_config(model_dir)
     fam = detect_family(pub, str(model_dir / "config.json"))
     hf = fam.hf_config(pub)
-    mask_id = int(pub.get("mask_token_id", fam.mask_token_id))
+    mask_id = resolve_mask_token_id(pub, fam, model_dir / "config.json", tokenizer_dir)
     eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
         else None
     tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
@@ -353,7 +353,9 @@ def load_task(cfg: EvalRunConfig):
                          "(check --task-option)") from None
     examples = task.load()
     if not examples:
-        raise ValueError(f"task {cfg.task!r} ({task.source}) has no examples")
+        from dllm_rl.tasks.base import DataError
+
+        raise DataError(f"{task.source}: no items to evaluate (task {cfg.task!r}); give a file with at least one item")
     return task, examples
 
 
@@ -524,7 +526,7 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
         from dllm_rl.models import load_model
 
         log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
-        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device)
+        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
     from dllm_rl.sampling.decode import check_inputs
