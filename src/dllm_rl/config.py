@@ -132,12 +132,60 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert ``value`` (from YAML or a string override) to the annotated type ``tp``."""
-    tp, optional = _strip_optional(tp)
-    literal = typing.get_origin(tp) is typing.Literal
-    if literal and value in typing.get_args(tp):  # checked in check_fields; "none" may be a choice
+def _to_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
         return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+        return False
+    raise ConfigError(f"{where}: expected true/false, got {value!r}")
+
+
+def _to_int(value: Any, where: str) -> int:
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+
+
+def _to_float(value: Any, where: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: lambda value, where: str(value)}
+
+
+def _to_sequence(value: Any, tp: Any, where: str) -> list | tuple:
+    if isinstance(value, str):
+        value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+    if not isinstance(value, (list, tuple)):
+        value = [value]
+    (inner,) = typing.get_args(tp)[:1] or (Any,)
+    items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    return items if _origin(tp) is list else tuple(items)
+
+
+def _to_mapping(value: Any, where: str) -> dict:
+    if isinstance(value, str):
+        value = yaml.safe_load(value)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert ``value`` (from YAML or a string override) to the annotated type ``tp``. Values are not
+    checked here (``Literal`` choices and ranges: :func:`check_fields`)."""
+    tp, optional = _strip_optional(tp)
+    if typing.get_origin(tp) is typing.Literal:
+        if value in typing.get_args(tp):  # "none" may be a choice, not a null
+            return value
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
         if optional or tp is Any:
             return None
@@ -149,47 +197,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(tp, value, where)
     origin = _origin(tp)
-    if literal:
-        return value
     if origin in (list, tuple):
-        if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        (inner,) = typing.get_args(tp)[:1] or (Any,)
-        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
+        return _to_sequence(value, tp, where)
     if origin is dict:
-        if isinstance(value, str):
-            value = yaml.safe_load(value)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
-            return False
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if tp is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if tp is str:
-        return str(value)
-    return value
+        return _to_mapping(value, where)
+    convert = _SCALARS.get(tp)
+    return convert(value, where) if convert is not None else value
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
