@@ -122,3 +122,21 @@ def test_nested_errors_name_the_dotted_key_and_the_file(tmp_path):
         load_config(RLConfig, cfg)
     with pytest.raises(ConfigError, match=r"^optim.lr: must be > 0, got 0.0$"):
         load_config(RLConfig, None, ["optim.lr=0"])
+
+
+def test_sft_sections_check_their_values_when_built():
+    """The SFT trainer's hand-written checks (batch_size, grad_accum, max_steps, init_std, objective.eps) are
+    field declarations now: a bad value fails when the section is built, in code or from YAML."""
+    from dllm_rl.sft.objectives import ObjectiveConfig
+    from dllm_rl.sft.trainer import ModelConfig, SFTConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^grad_accum: must be >= 1, got 0$"):
+        TrainConfig(grad_accum=0)
+    with pytest.raises(ConfigError, match=r"^init_std: must be > 0, got 0$"):
+        ModelConfig(init_std=0)
+    with pytest.raises(ConfigError, match=r"^eps: must be in \(0, 1\), got 1.0$"):
+        ObjectiveConfig(eps=1.0)
+    with pytest.raises(ConfigError, match=r"^train.batch_size: must be >= 1, got 0$"):
+        load_config(SFTConfig, None, ["train.batch_size=0"])
+    with pytest.raises(ConfigError, match=r"^data.max_length: must be >= 1, got 0$"):
+        load_config(SFTConfig, None, ["data.max_length=0"])
