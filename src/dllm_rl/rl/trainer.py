@@ -26,7 +26,7 @@ from accelerate.utils import DistributedDataParallelKwargs, gather_object
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
-from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
+from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
@@ -37,7 +37,6 @@ from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
 from dllm_rl.tasks import get_task
-from dllm_rl.tasks.base import DataError
 from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
@@ -476,13 +475,6 @@ class RLTrainer:
 
 def _detached(s: TokenScores) -> TokenScores:
     return replace(s, logp=s.logp.detach())
-
-
-def check_not_empty(task, what: str, key: str) -> None:
-    """Refuse a task without examples, naming its file and the key that chose it."""
-    if len(task) == 0:
-        raise DataError(f"{task.source}: no {what} examples ({key}); give a file with at least one item"
-                        + (" or eval.limit=0 to turn the held-out evaluation off" if key == "eval.data" else ""))
 
 
 def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
