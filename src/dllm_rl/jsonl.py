@@ -3,7 +3,7 @@
 One rule for damage, whatever the file:
 
 - a bad line (not UTF-8, not JSON, not a JSON object) is an error naming the file and the line
-  (:class:`JSONLError`, a ``ValueError``), or, with ``on_error``, handed to that callback and skipped;
+  (:class:`JSONLError`, a ``UserError``), or, with ``on_error``, handed to that callback and skipped;
 - a *torn last line* -- the bytes after the file's last newline that do not parse, which is what a crash in
   the middle of an append leaves -- is dropped with a warning (``torn_last_line="drop"``, for the files a run
   writes: metrics, rollouts, evaluation items, traces) or treated like any bad line (``"error"``, for data
@@ -28,11 +28,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from dllm_rl.errors import UserError
+
 logger = logging.getLogger(__name__)
 TornRule = Literal["drop", "error"]
 
 
-class JSONLError(ValueError):
+class JSONLError(UserError):
     """A bad line of a JSON-lines file: ``path``, ``line`` (1-based), ``reason`` (``not_utf8`` |
     ``invalid_json`` | ``not_object``) and ``detail`` (what was wrong, without the location)."""
 

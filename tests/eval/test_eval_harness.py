@@ -11,7 +11,7 @@ import torch
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
 from dllm_rl.eval.harness import (
-    EvalConfig,
+    EvalRunConfig,
     Setting,
     load_settings_file,
     parse_setting,
@@ -49,12 +49,12 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
-def _cfg(d: Path, out: str, **kw) -> EvalConfig:
+def _cfg(d: Path, out: str, **kw) -> EvalRunConfig:
     base = dict(model_dir=str(d / "llada"), task=str(d / "cd.jsonl"), output_dir=str(d / out),
                 task_options={"task_type": "countdown"}, prompt_style="compact",
                 decode={"gen_length": 8, "block_length": 8}, batch_size=4, progress=False)
     base.update(kw)
-    return EvalConfig(**base)
+    return EvalRunConfig(**base)
 
 
 def _strip_time(recs):
@@ -215,7 +215,7 @@ def test_parse_settings_and_shortcuts(tmp_path):
     assert resolve_decode({"steps": 4}, parse_setting("base")).decode.steps == 4
     with pytest.raises(ValueError, match="did you mean 'threshold'"):
         resolve_decode({}, parse_setting("x:treshold=0.9"))
-    with pytest.raises(ValueError, match="threshold must be in"):
+    with pytest.raises(ValueError, match=r"setting 'x': threshold: must be in \(0, 1\], got 1.5"):
         resolve_decode({}, parse_setting("x:threshold=1.5"))
     with pytest.raises(ValueError, match="block models"):
         resolve_decode({}, parse_setting("x:block_cache=false"))
@@ -252,7 +252,7 @@ def no_compute(monkeypatch):
         ({"model_dir": "/nonexistent/model"}, FileNotFoundError, "model directory"),
         ({"model": "small_vocab"}, ValueError, "embeds only 40.*do not belong together"),
         ({"model": "other_mask"}, ValueError, "mask token id 2 does not match the model's mask_token_id 5"),
-        ({"settings": [parse_setting("x:gen_length=0")]}, ValueError, "gen_length must be >= 1"),
+        ({"settings": [parse_setting("x:gen_length=0")]}, ValueError, "setting .x.: gen_length: must be >= 1, got 0"),
         ({"num_samples": 0}, ValueError, "num-samples"),
     ],
 )

@@ -144,7 +144,7 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     assert trainer.evaluate().texts == averaged_eval.texts
 
     summary = train(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9")),
+        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9", "eval.limit=2")),
         reward_fn=digit_reward)
     assert 0.0 <= summary["accuracy_after_live"] <= 1.0
     assert [m for m in _metrics(tmp_path / "run") if "eval_accuracy_live" in m][0]["step"] == 2
@@ -196,6 +196,22 @@ def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
     with pytest.raises(ConfigError, match="rollout.steps: must be >= 1, got 0"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.steps=0")))
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_checks_that_need_the_model_run_in_the_constructor(rl_setup, tmp_path, monkeypatch):
+    """gen_length against the decoding block is checked before the first held-out evaluation (it used to fail
+    in the sampler); scale_rewards=none is the choice 'none', not a null the preset fills with 'group'."""
+    import dllm_rl.rl.trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "heldout_accuracy", lambda *a, **k: pytest.fail("evaluated"))
+    with pytest.raises(ConfigError, match=r"^rollout.gen_length: 6 is not a multiple of rollout.block_length \(4\)$"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.gen_length=6",
+                                                           "rollout.block_length=4")))
+    with pytest.raises(ConfigError, match=r"^rollout.gen_length: 6 is not a multiple of the model's block_size"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "rollout.gen_length=6")))
+    cfg = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
+                                                             "scale_rewards=none"))).cfg
+    assert (cfg.scale_rewards, cfg.advantage) == ("none", "group_zscore")
 
 
 def test_evaluation_keeps_its_own_decoding_schedule(rl_setup, tmp_path):

@@ -59,6 +59,11 @@ def test_demo_eval_command_on_a_fresh_model(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "countdown accuracy 0.000 (0/3) greedy, gen_length 8, block 8, steps/block 8" in out
     assert main([str(tmp_path / "nope")]) == 2
+    (tmp_path / "empty.jsonl").write_text("")
+    capsys.readouterr()
+    assert main([str(tmp_path / "m"), "--data", str(tmp_path / "empty.jsonl"), "--gen-length", "8"]) == 2
+    assert capsys.readouterr().err == (f"demo_eval: error: {tmp_path / 'empty.jsonl'}: no held-out examples (--data); "
+                                       "give a file with at least one item\n")
     assert Path(HELDOUT).is_file()
 
 

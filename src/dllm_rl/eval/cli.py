@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.errors import UserError
+
 DECODE_GROUP = "decoding (base for every --setting; DecodeConfig fields)"
 
 
@@ -43,7 +45,7 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise ValueError(f"{flag} {item!r} must look like key=value")
+            raise UserError(f"{flag} {item!r} must look like key=value")
         k, v = item.split("=", 1)
         out[k.strip()] = yaml.safe_load(v)
     return out
@@ -51,7 +53,7 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ eval
 def eval_command(args: argparse.Namespace) -> int:
-    from dllm_rl.eval.harness import EvalConfig, load_settings_file, parse_setting, run_eval
+    from dllm_rl.eval.harness import EvalRunConfig, load_settings_file, parse_setting, run_eval
 
     settings = []
     if args.settings_file:
@@ -63,7 +65,7 @@ def eval_command(args: argparse.Namespace) -> int:
     model_dir = Path(args.model_dir)
     default_name = f"{model_dir.resolve().name}-{Path(args.task).stem}-{args.split}"
     output = args.output or str(Path("runs") / "eval" / default_name)
-    cfg = EvalConfig(
+    cfg = EvalRunConfig(
         model_dir=args.model_dir, task=args.task, output_dir=output, split=args.split, data=args.data,
         limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
         device=args.device, tokenizer=args.tokenizer, prompt_style=args.prompt_style, system_prompt=args.system_prompt,
@@ -117,7 +119,7 @@ def trace_command(args: argparse.Namespace) -> int:
     from dllm_rl.eval.trace_viewer import load_trace_jsonl, write_html
 
     if not args.output:
-        raise ValueError("give the output file with -o trace.html")
+        raise UserError("give the output file with -o trace.html")
     tok_dir = args.tokenizer or args.model_dir
     if args.from_trace:
         tok = None
@@ -129,9 +131,9 @@ def trace_command(args: argparse.Namespace) -> int:
         meta = {"source": args.from_trace}
     else:
         if not args.model_dir:
-            raise ValueError("give MODEL_DIR (to decode --prompt) or --from-trace FILE.jsonl")
+            raise UserError("give MODEL_DIR (to decode --prompt) or --from-trace FILE.jsonl")
         if not args.prompt and not args.task:
-            raise ValueError("give --prompt TEXT (repeatable) or --task NAME [--index I] to pick what to decode")
+            raise UserError("give --prompt TEXT (repeatable) or --task NAME [--index I] to pick what to decode")
         records, meta = _decode_for_trace(args, tok_dir)
     path = write_html(args.output, records, title=args.title or "dllm-rl decoding trace", meta=meta)
     print(f"wrote {path} ({len(records)} sequence{'s' if len(records) != 1 else ''})")
@@ -172,7 +174,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
         exs = task.load()
         for i in args.index or [0]:
             if not 0 <= i < len(exs):
-                raise ValueError(f"--index {i} out of range: task {args.task!r} has {len(exs)} items")
+                raise UserError(f"--index {i} out of range: task {args.task!r} has {len(exs)} items")
             examples.append(exs[i])
             texts.append(task.build_prompt(exs[i], tok))
             labels.append(f"{args.task} item {i}")

@@ -154,7 +154,7 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
 
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
-class EvalConfig:
+class EvalRunConfig:
     """One ``dllm-rl eval`` call."""
 
     model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
@@ -291,13 +291,13 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
     mask and EOS ids must agree and every token id must fit the embedding."""
     from dllm_rl.models import load_tokenizer
-    from dllm_rl.models.families import detect_family
+    from dllm_rl.models.families import detect_family, resolve_mask_token_id
     from dllm_rl.models.loading import read_config
 
     pub = read_config(model_dir)
     fam = detect_family(pub, str(model_dir / "config.json"))
     hf = fam.hf_config(pub)
-    mask_id = int(pub.get("mask_token_id", fam.mask_token_id))
+    mask_id = resolve_mask_token_id(pub, fam, model_dir / "config.json", tokenizer_dir)
     eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
         else None
     tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
@@ -312,7 +312,7 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     return tok, fam, block_size
 
 
-def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+def _task_kwargs(cfg: EvalRunConfig) -> dict[str, Any]:
     kw = dict(cfg.task_options)
     kw["split"] = cfg.split
     if cfg.data is not None:
@@ -324,7 +324,7 @@ def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     return kw
 
 
-def load_task(cfg: EvalConfig):
+def load_task(cfg: EvalRunConfig):
     """The task with its examples loaded (unknown tasks and missing files fail here, before any compute)."""
     from dllm_rl.tasks import get_task
 
@@ -341,7 +341,9 @@ def load_task(cfg: EvalConfig):
                          "(check --task-option)") from None
     examples = task.load()
     if not examples:
-        raise ValueError(f"task {cfg.task!r} ({task.source}) has no examples")
+        from dllm_rl.tasks.base import DataError
+
+        raise DataError(f"{task.source}: no items to evaluate (task {cfg.task!r}); give a file with at least one item")
     return task, examples
 
 
@@ -374,7 +376,7 @@ def _reference(example: Mapping[str, Any], max_chars: int = 2000) -> dict[str, A
 class PreparedEval:
     """Everything validated and loaded before the first forward pass."""
 
-    cfg: EvalConfig
+    cfg: EvalRunConfig
     task: Any
     examples: list[dict[str, Any]]
     tokenizer: Any
@@ -388,7 +390,7 @@ class PreparedEval:
     out: Path
 
 
-def prepare(cfg: EvalConfig) -> PreparedEval:
+def prepare(cfg: EvalRunConfig) -> PreparedEval:
     """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
     loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
     if cfg.num_samples < 1:
@@ -488,7 +490,7 @@ def _merge_meta(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def run_eval(cfg: EvalConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary dict (also written to ``summary.json``).
 
     ``model`` may be a loaded :class:`~dllm_rl.models.DiffusionLM` (tests, in-process use); by default the
@@ -512,7 +514,7 @@ def run_eval(cfg: EvalConfig, model=None, log: Callable[[str], None] | None = No
         from dllm_rl.models import load_model
 
         log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
-        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device)
+        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
     from dllm_rl.sampling.decode import check_inputs

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.tasks.base import DataError
 
 
 @dataclass
@@ -34,10 +35,21 @@ def encode_prompts(task: Any, examples: list[dict], tokenizer: Any) -> tuple[lis
     return texts, ids
 
 
+def check_not_empty(task: Any, what: str, key: str) -> None:
+    """Refuse a task without examples, naming its file and the key that chose it (an evaluation of no items
+    would report an accuracy of 0)."""
+    if len(task) == 0:
+        raise DataError(f"{task.source}: no {what} examples ({key}); give a file with at least one item"
+                        + (" or eval.limit=0 to turn the held-out evaluation off" if key == "eval.data" else ""))
+
+
 @torch.no_grad()
 def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: DecodeConfig, batch_size: int = 64,
                      seed: int = 0) -> HeldOut:
-    """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward."""
+    """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward.
+
+    ``examples`` may be empty (a rank's share of fewer items than ranks): the result then counts 0 items;
+    an empty task is refused before (:func:`check_not_empty`)."""
     if not examples:
         return HeldOut(0.0, 0.0, 0.0, 0.0, 0)
     was_training = model.training

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+
+from dllm_rl.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Family:
     architectures: tuple[str, ...]
     auto_map: dict[str, str] = field(default_factory=dict)
     block_size: int | None = None
+    mask_token: str | None = None  # the mask token's text in the published tokenizer
     # LoRA targets, in HF module names (what peft sees).
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -65,7 +69,7 @@ def _rope_theta(hf: PretrainedConfig) -> float:
 def _require(pub: dict[str, Any], keys: list[str], family: str) -> None:
     missing = [k for k in keys if k not in pub]
     if missing:
-        raise ValueError(f"{family} config.json is missing required keys: {', '.join(missing)}")
+        raise UserError(f"{family} config.json is missing required keys: {', '.join(missing)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class _LLaDA(Family):
         m = re.fullmatch(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)", name)
         if m and m.group(2) in _LLADA_BLOCK:
             return f"model.layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.{m.group(3)}"
-        raise ValueError(f"llada: unexpected tensor name {name!r}")
+        raise UserError(f"llada: unexpected tensor name {name!r}")
 
     def to_published_name(self, name: str) -> str:
         if name in _LLADA_TOP_INV:
@@ -161,7 +165,7 @@ class _LLaDA(Family):
         m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
         if m and m.group(2) in _LLADA_BLOCK_INV:
             return f"model.transformer.blocks.{m.group(1)}.{_LLADA_BLOCK_INV[m.group(2)]}.{m.group(3)}"
-        raise ValueError(f"llada: no published name for {name!r}")
+        raise UserError(f"llada: no published name for {name!r}")
 
     def tied(self, pub: dict[str, Any]) -> bool:
         return bool(pub.get("weight_tying", False))
@@ -232,7 +236,7 @@ class _SDAR(Family):
 FAMILIES: dict[str, Family] = {
     "llada": _LLaDA(
         name="llada", attention="full", shift=False, mask_token_id=126336, eos_token_id=126081,
-        pad_token_id=126081, model_type="llada", architectures=("LLaDAModelLM",),
+        pad_token_id=126081, model_type="llada", architectures=("LLaDAModelLM",), mask_token="<|mdm_mask|>",
         auto_map={
             "AutoConfig": "configuration_llada.LLaDAConfig",
             "AutoModel": "modeling_llada.LLaDAModelLM",
@@ -241,12 +245,13 @@ FAMILIES: dict[str, Family] = {
     ),
     "dream": _Dream(
         name="dream", attention="full", shift=True, mask_token_id=151666, eos_token_id=151643,
-        pad_token_id=151643, model_type="Dream", architectures=("DreamModel",),
+        pad_token_id=151643, model_type="Dream", architectures=("DreamModel",), mask_token="<|mask|>",
         auto_map={"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
     ),
     "sdar": _SDAR(
         name="sdar", attention="block", shift=False, mask_token_id=151669, eos_token_id=151643,
         pad_token_id=151643, model_type="sdar", architectures=("SDARForCausalLM",), block_size=4,
+        mask_token="<|MASK|>",
         auto_map={
             "AutoConfig": "configuration_sdar.SDARConfig",
             "AutoModel": "modeling_sdar.SDARModel",
@@ -260,7 +265,7 @@ def get_family(name: str) -> Family:
     """The family called ``name`` (case-insensitive); a clear error lists the supported ones."""
     fam = FAMILIES.get(name.lower())
     if fam is None:
-        raise ValueError(f"unknown model family {name!r}; supported: {', '.join(FAMILIES)}")
+        raise UserError(f"unknown model family {name!r}; supported: {', '.join(FAMILIES)}")
     return fam
 
 
@@ -273,10 +278,44 @@ def detect_family(pub: dict[str, Any], source: str = "config.json") -> Family:
         for name in FAMILIES:
             if low == name or low.startswith(name) or f"_{name}" in low or f".{name}" in low:
                 return FAMILIES[name]
-    raise ValueError(
+    raise UserError(
         f"{source}: cannot tell the model family from model_type={pub.get('model_type')!r}, "
         f"architectures={pub.get('architectures')!r}; supported families: {', '.join(FAMILIES)}"
     )
+
+
+def _tokenizer_mask_id(tokenizer_dir: str | Path, fam: Family) -> int | None:
+    """The mask id of the tokenizer in ``tokenizer_dir``: its mask token, else the family's mask token text
+    in its vocabulary (None: no tokenizer there, or no mask token in it)."""
+    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        return None
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    if tok.mask_token_id is not None:
+        return int(tok.mask_token_id)
+    found = tok.get_vocab().get(fam.mask_token) if fam.mask_token else None
+    return None if found is None else int(found)
+
+
+def resolve_mask_token_id(pub: dict[str, Any], fam: Family, source: str | Path,
+                          tokenizer_dir: str | Path | None = None) -> int:
+    """The mask id of a published config: its ``mask_token_id``; else (configs of several published
+    families lack it, see LAYOUTS.md) the tokenizer's mask token; else the family's published id. An id
+    outside the embedding (``vocab_size`` rows) is refused, naming ``source`` (the config.json)."""
+    if "mask_token_id" in pub:
+        mask_id, origin = int(pub["mask_token_id"]), f"{source}: mask_token_id {pub['mask_token_id']}"
+    else:
+        found = _tokenizer_mask_id(tokenizer_dir, fam) if tokenizer_dir is not None else None
+        if found is not None:
+            mask_id, origin = found, f"{source} has no mask_token_id, and the mask token of {tokenizer_dir} ({found})"
+        else:
+            mask_id = fam.mask_token_id
+            origin = (f"{source} has no mask_token_id, {tokenizer_dir or 'the tokenizer'} has no mask token, and "
+                      f"the {fam.name} default ({mask_id})")
+    vocab = int(fam.hf_config(pub).vocab_size)
+    if not 0 <= mask_id < vocab:
+        raise UserError(f"{origin} is outside the vocabulary (vocab_size {vocab}); set mask_token_id in {source} "
+                        "to the id of the mask token")
+    return mask_id
 
 
 def tiny_config(

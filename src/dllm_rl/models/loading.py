@@ -14,12 +14,13 @@ from typing import Any
 import torch
 from accelerate import init_empty_weights
 from huggingface_hub import split_torch_state_dict_into_shards
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
+from dllm_rl.errors import UserError
 from dllm_rl.models.diffusion_lm import DiffusionLM
-from dllm_rl.models.families import Family, detect_family, get_family
+from dllm_rl.models.families import Family, detect_family, get_family, resolve_mask_token_id
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -30,7 +31,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -42,7 +43,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     try:
         return json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_file}: not valid JSON ({exc})") from exc
+        raise UserError(f"{cfg_file}: not valid JSON ({exc})") from exc
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -60,9 +61,32 @@ def _weight_files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
+def _read_weights(file: Path, fam: Family, expected: dict[str, torch.Tensor], device, dtype) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file under HF names, each checked against the model's shapes; a file
+    that does not parse (empty, truncated, not safetensors) is named in the error."""
+    out: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                hf_name = fam.to_hf_name(name)
+                if hf_name not in expected:
+                    raise UserError(f"{file}: unexpected tensor {name!r} for a {fam.name} model")
+                tensor = f.get_tensor(name)
+                want = tuple(expected[hf_name].shape)
+                if tuple(tensor.shape) != want:
+                    raise UserError(
+                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {want}")
+                out[hf_name] = tensor.to(device=device, dtype=dtype)
+    except SafetensorError as exc:
+        size = file.stat().st_size
+        raise UserError(f"{file}: not a readable safetensors file ({exc}; {size} bytes): the file is corrupt or "
+                        "truncated (an interrupted download or copy?); fetch or save it again") from None
+    return out
+
+
 def _instantiate(fam: Family, pub: dict[str, Any], dtype: torch.dtype, attn: str, empty: bool):
     if attn not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attn_implementation {attn!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+        raise UserError(f"unknown attn_implementation {attn!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
     hf_config = fam.hf_config(pub)
     if empty:  # parameters on the meta device, buffers (RoPE) real: weights are assigned from disk
         with init_empty_weights(include_buffers=False):
@@ -77,34 +101,29 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
+    tokenizer_dir: str | Path | None = None,
 ) -> DiffusionLM:
-    """Load a published-layout checkpoint directory as a :class:`DiffusionLM`."""
+    """Load a published-layout checkpoint directory as a :class:`DiffusionLM`.
+
+    The mask id is ``config.json``'s ``mask_token_id``, else the mask token of the tokenizer in
+    ``tokenizer_dir`` (default: the checkpoint directory), else the family's published id
+    (:func:`~dllm_rl.models.families.resolve_mask_token_id`)."""
     path = Path(path)
     pub = read_config(path)
     fam = detect_family(pub, str(path / "config.json"))
+    pub["mask_token_id"] = resolve_mask_token_id(pub, fam, path / "config.json", tokenizer_dir or path)
     torch_dtype = resolve_dtype(dtype)
     model = _instantiate(fam, pub, torch_dtype, attn_implementation, empty=True)
     expected = {k: v for k, v in model.state_dict().items()}
     tied = fam.tied(pub)
     state: dict[str, torch.Tensor] = {}
     for file in _weight_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                hf_name = fam.to_hf_name(name)
-                if hf_name not in expected:
-                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {fam.name} model")
-                tensor = f.get_tensor(name)
-                want = tuple(expected[hf_name].shape)
-                if tuple(tensor.shape) != want:
-                    raise ValueError(
-                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {want}"
-                    )
-                state[hf_name] = tensor.to(device=device, dtype=torch_dtype)
+        state.update(_read_weights(file, fam, expected, device, torch_dtype))
     if tied:
         state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise ValueError(f"{path}: checkpoint lacks tensors {[fam.to_published_name(m) for m in missing[:5]]}")
+        raise UserError(f"{path}: checkpoint lacks tensors {[fam.to_published_name(m) for m in missing[:5]]}")
     model.load_state_dict(state, strict=True, assign=True)
     if tied:
         model.tie_weights()
@@ -134,7 +153,7 @@ def published_state_dict(dlm: DiffusionLM) -> dict[str, torch.Tensor]:
     fam = dlm.family
     model = dlm.hf_model
     if hasattr(model, "merge_and_unload") or hasattr(model, "get_base_model"):
-        raise ValueError("save a PEFT model after merging its adapters (merge_and_unload)")
+        raise UserError("save a PEFT model after merging its adapters (merge_and_unload)")
     tied = bool(model.config.tie_word_embeddings)
     out = {}
     for name, tensor in model.state_dict().items():

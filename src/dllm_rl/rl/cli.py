@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from dllm_rl.config import describe, load_config
+from dllm_rl.errors import UserError
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 
@@ -20,7 +21,7 @@ def run_rl(args: argparse.Namespace) -> int:
         print("\n".join(describe(RLConfig)))
         return 0
     if args.config is None:
-        raise ValueError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
+        raise UserError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(RLConfig, args.config, args.overrides)
     summary = train(cfg)

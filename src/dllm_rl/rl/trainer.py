@@ -26,7 +26,7 @@ from accelerate.utils import DistributedDataParallelKwargs, gather_object
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
-from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
+from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
 from dllm_rl.jsonl import append_jsonl, keep_rows_through
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
@@ -76,6 +76,9 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     schedule = cfg.eval if evaluation else r
     block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
     steps = None if schedule.threshold is not None else (schedule.steps or block)
+    if r.gen_length % block:
+        what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
+        raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
     return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
                         confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
                         top_k=r.top_k, top_p=r.top_p, cache=r.cache)
@@ -129,15 +132,20 @@ class RLTrainer:
 
     def _build(self, reward_fn) -> None:
         cfg = self.cfg
-        self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device)
+        self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device,
+                                tokenizer_dir=cfg.tokenizer)
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
+        for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
+            decode_config(cfg, self.model, evaluation=evaluation)
         reward = reward_fn if reward_fn is not None else cfg.reward
         self.train_task = get_task(cfg.task, data=cfg.train_data, split="train", prompt_style=cfg.prompt_style,
                                    limit=cfg.train_limit, reward_fn=reward)
-        self.eval_task = get_task(cfg.task, data=cfg.eval.data, split=cfg.eval.split,
-                                  prompt_style=cfg.prompt_style, limit=cfg.eval.limit, reward_fn=reward)
-        if len(self.train_task) == 0:
-            raise ValueError(f"no training examples in {self.train_task.source}")
+        self.eval_task = None if cfg.eval.limit == 0 else get_task(  # eval.limit=0: no held-out evaluation
+            cfg.task, data=cfg.eval.data, split=cfg.eval.split, prompt_style=cfg.prompt_style, limit=cfg.eval.limit,
+            reward_fn=reward)
+        check_not_empty(self.train_task, "training", "train_data")
+        if self.eval_task is not None:
+            check_not_empty(self.eval_task, "held-out", "eval.data")
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
         self.reference = None
@@ -415,6 +423,8 @@ class RLTrainer:
     def evaluate(self, live: bool = False) -> HeldOut:
         """Held-out accuracy of the returned weights (the average, when on), or of the ``live`` policy."""
         cfg = self.cfg
+        if self.eval_task is None:
+            raise ConfigError("eval.limit: 0 turns the held-out evaluation off; set eval.limit >= 1 to evaluate")
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
@@ -425,7 +435,7 @@ class RLTrainer:
         if world > 1:
             vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
             total = vals["n"] * world
-            if total > 0:  # no held-out items anywhere (eval.limit=0): keep the empty result
+            if total > 0:  # (every rank's shard is empty only if the task is, which the constructor refuses)
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
                               reward=vals["reward"] * world / total, n=int(round(total)))
         return res
@@ -483,6 +493,22 @@ def _detached(s: TokenScores) -> TokenScores:
     return replace(s, logp=s.logp.detach())
 
 
+def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
+    """The held-out evaluation after training: of the returned weights, and of the live policy when they are
+    the weight average."""
+    cfg = trainer.cfg
+    after = trainer.evaluate()
+    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
+    summary["accuracy_after"] = after.accuracy
+    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
+        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
+    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
+        live = trainer.evaluate(live=True)
+        summary["accuracy_after_live"] = live.accuracy
+        trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
+        say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
+
+
 def train(cfg: RLConfig, reward_fn=None) -> dict:
     """Run RL as configured; returns a summary (held-out accuracy before and after, minutes, paths).
 
@@ -495,12 +521,13 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     say = print if trainer.is_main else (lambda *a, **k: None)
     say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
         f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
-        f"{len(trainer.train_task)} train / {len(trainer.eval_task)} held-out")
+        f"{len(trainer.train_task)} train / "
+        + (f"{len(trainer.eval_task)} held-out" if trainer.eval_task is not None else "no held-out (eval.limit=0)"))
     summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
                      "is_main": trainer.is_main}
     if trainer.rollout_note:
         say(trainer.rollout_note)
-    if trainer.step_idx == 0:
+    if trainer.step_idx == 0 and trainer.eval_task is not None:
         before = trainer.evaluate()
         trainer.accuracy_before = before.accuracy
         trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
@@ -518,7 +545,8 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         res = trainer.step()
         trainer.step_idx += 1
         m = res.metrics
-        if cfg.eval.every and trainer.step_idx % cfg.eval.every == 0 and trainer.step_idx < cfg.max_steps:
+        if (cfg.eval.every and trainer.eval_task is not None and trainer.step_idx % cfg.eval.every == 0
+                and trainer.step_idx < cfg.max_steps):
             ev = trainer.evaluate()
             m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
         trainer.metrics.log(trainer.step_idx, **m)
@@ -534,17 +562,10 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         if cfg.save_every and trainer.step_idx % cfg.save_every == 0:
             trainer.save()
     bar.close()
-    after = trainer.evaluate()
-    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
-    summary.update(accuracy_after=after.accuracy, steps=trainer.step_idx,
-                   minutes=(time.perf_counter() - t_start) / 60, output_dir=str(trainer.out))
-    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
-        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
-    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
-        live = trainer.evaluate(live=True)
-        summary["accuracy_after_live"] = live.accuracy
-        trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
-        say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
+    summary.update(steps=trainer.step_idx, minutes=(time.perf_counter() - t_start) / 60,
+                   output_dir=str(trainer.out))
+    if trainer.eval_task is not None:
+        _evaluate_after(trainer, summary, say)
     trainer.save()
     summary["final_model"] = str(trainer.save_final_model())
     if trainer.is_main:

@@ -9,11 +9,10 @@ import time
 import typing
 from pathlib import Path
 
-from dllm_rl.config import to_dict
+from dllm_rl.config import allowed_values, to_dict
+from dllm_rl.errors import UserError
 from dllm_rl.jsonl import iter_jsonl, write_jsonl
-from dllm_rl.sampling.config import CACHE_MODES, CONFIDENCE_RULES, DecodeConfig
-
-_CHOICES = {"confidence": CONFIDENCE_RULES, "cache": CACHE_MODES}
+from dllm_rl.sampling.config import DecodeConfig
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
@@ -25,10 +24,10 @@ def read_prompts_file(path: str | Path) -> list[str]:
     for lineno, row in iter_jsonl(path, torn_last_line="error", objects=False):
         text = row.get("prompt") if isinstance(row, dict) else row
         if not isinstance(text, str):
-            raise ValueError(f"{path}:{lineno}: expected an object with a string 'prompt' field (or a JSON string)")
+            raise UserError(f"{path}:{lineno}: expected an object with a string 'prompt' field (or a JSON string)")
         prompts.append(text)
     if not prompts:
-        raise ValueError(f"{path}: no prompts")
+        raise UserError(f"{path}: no prompts")
     return prompts
 
 
@@ -46,7 +45,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ..
             continue
         flag = "--" + f.name.replace("_", "-")
         tp = hints[f.name]
-        kind = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+        choices = allowed_values(tp, f.metadata)
+        kind = str if choices else next((a for a in typing.get_args(tp) if a is not type(None)), tp)
         text = f.metadata["help"].replace("%", "%%") + f" (default: {f.default})"  # argparse %-formats help
         default = f.default if with_defaults else None
         if kind is bool:
@@ -54,7 +54,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ..
                                default=default, help=text)
         else:
             group.add_argument(flag, dest=dest_prefix + f.name, type=kind, default=default,
-                               choices=_CHOICES.get(f.name), metavar=f.name.upper(), help=text)
+                               choices=choices, metavar=f.name.upper(), help=text)
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
@@ -92,13 +92,13 @@ def generate_command(args: argparse.Namespace) -> int:
     if args.prompts_file:
         texts += read_prompts_file(args.prompts_file)
     if not texts:
-        raise ValueError("give at least one --prompt TEXT or --prompts-file F.jsonl")
+        raise UserError("give at least one --prompt TEXT or --prompts-file F.jsonl")
     config = decode_config_from_args(args)
     model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")
+            raise UserError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False) for t in texts]
     else:

@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 import torch
 
+from dllm_rl.config import Checked
 from dllm_rl.config import field as cfg_field
 from dllm_rl.estimators.batch import ScoringBatch
 from dllm_rl.jsonl import JSONLError, iter_jsonl
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Checked):
     """Where the SFT examples come from and how they become tokens."""
 
     train_file: str = cfg_field("", help="JSON-lines training file with prompt/response (or messages) rows")
@@ -46,13 +47,14 @@ class DataConfig:
     system_prompt: str | None = cfg_field(None, help="system message for the chat template")
     add_eos: bool = cfg_field(True, help="end every response with the EOS token (the model learns to stop)")
     pad_response_to: int | None = cfg_field(
-        None, help="pad each response with EOS tokens to this many tokens, all trained (LLaDA SFT, Nie et al. "
+        None, ge=1, help="pad each response with EOS tokens to this many tokens, all trained (LLaDA SFT, Nie et al. "
         "2025 sec. 2.3/app. B: the model learns to fill a fixed gen_length with EOS after the answer); "
         "longer responses are dropped, never cut")
-    max_length: int = cfg_field(1024, help="drop (never truncate) rows whose prompt + response exceed this many tokens")
+    max_length: int = cfg_field(
+        1024, ge=1, help="drop (never truncate) rows whose prompt + response exceed this many tokens")
     on_bad_row: Literal["skip", "error"] = cfg_field(
         "skip", help="skip (and count) unusable rows, or stop with an error naming the file and line")
-    limit: int | None = cfg_field(None, help="use only the first N usable rows")
+    limit: int | None = cfg_field(None, ge=0, help="use only the first N usable rows")
 
 
 @dataclass

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.errors import USER_ERRORS
+
 DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 HELDOUT = DEMO_DIR / "countdown_heldout.jsonl"
 
@@ -55,7 +57,7 @@ def evaluate(
     ``model`` / ``tokenizer`` may be given instead of loading ``model_dir`` (e.g. during training);
     without ``gen_length``, both lengths default to :func:`decode_lengths`; ``block_length`` else to
     ``gen_length``."""
-    from dllm_rl.eval.heldout import heldout_accuracy
+    from dllm_rl.eval.heldout import check_not_empty, heldout_accuracy
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling import DecodeConfig
     from dllm_rl.tasks import get_task
@@ -70,6 +72,7 @@ def evaluate(
     if tokenizer is None:
         tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
     task = get_task(task_name, data=str(data), prompt_style=prompt_style, limit=n)
+    check_not_empty(task, "held-out", "--data")
     examples = task.examples
     config = DecodeConfig(gen_length=gen_length, block_length=block_length, steps=steps, threshold=threshold,
                           temperature=0.0)
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = evaluate(args.model_dir, args.data, args.task, args.prompt_style, args.n, args.gen_length,
                        args.block_length, args.steps, args.threshold, args.batch_size)
-    except (ValueError, FileNotFoundError) as exc:
+    except USER_ERRORS as exc:  # the user's to fix: one line (dllm_rl.errors)
         print(f"demo_eval: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from accelerate import DistributedDataParallelKwargs
 
-from dllm_rl.config import field, save_config
+from dllm_rl.config import Checked, field, save_config
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
@@ -52,7 +52,7 @@ from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Checked):
     """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``)."""
 
     path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors); "
@@ -63,45 +63,46 @@ class ModelConfig:
     words: list[str] = field(default_factory=list, help="char tokenizer: whole strings that get one token each "
                              "(e.g. [\"<answer>\", \"</answer>\"]: shorter completions, cheaper decoding)")
     family: Literal["llada", "dream", "sdar"] = field("llada", help="family of a fresh model (path: null)")
-    hidden_size: int = field(128, help="fresh model: hidden size")
-    num_layers: int = field(4, help="fresh model: transformer layers")
-    num_heads: int = field(4, help="fresh model: attention heads")
-    num_kv_heads: int = field(4, help="fresh model: key/value heads (GQA when < num_heads)")
-    intermediate_size: int = field(384, help="fresh model: MLP width")
-    block_size: int = field(4, help="fresh block model (sdar): block size of block-causal attention")
-    max_position_embeddings: int = field(256, help="fresh model: context length")
+    hidden_size: int = field(128, ge=1, help="fresh model: hidden size")
+    num_layers: int = field(4, ge=1, help="fresh model: transformer layers")
+    num_heads: int = field(4, ge=1, help="fresh model: attention heads")
+    num_kv_heads: int = field(4, ge=1, help="fresh model: key/value heads (GQA when < num_heads)")
+    intermediate_size: int = field(384, ge=1, help="fresh model: MLP width")
+    block_size: int = field(4, ge=1, help="fresh block model (sdar): block size of block-causal attention")
+    max_position_embeddings: int = field(256, ge=1, help="fresh model: context length")
     tie_word_embeddings: bool = field(False, help="fresh model: share input and output embeddings")
     init_std: float | None = field(
-        None, help="fresh model: draw every weight matrix (embeddings, projections, head) from N(0, init_std^2) with "
-        "a generator seeded by train.seed (null = HF's init, std 0.02). Tiny models without QK-norm (llada) learn "
-        "attention far faster from a larger init, e.g. 0.08")
+        None, gt=0, help="fresh model: draw every weight matrix (embeddings, projections, head) from "
+        "N(0, init_std^2) with a generator seeded by train.seed (null = HF's init, std 0.02). Tiny models without "
+        "QK-norm (llada) learn attention far faster from a larger init, e.g. 0.08")
     dtype: Literal["float32", "bfloat16"] = field("float32", help="weight dtype (mixed precision keeps fp32 weights)")
     attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Checked):
     """Loop, batching, logging, checkpoints."""
 
     output_dir: str = field("runs/sft", help="run directory (config, metrics, checkpoints, final model)")
-    max_steps: int = field(1000, help="optimizer steps (the schedule spans them)")
-    num_epochs: float | None = field(None, help="if set, max_steps = ceil(num_epochs * examples / global batch)")
-    batch_size: int = field(8, help="micro-batch size per process")
-    grad_accum: int = field(1, help="micro-batches per optimizer step (global batch = batch_size * grad_accum * world)")
+    max_steps: int = field(1000, ge=1, help="optimizer steps (the schedule spans them)")
+    num_epochs: float | None = field(None, gt=0, help="if set, max_steps = ceil(num_epochs * examples / global batch)")
+    batch_size: int = field(8, ge=1, help="micro-batch size per process")
+    grad_accum: int = field(
+        1, ge=1, help="micro-batches per optimizer step (global batch = batch_size * grad_accum * world)")
     seed: int = field(0, help="seeds the fresh model, the data order and the masking generator")
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
         "auto", help="auto = bf16 autocast where the device supports it, else fp32")
-    log_every: int = field(10, help="write metrics every N optimizer steps")
-    save_every: int = field(0, help="checkpoint every N optimizer steps (0 = final checkpoint only)")
+    log_every: int = field(10, ge=1, help="write metrics every N optimizer steps")
+    save_every: int = field(0, ge=0, help="checkpoint every N optimizer steps (0 = final checkpoint only)")
     keep_checkpoints: int | None = field(2, help="keep the N newest checkpoints (null = all)")
     resume: str | None = field(None, help="auto (newest checkpoint in output_dir, if any) or a checkpoint directory")
     overwrite: bool = field(False, help="output_dir already holds a run and resume is not given: delete that run's "
                                         "files (config, metrics, data report, checkpoints, model/, plots) and "
                                         "start afresh (false = refuse to start)")
-    stop_after: int | None = field(None, help="end this invocation after N steps of the run (the schedule still "
+    stop_after: int | None = field(None, ge=1, help="end this invocation after N steps of the run (the schedule still "
                                               "spans max_steps; resume later with train.resume=auto)")
-    num_threads: int | None = field(None, help="torch CPU threads (null = torch's default)")
+    num_threads: int | None = field(None, ge=1, help="torch CPU threads (null = torch's default)")
     progress: bool = field(True, help="show the progress bar")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
 
@@ -130,8 +131,6 @@ class SFTResult:
 
 def reinit_weights(dlm: DiffusionLM, std: float, seed: int = 0) -> None:
     """Redraw every weight matrix of ``dlm`` (ndim >= 2) from N(0, std^2); norms and biases keep their init."""
-    if std <= 0:
-        raise ValueError(f"model.init_std must be > 0, got {std}")
     g = torch.Generator().manual_seed(seed)
     seen: set[int] = set()
     with torch.no_grad():
@@ -180,8 +179,6 @@ class SFTTrainer:
         t = cfg.train
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
-        if t.batch_size < 1 or t.grad_accum < 1:
-            raise ValueError("train.batch_size and train.grad_accum must be >= 1")
         self.out = Path(t.output_dir)
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
@@ -226,8 +223,6 @@ class SFTTrainer:
             self.max_steps = max(1, math.ceil(t.num_epochs * len(self.examples) / per_step))
         else:
             self.max_steps = t.max_steps
-        if self.max_steps < 1:
-            raise ValueError(f"train.max_steps must be >= 1, got {self.max_steps}")
         self.optimizer = build_optimizer(self.dlm, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
         self.model = prepare_model(acc, self.dlm)

@@ -27,12 +27,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dllm_rl.errors import UserError
 from dllm_rl.jsonl import JSONLError, iter_jsonl
 
 PROMPT_STYLES = ("chat", "plain", "compact")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A dataset row or file is malformed; the message names the file, line and field."""
 
 
@@ -231,17 +232,27 @@ def require_fields(
 
 
 def load_callable(spec: str | Callable) -> Callable:
-    """A callable from ``"package.module:function"`` (or a callable, returned as is)."""
+    """A callable from ``"package.module:function"`` (or a callable, returned as is). Raises
+    :class:`~dllm_rl.errors.UserError` saying which part of ``spec`` does not resolve and why."""
     if callable(spec):
         return spec
     mod, _, attr = str(spec).partition(":")
     if not mod or not attr:
-        raise ValueError(f"reward {spec!r}: expected 'package.module:function' or a task name")
-    obj = importlib.import_module(mod)
+        raise UserError(f"reward {spec!r}: expected 'package.module:function'")
+    try:
+        obj = importlib.import_module(mod)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (mod == exc.name or mod.startswith(exc.name + ".")):
+            raise UserError(f"reward {spec!r}: no module named {exc.name!r} (is its folder on PYTHONPATH?)") from None
+        raise UserError(f"reward {spec!r}: importing {mod!r} failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the user's module raises at import is reported, not hidden
+        raise UserError(f"reward {spec!r}: importing {mod!r} raised {type(exc).__name__}: {exc}") from None
     for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"reward {spec!r}: {getattr(obj, '__name__', mod)!r} has no attribute {part!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"reward {spec!r} is not callable")
+        raise UserError(f"reward {spec!r}: {attr!r} is a {type(obj).__name__}, not a function")
     return obj
 
 

@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.errors import UserError
+
 
 def register(subparsers: Any) -> None:
     """Add the ``data`` subcommand (and its own subcommands) to the top-level CLI."""
@@ -97,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
         if cmd == "sandbox":
             return _sandbox()
     except ImportError as exc:  # an optional package (datasets, pyarrow) is missing: one clear line
-        raise ValueError(str(exc)) from exc
-    raise ValueError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
+        raise UserError(str(exc)) from exc
+    raise UserError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
 
 
 def _make(args: argparse.Namespace) -> int:

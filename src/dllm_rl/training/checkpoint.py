@@ -39,6 +39,7 @@ import torch
 from safetensors import safe_open
 
 from dllm_rl.config import save_config
+from dllm_rl.errors import UserError
 from dllm_rl.jsonl import fsync_path
 from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training.ema import WeightEMA
@@ -85,7 +86,7 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator] | 
     saved = state.get("generators", {})
     for name, g in (generators or {}).items():
         if name not in saved:
-            raise ValueError(f"checkpoint has no state for generator {name!r} (saved: {sorted(saved)})")
+            raise UserError(f"checkpoint has no state for generator {name!r} (saved: {sorted(saved)})")
         g.set_state(saved[name])
 
 
@@ -193,7 +194,7 @@ def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
     tied = bool(dlm.model.config.tie_word_embeddings)
     missing = [m for m in result.missing_keys if not (tied and m == "lm_head.weight")]
     if missing or result.unexpected_keys:
-        raise ValueError(
+        raise UserError(
             f"{model_dir}: checkpoint does not match the model (missing {missing[:5]}, "
             f"unexpected {list(result.unexpected_keys)[:5]})"
         )
@@ -223,9 +224,9 @@ def load_checkpoint(
     meta = json.loads(state_file.read_text())
     rank, world, _ = _rank_world(accelerator)
     if meta.get("lora") and not has_lora(dlm):
-        raise ValueError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
+        raise UserError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
     if not meta.get("lora") and has_lora(dlm):
-        raise ValueError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
+        raise UserError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
     if meta.get("lora"):
         load_adapter_weights(dlm, directory / "adapter")
     else:
@@ -249,7 +250,7 @@ def load_checkpoint(
             ema.reset()
     if restore_rng_state:
         if int(meta.get("world_size", 1)) != world:
-            raise ValueError(
+            raise UserError(
                 f"{directory}: saved with {meta.get('world_size')} processes, resuming with {world}; "
                 "exact resume needs the same world size (pass restore_rng_state=False to continue anyway)"
             )

@@ -10,6 +10,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from dllm_rl.errors import UserError
 from dllm_rl.jsonl import append_jsonl, keep_rows_through, read_jsonl, write_jsonl
 
 METRICS_FILE = "metrics.jsonl"
@@ -115,7 +116,7 @@ def plot_metrics(run_dir: str | Path, keys: list[str] | None = None) -> list[Pat
     else:
         unknown = [k for k in keys if k not in numeric]
         if unknown:
-            raise ValueError(f"{path}: no numeric metric {unknown[0]!r}; available: {', '.join(sorted(numeric))}")
+            raise UserError(f"{path}: no numeric metric {unknown[0]!r}; available: {', '.join(sorted(numeric))}")
     out_dir = run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -13,7 +13,7 @@
    line.
 
 Only the main rank calls it (the others wait at a barrier in the trainer). Errors are :class:`RunDirError`
-(a ``ValueError``: the command line prints its one line and exits 2).
+(a :class:`~dllm_rl.errors.UserError`: the command line prints its one line and exits 2).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from dllm_rl.errors import UserError
 from dllm_rl.training.checkpoint import clean_leftovers
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ RL_RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "summary.json"
 SFT_RUN_FILES = ("config.yaml", "metrics.jsonl", "data_report.json", "checkpoints", "model", "plots")
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError):
     """An output directory that this run may not use (the message says why and what to do)."""
 
 
