@@ -20,10 +20,10 @@ import os
 import sys
 import time
 
+from dllm_rl.sandbox import Job, Sandbox, SandboxLimits
 from dllm_rl.tasks import find_data_dir, get_task
 from dllm_rl.tasks.code import CodeTask
 from dllm_rl.tasks.math_task import MathVerifier
-from dllm_rl.tasks.sandbox import Job, Sandbox, SandboxLimits
 
 
 def humaneval_jobs(task: CodeTask) -> list[Job]:
