@@ -10,7 +10,8 @@ passing a function or other object of the test into the program (callbacks), see
 argument in place (arguments are copies), operators on handles other than attribute access and calls.
 As in the program's own namespace, its top-level names shadow builtins (MBPP 126's entry point is
 ``sum``): a program can redefine a name the tests call, and the tests then get that function's plain
-results, as they would from any function of the program.
+results, as they would from any function of the program. A name of a standard-library module
+(``math``), though, is always this process's own module, so a fake ``math.isclose`` never reaches a test.
 """
 
 import builtins
@@ -162,6 +163,11 @@ def namespace(manifest, link):
             continue
         name, kind, payload = entry
         if name.startswith("__") and name.endswith("__"):
+            continue
+        if _STDLIB is not None and name in _STDLIB:  # ``math`` is this process's math, whatever the program bound
+            mod = _module(name)
+            if mod is not None:
+                ns[name] = mod
             continue
         if kind == "val":
             ns[name] = payload
