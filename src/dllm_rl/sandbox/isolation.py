@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 SANDBOX_USER = "dllm-sandbox"
 CHILD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child")
+# Where bubblewrap shows Isolation.child_dir inside the sandbox (a fixed place: a copy under the host's /tmp
+# would be hidden by the sandbox's private /tmp).
+BWRAP_CHILD_DIR = "/run/dllm-sandbox/_child"
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,8 @@ class Isolation:
     """How sandboxed code runs on this host (resolved once per process and configuration).
 
     ``child_dir``: the ``_child`` package as the sandbox user reads it (this package's own folder, or a
-    private readable copy when the user cannot read the installed one).
+    private readable copy when the user cannot read the installed one); under bubblewrap it is mounted
+    read-only at :data:`BWRAP_CHILD_DIR` (see :meth:`harness`).
     """
 
     python: str
@@ -40,6 +44,10 @@ class Isolation:
     bwrap_binds: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     child_dir: str = CHILD_DIR
+
+    def harness(self) -> str:
+        """Path of the test harness as the sandboxed process sees it."""
+        return os.path.join(BWRAP_CHILD_DIR if self.bwrap else self.child_dir, "harness.py")
 
     def describe(self) -> str:
         """One line for logs: interpreter, user, bubblewrap or not."""
@@ -236,13 +244,13 @@ def _precompile(py: str, child_dir: str) -> None:
         pass
 
 
-def _find_bwrap(use_bwrap: bool | None, binds: list[str], py: str, uid, gid, child_dir: str, notes: list[str]):
-    """bubblewrap's path when it is wanted and starts the interpreter (reading ``child_dir``), else None."""
+def _find_bwrap(use_bwrap: bool | None, binds: list[str], py: str, uid, gid, notes: list[str]):
+    """bubblewrap's path when it is wanted and starts the interpreter (reading the child programs), else None."""
     if use_bwrap is False:
         return None
     found = shutil.which("bwrap")
     if found:
-        check = f"import os; print('ok' if os.access({os.path.join(child_dir, 'harness.py')!r}, os.R_OK) else 'no')"
+        check = f"import os; print('ok' if os.access({BWRAP_CHILD_DIR + '/harness.py'!r}, os.R_OK) else 'no')"
         argv = [*bwrap_prefix(found, binds, SandboxLimits()), py, "-S", "-I", "-c", check]
         if _probe(argv, uid, gid) == "ok":
             return found
@@ -282,8 +290,8 @@ def resolve_isolation(
         for path in {os.path.dirname(os.path.dirname(py)), prefix}:
             if path and not path.startswith("/usr/") and path != "/usr" and os.path.isdir(path):
                 binds += ["--ro-bind", path, path]
-        binds += ["--ro-bind", child_dir, child_dir]
-        bwrap = _find_bwrap(use_bwrap, binds, py, uid, gid, child_dir, notes)
+        binds += ["--ro-bind", child_dir, BWRAP_CHILD_DIR]
+        bwrap = _find_bwrap(use_bwrap, binds, py, uid, gid, notes)
         iso = Isolation(py, ver, uid, gid, name, bwrap, tuple(binds), tuple(notes), child_dir)
         _ISOLATION[key] = iso
         return iso

@@ -114,7 +114,7 @@ class Sandbox:
         rlimits = [(k, nproc if k == "RLIMIT_NPROC" else v) for k, v in lim.rlimits()]
         cfg = {"env": env, "cwd": cwd, "uid": iso.uid, "gid": iso.gid, "rlimits": rlimits}
         cfg["timeout"] = float(lim.timeout_s)
-        argv += ["-S", "-I", "-B", os.path.join(iso.child_dir, "harness.py")]
+        argv += ["-S", "-I", "-B", iso.harness()]
         return cfg, argv, lim.nproc if iso.bwrap else 0
 
     def _private_workdir(self, iso: Isolation) -> str | None:
