@@ -28,7 +28,7 @@ def test_classes_are_called_through_handles(sb):
     tests = [
         "assert height(root) == 3",
         "assert root.left.data == 2 and root.depth() == 3",
-        "assert root == root and root != Node(1) and root.left.left.left is None",
+        "assert root.left is root.left and root != Node(1) and root.left.left.left is None",
         "assert isinstance(root, Node)",
     ]
     res = sb.run_function_tests(TREE, tests, setup)

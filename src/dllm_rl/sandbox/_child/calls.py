@@ -70,6 +70,13 @@ class Link:
     def __init__(self, req_w, rep_r):
         self.req_w, self.rep_r = req_w, rep_r
         self.broken = None
+        self.remotes = {}
+
+    def remote(self, ident, name, kind):
+        """The one stand-in of handle ``ident`` (so ``node.left is node.left``)."""
+        if ident not in self.remotes:
+            self.remotes[ident] = Remote(self, ident, name, kind)
+        return self.remotes[ident]
 
     def _handle_id(self, obj):
         if isinstance(obj, Remote) and obj._link is self:
@@ -90,7 +97,7 @@ class Link:
             raise TypeError(str(exc)) from None
 
         def stand_in(ident, type_name):
-            remote = Remote(self, ident, type_name, "obj")
+            remote = self.remote(ident, type_name, "obj")
             if handles is not None:
                 handles.append(remote)
             return remote
@@ -176,7 +183,7 @@ def namespace(manifest, link):
             if mod is not None:
                 ns[name] = mod
         elif kind in ("fn", "cls", "obj") and type(payload) is int and payload >= 0:
-            ns[name] = Remote(link, payload, name, kind)
+            ns[name] = link.remote(payload, name, kind)
     return ns
 
 

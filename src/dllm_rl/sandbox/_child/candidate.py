@@ -50,10 +50,13 @@ class _Objects:
 
     def __init__(self):
         self.by_id = []
+        self.ids = {}  # id(obj) -> handle; the object stays alive in by_id, so id(obj) stays its own
 
     def add(self, obj):
-        self.by_id.append(obj)
-        return len(self.by_id) - 1
+        if id(obj) not in self.ids:
+            self.ids[id(obj)] = len(self.by_id)
+            self.by_id.append(obj)
+        return self.ids[id(obj)]
 
     def get(self, i, _type_name=None):
         if type(i) is not int or not 0 <= i < len(self.by_id):
