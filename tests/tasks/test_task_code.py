@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dllm_rl.sandbox import SandboxLimits
 from dllm_rl.tasks import DataError, get_task
 from dllm_rl.tasks.code import mbpp_entry_point
-from dllm_rl.tasks.sandbox import SandboxLimits
 
 LIMITS = SandboxLimits(timeout_s=5)
 MBPP_ROW = {

@@ -1,4 +1,4 @@
-"""Tasks: datasets, prompt formats, rewards / verifiers, the code sandbox and synthetic generators.
+"""Tasks: datasets, prompt formats, rewards / verifiers and synthetic generators (code runs in :mod:`dllm_rl.sandbox`).
 
 Entry point: :func:`get_task` -> :class:`~dllm_rl.tasks.base.Task`::
 

@@ -162,7 +162,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _sandbox() -> int:
-    from .sandbox import Sandbox, SandboxLimits
+    from ..sandbox import Sandbox, SandboxLimits
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     sb = Sandbox(SandboxLimits(timeout_s=5))

@@ -1,4 +1,4 @@
-"""Code generation scored by running tests in the sandbox (:mod:`dllm_rl.tasks.sandbox`).
+"""Code generation scored by running tests in the sandbox (:mod:`dllm_rl.sandbox`).
 
 Row formats (detected per row; raw columns are kept):
 
@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..sandbox import Job, Sandbox, SandboxLimits, default_sandbox
 from .base import DataError, Score, Task, data_file
 from .extract import code_blocks
-from .sandbox import Job, Sandbox, SandboxLimits, default_sandbox
 
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "train": (511, 974), "validation": (511, 600)}
 _CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
