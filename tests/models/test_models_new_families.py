@@ -81,9 +81,12 @@ def test_published_config_keys_and_block_size_keys(tmp_path):
     save_model(build_model("fast_dllm_v2", tiny_config("fast_dllm_v2", block_size=8), seed=0), tmp_path / "f")
     cfg = json.loads((tmp_path / "f" / "config.json").read_text())
     assert cfg["bd_size"] == 8 and "block_size" not in cfg and load_model(tmp_path / "f").block_size == 8
-    save_model(build_model("llada2", tiny_config("llada2"), seed=0), tmp_path / "l")
+    published = {k: v for k, v in tiny_config("llada2").items() if k != "block_size"}  # as released
+    save_model(build_model("llada2", published, seed=0), tmp_path / "l")
     cfg = json.loads((tmp_path / "l" / "config.json").read_text())
     assert "block_size" not in cfg and load_model(tmp_path / "l").block_size == 32  # a sampler setting
+    save_model(build_model("llada2", tiny_config("llada2", block_size=8), seed=0), tmp_path / "l8")
+    assert json.loads((tmp_path / "l8" / "config.json").read_text())["block_size"] == 8
     assert (cfg["partial_rotary_factor"], cfg["num_shared_experts"], cfg["n_group"]) == (0.5, 1, 2)
     save_model(build_model("llada_moe", tiny_config("llada_moe"), seed=0), tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
@@ -131,8 +134,6 @@ def test_left_padding_changes_no_real_token(family, attn):
 @pytest.mark.parametrize("family", BLOCK)
 def test_block_cache_gives_the_tokens_of_no_cache(family):
     model = build_model(family, tiny_config(family, block_size=4), seed=3)
-    if family == "llada2":
-        model.block_size = 4  # the tiny test decodes in blocks of 4 (the published sampler uses 32)
     prompts = [[5, 9, 11, 3, 7], [2, 4], [8, 1, 6, 9, 10, 12, 13]]
     for config in (DecodeConfig(gen_length=8, threshold=0.5, stop_on_eos=False),
                    DecodeConfig(gen_length=8, temperature=1.0, stop_on_eos=False, seed=4)):
@@ -151,7 +152,7 @@ def test_two_stream_scoring_equals_direct_forwards(family):
 
     bs, R = 4, 10
     model = build_model(family, tiny_config(family, block_size=bs), seed=5)
-    model.block_size = bs
+    assert model.block_size == bs
     g = torch.Generator().manual_seed(0)
     prompt_lens = (6, 3)
     rows = []

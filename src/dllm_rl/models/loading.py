@@ -205,8 +205,9 @@ def save_model(
     saved_dtype = next(iter(state.values())).dtype if state else dlm.dtype
     pub["torch_dtype"] = str(saved_dtype).removeprefix("torch.")
     pub["mask_token_id"] = dlm.mask_token_id
-    if dlm.block_size is not None and dlm.family.block_size_key:
-        pub[dlm.family.block_size_key] = dlm.block_size
+    key = dlm.family.block_size_key
+    if dlm.block_size is not None and key and (key in pub or dlm.block_size != dlm.family.block_size):
+        pub[key] = dlm.block_size
     (path / "config.json").write_text(json.dumps(pub, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))

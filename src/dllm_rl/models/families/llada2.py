@@ -17,7 +17,8 @@ Facts read from the published ``modeling_llada2_moe.py`` / ``configuration_llada
   (the class default; the published config.json has no ``use_qk_norm``);
 * the published model accepts only a 4D ``(B, 1, T, T)`` mask (an older revision fell back to causal on
   a 2D one): the adapter always passes the additive 4D mask;
-* no block size in config.json: block 32 is a sampler setting (the family default here);
+* no block size in config.json: block 32 is a sampler setting (the family default here; a ``block_size``
+  key, which the published code ignores, overrides it and is written back when it differs from 32);
 * no ``mask_token_id`` in config.json: 156895 (``<|mask|>``).
 
 Not confirmed against a published config.json (none is readable here): the values of ``use_bias`` and
@@ -109,7 +110,7 @@ class LLaDA2(Family):
 
     def tiny(self, *, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
              mask_token_id, eos_token_id, pad_token_id, max_position_embeddings, tie_word_embeddings, rope_theta,
-             num_experts=4, experts_per_token=2, moe_intermediate_size=16, **_: Any) -> dict[str, Any]:
+             block_size, num_experts=4, experts_per_token=2, moe_intermediate_size=16, **_: Any) -> dict[str, Any]:
         mask, eos, pad = ids(self, vocab_size, mask_token_id, eos_token_id, pad_token_id)
         return {
             "model_type": self.model_type, "architectures": list(self.architectures), "auto_map": dict(self.auto_map),
@@ -121,7 +122,7 @@ class LLaDA2(Family):
             "hidden_act": "silu", "num_experts": num_experts, "num_experts_per_tok": experts_per_token,
             "num_shared_experts": 1, "moe_intermediate_size": moe_intermediate_size, "n_group": 2, "topk_group": 1,
             "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "mask_token_id": mask, "eos_token_id": eos,
-            "pad_token_id": pad,
+            "pad_token_id": pad, "block_size": block_size,
         }
 
     def to_hf_state(self, tensors: dict[str, torch.Tensor], hf: PretrainedConfig) -> dict[str, torch.Tensor]:
@@ -156,7 +157,7 @@ class LLaDA2(Family):
 LLADA2 = LLaDA2(
     name="llada2", attention="block", shift=False, mask_token_id=156895, eos_token_id=156892,
     pad_token_id=156892, model_type="llada2_moe", architectures=("LLaDA2MoeModelLM",), block_size=32,
-    block_size_key=None, mask_token="<|mask|>", moe=True,
+    mask_token="<|mask|>", moe=True,
     auto_map={
         "AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
         "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
