@@ -184,3 +184,16 @@ def test_two_stream_scoring_equals_direct_forwards(family):
             lo = q // bs * bs
             direct = model(torch.cat([torch.cat([p, r])[:lo], torch.cat([p, n])[lo:lo + bs]])[None]).logits[0, q]
             torch.testing.assert_close(logits[i, j], direct, atol=1e-5, rtol=0)
+
+
+def test_generate_preset_fills_the_published_schedule(tmp_path, capsys):
+    import argparse
+
+    from dllm_rl.sampling.cli import decode_config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["generate", "m", "--preset", "llada2"])
+    assert decode_config_from_args(args).threshold == 0.95
+    args = parser.parse_args(["generate", "m", "--preset", "fast_dllm_v2", "--threshold", "0.7"])
+    assert decode_config_from_args(args).threshold == 0.7  # a given flag wins
