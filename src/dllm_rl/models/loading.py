@@ -61,27 +61,48 @@ def _weight_files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
-def _read_weights(file: Path, fam: Family, expected: dict[str, torch.Tensor], device, dtype) -> dict[str, torch.Tensor]:
-    """The tensors of one safetensors file under HF names, each checked against the model's shapes; a file
-    that does not parse (empty, truncated, not safetensors) is named in the error."""
-    out: dict[str, torch.Tensor] = {}
+def _read_weights(file: Path, device, dtype) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file under their published names; a file that does not parse (empty,
+    truncated, not safetensors) is named in the error."""
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                hf_name = fam.to_hf_name(name)
-                if hf_name not in expected:
-                    raise UserError(f"{file}: unexpected tensor {name!r} for a {fam.name} model")
-                tensor = f.get_tensor(name)
-                want = tuple(expected[hf_name].shape)
-                if tuple(tensor.shape) != want:
-                    raise UserError(
-                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {want}")
-                out[hf_name] = tensor.to(device=device, dtype=dtype)
+            return {name: f.get_tensor(name).to(device=device, dtype=dtype) for name in f.keys()}
     except SafetensorError as exc:
         size = file.stat().st_size
         raise UserError(f"{file}: not a readable safetensors file ({exc}; {size} bytes): the file is corrupt or "
                         "truncated (an interrupted download or copy?); fetch or save it again") from None
-    return out
+
+
+def _published_names(fam: Family, state: dict[str, torch.Tensor], hf_config) -> list[str]:
+    """The published names of some HF tensors, for error messages (HF names where a fused tensor needs
+    its siblings to be named)."""
+    try:
+        return sorted(fam.to_published_state(state, hf_config))
+    except KeyError:
+        return sorted(state)
+
+
+def _hf_state(fam: Family, files: list[Path], hf_config, expected: dict[str, torch.Tensor], device,
+              dtype) -> dict[str, torch.Tensor]:
+    """All checkpoint tensors converted to HF names (the family fuses experts / qkv where HF does), each
+    checked against the model's names and shapes; errors name the published tensor and its file."""
+    published: dict[str, torch.Tensor] = {}
+    source: dict[str, Path] = {}
+    for file in files:
+        for name, tensor in _read_weights(file, device, dtype).items():
+            published[name] = tensor
+            source[name] = file
+    state = fam.to_hf_state(published, hf_config)
+    for hf_name, tensor in state.items():
+        pub_names = sorted(set(_published_names(fam, {hf_name: tensor}, hf_config)) & set(source)) or [hf_name]
+        where = source.get(pub_names[0], files[0])
+        if hf_name not in expected:
+            raise UserError(f"{where}: unexpected tensor {pub_names[0]!r} for a {fam.name} model")
+        want = tuple(expected[hf_name].shape)
+        if tuple(tensor.shape) != want:
+            raise UserError(f"{where}: tensor {pub_names[0]!r} has shape {tuple(tensor.shape)}, config.json implies "
+                            f"{want}")
+    return state
 
 
 def _instantiate(fam: Family, pub: dict[str, Any], dtype: torch.dtype, attn: str, empty: bool):
@@ -116,14 +137,13 @@ def load_model(
     model = _instantiate(fam, pub, torch_dtype, attn_implementation, empty=True)
     expected = {k: v for k, v in model.state_dict().items()}
     tied = fam.tied(pub)
-    state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
-        state.update(_read_weights(file, fam, expected, device, torch_dtype))
+    state = _hf_state(fam, _weight_files(path), model.config, expected, device, torch_dtype)
     if tied:
         state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise UserError(f"{path}: checkpoint lacks tensors {[fam.to_published_name(m) for m in missing[:5]]}")
+        names = _published_names(fam, {m: expected[m] for m in missing}, model.config)
+        raise UserError(f"{path}: checkpoint lacks tensors {names[:5]}")
     model.load_state_dict(state, strict=True, assign=True)
     if tied:
         model.tie_weights()
@@ -155,12 +175,8 @@ def published_state_dict(dlm: DiffusionLM) -> dict[str, torch.Tensor]:
     if hasattr(model, "merge_and_unload") or hasattr(model, "get_base_model"):
         raise UserError("save a PEFT model after merging its adapters (merge_and_unload)")
     tied = bool(model.config.tie_word_embeddings)
-    out = {}
-    for name, tensor in model.state_dict().items():
-        if tied and name == "lm_head.weight":
-            continue
-        out[fam.to_published_name(name)] = tensor.detach().contiguous().clone()
-    return out
+    state = {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    return {k: v.contiguous().clone() for k, v in fam.to_published_state(state, model.config).items()}
 
 
 def save_model(
@@ -189,8 +205,9 @@ def save_model(
     saved_dtype = next(iter(state.values())).dtype if state else dlm.dtype
     pub["torch_dtype"] = str(saved_dtype).removeprefix("torch.")
     pub["mask_token_id"] = dlm.mask_token_id
-    if dlm.block_size is not None:
-        pub["block_size"] = dlm.block_size
+    key = dlm.family.block_size_key
+    if dlm.block_size is not None and key and (key in pub or dlm.block_size != dlm.family.block_size):
+        pub[key] = dlm.block_size
     (path / "config.json").write_text(json.dumps(pub, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))

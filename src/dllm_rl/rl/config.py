@@ -217,3 +217,6 @@ class RLConfig(Checked):
                                         "files (config, metrics, rollouts, checkpoints, final/, plots) and start "
                                         "afresh (false = refuse to start)")
     progress: bool = field(True, help="show a progress bar")
+    freeze_router: bool = field(
+        False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
+        "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")

@@ -30,6 +30,7 @@ from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldo
 from dllm_rl.jsonl import append_jsonl, keep_rows_through
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
+from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
@@ -151,6 +152,8 @@ class RLTrainer:
         self.reference = None
         if cfg.beta > 0 and cfg.reference == "copy":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if cfg.freeze_router:
+            freeze_routers(self.model.model)
         self.model.train()
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
@@ -247,6 +250,10 @@ class RLTrainer:
         if cfg.dynamic_sampling:
             m.update(sampling_rounds=float(len(rounds)), surplus_groups=float(surplus))
         m.update(update)
+        if self.model.family.moe:  # router load and entropy over the rollouts' real tokens
+            dev = self.accelerator.device
+            m.update(router_stats(self._plain(), torch.cat([rollout.prompt_ids, rollout.completion_ids], 1).to(dev),
+                                  torch.cat([rollout.prompt_mask, rollout.completion_mask], 1).to(dev)))
         m = self._reduce(m)
         samples = [(prompts_rep[i], rollout.texts[i], rewards_list[i], reasons[i])
                    for i in range(min(cfg.save_rollouts, len(rewards)))]

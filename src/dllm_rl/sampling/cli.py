@@ -58,7 +58,14 @@ def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ..
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
-    return DecodeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)})
+    """The DecodeConfig of the flags; a ``--preset`` fills every field whose flag was left at its default."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)}
+    if getattr(args, "preset", None):
+        from dllm_rl.sampling.presets import preset
+
+        defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+        values.update({k: v for k, v in preset(args.preset).items() if values[k] == defaults[k]})
+    return DecodeConfig(**values)
 
 
 def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, block: int) -> list[dict]:
@@ -135,5 +142,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--progress", action="store_true", help="print progress per batch")
+    p.add_argument("--preset", choices=["llada2", "fast_dllm_v2", "sdar"],
+                   help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given override it")
     add_decode_arguments(p)
     p.set_defaults(func=generate_command)

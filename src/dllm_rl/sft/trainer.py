@@ -26,6 +26,7 @@ from accelerate import DistributedDataParallelKwargs
 
 from dllm_rl.config import Checked, field, save_config
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
 from dllm_rl.sft.objectives import ObjectiveConfig, compute_objective
@@ -78,6 +79,7 @@ class ModelConfig(Checked):
     dtype: Literal["float32", "bfloat16"] = field("float32", help="weight dtype (mixed precision keeps fp32 weights)")
     attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
+    freeze_router: bool = field(False, help="MoE models: no gradient into the routers (gate weights)")
 
 
 @dataclass
@@ -202,6 +204,8 @@ class SFTTrainer:
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=t.seed)
         if cfg.lora.enabled:
             apply_lora(self.dlm, cfg.lora, seed=t.seed)
+        if cfg.model.freeze_router:
+            freeze_routers(self.dlm)
         if cfg.model.gradient_checkpointing:
             self.dlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dlm.to(acc.device)
@@ -292,6 +296,9 @@ class SFTTrainer:
                    "lr": self.scheduler.get_last_lr()[0]}
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
+        if self.dlm.family.moe:  # router load and entropy over the last micro-batch's real tokens
+            dev = self.accelerator.device
+            metrics.update(router_stats(self.dlm, batch.input_ids().to(dev), batch.valid().to(dev)))
         return metrics
 
     def save(self) -> Path:
@@ -335,8 +342,7 @@ class SFTTrainer:
                 last_loss = float(loss)
                 row = {"loss": last_loss, "lr": m["lr"], "tokens_per_s": tps, "epoch": self.stream.epoch_float,
                        "tokens": self.tokens_seen, "elapsed_s": time.perf_counter() - start}
-                if "grad_norm" in m:
-                    row["grad_norm"] = m["grad_norm"]
+                row.update({k: v for k, v in m.items() if k == "grad_norm" or k.startswith("moe_")})
                 self.logger.log(self.step, **row)
                 window_loss, window_n = 0.0, 0
             if t.save_every and self.step % t.save_every == 0 and self.step < end:
