@@ -44,10 +44,14 @@ def train_step(model, optimizer, accelerator, ids: torch.Tensor) -> float:
 
 
 def main(out: Path) -> None:
+    # Built before the Accelerator: once a ZeRO-3 plugin exists, transformers builds models under
+    # deepspeed.zero.Init (partitioned, DeepSpeed's own init), whatever zero3_init_flag says.
+    model = tiny_model()
     acc = make_accelerator(mixed_precision="no", cpu=True)
     backend = adopt_launch_backend(acc)
     rank, world = acc.process_index, acc.num_processes
-    model = tiny_model()
+    if backend.startswith("zero"):  # DeepSpeed wants the per-rank batch when no dataloader is prepared
+        acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 4 // world
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model, optimizer = acc.prepare(model, optimizer)
     rows = batch()[rank * 4 // world:(rank + 1) * 4 // world]

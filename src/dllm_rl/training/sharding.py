@@ -116,8 +116,9 @@ def full_state_dict(accelerator: Accelerator, model: torch.nn.Module, all_ranks:
     Collective under FSDP2 and ZeRO-3: every rank calls it. ``all_ranks=False`` (saving): rank 0 gets the
     tensors, the other ranks may get an empty dict. ``all_ranks=True`` (a rollout copy on each rank): every
     rank gets them. FSDP2 goes through ``torch.distributed.checkpoint.state_dict.get_model_state_dict``
-    (``full_state_dict=True``); ZeRO-3 through accelerate's 16-bit gather (``zero3_save_16bit_model: true``
-    in the accelerate config), which returns the tensors on every rank.
+    (``full_state_dict=True``); ZeRO-3 through accelerate's 16-bit gather to rank 0
+    (``zero3_save_16bit_model: true`` in the accelerate config), or, for every rank, a state dict read
+    inside :func:`gathered_parameters`. DDP / ZeRO-2 hold full weights on every rank already.
     """
     backend = backend_name(accelerator)
     if backend == "fsdp2":
@@ -125,6 +126,13 @@ def full_state_dict(accelerator: Accelerator, model: torch.nn.Module, all_ranks:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
         state = get_model_state_dict(model, options=options)
+    elif backend == "zero3" and all_ranks:
+        with gathered_parameters(accelerator, model):
+            return _cpu_copy(accelerator.unwrap_model(model).state_dict())
     else:
-        state = accelerator.get_state_dict(model)
+        state = accelerator.get_state_dict(model) or {}  # ZeRO-3: None on ranks other than 0
+    return _cpu_copy(state)
+
+
+def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
