@@ -10,17 +10,9 @@ import torch
 
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
-from dllm_rl.eval.harness import (
-    EvalRunConfig,
-    Setting,
-    load_settings_file,
-    parse_setting,
-    read_records,
-    resolve_decode,
-    run_eval,
-    sample_seed,
-)
+from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval, sample_seed
 from dllm_rl.eval.passk import pass_at_k
+from dllm_rl.eval.settings import Setting, load_settings_file, parse_setting, resolve_decode
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.sampling import Rollout
 

@@ -53,7 +53,8 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ eval
 def eval_command(args: argparse.Namespace) -> int:
-    from dllm_rl.eval.harness import EvalRunConfig, load_settings_file, parse_setting, run_eval
+    from dllm_rl.eval.harness import EvalRunConfig, run_eval
+    from dllm_rl.eval.settings import load_settings_file, parse_setting
 
     settings = []
     if args.settings_file:
@@ -146,16 +147,12 @@ def trace_command(args: argparse.Namespace) -> int:
 
 
 def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
-    from dllm_rl.eval.harness import (
-        Setting,
-        check_model_tokenizer,
-        resolve_decode,
-        resolve_device,
-        resolve_eval_dtype,
-    )
+    from dllm_rl.eval.settings import Setting, resolve_decode
     from dllm_rl.eval.trace_viewer import records_from_rollout
     from dllm_rl.models import load_model
+    from dllm_rl.models.checks import check_model_tokenizer
     from dllm_rl.sampling import generate
+    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     model_dir = Path(args.model_dir)
     if not model_dir.is_dir():

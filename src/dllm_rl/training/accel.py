@@ -75,3 +75,23 @@ def _has_device() -> bool:
         if backend is not None and hasattr(backend, "is_available") and backend.is_available():
             return True
     return False
+
+
+def resolve_device(device: str):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_eval_dtype(dtype: str, device) -> str:
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    from dllm_rl.models import resolve_dtype
+
+    resolve_dtype(dtype)  # validates
+    return dtype
