@@ -13,8 +13,9 @@ from dllm_rl.eval.heldout import encode_prompts
 from dllm_rl.models import load_model
 from dllm_rl.rl import losses as losses_mod
 from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
 from dllm_rl.rl.rewards import safe_rewards
-from dllm_rl.rl.trainer import RLTrainer, train
+from dllm_rl.rl.trainer import RLTrainer
 
 
 def _weights(path):
