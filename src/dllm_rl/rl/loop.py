@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 
-from dllm_rl.jsonl import append_jsonl
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.training import Progress, plot_metrics
@@ -72,10 +71,7 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         trainer.metrics.log(trainer.step_idx, **m)
         bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
                    loss=f"{m.get('loss', float('nan')):.4f}")
-        if trainer.is_main and res.samples:
-            append_jsonl(trainer.out / "rollouts.jsonl", [
-                {"step": trainer.step_idx, "prompt": p, "completion": c, "reward": r, "reason": why}
-                for p, c, r, why in res.samples])
+        trainer.rollouts.log(trainer.step_idx, res.samples)
         if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
             for prompt, completion, reward, reason in res.samples[:2]:
                 bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")

@@ -22,12 +22,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from accelerate.utils import DistributedDataParallelKwargs
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
-from dllm_rl.jsonl import keep_rows_through
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
@@ -37,6 +36,7 @@ from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
+from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
     IndexStream,
@@ -53,18 +53,11 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks, micro_batches, skip_together, zero_loss
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
+from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 
 logger = logging.getLogger(__name__)
-_MIX = 1_000_003  # odd multiplier for deriving seeds
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed from integers (deterministic across processes and Python runs)."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
-    return h
 
 
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
@@ -163,6 +156,7 @@ class RLTrainer:
         self.bad_updates = 0
         self.grad_norms: list[float] = []  # pre-clipping gradient norms of the current step
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
+        self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
         if cfg.resume:
             self._resume(cfg.resume)
         self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
@@ -199,7 +193,7 @@ class RLTrainer:
                 rounds.append(rnd)
                 t_rollout, t_reward = t_rollout + rnd.t_rollout, t_reward + rnd.t_reward
                 signal += int(self._filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
-            if not cfg.dynamic_sampling or self._max_over_ranks(int(signal < target)) == 0:
+            if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
                 break
         rollout = Rollout.cat([x.rollout for x in rounds]) if len(rounds) > 1 else rounds[0].rollout
         rewards_list = [v for x in rounds for v in x.rewards]
@@ -221,7 +215,7 @@ class RLTrainer:
 
         # 5. optimisation passes over the kept samples
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
-        any_kept = self._max_over_ranks(len(keep)) > 0
+        any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         t_update = time.perf_counter()
@@ -245,7 +239,7 @@ class RLTrainer:
         if cfg.dynamic_sampling:
             m.update(sampling_rounds=float(len(rounds)), surplus_groups=float(surplus))
         m.update(update)
-        m = self._reduce(m)
+        m = mean_over_ranks(self.accelerator, m)
         samples = [(prompts_rep[i], rollout.texts[i], rewards_list[i], reasons[i])
                    for i in range(min(cfg.save_rollouts, len(rewards)))]
         return StepResult(m, samples)
@@ -265,7 +259,8 @@ class RLTrainer:
         texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
         G = cfg.num_generations
         group_ids = [p for p in ids for _ in range(G)]
-        seeds = [_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j) for j in range(len(group_ids))]
+        seeds = [derive_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j)
+                 for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
         with torch.no_grad():
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
@@ -294,13 +289,10 @@ class RLTrainer:
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
             batch.completion_valid)), sample_seeds=batch.sample_seeds)
         adv_k = adv[keep].to(device)
-        n = len(keep)
-        mbs = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
-        # DDP: every rank runs as many backward passes (so as many gradient all-reduces); a rank that kept
-        # fewer samples pads with empty micro-batches, which back-propagate a zero loss.
-        mbs += [[] for _ in range(self._max_over_ranks(len(mbs)) - len(mbs))]
+        # DDP: a rank that kept fewer samples pads with empty micro-batches (as many backward passes on every rank)
+        mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
         accum = cfg.gradient_accumulation_steps or len(mbs)
-        est_seed = _seed(cfg.seed, self.step_idx, 7919)
+        est_seed = derive_seed(cfg.seed, self.step_idx, 7919)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
@@ -329,7 +321,7 @@ class RLTrainer:
                 ctx = acc.no_sync(self.model.model) if not last_in_group else contextlib.nullcontext()
                 if not mb:  # padding (see above)
                     with ctx:
-                        acc.backward(self._zero_loss())
+                        acc.backward(zero_loss(self.model))
                     if last_in_group:
                         self._optimizer_step()
                     continue
@@ -354,7 +346,7 @@ class RLTrainer:
                     else:
                         self._bad_update(loss)
                         if acc.num_processes > 1:  # still join the other ranks' all-reduce
-                            acc.backward(self._zero_loss())
+                            acc.backward(zero_loss(self.model))
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
@@ -375,21 +367,8 @@ class RLTrainer:
             raise RuntimeError(f"stopping: {self.bad_updates} updates had a NaN/inf loss (max_bad_steps="
                                f"{self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
 
-    def _zero_loss(self) -> torch.Tensor:
-        """A zero loss through the whole (DDP) module: a rank with nothing to train joins the all-reduce."""
-        ids = torch.full((1, 1), self.model.mask_token_id, dtype=torch.long, device=self.model.device)
-        return self.model(ids).logits.float().sum() * 0.0
-
-    def _max_over_ranks(self, value: int) -> int:
-        """The largest ``value`` over all ranks (for decisions every rank must take alike)."""
-        if self.accelerator.num_processes == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.long, device=self.accelerator.device)
-        return int(self.accelerator.gather(t).max())
-
     def _optimizer_step(self) -> None:
-        # one rank skips: all do (the weights stay equal)
-        if self._max_over_ranks(int(getattr(self, "_skip_next", False))):
+        if skip_together(self.accelerator, getattr(self, "_skip_next", False)):  # one rank skips: all do
             self._skip_next = False
             self.optimizer.zero_grad(set_to_none=True)
             return
@@ -399,18 +378,6 @@ class RLTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _reduce(self, m: dict) -> dict:
-        """Each metric averaged over the ranks that report a finite value (a rank that kept no sample has
-        no loss statistics)."""
-        if self.accelerator.num_processes == 1:
-            return m
-        rows = gather_object([m])
-        out = {}
-        for k in sorted({k for r in rows for k in r}):
-            vals = [float(r[k]) for r in rows if k in r and math.isfinite(r[k])]
-            out[k] = sum(vals) / len(vals) if vals else float("nan")
-        return out
 
     # ----------------------------------------------------------------------------- evaluation
     def averaged(self, live: bool = False):
@@ -431,7 +398,8 @@ class RLTrainer:
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)
         if world > 1:
-            vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
+            vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
+                                                      "n": float(res.n)})
             total = vals["n"] * world
             if total > 0:  # (every rank's shard is empty only if the task is, which the constructor refuses)
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
@@ -468,8 +436,8 @@ class RLTrainer:
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
         self.accuracy_before = (state.extra or {}).get("accuracy_before")
-        if self.is_main:  # drop what a run killed after this checkpoint wrote
-            keep_rows_through(self.out / "rollouts.jsonl", self.step_idx)
+        self.rollouts.truncate(self.step_idx)  # drop what a run killed after this checkpoint wrote
+        if self.is_main:
             print(f"resumed from {path} at step {self.step_idx}")
 
     def close(self) -> None:
