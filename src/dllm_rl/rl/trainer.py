@@ -24,18 +24,19 @@ from pathlib import Path
 import torch
 from accelerate.utils import DistributedDataParallelKwargs
 
-from dllm_rl.config import ConfigError, save_config, to_dict
+from dllm_rl.config import ConfigError, save_config
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
-from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
+from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
-from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.checkpoints import RLCheckpoints
+from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
-from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
+from dllm_rl.sampling import Rollout, generate_batched
 from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
@@ -45,34 +46,14 @@ from dllm_rl.training import (
     apply_lora,
     build_optimizer,
     build_scheduler,
-    latest_checkpoint,
-    load_checkpoint,
     make_accelerator,
-    merged_model,
-    prune_checkpoints,
-    save_checkpoint,
 )
-from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.accel import runs_on_cpu
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks, micro_batches, skip_together, zero_loss
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 
 logger = logging.getLogger(__name__)
-
-
-def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
-    """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
-    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
-    r = cfg.rollout
-    schedule = cfg.eval if evaluation else r
-    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
-    steps = None if schedule.threshold is not None else (schedule.steps or block)
-    if r.gen_length % block:
-        what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
-        raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
-    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
-                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
-                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)
 
 
 @dataclass
@@ -94,8 +75,9 @@ class StepResult:
     samples: list[tuple[str, str, float, str]]
 
 
-class RLTrainer:
-    """Holds the policy, optional reference, optimiser, data stream and logger of one run."""
+class RLTrainer(RLCheckpoints):
+    """Holds the policy, optional reference, optimiser, data stream and logger of one run (its checkpoints:
+    :class:`~dllm_rl.rl.checkpoints.RLCheckpoints`)."""
 
     def __init__(self, cfg: RLConfig, reward_fn=None):
         if not cfg.model:
@@ -104,11 +86,8 @@ class RLTrainer:
         self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
-        # device=auto on a machine without CUDA means CPU mode: accelerate then forms gloo ranks under
-        # `accelerate launch --multi_gpu` instead of starting independent one-rank runs.
-        cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         self.accelerator = make_accelerator(
-            cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            cpu=runs_on_cpu(cfg.device), kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
@@ -406,53 +385,10 @@ class RLTrainer:
                               reward=vals["reward"] * world / total, n=int(round(total)))
         return res
 
-    # ----------------------------------------------------------------------------- checkpoints
-    def _plain(self) -> DiffusionLM:
-        """The policy over its HF module unwrapped from DDP (weights load/save and peft helpers need it)."""
-        inner = self.accelerator.unwrap_model(self.model.model)
-        if inner is self.model.model:
-            return self.model
-        return DiffusionLM(inner, self.model.family, self.model.published_config)
-
-    def save(self, final: bool = False) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
-        save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                        step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
-                        config=to_dict(self.cfg),
-                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
-                        accelerator=self.accelerator, ema=self.ema)
-        if self.is_main:
-            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
-        return path
-
-    def _resume(self, where: str) -> None:
-        path = latest_checkpoint(self.out) if where == "latest" else Path(where)
-        if path is None:
-            raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
-        state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                                accelerator=self.accelerator, ema=self.ema)
-        self.step_idx = state.step
-        self.stream.load_state_dict(state.data_state)
-        self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
-        self.accuracy_before = (state.extra or {}).get("accuracy_before")
-        self.rollouts.truncate(self.step_idx)  # drop what a run killed after this checkpoint wrote
-        if self.is_main:
-            print(f"resumed from {path} at step {self.step_idx}")
-
     def close(self) -> None:
         """Release the run directory (its lock) for another run."""
         if self.run_dir is not None:
             self.run_dir.close()
-
-    def save_final_model(self) -> Path:
-        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
-        path = self.out / "final"
-        if self.is_main:
-            with self.averaged():
-                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
-                save_model(unwrapped, path, tokenizer=self.tokenizer)
-        return path
 
 
 def _detached(s: TokenScores) -> TokenScores:

@@ -77,9 +77,14 @@ def _has_device() -> bool:
     return False
 
 
-def resolve_device(device: str):
-    import torch
+def runs_on_cpu(device: str) -> bool:
+    """True when a trainer's ``device`` setting (auto | cpu | cuda) means CPU mode: ``cpu``, or ``auto`` without
+    CUDA (accelerate then forms gloo ranks under ``accelerate launch --multi_gpu``)."""
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
 
+
+def resolve_device(device: str):
+    """``auto`` -> ``cuda`` when available, else ``cpu``; an explicit CUDA device without CUDA is an error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -89,6 +94,7 @@ def resolve_device(device: str):
 
 
 def resolve_eval_dtype(dtype: str, device) -> str:
+    """``auto`` -> ``bfloat16`` on CUDA, ``float32`` elsewhere; an explicit dtype is checked and kept."""
     if dtype == "auto":
         return "bfloat16" if device.type == "cuda" else "float32"
     from dllm_rl.models import resolve_dtype
