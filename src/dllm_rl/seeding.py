@@ -1,9 +1,16 @@
 """One way to derive a seed from several integers: :func:`derive_seed`.
 
 Every per-item stream of the RL trainer (a sample's rollout noise and estimator masks, a step's estimator
-generator) and of the held-out evaluation comes from ``derive_seed(seed, ...)`` of the integers that name it,
-so a stream depends only on what it is the stream of (not on batching, ranks or the order of work), the same
-in every process and Python run (no ``hash()``, which is salted per process).
+generator), of the in-memory held-out evaluation (item ``i``) and of ``dllm-rl eval`` (sample ``s`` of item
+``i``) comes from ``derive_seed(seed, ...)`` of the integers that name it, so a stream depends only on what it
+is the stream of (not on batching, ranks or the order of work), the same in every process and Python run (no
+``hash()``, which is salted per process).
+
+Two older mixes are kept because measured numbers depend on them: the estimators' per-sample mask generators
+(:class:`dllm_rl.estimators.rows.RowRandom`, a linear mix of the step's base and the sample seed: the RL demo's
+measured gains) and the SFT mask generator (``seed * 1_000_003 + 17 + rank``: the shipped demo checkpoints'
+recipe reproduces their losses). Python ``random.Random`` streams (synthetic tasks, fuzzing) are seeded by
+strings naming them.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ Output directory::
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 import time
@@ -45,7 +44,11 @@ from dllm_rl.eval.provenance import (
 from dllm_rl.eval.settings import ResolvedSetting, Setting, resolve_decode
 from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
 from dllm_rl.models.checks import check_model_tokenizer
+from dllm_rl.seeding import derive_seed
 from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
+
+#: how a sample's decoding seed is made (in meta.json; a directory of another rule is not resumed)
+SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -79,8 +82,7 @@ class EvalRunConfig:
 # ------------------------------------------------------------------------------------------------ helpers
 def sample_seed(seed: int, index: int, sample: int) -> int:
     """The decoding seed of sample ``sample`` of item ``index`` (independent of batching and order)."""
-    digest = hashlib.sha256(f"dllm-rl-eval:{seed}:{index}:{sample}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    return derive_seed(seed, index, sample)
 
 
 def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
@@ -214,7 +216,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         "items": len(examples),
         "num_samples": cfg.num_samples,
         "seed": cfg.seed,
-        "seed_rule": "sample s of item i decodes with sha256('dllm-rl-eval:{seed}:{i}:{s}')[:4] & 0x7fffffff",
+        "seed_rule": SEED_RULE,
         "dtype": dtype,
         "settings": {n: {"overrides": to_dict(s.overrides), "decode": decodes[n].as_dict()}
                      for n, s in zip(names, settings)},

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks.base import DataError
 
 
@@ -55,7 +56,7 @@ def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: Decod
     was_training = model.training
     model.eval()
     _, ids = encode_prompts(task, examples, tokenizer)
-    seeds = [seed * 1_000_003 + i for i in range(len(ids))]
+    seeds = [derive_seed(seed, i) for i in range(len(ids))]
     rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)

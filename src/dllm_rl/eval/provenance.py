@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 #: what a resumed evaluation must share with the one that wrote the directory
-FINGERPRINT_KEYS = ("model", "task", "split", "data", "num_samples", "seed", "dtype", "prompt_style",
+FINGERPRINT_KEYS = ("model", "task", "split", "data", "num_samples", "seed", "seed_rule", "dtype", "prompt_style",
                     "system_prompt", "task_options")
 
 
