@@ -315,7 +315,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
             elapsed = time.perf_counter() - t0
             exs = [prep.examples[i] for i, _ in chunk]
             scores = prep.task.score_examples(roll.texts, exs)
-            lengths = roll.completion_mask.sum(dim=1).tolist()
+            lengths = roll.completion_lengths().tolist()
             records = []
             for b, ((i, s), score) in enumerate(zip(chunk, scores)):
                 ok = is_correct(score)

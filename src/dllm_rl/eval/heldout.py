@@ -60,7 +60,7 @@ def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: Decod
     rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)
-    lengths = rollout.completion_mask.sum(-1).float()
+    lengths = rollout.completion_lengths().float()
     model.train(was_training)
     return HeldOut(
         accuracy=metrics["accuracy"],

@@ -203,7 +203,7 @@ class RLTrainer(RLCheckpoints):
             self.ema.update()
         t_update = time.perf_counter() - t_update
 
-        lengths = rollout.completion_mask.sum(-1).float()
+        lengths = rollout.completion_lengths().float()
         gen_tokens = float(lengths.sum())
         m = {
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,

@@ -1,13 +1,10 @@
-"""`accelerate` set-up shared by the SFT and RL trainers: one script on one CPU or many GPUs."""
+"""`accelerate` set-up shared by the SFT and RL trainers (one script on one CPU or many GPUs), and the device and
+dtype a run resolves `auto` to."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from accelerate import Accelerator
-
-MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 
 
 def bf16_supported() -> bool:
