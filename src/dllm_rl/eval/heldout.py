@@ -1,8 +1,8 @@
 """In-memory held-out accuracy: decode a task's prompts with a model already in memory and score them.
 
-The one evaluation loop of training runs (the RL trainer before, during and after training) and of the demo
-accuracy command (``python -m dllm_rl.sft.demo_eval``). ``dllm-rl eval`` (:mod:`dllm_rl.eval.harness`) is the
-file-based, resumable evaluation of saved checkpoints over several decoding settings.
+The evaluation loop of training runs (the RL trainer before, during and after training). ``dllm-rl eval``
+(:mod:`dllm_rl.eval.harness`) is the file-based, resumable evaluation of saved checkpoints over several decoding
+settings (``--demo``: the shipped demo checkpoints as ``make demo`` reports them).
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from dllm_rl.config import describe, load_config
 from dllm_rl.errors import UserError
-
-DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+from dllm_rl.eval.demo import DEMO_DIR
 
 
 def run_rl(args: argparse.Namespace) -> int:
