@@ -10,17 +10,9 @@ import torch
 
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
-from dllm_rl.eval.harness import (
-    EvalRunConfig,
-    Setting,
-    load_settings_file,
-    parse_setting,
-    read_records,
-    resolve_decode,
-    run_eval,
-    sample_seed,
-)
+from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval, sample_seed
 from dllm_rl.eval.passk import pass_at_k
+from dllm_rl.eval.settings import Setting, load_settings_file, parse_setting, resolve_decode
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.sampling import Rollout
 
@@ -190,6 +182,14 @@ def test_interrupted_evaluation_resumes_to_identical_numbers(workdir, monkeypatc
     with pytest.raises(ValueError, match="setting 's1' was run with different decoding"):
         run_eval(_cfg(workdir, "resumed", **{**common, "settings": [parse_setting("s1:tokens_per_step=2")]}),
                  model=model, log=lambda m: None)
+    # Results decoded under another seed rule (the sha256 one of earlier versions) are not mixed with these.
+    meta_file = workdir / "resumed" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["seed_rule"] == "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
+    meta["seed_rule"] = "sample s of item i decodes with sha256('dllm-rl-eval:{seed}:{i}:{s}')[:4] & 0x7fffffff"
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="different evaluation \\(seed_rule differs"):
+        run_eval(_cfg(workdir, "resumed", **common), model=model, log=lambda m: None)
 
 
 def test_block_model_cache_on_and_off_give_same_tokens(workdir):

@@ -12,7 +12,7 @@ from dllm_rl.config import load_config
 from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.trainer import train
+from dllm_rl.rl.loop import train
 from dllm_rl.tasks.synthetic import make_countdown
 
 NEW = ["llada2", "llada_moe", "sdar_moe", "fast_dllm_v2"]

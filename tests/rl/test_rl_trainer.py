@@ -13,8 +13,10 @@ from dllm_rl.eval.heldout import encode_prompts
 from dllm_rl.models import load_model
 from dllm_rl.rl import losses as losses_mod
 from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
 from dllm_rl.rl.rewards import safe_rewards
-from dllm_rl.rl.trainer import RLTrainer, train
+from dllm_rl.rl.trainer import RLTrainer
+from dllm_rl.seeding import derive_seed
 
 
 def _weights(path):
@@ -410,7 +412,7 @@ def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup
         texts, _ = encode_prompts(task, [task[i] for i in drawn], trainer.tokenizer)
         assert [s[0] for s in res.samples] == [t for t in texts for _ in range(G)]
         # the update scored exactly the kept groups' samples, with the rollouts' own seeds
-        want = [trainer_mod._seed(cfg.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
+        want = [derive_seed(cfg.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
         assert scored and all(s == want for s in scored)
     assert trainer.stream.state_dict() == stream.state_dict()
     # seed 1's stream: a surplus group, then 3 batches for 2 groups, or (max 2 batches) a step left one short

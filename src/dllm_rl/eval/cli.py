@@ -53,8 +53,22 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ eval
 def eval_command(args: argparse.Namespace) -> int:
-    from dllm_rl.eval.harness import EvalRunConfig, load_settings_file, parse_setting, run_eval
+    from dllm_rl.eval.harness import EvalRunConfig, run_eval
+    from dllm_rl.eval.settings import load_settings_file, parse_setting
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    task, data, prompt_style, decode = args.task, args.data, args.prompt_style, decode_overrides(args)
+    if args.demo:  # the shipped demo's held-out set and decoding (dllm_rl.eval.demo); explicit flags win
+        from dllm_rl.eval.demo import demo_defaults
+
+        demo = demo_defaults(args.model_dir, decode)
+        task, data, prompt_style = task or demo["task"], data or demo["data"], prompt_style or demo["prompt_style"]
+        decode = demo["decode"]
+    if task is None:
+        raise UserError("give the task with --task NAME (or a data file), or --demo for a shipped demo checkpoint")
     settings = []
     if args.settings_file:
         settings += load_settings_file(args.settings_file)
@@ -63,18 +77,18 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.task_type:
         task_options["task_type"] = args.task_type
     model_dir = Path(args.model_dir)
-    default_name = f"{model_dir.resolve().name}-{Path(args.task).stem}-{args.split}"
+    default_name = f"{model_dir.resolve().name}-{Path(task).stem}-{args.split}"
     output = args.output or str(Path("runs") / "eval" / default_name)
     cfg = EvalRunConfig(
-        model_dir=args.model_dir, task=args.task, output_dir=output, split=args.split, data=args.data,
+        model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data,
         limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
-        device=args.device, tokenizer=args.tokenizer, prompt_style=args.prompt_style, system_prompt=args.system_prompt,
-        task_options=task_options, decode=decode_overrides(args), settings=settings,
+        device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
+        task_options=task_options, decode=decode, settings=settings,
         trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
         command=_command_line(args),
     )
     summary = run_eval(cfg)
-    print((Path(output) / "summary.md").read_text())
+    print((Path(output) / ("summary.json" if args.json else "summary.md")).read_text())
     return 0 if summary else 1
 
 
@@ -87,7 +101,11 @@ def register_eval(sub) -> None:
         "--setting static2:tokens_per_step=2 --setting dyn:threshold=0.9 -o runs/eval/countdown",
     )
     p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer)")
-    p.add_argument("--task", required=True, help="gsm8k | math | countdown | sudoku | code | a local data file")
+    p.add_argument("--task", default=None, help="gsm8k | math | countdown | sudoku | code | a local data file")
+    p.add_argument("--demo", action="store_true",
+                   help="evaluate a shipped demo checkpoint as `make demo` reports it: the held-out countdown file, "
+                   "compact prompts, greedy one token per step, its RL config's gen_length/block_length "
+                   "(explicit flags win)")
     p.add_argument("--task-type", default=None, help="which task a data file given as --task holds (e.g. countdown)")
     p.add_argument("--split", default="test", help="data split (default test)")
     p.add_argument("--data", default=None, help="data file instead of the task's default file for --split")
@@ -110,6 +128,8 @@ def register_eval(sub) -> None:
     p.add_argument("--trace-items", type=int, default=0, help="write traces/<setting>.html for the first N items")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --output instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the Markdown table")
     add_decode_arguments(p, exclude=("seed",))  # per-sample seeds derive from --seed
     p.set_defaults(func=eval_command)
 
@@ -146,16 +166,12 @@ def trace_command(args: argparse.Namespace) -> int:
 
 
 def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
-    from dllm_rl.eval.harness import (
-        Setting,
-        check_model_tokenizer,
-        resolve_decode,
-        resolve_device,
-        resolve_eval_dtype,
-    )
+    from dllm_rl.eval.settings import Setting, resolve_decode
     from dllm_rl.eval.trace_viewer import records_from_rollout
     from dllm_rl.models import load_model
+    from dllm_rl.models.checks import check_model_tokenizer
     from dllm_rl.sampling import generate
+    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     model_dir = Path(args.model_dir)
     if not model_dir.is_dir():

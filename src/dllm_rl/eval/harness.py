@@ -23,133 +23,32 @@ Output directory::
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
-import platform
 import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllm_rl.config import ConfigError, field, from_dict, to_dict
+from dllm_rl.config import field, to_dict
+from dllm_rl.eval.provenance import (
+    check_resume,
+    data_fingerprint,
+    environment,
+    merge_meta,
+    model_fingerprint,
+    write_json,
+)
+from dllm_rl.eval.settings import ResolvedSetting, Setting, resolve_decode
 from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
+from dllm_rl.models.checks import check_model_tokenizer
+from dllm_rl.seeding import derive_seed
+from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
-SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-#: pseudo-keys a setting may use besides DecodeConfig's fields
-SETTING_SHORTCUTS = ("tokens_per_step", "block_cache")
-#: what a resumed evaluation must share with the one that wrote the directory
-FINGERPRINT_KEYS = ("model", "task", "split", "data", "num_samples", "seed", "dtype", "prompt_style",
-                    "system_prompt", "task_options")
-
-
-# ------------------------------------------------------------------------------------------------ settings
-@dataclass
-class Setting:
-    """A named decoding setting: overrides on top of the base DecodeConfig."""
-
-    name: str
-    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not SETTING_NAME.match(self.name):
-            raise ValueError(f"setting name {self.name!r}: use letters, digits and _ . + - only")
-
-
-def parse_setting(spec: str) -> Setting:
-    """``NAME:key=val,key=val`` (or just ``NAME`` for the base settings) -> :class:`Setting`.
-
-    Keys are :class:`~dllm_rl.sampling.DecodeConfig` fields, or ``tokens_per_step=k`` for a static
-    schedule committing k tokens per step in every block (``steps = ceil(block / k)``).
-    """
-    name, _, rest = spec.partition(":")
-    overrides: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in rest.split(","))):
-        if "=" not in part:
-            raise ValueError(f"--setting {spec!r}: {part!r} must look like key=value "
-                             "(for example dyn:threshold=0.9 or static2:tokens_per_step=2)")
-        k, v = part.split("=", 1)
-        overrides[k.strip().replace("-", "_")] = v.strip()
-    return Setting(name.strip(), overrides)
-
-
-def load_settings_file(path: str | Path) -> list[Setting]:
-    """Settings from YAML: a mapping ``name: {key: value, ...}`` or a list of ``{name: ..., key: value}``."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: settings file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    if isinstance(data, Mapping):
-        items = [(str(k), v or {}) for k, v in data.items()]
-    elif isinstance(data, list):
-        items = []
-        for i, entry in enumerate(data):
-            if not isinstance(entry, Mapping) or "name" not in entry:
-                raise ValueError(f"{path}: entry {i} must be a mapping with a 'name'")
-            items.append((str(entry["name"]), {k: v for k, v in entry.items() if k != "name"}))
-    else:
-        raise ValueError(f"{path}: expected a mapping of setting name -> options, or a list of settings")
-    out = []
-    for name, opts in items:
-        if not isinstance(opts, Mapping):
-            raise ValueError(f"{path}: setting {name!r} must map option names to values")
-        out.append(Setting(name, {str(k).replace("-", "_"): v for k, v in opts.items()}))
-    return out
-
-
-@dataclass
-class ResolvedSetting:
-    """A setting made concrete: the DecodeConfig and the extra ``generate`` options (``block_cache``)."""
-
-    decode: Any
-    block_cache: bool = True
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**to_dict(self.decode), "block_cache": self.block_cache}
-
-
-def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | None = None) -> ResolvedSetting:
-    """The decoding of ``setting`` over ``base`` (string values coerced to the DecodeConfig field types).
-
-    Shortcuts: ``tokens_per_step=k`` = a static schedule committing k tokens per step
-    (``steps = ceil(block / k)`` per block, block = the model's ``block_size`` for block models, else
-    ``block_length``); ``block_cache=false`` = block models decode without their (exact) KV cache.
-    ``block_size`` is the model's own block (None for full-attention models).
-    """
-    from dllm_rl.config import _coerce
-    from dllm_rl.sampling import DecodeConfig
-
-    where = f"setting {setting.name!r}"
-    data = {**base, **setting.overrides}
-    tps = data.pop("tokens_per_step", None)
-    block_cache = _coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
-    if not block_cache and block_size is None:
-        raise ValueError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
-                         "choose their cache with cache=none|prefix|dual")
-    if tps is not None:
-        tps = _coerce(tps, int, f"{where}: tokens_per_step")
-        if tps < 1:
-            raise ValueError(f"{where}: tokens_per_step must be >= 1")
-        if data.get("steps") is not None or data.get("threshold") is not None:
-            raise ValueError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
-        block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
-        data["steps"] = -(-block // tps)
-    try:
-        decode = from_dict(DecodeConfig, data, where=where)
-    except ConfigError as exc:
-        msg = str(exc).replace(" valid keys: ", f" valid keys: {', '.join(SETTING_SHORTCUTS)}, ")
-        raise ValueError(msg) from None
-    return ResolvedSetting(decode, bool(block_cache))
+#: how a sample's decoding seed is made (in meta.json; a directory of another rule is not resumed)
+SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -183,37 +82,7 @@ class EvalRunConfig:
 # ------------------------------------------------------------------------------------------------ helpers
 def sample_seed(seed: int, index: int, sample: int) -> int:
     """The decoding seed of sample ``sample`` of item ``index`` (independent of batching and order)."""
-    digest = hashlib.sha256(f"dllm-rl-eval:{seed}:{index}:{sample}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def model_fingerprint(model_dir: Path, full_hash_limit: int = 2 << 30) -> dict[str, Any]:
-    """Hashes identifying a checkpoint: config.json, and each weight file in full (up to 2 GiB in total)
-    or, for large checkpoints, its size plus the hash of its first and last MiB."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    total = sum(f.stat().st_size for f in files)
-    weights = {}
-    for f in files:
-        if total <= full_hash_limit:
-            weights[f.name] = sha256_file(f)
-        else:
-            h = hashlib.sha256()
-            size = f.stat().st_size
-            with open(f, "rb") as fh:
-                h.update(fh.read(1 << 20))
-                fh.seek(max(0, size - (1 << 20)))
-                h.update(fh.read())
-            weights[f.name] = f"size={size},head+tail-sha256={h.hexdigest()}"
-    return {"path": str(model_dir.resolve()), "config_sha256": sha256_file(model_dir / "config.json"),
-            "weights": weights}
+    return derive_seed(seed, index, sample)
 
 
 def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
@@ -236,80 +105,6 @@ def is_correct(score: Any) -> bool:
         if key in info:
             return bool(info[key])
     return float(score) >= 1.0
-
-
-def _environment(device, dtype) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    from dllm_rl import __version__
-
-    env = {"dllm_rl": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
-           "dtype": str(dtype).removeprefix("torch."),
-           "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device_name"] = platform.processor() or platform.machine()
-        env["torch_threads"] = torch.get_num_threads()
-    try:
-        import subprocess
-
-        repo = Path(__file__).resolve().parents[3]
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5)
-        if commit.returncode == 0:
-            env["git_commit"] = commit.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return env
-
-
-def resolve_device(device: str):
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev
-
-
-def resolve_eval_dtype(dtype: str, device) -> str:
-    if dtype == "auto":
-        return "bfloat16" if device.type == "cuda" else "float32"
-    from dllm_rl.models import resolve_dtype
-
-    resolve_dtype(dtype)  # validates
-    return dtype
-
-
-def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
-    """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
-    mask and EOS ids must agree and every token id must fit the embedding."""
-    from dllm_rl.models import load_tokenizer
-    from dllm_rl.models.families import detect_family, resolve_mask_token_id
-    from dllm_rl.models.loading import read_config
-
-    pub = read_config(model_dir)
-    fam = detect_family(pub, str(model_dir / "config.json"))
-    hf = fam.hf_config(pub)
-    mask_id = resolve_mask_token_id(pub, fam, model_dir / "config.json", tokenizer_dir)
-    eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
-        else None
-    tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
-    vocab = int(hf.vocab_size)
-    if len(tok) > vocab:
-        raise ValueError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "
-                         f"{vocab}; tokenizer and model do not belong together")
-    if eos_id is not None and tok.eos_token_id != eos_id:
-        raise ValueError(f"tokenizer {tokenizer_dir} eos id {tok.eos_token_id} != model eos_token_id {eos_id} "
-                         f"({model_dir}/config.json); tokenizer and model do not belong together")
-    block_size = int(pub.get("block_size") or fam.block_size or 4) if fam.attention == "block" else None
-    return tok, fam, block_size
 
 
 def _task_kwargs(cfg: EvalRunConfig) -> dict[str, Any]:
@@ -345,17 +140,6 @@ def load_task(cfg: EvalRunConfig):
 
         raise DataError(f"{task.source}: no items to evaluate (task {cfg.task!r}); give a file with at least one item")
     return task, examples
-
-
-def _data_fingerprint(task, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    src = task.source
-    info: dict[str, Any] = {"source": src, "items": len(examples)}
-    p = Path(src)
-    if p.is_file():
-        info["sha256"] = sha256_file(p)
-    info["examples_sha256"] = hashlib.sha256(
-        "\n".join(json.dumps(ex, sort_keys=True, default=str) for ex in examples).encode()).hexdigest()
-    return info
 
 
 def _reference(example: Mapping[str, Any], max_chars: int = 2000) -> dict[str, Any]:
@@ -424,7 +208,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         "tokenizer": str(Path(cfg.tokenizer or cfg.model_dir).resolve()),
         "task": cfg.task,
         "split": cfg.split,
-        "data": _data_fingerprint(task, task.load()),
+        "data": data_fingerprint(task, task.load()),
         "prompt_style": getattr(task, "prompt_style", cfg.prompt_style),
         "system_prompt": cfg.system_prompt,
         "task_options": to_dict(cfg.task_options),
@@ -432,62 +216,16 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         "items": len(examples),
         "num_samples": cfg.num_samples,
         "seed": cfg.seed,
-        "seed_rule": "sample s of item i decodes with sha256('dllm-rl-eval:{seed}:{i}:{s}')[:4] & 0x7fffffff",
+        "seed_rule": SEED_RULE,
         "dtype": dtype,
         "settings": {n: {"overrides": to_dict(s.overrides), "decode": decodes[n].as_dict()}
                      for n, s in zip(names, settings)},
-        "environment": _environment(device, dtype),
+        "environment": environment(device, dtype),
         "command": cfg.command,
     }
     out = Path(cfg.output_dir)
-    _check_resume(out, meta, cfg.overwrite)
+    check_resume(out, meta, cfg.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
-
-
-def _check_resume(out: Path, meta: Mapping[str, Any], overwrite: bool) -> None:
-    meta_file = out / "meta.json"
-    if overwrite or not meta_file.is_file():
-        return
-    try:
-        old = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{meta_file}: not valid JSON ({exc}); use --overwrite to start again") from None
-    for key in FINGERPRINT_KEYS:
-        a, b = old.get(key), meta.get(key)
-        if key == "model" and isinstance(a, dict) and isinstance(b, dict):
-            a, b = ({k: a.get(k) for k in ("config_sha256", "weights")},
-                    {k: b.get(k) for k in ("config_sha256", "weights")})
-        if key == "data" and isinstance(a, dict) and isinstance(b, dict):
-            a, b = a.get("sha256", a.get("examples_sha256")), b.get("sha256", b.get("examples_sha256"))
-        if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
-            raise ValueError(f"{out} holds results of a different evaluation ({key} differs: {a!r} vs {b!r}); "
-                             "choose another --output or pass --overwrite")
-    for name, s in meta["settings"].items():
-        prev = old.get("settings", {}).get(name)
-        if prev is not None and json.dumps(prev["decode"], sort_keys=True) != json.dumps(s["decode"], sort_keys=True):
-            raise ValueError(f"{out}: setting {name!r} was run with different decoding options "
-                             f"({prev['decode']} vs {s['decode']}); rename the setting, choose another --output "
-                             "or pass --overwrite")
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _merge_meta(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """meta.json keeps the settings of earlier runs in this directory and the environment of each run."""
-    meta_file = out / "meta.json"
-    merged = dict(meta)
-    if meta_file.is_file():
-        old = json.loads(meta_file.read_text())
-        merged["settings"] = {**old.get("settings", {}), **meta["settings"]}
-        runs = old.get("runs", [old.get("environment")])
-        merged["runs"] = [r for r in runs if r] + [meta["environment"]]
-    else:
-        merged["runs"] = [meta["environment"]]
-    return merged
 
 
 def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -507,8 +245,8 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
                 for p in d.iterdir():
                     p.unlink()
     (out / "items").mkdir(parents=True, exist_ok=True)
-    meta = _merge_meta(out, prep.meta)
-    _write_json(out / "meta.json", meta)
+    meta = merge_meta(out, prep.meta)
+    write_json(out / "meta.json", meta)
 
     if model is None:
         from dllm_rl.models import load_model
@@ -577,7 +315,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
             elapsed = time.perf_counter() - t0
             exs = [prep.examples[i] for i, _ in chunk]
             scores = prep.task.score_examples(roll.texts, exs)
-            lengths = roll.completion_mask.sum(dim=1).tolist()
+            lengths = roll.completion_lengths().tolist()
             records = []
             for b, ((i, s), score) in enumerate(zip(chunk, scores)):
                 ok = is_correct(score)
@@ -645,7 +383,7 @@ def write_summary(prep: PreparedEval) -> dict[str, Any]:
     summary = {"model": prep.cfg.model_dir, "task": prep.cfg.task, "split": prep.cfg.split,
                "num_samples": k, "items": n_items, "command": prep.cfg.command or "", "settings": settings,
                "meta": {key: v for key, v in prep.meta.items() if key != "settings"}}
-    _write_json(prep.out / "summary.json", summary)
+    write_json(prep.out / "summary.json", summary)
     (prep.out / "summary.md").write_text(markdown_table(summary))
     plot_accuracy_vs_nfe(summary, prep.out / "accuracy_vs_nfe.png")
     return summary

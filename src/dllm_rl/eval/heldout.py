@@ -1,8 +1,8 @@
 """In-memory held-out accuracy: decode a task's prompts with a model already in memory and score them.
 
-The one evaluation loop of training runs (the RL trainer before, during and after training) and of the demo
-accuracy command (``python -m dllm_rl.sft.demo_eval``). ``dllm-rl eval`` (:mod:`dllm_rl.eval.harness`) is the
-file-based, resumable evaluation of saved checkpoints over several decoding settings.
+The evaluation loop of training runs (the RL trainer before, during and after training). ``dllm-rl eval``
+(:mod:`dllm_rl.eval.harness`) is the file-based, resumable evaluation of saved checkpoints over several decoding
+settings (``--demo``: the shipped demo checkpoints as ``make demo`` reports them).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks.base import DataError
 
 
@@ -55,11 +56,11 @@ def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: Decod
     was_training = model.training
     model.eval()
     _, ids = encode_prompts(task, examples, tokenizer)
-    seeds = [seed * 1_000_003 + i for i in range(len(ids))]
+    seeds = [derive_seed(seed, i) for i in range(len(ids))]
     rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)
-    lengths = rollout.completion_mask.sum(-1).float()
+    lengths = rollout.completion_lengths().float()
     model.train(was_training)
     return HeldOut(
         accuracy=metrics["accuracy"],

@@ -9,13 +9,12 @@ from pathlib import Path
 
 from dllm_rl.config import describe, load_config
 from dllm_rl.errors import UserError
-
-DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+from dllm_rl.eval.demo import DEMO_DIR
 
 
 def run_rl(args: argparse.Namespace) -> int:
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.rl.trainer import train
+    from dllm_rl.rl.loop import train
 
     if args.help_config:
         print("\n".join(describe(RLConfig)))
@@ -44,7 +43,7 @@ def demo_overrides(model_kind: str) -> list[str]:
 def run_demo(args: argparse.Namespace) -> int:
     """RL from the shipped tiny SFT checkpoint: held-out greedy accuracy before and after."""
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.rl.trainer import train
+    from dllm_rl.rl.loop import train
 
     path = demo_config_path(args.model)
     if not path.is_file():

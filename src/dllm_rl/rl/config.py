@@ -17,10 +17,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dllm_rl.config import Checked, field
+from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
-from dllm_rl.sampling.config import CacheMode, DecodeOptions
+from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig
 
 
@@ -220,3 +220,18 @@ class RLConfig(Checked):
     freeze_router: bool = field(
         False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
         "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")
+
+
+def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
+    """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
+    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
+    r = cfg.rollout
+    schedule = cfg.eval if evaluation else r
+    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
+    steps = None if schedule.threshold is not None else (schedule.steps or block)
+    if r.gen_length % block:
+        what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
+        raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
+    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
+                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
+                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)

@@ -1,7 +1,8 @@
 """The RL trainer: rollout -> reward -> advantages -> ``num_iterations`` optimisation passes, in one process
 per rank over the same in-memory weights (no subprocess per stage, no reload between stages).
 
-Read top to bottom: :func:`train` sets everything up, :meth:`RLTrainer.step` is one RL step.
+Read top to bottom: :class:`RLTrainer` sets everything up, :meth:`RLTrainer.step` is one RL step; the run from
+start to end is :func:`dllm_rl.rl.loop.train`.
 
 Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
 rollout noise (one generator per sequence) and estimator masks (one seed per sample, or per prompt group
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import math
 import time
@@ -22,67 +22,39 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from accelerate.utils import DistributedDataParallelKwargs
 
-from dllm_rl.config import ConfigError, save_config, to_dict
+from dllm_rl.config import ConfigError, save_config
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
-from dllm_rl.jsonl import append_jsonl, keep_rows_through
-from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
+from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
-from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.checkpoints import RLCheckpoints
+from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
-from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
+from dllm_rl.sampling import Rollout, generate_batched
+from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
-    Progress,
     WeightEMA,
     apply_lora,
     build_optimizer,
     build_scheduler,
-    latest_checkpoint,
-    load_checkpoint,
     make_accelerator,
-    merged_model,
-    plot_metrics,
-    prune_checkpoints,
-    save_checkpoint,
 )
-from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.accel import runs_on_cpu
+from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks, micro_batches, skip_together, zero_loss
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
+from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 
 logger = logging.getLogger(__name__)
-_MIX = 1_000_003  # odd multiplier for deriving seeds
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed from integers (deterministic across processes and Python runs)."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
-    return h
-
-
-def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
-    """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
-    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
-    r = cfg.rollout
-    schedule = cfg.eval if evaluation else r
-    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
-    steps = None if schedule.threshold is not None else (schedule.steps or block)
-    if r.gen_length % block:
-        what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
-        raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
-    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
-                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
-                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)
 
 
 @dataclass
@@ -104,8 +76,9 @@ class StepResult:
     samples: list[tuple[str, str, float, str]]
 
 
-class RLTrainer:
-    """Holds the policy, optional reference, optimiser, data stream and logger of one run."""
+class RLTrainer(RLCheckpoints):
+    """Holds the policy, optional reference, optimiser, data stream and logger of one run (its checkpoints:
+    :class:`~dllm_rl.rl.checkpoints.RLCheckpoints`)."""
 
     def __init__(self, cfg: RLConfig, reward_fn=None):
         if not cfg.model:
@@ -114,11 +87,8 @@ class RLTrainer:
         self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
-        # device=auto on a machine without CUDA means CPU mode: accelerate then forms gloo ranks under
-        # `accelerate launch --multi_gpu` instead of starting independent one-rank runs.
-        cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         self.accelerator = make_accelerator(
-            cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            cpu=runs_on_cpu(cfg.device), kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
@@ -168,6 +138,7 @@ class RLTrainer:
         self.bad_updates = 0
         self.grad_norms: list[float] = []  # pre-clipping gradient norms of the current step
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
+        self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
         if cfg.resume:
             self._resume(cfg.resume)
         self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
@@ -204,7 +175,7 @@ class RLTrainer:
                 rounds.append(rnd)
                 t_rollout, t_reward = t_rollout + rnd.t_rollout, t_reward + rnd.t_reward
                 signal += int(self._filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
-            if not cfg.dynamic_sampling or self._max_over_ranks(int(signal < target)) == 0:
+            if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
                 break
         rollout = Rollout.cat([x.rollout for x in rounds]) if len(rounds) > 1 else rounds[0].rollout
         rewards_list = [v for x in rounds for v in x.rewards]
@@ -226,7 +197,7 @@ class RLTrainer:
 
         # 5. optimisation passes over the kept samples
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
-        any_kept = self._max_over_ranks(len(keep)) > 0
+        any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         t_update = time.perf_counter()
@@ -235,7 +206,7 @@ class RLTrainer:
             self.ema.update()
         t_update = time.perf_counter() - t_update
 
-        lengths = rollout.completion_mask.sum(-1).float()
+        lengths = rollout.completion_lengths().float()
         gen_tokens = float(lengths.sum())
         m = {
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
@@ -254,7 +225,7 @@ class RLTrainer:
             dev = self.accelerator.device
             m.update(router_stats(self._plain(), torch.cat([rollout.prompt_ids, rollout.completion_ids], 1).to(dev),
                                   torch.cat([rollout.prompt_mask, rollout.completion_mask], 1).to(dev)))
-        m = self._reduce(m)
+        m = mean_over_ranks(self.accelerator, m)
         samples = [(prompts_rep[i], rollout.texts[i], rewards_list[i], reasons[i])
                    for i in range(min(cfg.save_rollouts, len(rewards)))]
         return StepResult(m, samples)
@@ -274,7 +245,8 @@ class RLTrainer:
         texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
         G = cfg.num_generations
         group_ids = [p for p in ids for _ in range(G)]
-        seeds = [_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j) for j in range(len(group_ids))]
+        seeds = [derive_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j)
+                 for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
         with torch.no_grad():
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
@@ -303,13 +275,10 @@ class RLTrainer:
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
             batch.completion_valid)), sample_seeds=batch.sample_seeds)
         adv_k = adv[keep].to(device)
-        n = len(keep)
-        mbs = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
-        # DDP: every rank runs as many backward passes (so as many gradient all-reduces); a rank that kept
-        # fewer samples pads with empty micro-batches, which back-propagate a zero loss.
-        mbs += [[] for _ in range(self._max_over_ranks(len(mbs)) - len(mbs))]
+        # DDP: a rank that kept fewer samples pads with empty micro-batches (as many backward passes on every rank)
+        mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
         accum = cfg.gradient_accumulation_steps or len(mbs)
-        est_seed = _seed(cfg.seed, self.step_idx, 7919)
+        est_seed = derive_seed(cfg.seed, self.step_idx, 7919)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
@@ -338,7 +307,7 @@ class RLTrainer:
                 ctx = acc.no_sync(self.model.model) if not last_in_group else contextlib.nullcontext()
                 if not mb:  # padding (see above)
                     with ctx:
-                        acc.backward(self._zero_loss())
+                        acc.backward(zero_loss(self.model))
                     if last_in_group:
                         self._optimizer_step()
                     continue
@@ -363,7 +332,7 @@ class RLTrainer:
                     else:
                         self._bad_update(loss)
                         if acc.num_processes > 1:  # still join the other ranks' all-reduce
-                            acc.backward(self._zero_loss())
+                            acc.backward(zero_loss(self.model))
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
@@ -384,21 +353,8 @@ class RLTrainer:
             raise RuntimeError(f"stopping: {self.bad_updates} updates had a NaN/inf loss (max_bad_steps="
                                f"{self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
 
-    def _zero_loss(self) -> torch.Tensor:
-        """A zero loss through the whole (DDP) module: a rank with nothing to train joins the all-reduce."""
-        ids = torch.full((1, 1), self.model.mask_token_id, dtype=torch.long, device=self.model.device)
-        return self.model(ids).logits.float().sum() * 0.0
-
-    def _max_over_ranks(self, value: int) -> int:
-        """The largest ``value`` over all ranks (for decisions every rank must take alike)."""
-        if self.accelerator.num_processes == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.long, device=self.accelerator.device)
-        return int(self.accelerator.gather(t).max())
-
     def _optimizer_step(self) -> None:
-        # one rank skips: all do (the weights stay equal)
-        if self._max_over_ranks(int(getattr(self, "_skip_next", False))):
+        if skip_together(self.accelerator, getattr(self, "_skip_next", False)):  # one rank skips: all do
             self._skip_next = False
             self.optimizer.zero_grad(set_to_none=True)
             return
@@ -408,18 +364,6 @@ class RLTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _reduce(self, m: dict) -> dict:
-        """Each metric averaged over the ranks that report a finite value (a rank that kept no sample has
-        no loss statistics)."""
-        if self.accelerator.num_processes == 1:
-            return m
-        rows = gather_object([m])
-        out = {}
-        for k in sorted({k for r in rows for k in r}):
-            vals = [float(r[k]) for r in rows if k in r and math.isfinite(r[k])]
-            out[k] = sum(vals) / len(vals) if vals else float("nan")
-        return out
 
     # ----------------------------------------------------------------------------- evaluation
     def averaged(self, live: bool = False):
@@ -440,143 +384,19 @@ class RLTrainer:
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)
         if world > 1:
-            vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
+            vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
+                                                      "n": float(res.n)})
             total = vals["n"] * world
             if total > 0:  # (every rank's shard is empty only if the task is, which the constructor refuses)
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
                               reward=vals["reward"] * world / total, n=int(round(total)))
         return res
 
-    # ----------------------------------------------------------------------------- checkpoints
-    def _plain(self) -> DiffusionLM:
-        """The policy over its HF module unwrapped from DDP (weights load/save and peft helpers need it)."""
-        inner = self.accelerator.unwrap_model(self.model.model)
-        if inner is self.model.model:
-            return self.model
-        return DiffusionLM(inner, self.model.family, self.model.published_config)
-
-    def save(self, final: bool = False) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
-        save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                        step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
-                        config=to_dict(self.cfg),
-                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
-                        accelerator=self.accelerator, ema=self.ema)
-        if self.is_main:
-            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
-        return path
-
-    def _resume(self, where: str) -> None:
-        path = latest_checkpoint(self.out) if where == "latest" else Path(where)
-        if path is None:
-            raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
-        state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                                accelerator=self.accelerator, ema=self.ema)
-        self.step_idx = state.step
-        self.stream.load_state_dict(state.data_state)
-        self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
-        self.accuracy_before = (state.extra or {}).get("accuracy_before")
-        if self.is_main:  # drop what a run killed after this checkpoint wrote
-            keep_rows_through(self.out / "rollouts.jsonl", self.step_idx)
-            print(f"resumed from {path} at step {self.step_idx}")
-
     def close(self) -> None:
         """Release the run directory (its lock) for another run."""
         if self.run_dir is not None:
             self.run_dir.close()
 
-    def save_final_model(self) -> Path:
-        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
-        path = self.out / "final"
-        if self.is_main:
-            with self.averaged():
-                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
-                save_model(unwrapped, path, tokenizer=self.tokenizer)
-        return path
-
 
 def _detached(s: TokenScores) -> TokenScores:
     return replace(s, logp=s.logp.detach())
-
-
-def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
-    """The held-out evaluation after training: of the returned weights, and of the live policy when they are
-    the weight average."""
-    cfg = trainer.cfg
-    after = trainer.evaluate()
-    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
-    summary["accuracy_after"] = after.accuracy
-    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
-        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
-    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
-        live = trainer.evaluate(live=True)
-        summary["accuracy_after_live"] = live.accuracy
-        trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
-        say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
-
-
-def train(cfg: RLConfig, reward_fn=None) -> dict:
-    """Run RL as configured; returns a summary (held-out accuracy before and after, minutes, paths).
-
-    ``reward_fn`` (optional) is a TRL-signature reward ``(prompts, completions, **columns) -> list[float]``
-    that replaces the task's built-in reward.
-    """
-    trainer = RLTrainer(cfg, reward_fn=reward_fn)
-    cfg = trainer.cfg
-    t_start = time.perf_counter()
-    say = print if trainer.is_main else (lambda *a, **k: None)
-    say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
-        f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
-        f"{len(trainer.train_task)} train / "
-        + (f"{len(trainer.eval_task)} held-out" if trainer.eval_task is not None else "no held-out (eval.limit=0)"))
-    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
-                     "is_main": trainer.is_main}
-    if trainer.rollout_note:
-        say(trainer.rollout_note)
-    if trainer.step_idx == 0 and trainer.eval_task is not None:
-        before = trainer.evaluate()
-        trainer.accuracy_before = before.accuracy
-        trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
-        say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
-    if trainer.accuracy_before is not None:  # a resumed run: from its checkpoint
-        summary["accuracy_before"] = trainer.accuracy_before
-    if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
-        say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
-    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
-                   disable=not (cfg.progress and trainer.is_main))
-    while trainer.step_idx < cfg.max_steps:
-        if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
-            say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
-            break
-        res = trainer.step()
-        trainer.step_idx += 1
-        m = res.metrics
-        if (cfg.eval.every and trainer.eval_task is not None and trainer.step_idx % cfg.eval.every == 0
-                and trainer.step_idx < cfg.max_steps):
-            ev = trainer.evaluate()
-            m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
-        trainer.metrics.log(trainer.step_idx, **m)
-        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
-                   loss=f"{m.get('loss', float('nan')):.4f}")
-        if trainer.is_main and res.samples:
-            append_jsonl(trainer.out / "rollouts.jsonl", [
-                {"step": trainer.step_idx, "prompt": p, "completion": c, "reward": r, "reason": why}
-                for p, c, r, why in res.samples])
-        if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
-            for prompt, completion, reward, reason in res.samples[:2]:
-                bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")
-        if cfg.save_every and trainer.step_idx % cfg.save_every == 0:
-            trainer.save()
-    bar.close()
-    summary.update(steps=trainer.step_idx, minutes=(time.perf_counter() - t_start) / 60,
-                   output_dir=str(trainer.out))
-    if trainer.eval_task is not None:
-        _evaluate_after(trainer, summary, say)
-    trainer.save()
-    summary["final_model"] = str(trainer.save_final_model())
-    if trainer.is_main:
-        summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
-        (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    trainer.close()
-    return summary

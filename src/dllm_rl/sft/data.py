@@ -105,55 +105,73 @@ def _texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool
            where: str = "") -> tuple[str, str]:
     """(prompt text, response text) of one row, rendered with the chat template when ``templated``."""
     if task is not None:
-        from dllm_rl.tasks import DataError
-
-        try:
-            ex = task.prepare(dict(row), where)
-        except DataError as exc:
-            raise BadRow("bad_field", str(exc).removeprefix(f"{where}: ")) from None
-        if ex is None:
-            raise BadRow("filtered", f"the {task.name} task skips this row")
-        response = task.reference_completion(ex)
-        if not response:
-            raise BadRow("empty_response", f"the {task.name} task has no reference completion for this row")
-        if not (templated and cfg.prompt_style == "chat"):
-            return task.build_prompt(ex, None), response
-        messages = task.messages(ex) + [{"role": "assistant", "content": response}]
-        return _render(messages, tokenizer)
+        return _task_texts(row, cfg, tokenizer, templated, task, where)
     if cfg.prompt_field in row or cfg.response_field in row:
-        for name in (cfg.prompt_field, cfg.response_field):
-            if row.get(name) is None:
-                raise BadRow("missing_field", f"missing field {name!r}")
-            if not isinstance(row[name], str):
-                raise BadRow("bad_field", f"field {name!r} must be a string, got {type(row[name]).__name__}")
-        prompt, response = row[cfg.prompt_field], row[cfg.response_field]
-        if not response.strip():
-            raise BadRow("empty_response", "empty response")
+        prompt, response = _pair(row, cfg)
         if not templated:
             return prompt, response
         msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         msgs.append({"role": "user", "content": prompt})
         messages = msgs + [{"role": "assistant", "content": response}]
     elif cfg.messages_field in row:
-        messages = row[cfg.messages_field]
-        ok = isinstance(messages, list) and len(messages) >= 2 and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages)
-        if not ok:
-            raise BadRow("bad_messages", f"{cfg.messages_field!r} must be a list of >= 2 {{role, content}} dicts")
-        if messages[-1]["role"] != "assistant":
-            raise BadRow("bad_messages", f"the last message must be the assistant's, got {messages[-1]['role']!r}")
-        if not messages[-1]["content"].strip():
-            raise BadRow("empty_response", "empty response (last assistant message)")
-        if not templated:
-            raise BadRow("bad_messages", "chat messages need a tokenizer with a chat template "
-                                         "(or use prompt/response columns)")
-        if cfg.system_prompt and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": cfg.system_prompt}] + list(messages)
+        messages = _messages(row, cfg, templated)
     else:
         raise BadRow("missing_field", f"missing fields {cfg.prompt_field!r}/{cfg.response_field!r} "
                                       f"(or {cfg.messages_field!r}); row has: {', '.join(sorted(row)) or 'none'}")
     return _render(messages, tokenizer)
+
+
+def _task_texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool, task: Any,
+                where: str) -> tuple[str, str]:
+    """A task's row: its prompt and its reference completion."""
+    from dllm_rl.tasks import DataError
+
+    try:
+        ex = task.prepare(dict(row), where)
+    except DataError as exc:
+        raise BadRow("bad_field", str(exc).removeprefix(f"{where}: ")) from None
+    if ex is None:
+        raise BadRow("filtered", f"the {task.name} task skips this row")
+    response = task.reference_completion(ex)
+    if not response:
+        raise BadRow("empty_response", f"the {task.name} task has no reference completion for this row")
+    if not (templated and cfg.prompt_style == "chat"):
+        return task.build_prompt(ex, None), response
+    messages = task.messages(ex) + [{"role": "assistant", "content": response}]
+    return _render(messages, tokenizer)
+
+
+def _pair(row: dict[str, Any], cfg: DataConfig) -> tuple[str, str]:
+    """The prompt and response columns of a row, checked."""
+    for name in (cfg.prompt_field, cfg.response_field):
+        if row.get(name) is None:
+            raise BadRow("missing_field", f"missing field {name!r}")
+        if not isinstance(row[name], str):
+            raise BadRow("bad_field", f"field {name!r} must be a string, got {type(row[name]).__name__}")
+    prompt, response = row[cfg.prompt_field], row[cfg.response_field]
+    if not response.strip():
+        raise BadRow("empty_response", "empty response")
+    return prompt, response
+
+
+def _messages(row: dict[str, Any], cfg: DataConfig, templated: bool) -> list[dict[str, str]]:
+    """The chat messages column of a row, checked (the system prompt put first where it has none)."""
+    messages = row[cfg.messages_field]
+    ok = isinstance(messages, list) and len(messages) >= 2 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages)
+    if not ok:
+        raise BadRow("bad_messages", f"{cfg.messages_field!r} must be a list of >= 2 {{role, content}} dicts")
+    if messages[-1]["role"] != "assistant":
+        raise BadRow("bad_messages", f"the last message must be the assistant's, got {messages[-1]['role']!r}")
+    if not messages[-1]["content"].strip():
+        raise BadRow("empty_response", "empty response (last assistant message)")
+    if not templated:
+        raise BadRow("bad_messages", "chat messages need a tokenizer with a chat template "
+                                     "(or use prompt/response columns)")
+    if cfg.system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": cfg.system_prompt}] + list(messages)
+    return messages
 
 
 def _render(messages: list[dict[str, str]], tokenizer: Any) -> tuple[str, str]:

@@ -12,6 +12,12 @@ Set-up
         DiffusionLM interface (calls go through DDP/autocast, attributes read the unwrapped model, which is
         ``.unwrapped``); pass it to estimators / objectives for training forwards.
     ``resolve_mixed_precision(requested, cpu=False) -> str``, ``bf16_supported() -> bool``
+    ``runs_on_cpu(device) -> bool`` (a trainer's auto | cpu | cuda), ``resolve_device(device) -> torch.device``,
+        ``resolve_eval_dtype(dtype, device) -> str`` (in ``dllm_rl.training.accel``)
+
+Ranks (``dllm_rl.training.ranks``)
+    ``max_over_ranks(acc, value)``, ``skip_together(acc, skip)``, ``mean_over_ranks(acc, metrics)``,
+        ``zero_loss(model)``, ``micro_batches(acc, n, size)`` (padded with empty ones to the most any rank has)
 
 Optimisation
     ``OptimConfig`` (dataclass config section: lr, weight_decay, beta1, beta2, eps, scheduler
@@ -70,6 +76,8 @@ Logging
     ``Progress(total, initial=0, desc="train", disable=False)``: tqdm bar; ``update(steps=1, tokens=0,
         **metrics) -> tokens/s``, ``write(msg)``, ``close()``
     ``plot_metrics(run_dir, keys=None) -> list[Path]``: ``run_dir/metrics.jsonl`` -> ``run_dir/plots/<key>.png``
+    ``RolloutLog(path, enabled=True)`` (``dllm_rl.training.run_log``): ``log(step, samples)`` appends
+        ``rollouts.jsonl`` rows, ``truncate(step)`` drops the rows after a resumed checkpoint
 """
 
 from dllm_rl.training.accel import (
