@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hub_fixture import offline_hub  # noqa: F401 - a fixture: a hub cache built by the test, read offline
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,6 +29,7 @@ from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
 from dllm_rl.jsonl import append_jsonl, keep_rows_through
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
+from dllm_rl.models.hub import push_to_hub
 from dllm_rl.models.loading import read_config
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
@@ -39,6 +40,7 @@ from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
+    ZERO_LOSS_NOTE,
     IndexStream,
     MetricsLogger,
     Progress,
@@ -48,11 +50,13 @@ from dllm_rl.training import (
     build_scheduler,
     latest_checkpoint,
     load_checkpoint,
+    loss_is_informative,
     make_accelerator,
     merged_model,
-    plot_metrics,
     prune_checkpoints,
+    rl_progress,
     save_checkpoint,
+    write_dashboard,
 )
 from dllm_rl.training.checkpoint import checkpoint_name
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
@@ -167,7 +171,8 @@ class RLTrainer:
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
         if cfg.resume:
             self._resume(cfg.resume)
-        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
+        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main,
+                                     report_to=cfg.report_to, config=to_dict(cfg))
         if self.is_main:
             save_config(cfg, self.out / "config.yaml")
 
@@ -475,7 +480,9 @@ class RLTrainer:
             print(f"resumed from {path} at step {self.step_idx}")
 
     def close(self) -> None:
-        """Release the run directory (its lock) for another run."""
+        """Finish the trackers and release the run directory (its lock) for another run."""
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
         if self.run_dir is not None:
             self.run_dir.close()
 
@@ -538,6 +545,9 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
     bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
                    disable=not (cfg.progress and trainer.is_main))
+    show_loss, held_out = loss_is_informative(cfg.loss_type, cfg.loss_aggregation), trainer.accuracy_before
+    if not show_loss and cfg.progress:
+        say(ZERO_LOSS_NOTE)
     while trainer.step_idx < cfg.max_steps:
         if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
             say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
@@ -550,8 +560,9 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
             ev = trainer.evaluate()
             m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
         trainer.metrics.log(trainer.step_idx, **m)
-        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
-                   loss=f"{m.get('loss', float('nan')):.4f}")
+        held_out = m.get("eval_accuracy", held_out)
+        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]),
+                   **rl_progress(m, held_out=held_out, show_loss=show_loss))
         if trainer.is_main and res.samples:
             append_jsonl(trainer.out / "rollouts.jsonl", [
                 {"step": trainer.step_idx, "prompt": p, "completion": c, "reward": r, "reason": why}
@@ -568,8 +579,10 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         _evaluate_after(trainer, summary, say)
     trainer.save()
     summary["final_model"] = str(trainer.save_final_model())
+    if cfg.push_to_hub and trainer.is_main:
+        summary["pushed_to"] = push_to_hub(summary["final_model"], cfg.push_to_hub)
     if trainer.is_main:
-        summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
+        summary["plots"] = [str(write_dashboard([trainer.out]))]
         (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     trainer.close()
     return summary

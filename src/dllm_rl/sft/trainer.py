@@ -24,8 +24,9 @@ from typing import Any, Literal
 import torch
 from accelerate import DistributedDataParallelKwargs
 
-from dllm_rl.config import Checked, field, save_config
+from dllm_rl.config import Checked, field, save_config, to_dict
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.models.hub import check_repo_id, push_to_hub
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
 from dllm_rl.sft.objectives import ObjectiveConfig, compute_objective
@@ -49,13 +50,15 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
+from dllm_rl.training.trackers import check_report_to
 
 
 @dataclass
 class ModelConfig(Checked):
     """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``)."""
 
-    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors); "
+    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors) "
+                                        "or a hub id org/name[@revision]; "
                                         "null = build a fresh model of `family` from the sizes below")
     tokenizer: str = field("auto", help="auto (the checkpoint's own tokenizer), char (the character tokenizer "
                                         "over `alphabet`), or a tokenizer directory")
@@ -105,6 +108,12 @@ class TrainConfig(Checked):
     num_threads: int | None = field(None, ge=1, help="torch CPU threads (null = torch's default)")
     progress: bool = field(True, help="show the progress bar")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
+    push_to_hub: str | None = field(None, check=check_repo_id,
+                                    help="hub repository org/name to upload model/ to at the end (created "
+                                    "if missing; needs `hf auth login` or HF_TOKEN)")
+    report_to: list[str] = field(default_factory=list, check=check_report_to,
+                                 help="experiment trackers for the metrics and the config: tensorboard | wandb | "
+                                 "trackio | mlflow | none (a list; tensorboard writes output_dir/tensorboard)")
 
 
 @dataclass
@@ -245,7 +254,7 @@ class SFTTrainer:
             save_config(cfg, self.out / "config.yaml")
             (self.out / "data_report.json").write_text(json.dumps(self.report.to_dict(), indent=2) + "\n")
         self.logger = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step if resume_from else None,
-                                    enabled=acc.is_main_process)
+                                    enabled=acc.is_main_process, report_to=t.report_to, config=to_dict(cfg))
 
     def _resume_dir(self) -> Path | None:
         r = self.cfg.train.resume
@@ -305,7 +314,9 @@ class SFTTrainer:
         return path
 
     def close(self) -> None:
-        """Release the run directory (its lock) for another run."""
+        """Finish the trackers and release the run directory (its lock) for another run."""
+        if getattr(self, "logger", None) is not None:
+            self.logger.close()
         if self.run_dir is not None:
             self.run_dir.close()
 
@@ -344,6 +355,8 @@ class SFTTrainer:
         bar.close()
         self.save()
         model_dir = self.save_final_model() if self.step >= self.max_steps else None
+        if model_dir is not None and t.push_to_hub and main:
+            push_to_hub(model_dir, t.push_to_hub)
         if main and self.verbose:
             print(f"sft: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; run in {self.out}"
                   + (f"; model in {model_dir}" if model_dir else ""))
