@@ -73,9 +73,13 @@ def test_cli_info_by_hub_id_honours_hf_home_and_offline(offline_hub):
     assert ok.returncode == 0, ok.stderr
     lines = dict(line.split(None, 1) for line in ok.stdout.splitlines())
     assert lines["family"] == "sdar" and lines["attention"] == "block-causal (block_size 4)"
-    missing = _cli("info", "test-org/absent")
-    assert missing.returncode == 2
-    assert missing.stderr.strip() == (
+
+
+def test_cli_info_of_an_absent_hub_id_is_one_line(offline_hub, capsys):
+    from dllm_rl.cli import main
+
+    assert main(["info", "test-org/absent"]) == 2
+    assert capsys.readouterr().err.strip() == (
         f"dllm-rl info: error: model 'test-org/absent' is not a local directory and not in the hub cache "
         f"{offline_hub} (HF_HUB_OFFLINE is set): download it first (`hf download test-org/absent` with network) "
         "or unset HF_HUB_OFFLINE")

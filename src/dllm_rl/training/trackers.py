@@ -53,6 +53,7 @@ def flat_config(values: Any, prefix: str = "") -> dict[str, bool | int | float |
 def open_trackers(report_to: list[str], run_dir: str | Path, config: dict[str, Any] | None = None) -> list:
     """Start accelerate trackers for ``report_to`` (``none`` / empty: no tracker) with ``config`` (flattened)
     stored as hyperparameters; the run is named after ``run_dir``."""
+    from accelerate import PartialState
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
     names = [n for n in report_to if n != "none"]
@@ -61,6 +62,9 @@ def open_trackers(report_to: list[str], run_dir: str | Path, config: dict[str, A
         from dllm_rl.errors import UserError
 
         raise UserError(f"report_to: {problem}")
+    if not names:
+        return []
+    PartialState()  # accelerate's trackers log only on the main process, which this state tells them
     run_dir = Path(run_dir)
     run_name = run_dir.resolve().name
     trackers = []
