@@ -64,3 +64,12 @@ def test_report_to_is_checked_with_the_config(tmp_path):
     assert load_config(RLConfig, None, ["report_to=tensorboard,trackio"]).report_to == ["tensorboard", "trackio"]
     with pytest.raises(ConfigError, match="^push_to_hub: 'a b' is not a hub repository id"):
         load_config(RLConfig, None, ["push_to_hub=a b"])
+
+
+def test_push_to_hub_uploads_the_final_model(tmp_path, monkeypatch):
+    import dllm_rl.sft.trainer as sft_trainer
+
+    pushed = []
+    monkeypatch.setattr(sft_trainer, "push_to_hub", lambda folder, repo: pushed.append((folder, repo)) or "url")
+    result = train(_cfg(tmp_path, "train.push_to_hub=me/tiny-sft", "train.max_steps=1"), verbose=False)
+    assert pushed == [(tmp_path / "run" / "model", "me/tiny-sft")] and result.model_dir == pushed[0][0]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dllm_rl.training import (
+    ZERO_LOSS_NOTE,
     MetricsLogger,
     Progress,
     loss_is_informative,
@@ -99,8 +100,9 @@ def test_dashboard_of_an_sft_run_shows_the_loss(tmp_path):
     assert [t.get_text() for t in fig.axes[1].texts] == ["no data"]
 
 
-def test_progress_line_shows_reward_held_out_kl_clip_tokens_and_eta():
-    bar = Progress(total=4, initial=1, disable=False, desc="rl/espo")
+def test_progress_line_shows_reward_held_out_kl_clip_tokens_and_eta(capsys):
+    bar = Progress(total=4, initial=1, disable=False, desc="rl/espo", note=ZERO_LOSS_NOTE)
+    assert ZERO_LOSS_NOTE in capsys.readouterr().out
     row = {"reward": 0.3125, "kl": 0.00123, "clip_frac": 0.05, "loss": 0.0}
     bar.update(1, tokens=1000, **rl_progress(row, held_out=0.19, show_loss=False))
     assert bar.postfix.startswith("reward=0.3125, held_out=0.19, kl=0.00123, clip=0.05, tok/s=")

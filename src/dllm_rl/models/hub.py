@@ -82,7 +82,7 @@ def _snapshot(repo_id: str, revision: str | None, repo_type: str, cache: str, is
     except LocalEntryNotFoundError:
         if is_offline:
             raise UserError(f"{where} is not a local directory and not in the hub cache {cache} (HF_HUB_OFFLINE "
-                            f"is set): download it first (`hf download {repo_id}`{_rt(repo_type)} with network) or "
+                            f"is set): download it first (`hf download {repo_id}{_rt(repo_type)}` with network) or "
                             "unset HF_HUB_OFFLINE") from None
         raise UserError(f"{where} is not a local directory and could not be downloaded into the hub cache {cache} "
                         "(no connection to the hub?): check the network or pass a local directory") from None

@@ -487,12 +487,15 @@ class RLTrainer:
             self.run_dir.close()
 
     def save_final_model(self) -> Path:
-        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
+        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged; uploaded to the
+        hub repository ``push_to_hub`` when set."""
         path = self.out / "final"
         if self.is_main:
             with self.averaged():
                 unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
                 save_model(unwrapped, path, tokenizer=self.tokenizer)
+            if self.cfg.push_to_hub:
+                print(f"pushed {path} to {push_to_hub(path, self.cfg.push_to_hub)}")
         return path
 
 
@@ -543,11 +546,9 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         summary["accuracy_before"] = trainer.accuracy_before
     if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
         say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
-    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
-                   disable=not (cfg.progress and trainer.is_main))
     show_loss, held_out = loss_is_informative(cfg.loss_type, cfg.loss_aggregation), trainer.accuracy_before
-    if not show_loss and cfg.progress:
-        say(ZERO_LOSS_NOTE)
+    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
+                   disable=not (cfg.progress and trainer.is_main), note=None if show_loss else ZERO_LOSS_NOTE)
     while trainer.step_idx < cfg.max_steps:
         if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
             say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
@@ -579,8 +580,6 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         _evaluate_after(trainer, summary, say)
     trainer.save()
     summary["final_model"] = str(trainer.save_final_model())
-    if cfg.push_to_hub and trainer.is_main:
-        summary["pushed_to"] = push_to_hub(summary["final_model"], cfg.push_to_hub)
     if trainer.is_main:
         summary["plots"] = [str(write_dashboard([trainer.out]))]
         (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

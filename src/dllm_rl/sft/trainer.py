@@ -325,6 +325,8 @@ class SFTTrainer:
         if self.accelerator.is_main_process:
             model = merged_model(self.dlm) if has_lora(self.dlm) else self.dlm
             save_model(model, path, tokenizer=self.tokenizer)
+            if self.cfg.train.push_to_hub:  # train.push_to_hub: upload model/ to that hub repository
+                print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.train.push_to_hub)}")
         self.accelerator.wait_for_everyone()
         return path
 
@@ -355,8 +357,6 @@ class SFTTrainer:
         bar.close()
         self.save()
         model_dir = self.save_final_model() if self.step >= self.max_steps else None
-        if model_dir is not None and t.push_to_hub and main:
-            push_to_hub(model_dir, t.push_to_hub)
         if main and self.verbose:
             print(f"sft: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; run in {self.out}"
                   + (f"; model in {model_dir}" if model_dir else ""))

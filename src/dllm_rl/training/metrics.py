@@ -84,9 +84,13 @@ class Progress:
 
     BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:12}| {n_fmt}/{total_fmt} [{elapsed}, ETA {remaining}{postfix}]"
 
-    def __init__(self, total: int, initial: int = 0, desc: str = "train", disable: bool = False):
+    def __init__(self, total: int, initial: int = 0, desc: str = "train", disable: bool = False,
+                 note: str | None = None):
+        """``note``: a line written once above the bar (e.g. :data:`ZERO_LOSS_NOTE`), unless disabled."""
         self.bar = tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True, unit="step",
                         bar_format=self.BAR_FORMAT)
+        if note and not disable:
+            self.bar.write(note)
         self.start = time.perf_counter()
         self.tokens = 0
 
