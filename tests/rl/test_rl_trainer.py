@@ -43,7 +43,8 @@ def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_p
     before, after = _weights(rl_setup / family), _weights(summary["final_model"])
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) >= len(before) // 2, f"{algorithm}: only {len(changed)} tensors changed"
-    assert (tmp_path / "plots").is_dir() and any((tmp_path / "plots").glob("*.png"))
+    assert summary["plots"] == [str(tmp_path / "dashboard.png")] and (tmp_path / "dashboard.png").stat().st_size > 1000
+    assert not (tmp_path / "plots").exists()  # per-metric PNGs are opt-in (dllm-rl plot --per-metric)
 
 
 @pytest.mark.parametrize("family,estimator", [("sdar", "block"), ("llada", "ar")])

@@ -5,7 +5,8 @@
   settings (a comparison table and an accuracy-vs-NFE plot); re-running the same command resumes.
 - ``dllm-rl trace MODEL_DIR --prompt TEXT -o trace.html`` (or ``--from-trace FILE.jsonl``) writes the
   step-by-step decoding viewer.
-- ``dllm-rl plot RUN_DIR`` draws a training run's curves (``metrics.jsonl`` -> ``plots/*.png``).
+- ``dllm-rl plot RUN_DIR [RUN_DIR ...]`` draws one dashboard of a run's curves, runs overlaid
+  (``metrics.jsonl`` -> ``dashboard.png``; ``--per-metric``: ``plots/*.png`` too).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def register_eval(sub) -> None:
         epilog="example: dllm-rl eval ckpt --task countdown --limit 500 --setting static1:tokens_per_step=1 "
         "--setting static2:tokens_per_step=2 --setting dyn:threshold=0.9 -o runs/eval/countdown",
     )
-    p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer)")
+    p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer) "
+                   "or a hub id org/name[@revision]")
     p.add_argument("--task", default=None, help="gsm8k | math | countdown | sudoku | code | a local data file")
     p.add_argument("--demo", action="store_true",
                    help="evaluate a shipped demo checkpoint as `make demo` reports it: the held-out countdown file, "
@@ -170,13 +172,14 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     from dllm_rl.eval.trace_viewer import records_from_rollout
     from dllm_rl.models import load_model
     from dllm_rl.models.checks import check_model_tokenizer
+    from dllm_rl.models.hub import resolve_model_path
     from dllm_rl.sampling import generate
     from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
-    model_dir = Path(args.model_dir)
+    model_dir = resolve_model_path(args.model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
-    tok, fam, block_size = check_model_tokenizer(model_dir, Path(tok_dir))
+    tok, fam, block_size = check_model_tokenizer(model_dir, resolve_model_path(tok_dir))
     resolved = resolve_decode(decode_overrides(args), Setting("trace"), block_size)
     decode = resolved.decode
     texts, labels, examples, task = [], [], [], None
@@ -218,7 +221,8 @@ def register_trace(sub) -> None:
         "file, and write one HTML file (no network resources) with a step slider, play button and "
         "step/confidence on hover.",
     )
-    p.add_argument("model_dir", nargs="?", default=None, help="checkpoint directory (not needed with --from-trace "
+    p.add_argument("model_dir", nargs="?", default=None, help="checkpoint directory or hub id "
+                   "(not needed with --from-trace "
                    "when the trace holds token strings)")
     p.add_argument("--prompt", action="append", help="prompt text to decode (repeatable); used as is")
     p.add_argument("--task", default=None, help="decode items of this task instead (prompt built by the task)")
@@ -240,19 +244,28 @@ def register_trace(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ plot
 def plot_command(args: argparse.Namespace) -> int:
-    from dllm_rl.training import plot_metrics
+    from dllm_rl.training import plot_metrics, write_dashboard
 
-    paths = plot_metrics(args.run_dir, keys=args.keys)
-    for p in paths:
-        print(p)
+    if args.keys and not args.per_metric:
+        raise UserError("--keys selects per-metric PNGs: add --per-metric")
+    print(write_dashboard(args.run_dir, out=args.output))
+    if args.per_metric:
+        for run_dir in args.run_dir:
+            for p in plot_metrics(run_dir, keys=args.keys):
+                print(p)
     return 0
 
 
 def register_plot(sub) -> None:
-    p = sub.add_parser("plot", help="draw a training run's curves (reward, accuracy, KL, length, NFE) as PNG",
-                       description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/plots/<metric>.png.")
-    p.add_argument("run_dir", help="run directory holding metrics.jsonl")
-    p.add_argument("--keys", nargs="+", default=None, help="metrics to plot (default: every numeric metric)")
+    p = sub.add_parser("plot", help="draw one dashboard of a training run (reward, held-out accuracy, KL / clip "
+                       "fraction, length / NFE, time per step); several runs overlaid",
+                       description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/dashboard.png (several runs: "
+                       "one page, -o FILE.png); --per-metric also writes RUN_DIR/plots/<metric>.png.")
+    p.add_argument("run_dir", nargs="+", help="run directories holding metrics.jsonl (several: overlaid)")
+    p.add_argument("-o", "--output", default=None, help="dashboard PNG (default RUN_DIR/dashboard.png; needed "
+                   "for several runs)")
+    p.add_argument("--per-metric", action="store_true", help="also write one PNG per metric into RUN_DIR/plots")
+    p.add_argument("--keys", nargs="+", default=None, help="with --per-metric: metrics to plot (default: all)")
     p.set_defaults(func=plot_command)
 
 

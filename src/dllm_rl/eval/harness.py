@@ -183,13 +183,16 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         raise ValueError(f"--limit must be >= 1, got {cfg.limit}")
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
-    model_dir = Path(cfg.model_dir)
+    from dllm_rl.models.hub import resolve_model_path
+
+    model_dir = resolve_model_path(cfg.model_dir)  # a directory or a hub id
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
     task, examples = load_task(cfg)
     if cfg.limit is not None:
         examples = examples[: cfg.limit]
-    tok, fam, block_size = check_model_tokenizer(model_dir, Path(cfg.tokenizer or cfg.model_dir))
+    tokenizer_dir = resolve_model_path(cfg.tokenizer or cfg.model_dir)
+    tok, fam, block_size = check_model_tokenizer(model_dir, tokenizer_dir)
     settings = list(cfg.settings) or [Setting("default")]
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -205,7 +208,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     meta = {
         "model": model_fingerprint(model_dir),
         "family": fam.name,
-        "tokenizer": str(Path(cfg.tokenizer or cfg.model_dir).resolve()),
+        "tokenizer": str(tokenizer_dir.resolve()),
         "task": cfg.task,
         "split": cfg.split,
         "data": data_fingerprint(task, task.load()),

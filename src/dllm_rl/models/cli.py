@@ -40,6 +40,7 @@ def _moe_rows(summary: dict[str, int] | None) -> list[tuple[str, str]]:
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="print a checkpoint's family, attention rule, mask id, size and dtype")
-    p.add_argument("model_dir", help="checkpoint directory in a published layout (config.json + safetensors)")
+    p.add_argument("model_dir", help="checkpoint directory in a published layout (config.json + "
+                   "safetensors), or a hub id org/name[@revision]")
     p.add_argument("--dtype", default="float32", help="dtype to load with (float32 | bfloat16)")
     p.set_defaults(func=info)

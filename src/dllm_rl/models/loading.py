@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from dllm_rl.errors import UserError
 from dllm_rl.models.diffusion_lm import DiffusionLM
 from dllm_rl.models.families import Family, detect_family, get_family, resolve_mask_token_id
+from dllm_rl.models.hub import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -36,8 +37,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint directory, with a clear error when it is missing or broken."""
-    cfg_file = Path(path) / "config.json"
+    """The ``config.json`` of a checkpoint directory or hub id, with a clear error when it is missing or broken."""
+    path = resolve_model_path(path)
+    cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file}: no config.json (is {path} a model directory?)")
     try:
@@ -124,12 +126,14 @@ def load_model(
     attn_implementation: str = "sdpa",
     tokenizer_dir: str | Path | None = None,
 ) -> DiffusionLM:
-    """Load a published-layout checkpoint directory as a :class:`DiffusionLM`.
+    """Load a published-layout checkpoint directory, or hub id ``org/name[@revision]``
+    (:func:`~dllm_rl.models.hub.resolve_model_path`), as a :class:`DiffusionLM`.
 
     The mask id is ``config.json``'s ``mask_token_id``, else the mask token of the tokenizer in
     ``tokenizer_dir`` (default: the checkpoint directory), else the family's published id
     (:func:`~dllm_rl.models.families.resolve_mask_token_id`)."""
-    path = Path(path)
+    path = resolve_model_path(path)
+    tokenizer_dir = resolve_model_path(tokenizer_dir) if tokenizer_dir is not None else None
     pub = read_config(path)
     fam = detect_family(pub, str(path / "config.json"))
     pub["mask_token_id"] = resolve_mask_token_id(pub, fam, path / "config.json", tokenizer_dir or path)

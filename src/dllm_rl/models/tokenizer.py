@@ -13,6 +13,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from dllm_rl.errors import UserError
+from dllm_rl.models.hub import resolve_model_path
 
 # Generic ChatML template (the format Qwen-family chat models use).
 CHATML_TEMPLATE = (
@@ -25,8 +26,8 @@ DEFAULT_ALPHABET = "0123456789+-*/=()<>[]{},.:;!?#_'\" \nabcdefghijklmnopqrstuvw
 
 
 def load_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerBase:
-    """Load a tokenizer directory and check it has a mask token (matching ``mask_token_id`` if given)."""
-    path = Path(path)
+    """Load a tokenizer directory or hub id and check it has a mask token (matching ``mask_token_id`` if given)."""
+    path = resolve_model_path(path)
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
     if (path / "tokenizer.json").is_file():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dllm_rl.config import to_dict
 from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.models.hub import push_to_hub
 from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.checkpoint import checkpoint_name
 
@@ -48,10 +49,13 @@ class RLCheckpoints:
             print(f"resumed from {path} at step {self.step_idx}")
 
     def save_final_model(self) -> Path:
-        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
+        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged; uploaded to the
+        hub repository ``push_to_hub`` when set."""
         path = self.out / "final"
         if self.is_main:
             with self.averaged():
                 unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
                 save_model(unwrapped, path, tokenizer=self.tokenizer)
+            if self.cfg.push_to_hub:
+                print(f"pushed {path} to {push_to_hub(path, self.cfg.push_to_hub)}")
         return path

@@ -63,7 +63,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
           + (f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
              if "accuracy_after_live" in summary else "")
-          + f" in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/plots")
+          + f" in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/dashboard.png")
     return 0
 
 

@@ -19,9 +19,11 @@ from typing import Any, Literal
 
 from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.errors import UserError
+from dllm_rl.models.hub import check_repo_id
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig
+from dllm_rl.training.trackers import check_report_to
 
 
 def _registry(module: str, name: str):
@@ -104,7 +106,8 @@ class HeldOutConfig(Checked):
 class RLConfig(Checked):
     """Configuration of an RL run."""
 
-    model: str = field("", help="checkpoint directory in a published layout (config.json + safetensors)")
+    model: str = field("", help="checkpoint directory in a published layout (config.json + safetensors), or a "
+                       "hub id org/name[@revision] (HF cache; HF_HUB_OFFLINE=1 reads only the cache)")
     tokenizer: str | None = field(None, help="tokenizer directory (default: the model directory)")
     output_dir: str = field("runs/rl", help="where metrics, checkpoints, samples and plots go")
     seed: int = field(0, help="seed of every random stream (prompts, rollouts, estimator masks)")
@@ -220,6 +223,12 @@ class RLConfig(Checked):
     freeze_router: bool = field(
         False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
         "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")
+    push_to_hub: str | None = field(None, check=check_repo_id,
+                                    help="hub repository org/name to upload final/ to at the end (created "
+                                    "if missing; needs `hf auth login` or HF_TOKEN)")
+    report_to: list[str] = field(default_factory=list, check=check_report_to,
+                                 help="experiment trackers for the metrics and the config: tensorboard | wandb | "
+                                 "trackio | mlflow | none (a list; tensorboard writes OUTPUT_DIR/tensorboard)")
 
 
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:

@@ -1,6 +1,6 @@
 """The RL run from start to end: :func:`train` builds an :class:`~dllm_rl.rl.trainer.RLTrainer`, evaluates the
 held-out set before, runs the steps (logging metrics and sample rollouts, saving checkpoints), evaluates after,
-and writes the final model, the plots and ``summary.json``."""
+and writes the final model, the dashboard and ``summary.json``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
-from dllm_rl.training import Progress, plot_metrics
+from dllm_rl.training import ZERO_LOSS_NOTE, Progress, loss_is_informative, rl_progress, write_dashboard
 
 
 def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
@@ -35,6 +35,13 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     that replaces the task's built-in reward.
     """
     trainer = RLTrainer(cfg, reward_fn=reward_fn)
+    try:  # the run directory's lock is released however the run ends
+        return _run(trainer)
+    finally:
+        trainer.close()
+
+
+def _run(trainer: RLTrainer) -> dict:
     cfg = trainer.cfg
     t_start = time.perf_counter()
     say = print if trainer.is_main else (lambda *a, **k: None)
@@ -55,8 +62,9 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
         summary["accuracy_before"] = trainer.accuracy_before
     if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
         say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
+    show_loss, held_out = loss_is_informative(cfg.loss_type, cfg.loss_aggregation), trainer.accuracy_before
     bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
-                   disable=not (cfg.progress and trainer.is_main))
+                   disable=not (cfg.progress and trainer.is_main), note=None if show_loss else ZERO_LOSS_NOTE)
     while trainer.step_idx < cfg.max_steps:
         if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
             say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
@@ -69,8 +77,9 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
             ev = trainer.evaluate()
             m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
         trainer.metrics.log(trainer.step_idx, **m)
-        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
-                   loss=f"{m.get('loss', float('nan')):.4f}")
+        held_out = m.get("eval_accuracy", held_out)
+        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]),
+                   **rl_progress(m, held_out=held_out, show_loss=show_loss))
         trainer.rollouts.log(trainer.step_idx, res.samples)
         if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
             for prompt, completion, reward, reason in res.samples[:2]:
@@ -85,7 +94,6 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     trainer.save()
     summary["final_model"] = str(trainer.save_final_model())
     if trainer.is_main:
-        summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
+        summary["plots"] = [str(write_dashboard([trainer.out]))]
         (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    trainer.close()
     return summary

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import DistributedDataParallelKwargs
 
-from dllm_rl.config import ConfigError, save_config
+from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer
@@ -141,7 +141,8 @@ class RLTrainer(RLCheckpoints):
         self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
         if cfg.resume:
             self._resume(cfg.resume)
-        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
+        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main,
+                                     report_to=cfg.report_to, config=to_dict(cfg))
         if self.is_main:
             save_config(cfg, self.out / "config.yaml")
 
@@ -393,7 +394,9 @@ class RLTrainer(RLCheckpoints):
         return res
 
     def close(self) -> None:
-        """Release the run directory (its lock) for another run."""
+        """Finish the trackers and release the run directory (its lock) for another run."""
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
         if self.run_dir is not None:
             self.run_dir.close()
 

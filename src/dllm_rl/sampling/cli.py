@@ -133,7 +133,8 @@ def generate_command(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
                        description="Decode completions; --trace writes each token's unmasking step as JSONL.")
-    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer")
+    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer, "
+                   "or a hub id org/name[@revision]")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": TEXT} per line")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")

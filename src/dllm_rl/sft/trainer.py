@@ -24,8 +24,9 @@ from typing import Any, Literal
 import torch
 from accelerate import DistributedDataParallelKwargs
 
-from dllm_rl.config import Checked, field, save_config
+from dllm_rl.config import Checked, field, save_config, to_dict
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.models.hub import check_repo_id, push_to_hub
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
@@ -50,13 +51,15 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
+from dllm_rl.training.trackers import check_report_to
 
 
 @dataclass
 class ModelConfig(Checked):
     """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``)."""
 
-    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors); "
+    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors) "
+                                        "or a hub id org/name[@revision]; "
                                         "null = build a fresh model of `family` from the sizes below")
     tokenizer: str = field("auto", help="auto (the checkpoint's own tokenizer), char (the character tokenizer "
                                         "over `alphabet`), or a tokenizer directory")
@@ -107,6 +110,12 @@ class TrainConfig(Checked):
     num_threads: int | None = field(None, ge=1, help="torch CPU threads (null = torch's default)")
     progress: bool = field(True, help="show the progress bar")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
+    push_to_hub: str | None = field(None, check=check_repo_id,
+                                    help="hub repository org/name to upload model/ to at the end (created "
+                                    "if missing; needs `hf auth login` or HF_TOKEN)")
+    report_to: list[str] = field(default_factory=list, check=check_report_to,
+                                 help="experiment trackers for the metrics and the config: tensorboard | wandb | "
+                                 "trackio | mlflow | none (a list; tensorboard writes output_dir/tensorboard)")
 
 
 @dataclass
@@ -249,7 +258,7 @@ class SFTTrainer:
             save_config(cfg, self.out / "config.yaml")
             (self.out / "data_report.json").write_text(json.dumps(self.report.to_dict(), indent=2) + "\n")
         self.logger = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step if resume_from else None,
-                                    enabled=acc.is_main_process)
+                                    enabled=acc.is_main_process, report_to=t.report_to, config=to_dict(cfg))
 
     def _resume_dir(self) -> Path | None:
         r = self.cfg.train.resume
@@ -312,7 +321,9 @@ class SFTTrainer:
         return path
 
     def close(self) -> None:
-        """Release the run directory (its lock) for another run."""
+        """Finish the trackers and release the run directory (its lock) for another run."""
+        if getattr(self, "logger", None) is not None:
+            self.logger.close()
         if self.run_dir is not None:
             self.run_dir.close()
 
@@ -321,6 +332,8 @@ class SFTTrainer:
         if self.accelerator.is_main_process:
             model = merged_model(self.dlm) if has_lora(self.dlm) else self.dlm
             save_model(model, path, tokenizer=self.tokenizer)
+            if self.cfg.train.push_to_hub:  # train.push_to_hub: upload model/ to that hub repository
+                print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.train.push_to_hub)}")
         self.accelerator.wait_for_everyone()
         return path
 
@@ -359,4 +372,8 @@ class SFTTrainer:
 
 def train(cfg: SFTConfig, verbose: bool = True) -> SFTResult:
     """Run SFT as configured (see :class:`SFTConfig`)."""
-    return SFTTrainer(cfg, verbose=verbose).run()
+    trainer = SFTTrainer(cfg, verbose=verbose)
+    try:  # the run directory's lock is released however the run ends
+        return trainer.run()
+    finally:
+        trainer.close()

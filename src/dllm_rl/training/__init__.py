@@ -70,12 +70,16 @@ Data position
         (epoch permutations seeded by seed + epoch, so the position is just epoch and offset).
 
 Logging
-    ``MetricsLogger(path, *, resume_step=None, enabled=True).log(step, **metrics) -> dict`` (JSON lines;
-        ``resume_step`` drops lines after it), ``read_metrics(path) -> list[dict]``, ``METRICS_FILE``; both
-        through :mod:`dllm_rl.jsonl` (a torn last line dropped with a warning, other bad lines an error)
-    ``Progress(total, initial=0, desc="train", disable=False)``: tqdm bar; ``update(steps=1, tokens=0,
-        **metrics) -> tokens/s``, ``write(msg)``, ``close()``
-    ``plot_metrics(run_dir, keys=None) -> list[Path]``: ``run_dir/metrics.jsonl`` -> ``run_dir/plots/<key>.png``
+    ``MetricsLogger(path, *, resume_step=None, enabled=True, report_to=(), config=None).log(step, **metrics)
+        -> dict`` (JSON lines, ``resume_step`` drops lines after it; the numbers also go to the ``report_to``
+        trackers of :mod:`dllm_rl.training.trackers`), ``close()``; ``read_metrics(path) -> list[dict]``,
+        ``METRICS_FILE``; both through :mod:`dllm_rl.jsonl` (a torn last line dropped with a warning)
+    ``Progress(total, initial=0, desc="train", disable=False)``: tqdm line with ETA; ``update(steps=1, tokens=0,
+        **metrics) -> tokens/s``, ``write(msg)``, ``close()``; ``rl_progress(metrics, held_out=, show_loss=)``
+        and ``loss_is_informative(loss_type, loss_aggregation)`` choose an RL step's fields
+    ``write_dashboard(run_dirs, out=None) -> Path``: one ``dashboard.png`` (runs overlaid; panels in
+        :mod:`dllm_rl.training.plots`); ``plot_metrics(run_dir, keys=None) -> list[Path]``: opt-in
+        ``run_dir/plots/<key>.png``
     ``RolloutLog(path, enabled=True)`` (``dllm_rl.training.run_log``): ``log(step, samples)`` appends
         ``rollouts.jsonl`` rows, ``truncate(step)`` drops the rows after a resumed checkpoint
 """
@@ -110,13 +114,23 @@ from dllm_rl.training.lora import (
     merged_state_dict,
     save_adapter,
 )
-from dllm_rl.training.metrics import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
+from dllm_rl.training.metrics import (
+    METRICS_FILE,
+    ZERO_LOSS_NOTE,
+    MetricsLogger,
+    Progress,
+    loss_is_informative,
+    read_metrics,
+    rl_progress,
+)
 from dllm_rl.training.optim import OptimConfig, build_optimizer, build_scheduler, parameter_groups
+from dllm_rl.training.plots import plot_metrics, write_dashboard
 from dllm_rl.training.run_dir import RunDir, RunDirError, open_run_dir
 from dllm_rl.training.sampler import IndexStream
 
 __all__ = [
-    "METRICS_FILE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig", "PreparedModel", "Progress",
+    "METRICS_FILE", "ZERO_LOSS_NOTE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig",
+    "PreparedModel", "Progress",
     "RunDir", "RunDirError",
     "TrainerState", "WeightEMA", "prepare_model",
     "apply_lora", "bf16_supported", "build_optimizer", "build_scheduler", "capture_rng", "checkpoint_name",
@@ -124,5 +138,5 @@ __all__ = [
     "has_lora", "latest_checkpoint", "list_checkpoints", "load_adapter_weights", "load_checkpoint",
     "make_accelerator", "merged_model", "merged_state_dict", "parameter_groups", "plot_metrics",
     "prune_checkpoints", "read_metrics", "resolve_mixed_precision", "restore_rng", "save_adapter",
-    "save_checkpoint",
+    "save_checkpoint", "loss_is_informative", "rl_progress", "write_dashboard",
 ]

@@ -32,8 +32,10 @@ from dllm_rl.training.checkpoint import clean_leftovers
 logger = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 # what each trainer writes into its run directory (any of them there = an existing run; overwrite deletes them)
-RL_RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "summary.json", "checkpoints", "final", "plots")
-SFT_RUN_FILES = ("config.yaml", "metrics.jsonl", "data_report.json", "checkpoints", "model", "plots")
+RL_RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "summary.json", "checkpoints", "final", "plots",
+                "dashboard.png", "tensorboard", "mlruns")
+SFT_RUN_FILES = ("config.yaml", "metrics.jsonl", "data_report.json", "checkpoints", "model", "plots", "dashboard.png",
+                 "tensorboard", "mlruns")
 
 
 class RunDirError(UserError):
