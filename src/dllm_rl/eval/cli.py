@@ -170,9 +170,9 @@ def trace_command(args: argparse.Namespace) -> int:
 def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     from dllm_rl.eval.settings import Setting, resolve_decode
     from dllm_rl.eval.trace_viewer import records_from_rollout
+    from dllm_rl.hub import resolve_model_path
     from dllm_rl.models import load_model
     from dllm_rl.models.checks import check_model_tokenizer
-    from dllm_rl.models.hub import resolve_model_path
     from dllm_rl.sampling import generate
     from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 

@@ -183,7 +183,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         raise ValueError(f"--limit must be >= 1, got {cfg.limit}")
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
-    from dllm_rl.models.hub import resolve_model_path
+    from dllm_rl.hub import resolve_model_path
 
     model_dir = resolve_model_path(cfg.model_dir)  # a directory or a hub id
     if not model_dir.is_dir():

@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from dllm_rl.errors import UserError
+from dllm_rl.hub import resolve_model_path
 from dllm_rl.models.diffusion_lm import DiffusionLM
 from dllm_rl.models.families import Family, detect_family, get_family, resolve_mask_token_id
-from dllm_rl.models.hub import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -127,7 +127,7 @@ def load_model(
     tokenizer_dir: str | Path | None = None,
 ) -> DiffusionLM:
     """Load a published-layout checkpoint directory, or hub id ``org/name[@revision]``
-    (:func:`~dllm_rl.models.hub.resolve_model_path`), as a :class:`DiffusionLM`.
+    (:func:`~dllm_rl.hub.resolve_model_path`), as a :class:`DiffusionLM`.
 
     The mask id is ``config.json``'s ``mask_token_id``, else the mask token of the tokenizer in
     ``tokenizer_dir`` (default: the checkpoint directory), else the family's published id

@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from dllm_rl.errors import UserError
-from dllm_rl.models.hub import resolve_model_path
+from dllm_rl.hub import resolve_model_path
 
 # Generic ChatML template (the format Qwen-family chat models use).
 CHATML_TEMPLATE = (

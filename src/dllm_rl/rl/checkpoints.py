@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dllm_rl.config import to_dict
+from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, save_model
-from dllm_rl.models.hub import push_to_hub
 from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.checkpoint import checkpoint_name
 

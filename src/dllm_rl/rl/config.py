@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.errors import UserError
-from dllm_rl.models.hub import check_repo_id
+from dllm_rl.hub import check_repo_id
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig

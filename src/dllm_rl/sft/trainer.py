@@ -25,8 +25,8 @@ import torch
 from accelerate import DistributedDataParallelKwargs
 
 from dllm_rl.config import Checked, field, save_config, to_dict
+from dllm_rl.hub import check_repo_id, push_to_hub
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
-from dllm_rl.models.hub import check_repo_id, push_to_hub
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data

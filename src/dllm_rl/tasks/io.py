@@ -6,7 +6,7 @@ A named task's default data for a split is looked up in this order (:func:`defau
    Countdown (cd3) and 4x4 Sudoku test sets and HumanEval;
 2. the benchmark-data folder, an optional cache: ``$DLLM_RL_DATA``, else ``<repo>/../shared/data``;
 3. the task's canonical Hugging Face dataset (``hf:owner/name[:config][@split]``), through ``datasets``
-   from a snapshot in the hub cache (:func:`dllm_rl.models.hub.resolve_dataset_repo`: ``HF_HOME``,
+   from a snapshot in the hub cache (:func:`dllm_rl.hub.resolve_dataset_repo`: ``HF_HOME``,
    ``HF_HUB_OFFLINE``).
 
 Readers: local ``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.csv`` / ``.parquet`` files and hub datasets. Bad
@@ -165,7 +165,7 @@ def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
 def _read_hf(name: str, split: str | None) -> Iterator[tuple[str, dict]]:
     """Rows of ``hf:owner/name[:config][@split]``: the dataset repository's snapshot in the hub cache (downloaded
     unless ``HF_HUB_OFFLINE``), loaded with ``datasets`` from that folder."""
-    from dllm_rl.models.hub import resolve_dataset_repo
+    from dllm_rl.hub import resolve_dataset_repo
 
     spec = name[3:] if name.startswith("hf:") else name
     spec, _, hf_split = spec.partition("@")

@@ -11,8 +11,8 @@ import pytest
 from hub_fixture import populate_hub_cache
 
 from dllm_rl.errors import UserError
+from dllm_rl.hub import is_hub_id, push_to_hub, resolve_model_path, split_revision
 from dllm_rl.models import load_model, load_tokenizer
-from dllm_rl.models.hub import is_hub_id, push_to_hub, resolve_model_path, split_revision
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "src" / "dllm_rl" / "assets" / "demo" / "sdar-countdown"
