@@ -18,7 +18,9 @@ def run_rl(args: argparse.Namespace) -> int:
     from dllm_rl.rl.trainer import train
 
     if args.help_config:
-        print("\n".join(describe(RLConfig)))
+        from dllm_rl.rl.algorithms import preset_table
+
+        print("\n".join(describe(RLConfig) + [""] + preset_table()))
         return 0
     if args.config is None:
         raise UserError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
