@@ -173,7 +173,7 @@ def test_loss_config_is_read_from_the_resolved_rl_config_and_validated():
 
     espo = resolve(RLConfig(model="m", algorithm="espo", epsilon_high=0.28), "full")
     assert LossConfig.from_rl_config(espo, max_length=16) == LossConfig(
-        epsilon=0.2, epsilon_high=0.28, aggregation="seq_mean", beta=0.0, kl_estimator="k2", max_length=16)
+        epsilon=0.2, epsilon_high=0.28, aggregation="seq_mean", beta=0.01, kl_estimator="k2", max_length=16)
     assert LossConfig(epsilon=0.2).clip_high == 0.2 and LossConfig(epsilon_high=0.28).clip_high == 0.28
     with pytest.raises(ValueError, match="unknown loss aggregation 'sum'; choose token_mean, seq_mean, fixed_length"):
         LossConfig(aggregation="sum")

@@ -402,9 +402,11 @@ class RLTrainer:
         linear in the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
         cfg = self.cfg
         if getattr(loss_fn, "linear_in_draws", False):
-            if old is None:
+            if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
+                gen = torch.Generator(device="cpu").manual_seed(est_seed)
+                opts = {"max_rows": sub.batch_size, **(cfg.estimator_options or {})}
                 with torch.no_grad():
-                    old = self._scores(self.model, sub, est_seed)
+                    old = estimate(self.model, cfg.estimator, sub, gen, **opts)
             return backward_by_draw(self.model, cfg.estimator, sub, est_seed, cfg.estimator_options, loss_fn, old,
                                     ref, adv, loss_cfg, scale, self.accelerator.backward)
         new = self._scores(self.model, sub, est_seed)
