@@ -7,7 +7,8 @@ fields are checked by :func:`dllm_rl.rl.algorithms.resolve`. Both run before any
 
 Papers behind the defaults: PPO clipping (arXiv 1707.06347), GRPO (DeepSeekMath, arXiv 2402.03300),
 DAPO (arXiv 2503.14476), d1 / diffu-GRPO (arXiv 2504.12216), DiffuCoder coupled-GRPO (arXiv 2506.20639),
-TraceRL (arXiv 2509.06949), ESPO (arXiv 2512.03759).
+TraceRL (arXiv 2509.06949), ESPO (arXiv 2512.03759), SPG (arXiv 2510.09541), BGPO (arXiv 2510.11683),
+JustGRPO (arXiv 2601.15165), wd1 (arXiv 2507.08838), IGPO (arXiv 2509.10396).
 """
 
 from __future__ import annotations
