@@ -8,12 +8,18 @@ draw's rows per call, then back-propagates draw by draw (:mod:`dllm_rl.rl.draw_b
 (method, draws) configuration runs in its own subprocess; the number is the peak memory of the update above
 the memory held just before it (CPU: max RSS from ``getrusage`` minus the RSS before; CUDA:
 ``torch.cuda.max_memory_allocated`` minus the allocation before), printed as a ratio to the 1-draw peak.
+
+Both use ESPO's coupled ELBO draws (a draw's two rows score every counted token once), so every draw scores
+the same number of tokens: with uncoupled draws a draw's memory follows its masked count ``n`` (the
+scored tokens' float32 log-softmax), and the 8-draw run would hold a draw with ``n`` near ``L`` where the
+1-draw run drew an average one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -48,7 +54,7 @@ def measure(method: str, num_mc: int, quick: bool, device: str) -> float:
                          torch.randint(0, vocab - 3, (b_n, g_n), generator=g).to(device),
                          torch.ones(b_n, g_n, dtype=torch.bool, device=device))
     adv = torch.linspace(-1, 1, b_n, device=device)
-    opts = {"num_mc": num_mc, "coupled": False}
+    opts = {"num_mc": num_mc, "coupled": True}  # each draw scores every token once (its n and L - n rows)
     config = LossConfig(aggregation="seq_mean")
     cuda = device.startswith("cuda")
     if cuda:
@@ -63,7 +69,7 @@ def measure(method: str, num_mc: int, quick: bool, device: str) -> float:
         POLICY_LOSSES["sequence"](new, old, None, adv, batch.lengths, config).loss.backward()
     else:
         with torch.no_grad():
-            old = estimate(model, "elbo", batch, torch.Generator().manual_seed(1), max_rows=b_n, **opts)
+            old = estimate(model, "elbo", batch, torch.Generator().manual_seed(1), max_rows=2 * b_n, **opts)
         backward_by_draw(model, "elbo", batch, 1, opts, POLICY_LOSSES["bgpo"], old, None, adv, config, 1.0,
                          lambda loss: loss.backward())
     if cuda:
@@ -83,10 +89,14 @@ def main() -> None:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.quick, args.device)))
         return
     rows = {}
+    # CPU: a fixed mmap threshold makes glibc return every large freed block at once, so RSS follows the live
+    # tensors (with its default, adaptive threshold freed blocks stay in the heap and RSS keeps old peaks)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     for method in ("espo", "bgpo"):
         for d in DRAWS:
             cmd = [sys.executable, __file__, "--one", method, str(d), "--device", args.device]
-            out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, check=True)
+            out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, check=True,
+                                 env=env)
             rows[method, d] = float(out.stdout.strip().splitlines()[-1])
     what = "CUDA max_memory_allocated" if args.device.startswith("cuda") else "CPU max RSS"
     print(f"peak memory of one update above the memory before it ({what}), ratio to 1 draw")
