@@ -17,7 +17,9 @@ def run_rl(args: argparse.Namespace) -> int:
     from dllm_rl.rl.loop import train
 
     if args.help_config:
-        print("\n".join(describe(RLConfig)))
+        from dllm_rl.rl.algorithms import preset_table
+
+        print("\n".join(describe(RLConfig) + [""] + preset_table()))
         return 0
     if args.config is None:
         raise UserError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
@@ -68,7 +70,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("rl", help="RL post-training (espo | tracerl | diffu_grpo | coupled_grpo | random_mask_grpo)")
+    p = sub.add_parser("rl", help="RL post-training (presets: espo | tracerl | diffu_grpo | coupled_grpo | "
+                       "random_mask_grpo | spg | bgpo | justgrpo | wd1 | igpo; --help-config prints the table)")
     p.add_argument("config", nargs="?", help="YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm=tracerl rollout.gen_length=64")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
@@ -76,8 +79,9 @@ def register(sub) -> None:
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
     d.add_argument("--algorithm", default=None,
-                   help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo "
-                   "(default: the demo config's: espo on the block model, tracerl on the full one)")
+                   help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo | spg | bgpo | justgrpo | wd1 | "
+                   "igpo (default: the demo config's: espo on the block model, tracerl on the full one; the demo "
+                   "config's beta: 0 applies to any of them)")
     d.add_argument("--model", choices=("full", "block"), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
     d.add_argument("--output-dir", default="runs/demo",

@@ -7,7 +7,8 @@ fields are checked by :func:`dllm_rl.rl.algorithms.resolve`. Both run before any
 
 Papers behind the defaults: PPO clipping (arXiv 1707.06347), GRPO (DeepSeekMath, arXiv 2402.03300),
 DAPO (arXiv 2503.14476), d1 / diffu-GRPO (arXiv 2504.12216), DiffuCoder coupled-GRPO (arXiv 2506.20639),
-TraceRL (arXiv 2509.06949), ESPO (arXiv 2512.03759).
+TraceRL (arXiv 2509.06949), ESPO (arXiv 2512.03759), SPG (arXiv 2510.09541), BGPO (arXiv 2510.11683),
+JustGRPO (arXiv 2601.15165), wd1 (arXiv 2507.08838), IGPO (arXiv 2509.10396).
 """
 
 from __future__ import annotations
@@ -130,20 +131,31 @@ class RLConfig(Checked):
         "espo", choices=_registry("dllm_rl.rl.algorithms", "PRESETS"),
         help="preset that fills the None fields: espo (ESPO, arXiv 2512.03759) | tracerl (TraceRL, arXiv "
         "2509.06949) | diffu_grpo (d1, arXiv 2504.12216) | coupled_grpo (DiffuCoder, arXiv 2506.20639) | "
-        "random_mask_grpo (MMaDA, arXiv 2505.15809)")
+        "random_mask_grpo (MMaDA, arXiv 2505.15809) | spg (SPG, arXiv 2510.09541) | bgpo (BGPO, arXiv "
+        "2510.11683) | justgrpo (JustGRPO, arXiv 2601.15165) | wd1 (wd1, arXiv 2507.08838) | igpo (IGPO, "
+        "arXiv 2509.10396); the preset table is printed at the end of --help-config")
     estimator: str | None = field(
-        None, choices=_registry("dllm_rl.estimators", "ESTIMATORS"),
+        None, choices=_registry("dllm_rl.rl.methods", "ESTIMATORS"),
         help="log-likelihood estimator. Preset: elbo (ESPO), trace (TraceRL), mean_field (d1), coupled "
         "(DiffuCoder), random_mask (MMaDA)")
     estimator_options: dict | None = field(
         None, help="estimator options. Preset: {num_mc: 2, coupled: true} (ESPO's two coupled ELBO draws), "
         "{shrinkage: s} (TraceRL's s: 1 on block models, 8 on full attention), {p_mask_prompt: 0.15} (d1)")
     loss_type: str | None = field(
-        None, choices=_registry("dllm_rl.rl.losses", "POLICY_LOSSES"),
+        None, choices=_registry("dllm_rl.rl.methods", "POLICY_LOSSES"),
         help="policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | sequence (ESPO's "
         "sequence-level ratio, arXiv 2512.03759 eq. 7-9). Preset: sequence for espo, token otherwise")
+    loss_options: dict | None = field(
+        None, help="settings of the chosen loss. Preset: {mode: mix, eubo_beta: 1.5, mix_weight: 0.5} for spg "
+        "(arXiv 2510.09541), {} otherwise")
+    rollout_hook: str | None = field(
+        None, choices=_registry("dllm_rl.rl.methods", "ROLLOUT_HOOKS"),
+        help="hook called after each round's rewards that may replace rollouts (dllm_rl.rl.hooks). Preset: igpo "
+        "(IGPO's inpainting of all-fail groups, arXiv 2509.10396) for igpo, none otherwise")
+    rollout_hook_options: dict | None = field(None, help="options of rollout_hook (preset: the igpo preset's)")
     loss_aggregation: Literal["token_mean", "seq_mean", "fixed_length"] | None = field(
-        None, help="token loss reduction. Preset: seq_mean for espo (per-sequence normalisation, arXiv "
+        None, help="token loss reduction. Preset: fixed_length for justgrpo (its sum / generation length); "
+        "seq_mean for espo (per-sequence normalisation, arXiv "
         "2512.03759) and diffu_grpo (GRPO's 1/|o_i| mean, arXiv 2402.03300), token_mean (DAPO's token-level "
         "mean, arXiv 2503.14476) otherwise")
     estimator_noise: Literal["sample", "group"] | None = field(
@@ -157,13 +169,14 @@ class RLConfig(Checked):
         None, ge=0, help="upper clip range (DAPO clip-higher, arXiv 2503.14476, which uses 0.28); default epsilon")
     beta: float | None = field(
         None, ge=0, help="KL coefficient against the reference policy (TRL beta; 0 = no reference). Preset: 0.04 "
-        "for diffu_grpo (d1, arXiv 2504.12216, after GRPO's 0.04, arXiv 2402.03300), 0 otherwise")
+        "for diffu_grpo (d1, arXiv 2504.12216, after GRPO's 0.04, arXiv 2402.03300), 0.01 for espo (its "
+        "train.yaml), tracerl (arXiv 2509.06949) and igpo, 0 otherwise (the demo configs set 0)")
     kl_estimator: str | None = field(
-        None, choices=_registry("dllm_rl.rl.kl", "KL_ESTIMATORS"),
+        None, choices=_registry("dllm_rl.rl.methods", "KL_ESTIMATORS"),
         help="KL estimator: k1 | k2 (ESPO, arXiv 2512.03759) | k3 (GRPO, arXiv 2402.03300). Preset: k2 for "
         "espo, k3 otherwise")
     advantage: str | None = field(
-        None, choices=_registry("dllm_rl.rl.advantages", "ADVANTAGES"),
+        None, choices=_registry("dllm_rl.rl.methods", "ADVANTAGES"),
         help="advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out (RLOO, as in ESPO, arXiv "
         "2512.03759). Preset: leave_one_out for espo, group_zscore otherwise")
     scale_rewards: Literal["group", "batch", "none"] | None = field(

@@ -18,7 +18,7 @@ import copy
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,6 +34,8 @@ from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.checkpoints import RLCheckpoints
 from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.draw_backward import backward_by_draw
+from dllm_rl.rl.hooks import HookContext, RoundView, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
@@ -68,6 +70,7 @@ class _Round:
     prompts: list[str]  # per sample: its prompt text
     t_rollout: float
     t_reward: float
+    stats: dict[str, float] = field(default_factory=dict)  # the rollout hook's numbers
 
 
 @dataclass
@@ -119,6 +122,7 @@ class RLTrainer(RLCheckpoints):
             check_not_empty(self.eval_task, "held-out", "eval.data")
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
+        self.rollout_hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
         self.reference = None
         if cfg.beta > 0 and cfg.reference == "copy":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -221,6 +225,8 @@ class RLTrainer(RLCheckpoints):
         }
         if cfg.dynamic_sampling:
             m.update(sampling_rounds=float(len(rounds)), surplus_groups=float(surplus))
+        for k in sorted({k for x in rounds for k in x.stats}):
+            m[k] = sum(x.stats.get(k, 0.0) for x in rounds)
         m.update(update)
         if self.model.family.moe:  # router load and entropy over the rollouts' real tokens
             dev = self.accelerator.device
@@ -259,8 +265,34 @@ class RLTrainer(RLCheckpoints):
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
         rewards, reasons = safe_rewards(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
-        return _Round(rollout, rewards, reasons, seeds, prompts_rep,
-                      t_rollout, time.perf_counter() - t0 - t_rollout)
+        view = RoundView(group_ids, prompts_rep, rollout, rewards, reasons, seeds, columns, G)
+        if self.rollout_hook is not None:  # the one call site of rollout hooks (dllm_rl.rl.hooks)
+            view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)]))
+        return _Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
+                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats))
+
+    def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
+        """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
+        cfg = self.cfg
+
+        def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
+            seeds = [derive_seed(view.seeds[i], 104729) for i in indices]
+            self.model.eval()
+            with torch.no_grad():
+                out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
+                                       seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
+                                       prefill=prefill)
+            self.model.train()
+            return out
+
+        def reward(indices: list[int], rollout: Rollout) -> tuple[list[float], list[str]]:
+            cols = {k: [v[i] for i in indices] for k, v in view.columns.items()}
+            return safe_rewards(self.train_task.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols)
+
+        return HookContext(generate=generate, reward=reward,
+                           reference=lambda i: self.train_task.reference_completion(examples[i]),
+                           tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
+                           gen_length=cfg.rollout.gen_length, step=self.step_idx)
 
     def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
@@ -313,25 +345,22 @@ class RLTrainer(RLCheckpoints):
                         self._optimizer_step()
                     continue
                 with ctx:
-                    new = self._scores(self.model, sub, est_seed)
-                    old_j = old[j] if old is not None else _detached(new)
-                    out = loss_fn(new, old_j, ref[j] if ref is not None else None, adv_k[mb], sub.lengths, loss_cfg)
                     group_size = min(accum, len(mbs) - (j // accum) * accum)
                     group_n = sum(len(mbs[k]) for k in range(j - j % accum, j - j % accum + group_size))
-                    loss = out.loss * (len(mb) / group_n)
-                    finite = bool(torch.isfinite(loss))
-                    if finite:
-                        acc.backward(loss)
+                    out, new = self._micro_loss(loss_fn, sub, est_seed, old[j] if old is not None else None,
+                                                ref[j] if ref is not None else None, adv_k[mb], loss_cfg,
+                                                len(mb) / group_n)
+                    if bool(torch.isfinite(out.loss)):
                         losses.append(float(out.loss.detach()))
                         for k, v in out.stats.items():
                             stats.setdefault(k, []).append(v)
                         if it == 0 and j < accum:  # before the first optimizer step: CRN make this 0
-                            first_dev = max(first_dev, out.stats["ratio_max_dev"])
+                            first_dev = max(first_dev, out.stats.get("ratio_max_dev", 0.0))
                         scored = new.weight != 0
                         if scored.any():
                             stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
                     else:
-                        self._bad_update(loss)
+                        self._bad_update(out.loss)
                         if acc.num_processes > 1:  # still join the other ranks' all-reduce
                             acc.backward(zero_loss(self.model))
                 if last_in_group:
@@ -343,6 +372,25 @@ class RLTrainer(RLCheckpoints):
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
         result["bad_updates"] = float(self.bad_updates)
         return result
+
+    def _micro_loss(self, loss_fn, sub: ScoringBatch, est_seed: int, old: TokenScores | None,
+                    ref: TokenScores | None, adv: torch.Tensor, loss_cfg: LossConfig, scale: float):
+        """Score ``sub``, compute the loss and back-propagate ``scale`` times it when finite; a loss that is
+        linear in the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
+        cfg = self.cfg
+        if getattr(loss_fn, "linear_in_draws", False):
+            if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
+                gen = torch.Generator(device="cpu").manual_seed(est_seed)
+                opts = {"max_rows": sub.batch_size, **(cfg.estimator_options or {})}
+                with torch.no_grad():
+                    old = estimate(self.model, cfg.estimator, sub, gen, **opts)
+            return backward_by_draw(self.model, cfg.estimator, sub, est_seed, cfg.estimator_options, loss_fn, old,
+                                    ref, adv, loss_cfg, scale, self.accelerator.backward)
+        new = self._scores(self.model, sub, est_seed)
+        out = loss_fn(new, old if old is not None else _detached(new), ref, adv, sub.lengths, loss_cfg)
+        if bool(torch.isfinite(out.loss)):
+            self.accelerator.backward(out.loss * scale)
+        return out, new
 
     def _bad_update(self, loss: torch.Tensor) -> None:
         self.bad_updates += 1

@@ -24,7 +24,7 @@ import torch
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
-from dllm_rl.sampling.canvas import Canvas, build_canvas, span
+from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
 from dllm_rl.sampling.confidence import confidence_scores, sample_tokens, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout
@@ -200,8 +200,12 @@ def generate(
     progress: bool = False,
     *,
     block_cache: bool = True,
+    prefill: list[dict[int, int]] | None = None,
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
+
+    ``prefill[i]`` (optional; completion offset -> token id) commits those tokens of sequence i before
+    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1.
 
     ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
@@ -212,6 +216,8 @@ def generate(
     device = model.device
     canvas = build_canvas(prompts, config.gen_length, decode_block_length(model, config), model.is_block_causal,
                           model.mask_token_id, model.pad_token_id, device)
+    if prefill is not None:
+        apply_prefill(canvas, prefill)
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     was_training = model.training
     model.eval()
@@ -231,6 +237,7 @@ def generate_batched(
     tokenizer=None,
     batch_size: int = 32,
     progress: bool = False,
+    prefill: list[dict[int, int]] | None = None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
     sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in)."""
@@ -241,7 +248,8 @@ def generate_batched(
     parts, t0, done = [], time.perf_counter(), 0
     for b0 in range(0, len(prompts), batch_size):
         chunk = slice(b0, b0 + batch_size)
-        parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer))
+        parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer,
+                              prefill=prefill[chunk] if prefill is not None else None))
         done += len(parts[-1])
         if progress:
             tokens = int(sum(p.completion_mask.sum() for p in parts))
