@@ -48,6 +48,7 @@ test: install sysdeps
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 
+# each `make demo` starts afresh in runs/demo/MODEL-ALGO, replacing the previous demo run there
 demo: install
 	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) --model $(MODEL)
 

@@ -9,8 +9,11 @@ Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation
 before training; the default 9.2 keeps each whole run, both evaluations included, under 10 minutes), one CPU
 thread, evaluated on ``--eval-limit`` held-out problems before and after. Runs go ``--parallel`` at a time.
-Prints a Markdown table (method x model: before, after per seed, gain, steps, minutes, seconds per step in
-rollouts and in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
+Each run is also evaluated, before and after, on a second held-out set: the demo-shaped puzzles that neither
+the training file nor the held-out file contains (the rare shapes, ``benchmarks/rare_shapes.py``; the
+"before" number is the demo checkpoint's, measured once per model). Prints a Markdown table (method x model:
+before, after per seed, gain, rare shapes before and after, steps, minutes, seconds per step in rollouts and
+in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
 ``summary.json`` exists are not rerun (``--force`` reruns them): the same command fills in missing runs and
 reprints the table.
 """
@@ -20,16 +23,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from dllm_rl.rl.cli import demo_config_path, demo_overrides
+from rare_shapes import write_rare_set
+
+from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides
 from dllm_rl.training import METRICS_FILE, read_metrics
 
-DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo"]
+NEW_METHODS = ["spg", "bgpo", "justgrpo", "wd1", "igpo"]
+DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo",
+                *(f"{model}:{m}" for m in NEW_METHODS for model in ("full", "block"))]
+RARE = Path(__file__).with_name("rare_shapes.py")
+
+
+def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) -> list[str]:
+    return [sys.executable, str(RARE), str(model_dir), model, str(result), "--data", str(data)]
 
 
 def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str],
@@ -37,7 +50,7 @@ def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_li
     # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
     budget = [f"max_steps={steps}", "max_time_minutes=null"] if steps else [f"max_time_minutes={minutes}"]
     return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
-            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", *budget,
+            f"algorithm={algo}", f"seed={seed}", f"output_dir={out}", "overwrite=true", *budget,
             f"eval.limit={eval_limit}", "progress=false", "log_samples_every=0", *extra]
 
 
@@ -68,18 +81,24 @@ def main() -> None:
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args()
     out = Path(args.out)
+    rare_file = write_rare_set(out / "rare_shapes.jsonl")
     jobs = []
+    for model in sorted({spec.split(":")[0] for spec in args.runs}):  # the checkpoints' own rare-shape accuracy
+        ckpt = DEMO_DIR / ("llada-countdown" if model == "full" else "sdar-countdown")
+        jobs.append((model, "(start)", 0, out / f"{model}-start",
+                     rare_command(ckpt, model, out / f"{model}-start" / "rare_after.json", rare_file)))
     for spec in args.runs:
         model, algo = spec.split(":")
         for seed in args.seeds:
             run_dir = out / f"{model}-{algo}-seed{seed}"
-            jobs.append((model, algo, seed, run_dir,
-                         command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra,
-                                 args.steps)))
+            rl = command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra, args.steps)
+            rare = rare_command(run_dir / "final", model, run_dir / "rare_after.json", rare_file)
+            jobs.append((model, algo, seed, run_dir, ["sh", "-c", f"{shlex.join(rl)} && {shlex.join(rare)}"]))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, tuple]] = []
-    # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table)
-    pending = [] if args.report else [j for j in jobs if args.force or not (j[3] / "summary.json").is_file()]
+    # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table);
+    # a run started again (unfinished, or --force) replaces what its directory held (overwrite=true)
+    pending = [] if args.report else [j for j in jobs if args.force or not (j[3] / "rare_after.json").is_file()]
     while pending or running:
         while pending and len(running) < args.parallel:
             job = pending.pop(0)
@@ -94,13 +113,20 @@ def main() -> None:
                 running.remove((proc, job))
                 print(f"done  {job[0]}:{job[1]} seed {job[2]} (exit {proc.returncode})", flush=True)
     rows = {}
+    rare_before = {}
     for model, algo, _seed, run_dir, _ in jobs:
+        if algo == "(start)":
+            f = run_dir / "rare_after.json"
+            rare_before[model] = json.loads(f.read_text())["accuracy"] if f.is_file() else float("nan")
+            continue
         f = run_dir / "summary.json"
         if not f.is_file():
             print(f"missing {f} (see {run_dir / 'log.txt'})")
             continue
         s = json.loads(f.read_text())
         s["step_seconds"] = step_seconds(run_dir / METRICS_FILE)
+        rare = run_dir / "rare_after.json"
+        s["rare_after"] = json.loads(rare.read_text())["accuracy"] if rare.is_file() else float("nan")
         rows.setdefault((algo, model), []).append(s)
     def gain(after: list[float], before: list[float]) -> str:
         gains = [a - b for a, b in zip(after, before)]
@@ -108,8 +134,9 @@ def main() -> None:
         return f"{statistics.mean(gains) * 100:+.1f} ± {sd * 100:.1f} pts"
 
     # with ema_decay the returned model is the weight average; the last live policy's gain is shown beside it
-    lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | gain, last live policy | steps | "
-             "minutes | s/step rollout + update | seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | gain, last live policy | rare shapes: "
+             "before -> after (per seed) | steps | minutes | s/step rollout + update | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (algo, model), ss in rows.items():
         before = [s["accuracy_before"] for s in ss]
         after = [s["accuracy_after"] for s in ss]
@@ -118,8 +145,9 @@ def main() -> None:
         after_s = " / ".join(f"{a:.1%}" for a in after)
         steps = [s["steps"] for s in ss]
         t_roll, t_upd = (statistics.mean(s["step_seconds"][k] for s in ss) for k in (0, 1))
+        rare_s = f"{rare_before.get(model, float('nan')):.1%} -> " + " / ".join(f"{s['rare_after']:.1%}" for s in ss)
         lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | {gain(after, before)} | "
-                     f"{live} | {'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
+                     f"{live} | {rare_s} | {'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
                      f"{statistics.mean(s['minutes'] for s in ss):.1f} | {t_roll:.2f} + {t_upd:.2f} | {len(ss)} |")
     table = "\n".join(lines)
     print(table)

@@ -24,9 +24,8 @@ from dllm_rl.config import load_config
 from dllm_rl.eval.heldout import encode_prompts, heldout_accuracy
 from dllm_rl.models import load_model, load_tokenizer
 from dllm_rl.rl.cli import demo_config_path, demo_overrides
-from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
-from dllm_rl.rl.trainer import decode_config
 from dllm_rl.sampling import generate_batched
 from dllm_rl.tasks import get_task
 

@@ -50,7 +50,7 @@ def _trainer(out: Path, seed: int, value_lr: float):
     from dllm_rl.rl.trainer import RLTrainer
 
     cfg = load_config(RLConfig, demo_config_path("block"), demo_overrides("block") + [
-        "algorithm=tracerl", f"seed={seed}", f"output_dir={out}", "progress=false", "eval.limit=0",
+        "algorithm=tracerl", f"seed={seed}", f"output_dir={out}", "overwrite=true", "progress=false", "eval.limit=0",
         "value_model.enabled=true", f"value_model.lr={value_lr}"])
     return RLTrainer(cfg)
 
@@ -122,7 +122,8 @@ def _run(out: Path, seed: int, lr: float, value: bool, steps: int, eval_limit: i
     extra = ["value_model.enabled=true", f"value_model.lr={lr * value_lr_ratio}"] if value else []
     cmd = [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path("block")), *demo_overrides("block"),
            "algorithm=tracerl", f"seed={seed}", f"optim.lr={lr}", f"max_steps={steps}", "max_time_minutes=null",
-           f"eval.limit={eval_limit}", f"output_dir={out}", "progress=false", "log_samples_every=0", *extra]
+           f"eval.limit={eval_limit}", f"output_dir={out}", "overwrite=true", "progress=false", "log_samples_every=0",
+           *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(summary.read_text())
 

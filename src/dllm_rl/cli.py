@@ -3,6 +3,11 @@
 Each subcommand lives in the module that owns it, which exposes ``register(subparsers)``: it adds its
 parser and sets ``func`` (a plain function taking the parsed namespace). This file only lists them, so a
 subcommand is one module plus one line in ``SUBCOMMANDS``.
+
+Errors: an exception of a type in :data:`dllm_rl.errors.USER_ERRORS` (``UserError`` and its subclasses
+``ConfigError`` / ``DataError``, or a missing file) is the user's to fix: it is printed as one line
+``dllm-rl COMMAND: error: MESSAGE`` and the command exits with status 2. Anything else is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from dllm_rl.errors import USER_ERRORS
 
 # name -> module that registers it. Only subcommands that exist are listed.
 SUBCOMMANDS: dict[str, str] = {
@@ -45,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rc = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:  # user errors: one clear line, no traceback
-        print(f"dllm-rl {args.command}: error: {exc}", file=sys.stderr)
+    except USER_ERRORS as exc:  # the user's to fix: one line, no traceback (see the module docs)
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"dllm-rl {args.command}: error: {message}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

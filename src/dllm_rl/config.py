@@ -12,23 +12,98 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from dllm_rl.errors import UserError
+
 T = TypeVar("T")
 
 
-def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING):
-    """A dataclass field with help text (shown by ``describe``)."""
+def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
+          ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+          choices: Any = None, check: Callable[[Any], str | None] | None = None):
+    """A dataclass field with help text (shown by ``describe``) and the facts :func:`check_fields` checks:
+    a numeric range (``ge`` / ``gt`` / ``le`` / ``lt``), the allowed values of a string field whose values
+    come from a registry (``choices``: a container, or a function returning one, read when checked), or
+    any other rule (``check(value)`` returns what is wrong, or None). ``Literal[...]`` annotations are
+    checked too. ``None`` (an optional field left unset) is never checked."""
+    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
+    meta = {k: v for k, v in meta.items() if v is not None}
     if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad key or value in a configuration (file, override or preset)."""
+
+
+class FieldError(ConfigError):
+    """A bad value of one field: ``key`` (a dotted path, completed by the enclosing sections) and what is
+    wrong with it."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key, self.problem = key, problem
+
+
+def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
+    lo = ("[", meta["ge"]) if "ge" in meta else ("(", meta["gt"]) if "gt" in meta else None
+    hi = ("]", meta["le"]) if "le" in meta else (")", meta["lt"]) if "lt" in meta else None
+    ok = ((lo is None or (value >= lo[1] if lo[0] == "[" else value > lo[1]))
+          and (hi is None or (value <= hi[1] if hi[0] == "]" else value < hi[1])))
+    if ok:
+        return None
+    if lo and hi:
+        return f"must be in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}, got {value}"
+    op, bound = (">=" if lo[0] == "[" else ">", lo[1]) if lo else ("<=" if hi[0] == "]" else "<", hi[1])
+    return f"must be {op} {bound}, got {value}"
+
+
+def allowed_values(tp: Any, meta: Mapping[str, Any]) -> tuple | None:
+    """The values a field may take: its ``Literal`` arguments or its ``choices`` (None: any)."""
+    tp, _ = _strip_optional(tp)
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    choices = meta.get("choices")
+    if choices is None:
+        return None
+    return tuple(choices() if callable(choices) else choices)
+
+
+def check_fields(obj: Any) -> None:
+    """Check every field of the dataclass instance ``obj`` against its annotation (``Literal``) and its
+    metadata (see :func:`field`); raise :class:`FieldError` naming the first bad field. The one place
+    where single-value facts of a config are checked (cross-field rules live with their config)."""
+    types_ = _field_types(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        allowed = allowed_values(types_[f.name], f.metadata)
+        if allowed is not None and value not in allowed:
+            raise FieldError(f.name, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            problem = _range_problem(value, f.metadata)
+            if problem:
+                raise FieldError(f.name, problem)
+        check = f.metadata.get("check")
+        problem = check(value) if check is not None else None
+        if problem:
+            raise FieldError(f.name, problem)
+
+
+class Checked:
+    """Base of a config dataclass that checks its fields at construction (:func:`check_fields`), so a
+    config built in code fails as early as one loaded from YAML. Override ``__post_init__`` for
+    cross-field rules and call ``super().__post_init__()`` first."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -57,9 +132,60 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _to_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+        return False
+    raise ConfigError(f"{where}: expected true/false, got {value!r}")
+
+
+def _to_int(value: Any, where: str) -> int:
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+
+
+def _to_float(value: Any, where: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: lambda value, where: str(value)}
+
+
+def _to_sequence(value: Any, tp: Any, where: str) -> list | tuple:
+    if isinstance(value, str):
+        value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+    if not isinstance(value, (list, tuple)):
+        value = [value]
+    (inner,) = typing.get_args(tp)[:1] or (Any,)
+    items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    return items if _origin(tp) is list else tuple(items)
+
+
+def _to_mapping(value: Any, where: str) -> dict:
+    if isinstance(value, str):
+        value = yaml.safe_load(value)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    return dict(value)
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert ``value`` (from YAML or a string override) to the annotated type ``tp``."""
+    """Convert ``value`` (from YAML or a string override) to the annotated type ``tp``. Values are not
+    checked here (``Literal`` choices and ranges: :func:`check_fields`)."""
     tp, optional = _strip_optional(tp)
+    if typing.get_origin(tp) is typing.Literal:
+        if value in typing.get_args(tp):  # "none" may be a choice, not a null
+            return value
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
         if optional or tp is Any:
             return None
@@ -71,64 +197,36 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(tp, value, where)
     origin = _origin(tp)
-    if origin is typing.Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
-        return value
     if origin in (list, tuple):
-        if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        (inner,) = typing.get_args(tp)[:1] or (Any,)
-        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
+        return _to_sequence(value, tp, where)
     if origin is dict:
-        if isinstance(value, str):
-            value = yaml.safe_load(value)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
-            return False
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if tp is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if tp is str:
-        return str(value)
-    return value
+        return _to_mapping(value, where)
+    convert = _SCALARS.get(tp)
+    return convert(value, where) if convert is not None else value
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
-    """Build dataclass ``cls`` from a (nested) dict, rejecting unknown keys with suggestions."""
+    """Build dataclass ``cls`` from a (nested) dict, rejecting unknown keys with suggestions and bad values
+    (:func:`check_fields`) with the dotted key. ``where`` is the section's key ("config" at the top)."""
     types_ = _field_types(cls)
     unknown = [k for k in data if k not in types_]
     if unknown:
         valid = sorted(types_)
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}" + _suggest(unknown[0], valid))
+        prefix = "" if where == "config" else f"{where}: "
+        raise ConfigError(f"{prefix}unknown key {unknown[0]!r}" + _suggest(unknown[0], valid))
     kwargs = {k: _coerce(v, types_[k], f"{where}.{k}" if where != "config" else k) for k, v in data.items()}
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
+        if not isinstance(obj, Checked):
+            check_fields(obj)
+    except FieldError as exc:
+        if where == "config":
+            raise
+        section = f"{where}." if where.replace(".", "").replace("_", "").isalnum() else f"{where}: "
+        raise FieldError(section + exc.key, exc.problem) from None
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    return obj
 
 
 def to_dict(obj: Any) -> Any:
@@ -184,11 +282,12 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         data = loaded
     for ov in overrides or []:
         apply_override(data, cls, ov)
-    where = str(path) if path is not None else "config"
     try:
-        return from_dict(cls, data, where if path is not None else "config")
-    except ConfigError:
-        raise
+        return from_dict(cls, data)
+    except ConfigError as exc:
+        if path is None:
+            raise
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def save_config(obj: Any, path: str | Path) -> Path:
@@ -211,5 +310,7 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
-        lines.append(f"{name} (default {default!r}): {f.metadata.get('help', '')}")
+        allowed = allowed_values(_field_types(cls)[f.name], f.metadata)
+        choices = f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else ""
+        lines.append(f"{name} (default {default!r}): {f.metadata.get('help', '')}{choices}")
     return lines

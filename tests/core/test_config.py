@@ -1,8 +1,9 @@
 from dataclasses import dataclass
+from typing import Literal
 
 import pytest
 
-from dllm_rl.config import ConfigError, describe, field, load_config, save_config
+from dllm_rl.config import Checked, ConfigError, describe, field, load_config, save_config
 
 
 @dataclass
@@ -80,3 +81,62 @@ def test_every_subcommand_help_renders(capsys):
             parser.parse_args([name, "--help"])
         assert exc.value.code == 0
         assert "usage: dllm-rl " + name in capsys.readouterr().out
+
+
+@dataclass
+class Checked_(Checked):
+    mode: Literal["group", "batch", "none"] | None = field(None, help="a choice whose values include 'none'")
+    rate: float = field(0.5, gt=0, le=1, help="a fraction")
+    count: int = field(1, ge=1, help="at least one")
+    name: str = field("a", choices=lambda: ("a", "b"), help="a registry's names, read when checked")
+    pair: list[float] | None = field(None, check=lambda v: None if len(v) == 2 else "give two numbers",
+                                     help="two numbers")
+
+
+def test_field_metadata_is_checked_at_construction_and_load():
+    assert load_config(Checked_, None, ["mode=none"]).mode == "none"  # a choice named none is not null
+    assert load_config(Checked_, None, ["mode=null"]).mode is None
+    for override, message in [
+        ("mode=all", "mode: 'all' is not allowed; choose one of group, batch, none"),
+        ("rate=0", r"rate: must be in \(0, 1\], got 0.0"),
+        ("rate=1.5", r"rate: must be in \(0, 1\], got 1.5"),
+        ("count=0", "count: must be >= 1, got 0"),
+        ("name=c", "name: 'c' is not allowed; choose one of a, b"),
+        ("pair=[1,2,3]", "pair: give two numbers"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{message}$"):
+            load_config(Checked_, None, [override])
+    with pytest.raises(ConfigError, match=r"^count: must be >= 1, got -2$"):
+        Checked_(count=-2)
+    assert "mode (default None): a choice whose values include 'none' (one of: group, batch, none)" in \
+        describe(Checked_)
+
+
+def test_nested_errors_name_the_dotted_key_and_the_file(tmp_path):
+    from dllm_rl.rl.config import RLConfig
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rollout:\n  cache: full\n")
+    with pytest.raises(ConfigError, match=r"^.*c.yaml: rollout.cache: 'full' is not allowed; choose one of none, "
+                       r"prefix, dual$"):
+        load_config(RLConfig, cfg)
+    with pytest.raises(ConfigError, match=r"^optim.lr: must be > 0, got 0.0$"):
+        load_config(RLConfig, None, ["optim.lr=0"])
+
+
+def test_sft_sections_check_their_values_when_built():
+    """The SFT trainer's hand-written checks (batch_size, grad_accum, max_steps, init_std, objective.eps) are
+    field declarations now: a bad value fails when the section is built, in code or from YAML."""
+    from dllm_rl.sft.objectives import ObjectiveConfig
+    from dllm_rl.sft.trainer import ModelConfig, SFTConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^grad_accum: must be >= 1, got 0$"):
+        TrainConfig(grad_accum=0)
+    with pytest.raises(ConfigError, match=r"^init_std: must be > 0, got 0$"):
+        ModelConfig(init_std=0)
+    with pytest.raises(ConfigError, match=r"^eps: must be in \(0, 1\), got 1.0$"):
+        ObjectiveConfig(eps=1.0)
+    with pytest.raises(ConfigError, match=r"^train.batch_size: must be >= 1, got 0$"):
+        load_config(SFTConfig, None, ["train.batch_size=0"])
+    with pytest.raises(ConfigError, match=r"^data.max_length: must be >= 1, got 0$"):
+        load_config(SFTConfig, None, ["data.max_length=0"])

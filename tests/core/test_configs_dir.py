@@ -19,7 +19,7 @@ def test_shipped_config_loads(path):
         load_config(SFTConfig, path)
     else:
         cfg = load_config(RLConfig, path)
-        resolve(cfg, "block" if ("trado" in path.name or "block" in path.name) else "full")
+        resolve(cfg, "block" if any(k in path.name for k in ("trado", "block", "llada2", "sdar")) else "full")
 
 
 def test_there_are_recipes_for_both_founding_methods():

@@ -21,10 +21,11 @@ import pytest
 import torch
 
 from dllm_rl.config import load_config
+from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.trainer import train
-from dllm_rl.tasks.synthetic import make_countdown, write_jsonl
+from dllm_rl.rl.loop import train
+from dllm_rl.tasks.synthetic import make_countdown
 
 G = 4  # num_generations
 P = 2  # prompts per step per rank
@@ -115,8 +116,8 @@ def _setup(tmp_path):
     """Data, a tiny LLaDA-shaped checkpoint, and the reward and driver modules the ranks import."""
     root = tmp_path / "data"
     root.mkdir()
-    write_jsonl(make_countdown(32, seed=0, numbers=3, max_value=9), root / "train.jsonl")
-    write_jsonl(make_countdown(3, seed=1, numbers=3, max_value=9), root / "test.jsonl")
+    write_jsonl(root / "train.jsonl", make_countdown(32, seed=0, numbers=3, max_value=9))
+    write_jsonl(root / "test.jsonl", make_countdown(3, seed=1, numbers=3, max_value=9))
     tok = char_tokenizer()
     cfg = tiny_config("llada", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, hidden_size=32,

@@ -122,7 +122,13 @@ def test_plot_cli(workdir, capsys):
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10, "kl": 0.01 * s}) + "\n"
                                                for s in range(5)))
     assert _main(["plot", str(run)]) == 0
+    assert (run / "dashboard.png").read_bytes()[:4] == b"\x89PNG" and not (run / "plots").exists()
+    assert _main(["plot", str(run), "--per-metric"]) == 0
     assert sorted(p.name for p in (run / "plots").iterdir()) == ["kl.png", "reward.png"]
+    with pytest.raises(ValueError, match="several runs are drawn on one page: say where with -o FILE.png"):
+        _main(["plot", str(run), str(run)])
+    assert _main(["plot", str(run), str(run), "-o", str(workdir / "both.png")]) == 0
+    assert (workdir / "both.png").is_file()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         _main(["plot", str(workdir / "nope")])
 

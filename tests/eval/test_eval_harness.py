@@ -10,17 +10,9 @@ import torch
 
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
-from dllm_rl.eval.harness import (
-    EvalConfig,
-    Setting,
-    load_settings_file,
-    parse_setting,
-    read_records,
-    resolve_decode,
-    run_eval,
-    sample_seed,
-)
+from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval, sample_seed
 from dllm_rl.eval.passk import pass_at_k
+from dllm_rl.eval.settings import Setting, load_settings_file, parse_setting, resolve_decode
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.sampling import Rollout
 
@@ -49,12 +41,12 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
-def _cfg(d: Path, out: str, **kw) -> EvalConfig:
+def _cfg(d: Path, out: str, **kw) -> EvalRunConfig:
     base = dict(model_dir=str(d / "llada"), task=str(d / "cd.jsonl"), output_dir=str(d / out),
                 task_options={"task_type": "countdown"}, prompt_style="compact",
                 decode={"gen_length": 8, "block_length": 8}, batch_size=4, progress=False)
     base.update(kw)
-    return EvalConfig(**base)
+    return EvalRunConfig(**base)
 
 
 def _strip_time(recs):
@@ -190,6 +182,14 @@ def test_interrupted_evaluation_resumes_to_identical_numbers(workdir, monkeypatc
     with pytest.raises(ValueError, match="setting 's1' was run with different decoding"):
         run_eval(_cfg(workdir, "resumed", **{**common, "settings": [parse_setting("s1:tokens_per_step=2")]}),
                  model=model, log=lambda m: None)
+    # Results decoded under another seed rule (the sha256 one of earlier versions) are not mixed with these.
+    meta_file = workdir / "resumed" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["seed_rule"] == "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
+    meta["seed_rule"] = "sample s of item i decodes with sha256('dllm-rl-eval:{seed}:{i}:{s}')[:4] & 0x7fffffff"
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="different evaluation \\(seed_rule differs"):
+        run_eval(_cfg(workdir, "resumed", **common), model=model, log=lambda m: None)
 
 
 def test_block_model_cache_on_and_off_give_same_tokens(workdir):
@@ -215,7 +215,7 @@ def test_parse_settings_and_shortcuts(tmp_path):
     assert resolve_decode({"steps": 4}, parse_setting("base")).decode.steps == 4
     with pytest.raises(ValueError, match="did you mean 'threshold'"):
         resolve_decode({}, parse_setting("x:treshold=0.9"))
-    with pytest.raises(ValueError, match="threshold must be in"):
+    with pytest.raises(ValueError, match=r"setting 'x': threshold: must be in \(0, 1\], got 1.5"):
         resolve_decode({}, parse_setting("x:threshold=1.5"))
     with pytest.raises(ValueError, match="block models"):
         resolve_decode({}, parse_setting("x:block_cache=false"))
@@ -252,7 +252,7 @@ def no_compute(monkeypatch):
         ({"model_dir": "/nonexistent/model"}, FileNotFoundError, "model directory"),
         ({"model": "small_vocab"}, ValueError, "embeds only 40.*do not belong together"),
         ({"model": "other_mask"}, ValueError, "mask token id 2 does not match the model's mask_token_id 5"),
-        ({"settings": [parse_setting("x:gen_length=0")]}, ValueError, "gen_length must be >= 1"),
+        ({"settings": [parse_setting("x:gen_length=0")]}, ValueError, "setting .x.: gen_length: must be >= 1, got 0"),
         ({"num_samples": 0}, ValueError, "num-samples"),
     ],
 )

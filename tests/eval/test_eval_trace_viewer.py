@@ -52,7 +52,7 @@ def test_normalize_trace_from_ids_and_strings():
 def test_load_trace_jsonl_names_bad_line(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"tokens": ["a"], "step_map": [0]}) + "\n{not json\n")
-    with pytest.raises(ValueError, match=r"t.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"t.jsonl:2: invalid JSON: Expecting property name"):
         load_trace_jsonl(f)
 
 

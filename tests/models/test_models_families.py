@@ -8,6 +8,7 @@ from dllm_rl.models import build_model, load_model, save_model, tiny_config
 from dllm_rl.models.families import FAMILIES, detect_family, get_family
 
 FAMS = ["llada", "dream", "sdar"]
+ALL = "llada, dream, sdar, llada2, llada_moe, sdar_moe, fast_dllm_v2"
 
 
 def _published_names(family: str, n_layers: int) -> set[str]:
@@ -142,9 +143,9 @@ def test_detect_family_from_architectures_and_auto_map():
 
 
 def test_unknown_family_lists_supported(tmp_path):
-    with pytest.raises(ValueError, match="supported families: llada, dream, sdar"):
+    with pytest.raises(ValueError, match=f"supported families: {ALL}"):
         detect_family({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "x/config.json")
-    with pytest.raises(ValueError, match="supported: llada, dream, sdar"):
+    with pytest.raises(ValueError, match=f"supported: {ALL}"):
         get_family("mamba")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ValueError, match=str(tmp_path / "config.json")):

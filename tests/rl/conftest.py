@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
-from dllm_rl.tasks.synthetic import make_countdown, write_jsonl
+from dllm_rl.tasks.synthetic import make_countdown
 
 
 @pytest.fixture(scope="session")
 def rl_setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("rl")
-    write_jsonl(make_countdown(32, seed=0, numbers=3, max_value=9), root / "train.jsonl")
-    write_jsonl(make_countdown(4, seed=1, numbers=3, max_value=9), root / "test.jsonl")
+    write_jsonl(root / "train.jsonl", make_countdown(32, seed=0, numbers=3, max_value=9))
+    write_jsonl(root / "test.jsonl", make_countdown(4, seed=1, numbers=3, max_value=9))
     tok = char_tokenizer()
     for fam in ("llada", "sdar"):
         cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,

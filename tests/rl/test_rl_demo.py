@@ -25,3 +25,9 @@ def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, caps
     assert (run / "final" / "model.safetensors").is_file()
     # the demo's held-out set is the shipped 500-puzzle file, limited here to 8 items
     assert "8 held-out" in out
+    if model == "block":  # run again into the same folder (`make demo` twice): the old run is replaced
+        (run / "checkpoints" / "step-0000001").rename(run / "checkpoints" / "step-0000007")
+        assert main(["demo", "--model", model, "--output-dir", str(tmp_path), "max_steps=1", "eval.limit=8",
+                     "prompts_per_step=2", "num_generations=4", "progress=false", "log_samples_every=0"]) == 0
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000001"]
+        assert json.loads((run / "summary.json").read_text())["start_step"] == 0

@@ -154,18 +154,17 @@ def test_presets_fill_only_the_fields_left_unset():
 def test_losses_kl_and_advantages_each_share_one_signature():
     import inspect
 
-    from dllm_rl.rl.advantages import ADVANTAGES
-    from dllm_rl.rl.kl import KL_ESTIMATORS
-    from dllm_rl.rl.losses import POLICY_LOSSES
+    from dllm_rl.rl.methods import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
 
     def params(fn):
         return list(inspect.signature(fn).parameters)
 
     assert {n: params(f) for n, f in POLICY_LOSSES.items()} == {
-        n: ["new", "old", "ref", "advantages", "lengths", "config"] for n in ("token", "sequence")}
+        n: ["new", "old", "ref", "advantages", "lengths", "config"]
+        for n in ("token", "sequence", "spg", "bgpo", "weighted_loglik")}
     assert {n: params(f) for n, f in KL_ESTIMATORS.items()} == {n: ["logp", "logp_ref"] for n in ("k1", "k2", "k3")}
     assert {n: params(f) for n, f in ADVANTAGES.items()} == {
-        n: ["rewards", "group_size", "scale_rewards"] for n in ("group_zscore", "leave_one_out")}
+        n: ["rewards", "group_size", "scale_rewards"] for n in ("group_zscore", "leave_one_out", "wd1_weights")}
 
 
 def test_loss_config_is_read_from_the_resolved_rl_config_and_validated():
@@ -174,7 +173,7 @@ def test_loss_config_is_read_from_the_resolved_rl_config_and_validated():
 
     espo = resolve(RLConfig(model="m", algorithm="espo", epsilon_high=0.28), "full")
     assert LossConfig.from_rl_config(espo, max_length=16) == LossConfig(
-        epsilon=0.2, epsilon_high=0.28, aggregation="seq_mean", beta=0.0, kl_estimator="k2", max_length=16)
+        epsilon=0.2, epsilon_high=0.28, aggregation="seq_mean", beta=0.01, kl_estimator="k2", max_length=16)
     assert LossConfig(epsilon=0.2).clip_high == 0.2 and LossConfig(epsilon_high=0.28).clip_high == 0.28
     with pytest.raises(ValueError, match="unknown loss aggregation 'sum'; choose token_mean, seq_mean, fixed_length"):
         LossConfig(aggregation="sum")

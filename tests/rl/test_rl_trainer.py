@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,8 +13,10 @@ from dllm_rl.eval.heldout import encode_prompts
 from dllm_rl.models import load_model
 from dllm_rl.rl import losses as losses_mod
 from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
 from dllm_rl.rl.rewards import safe_rewards
-from dllm_rl.rl.trainer import RLTrainer, train
+from dllm_rl.rl.trainer import RLTrainer
+from dllm_rl.seeding import derive_seed
 
 
 def _weights(path):
@@ -40,7 +43,8 @@ def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_p
     before, after = _weights(rl_setup / family), _weights(summary["final_model"])
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) >= len(before) // 2, f"{algorithm}: only {len(changed)} tensors changed"
-    assert (tmp_path / "plots").is_dir() and any((tmp_path / "plots").glob("*.png"))
+    assert summary["plots"] == [str(tmp_path / "dashboard.png")] and (tmp_path / "dashboard.png").stat().st_size > 1000
+    assert not (tmp_path / "plots").exists()  # per-metric PNGs are opt-in (dllm-rl plot --per-metric)
 
 
 @pytest.mark.parametrize("family,estimator", [("sdar", "block"), ("llada", "ar")])
@@ -143,7 +147,7 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     assert trainer.evaluate().texts == averaged_eval.texts
 
     summary = train(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9")),
+        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9", "eval.limit=2")),
         reward_fn=digit_reward)
     assert 0.0 <= summary["accuracy_after_live"] <= 1.0
     assert [m for m in _metrics(tmp_path / "run") if "eval_accuracy_live" in m][0]["step"] == 2
@@ -197,11 +201,28 @@ def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_checks_that_need_the_model_run_in_the_constructor(rl_setup, tmp_path, monkeypatch):
+    """gen_length against the decoding block is checked before the first held-out evaluation (it used to fail
+    in the sampler); scale_rewards=none is the choice 'none', not a null the preset fills with 'group'."""
+    import dllm_rl.rl.trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "heldout_accuracy", lambda *a, **k: pytest.fail("evaluated"))
+    with pytest.raises(ConfigError, match=r"^rollout.gen_length: 6 is not a multiple of rollout.block_length \(4\)$"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.gen_length=6",
+                                                           "rollout.block_length=4")))
+    with pytest.raises(ConfigError, match=r"^rollout.gen_length: 6 is not a multiple of the model's block_size"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "rollout.gen_length=6")))
+    cfg = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
+                                                             "scale_rewards=none"))).cfg
+    assert (cfg.scale_rewards, cfg.advantage) == ("none", "group_zscore")
+
+
 def test_evaluation_keeps_its_own_decoding_schedule(rl_setup, tmp_path):
     """A faster rollout schedule does not change the held-out metric: evaluation decodes one token per step
     (8 forwards for 8 slots) unless ``eval.steps`` / ``eval.threshold`` say otherwise."""
-    def heldout(*extra):
-        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "eval.limit=4", *extra))
+    def heldout(*extra):  # each trainer its own run directory
+        out = tmp_path / "-".join(extra or ("plain",))
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, "eval.limit=4", *extra))
         return RLTrainer(cfg).evaluate()
 
     plain = heldout()
@@ -254,7 +275,7 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
     buffers = dict(trainer.rollout_copy.model.named_buffers())
     assert buffers and all(b.dtype == torch.float32 for b in buffers.values())
 
-    same = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=float32"))
+    same = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "f32", "rollout.dtype=float32"))
     assert RLTrainer(same).rollout_copy is None  # the policy's own dtype: no copy
     with pytest.raises(ConfigError, match="rollout.dtype: 'int8' is not allowed; choose one of float32"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
@@ -271,7 +292,8 @@ def test_rollout_dtype_auto_takes_bfloat16_only_where_the_device_has_it(rl_setup
     assert trainer.rollout_copy.model.dtype == torch.bfloat16 and trainer.model.dtype == torch.float32
     assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded by a bfloat16 copy (AMX)"
     monkeypatch.setattr(copy_mod, "native_bfloat16", lambda device: None)
-    trainer = RLTrainer(cfg)
+    trainer.close()  # a second trainer in the same run directory: the first lets go of it
+    trainer = RLTrainer(replace(cfg, overwrite=True))
     assert trainer.rollout_copy is None
     assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded in float32 (no native bfloat16 on this device)"
 
@@ -391,7 +413,7 @@ def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup
         texts, _ = encode_prompts(task, [task[i] for i in drawn], trainer.tokenizer)
         assert [s[0] for s in res.samples] == [t for t in texts for _ in range(G)]
         # the update scored exactly the kept groups' samples, with the rollouts' own seeds
-        want = [trainer_mod._seed(cfg.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
+        want = [derive_seed(cfg.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
         assert scored and all(s == want for s in scored)
     assert trainer.stream.state_dict() == stream.state_dict()
     # seed 1's stream: a surplus group, then 3 batches for 2 groups, or (max 2 batches) a step left one short

@@ -123,3 +123,19 @@ def test_task_rows_countdown_compact(tmp_path):
     r = rows[0]
     assert tok.decode(ex[0].prompt_ids) == f"nums {' '.join(map(str, r['nums']))} target {r['target']}\n"
     assert tok.decode(ex[0].response_ids[:-1]) == f"<answer>{r['solution']}</answer>"
+
+
+def test_non_utf8_row_is_skipped_and_counted_or_refused_with_file_and_line(tmp_path):
+    tok = char_tokenizer("0123456789+=")
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "1+1=", "response": "2"}\n{"prompt": "caf\xe9", "response": "1"}\n'
+                     b'{"prompt": "2+2=", "response": "4"}\n')
+    ex, rep = load_sft_data(DataConfig(train_file=str(path)), tok, EOS, verbose=False)
+    assert len(ex) == 2 and (rep.read, rep.kept, dict(rep.dropped)) == (3, 2, {"not_utf8": 1})
+    assert rep.messages == [f"{path}:2: not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8"]
+    with pytest.raises(ValueError, match=rf"^{path}:2: not UTF-8 text \(byte 0xe9 at column 16\); save the file as "
+                                         r"UTF-8 \(set data.on_bad_row=skip to skip such rows\)$"):
+        load_sft_data(DataConfig(train_file=str(path), on_bad_row="error"), tok, EOS, verbose=False)
+    # a bad line past data.limit is never read
+    ex, rep = load_sft_data(DataConfig(train_file=str(path), limit=1, on_bad_row="error"), tok, EOS, verbose=False)
+    assert (len(ex), rep.read, dict(rep.dropped)) == (1, 1, {})

@@ -164,3 +164,15 @@ def test_build_prompt_chat_template_plain_and_compact():
     assert plain.build_prompt(plain.examples[0], FakeTokenizer()) == plain.examples[0]["prompt"]
     compact = get_task("countdown", data=rows, prompt_style="compact", system_prompt="ignored")
     assert compact.build_prompt(compact.examples[0], FakeTokenizer()) == "nums 3 5 7 target 22\n"
+
+
+def test_non_utf8_byte_in_a_data_file_names_file_and_line(tmp_path):
+    j = tmp_path / "latin1.jsonl"
+    j.write_bytes(b'{"input": "1,2", "output": "3"}\n{"input": "1,2", "output": "3", "note": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=rf"^{j}, line 2: not UTF-8 text \(byte 0xe9 at column 45\); save the file as "
+                                        r"UTF-8$"):
+        get_task(str(j), task_type="countdown").load()
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text('{"input": "1,2", "output": "3"}\n{"input": "1,')  # a data file's broken last row: an error
+    with pytest.raises(DataError, match=rf"^{torn}, line 2: invalid JSON"):
+        get_task(str(torn), task_type="countdown").load()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dllm_rl.sandbox import SandboxLimits
 from dllm_rl.tasks import DataError, get_task
 from dllm_rl.tasks.code import mbpp_entry_point
-from dllm_rl.tasks.sandbox import SandboxLimits
 
 LIMITS = SandboxLimits(timeout_s=5)
 MBPP_ROW = {
@@ -114,10 +114,9 @@ def test_mbpp_entry_point():
     assert mbpp_entry_point("assert set(similar((3, 4), (5, 4))) == set((4,))") == "similar"
 
 
-def test_humaneval_canonical_solutions_all_pass(data_dir):
-    t = get_task(
-        "humaneval", data=data_dir / "humaneval" / "HumanEval.jsonl.gz", limits=SandboxLimits(timeout_s=20)
-    )
+def test_humaneval_canonical_solutions_all_pass():
+    t = get_task("humaneval", limits=SandboxLimits(timeout_s=20))  # the complete set, bundled
+    assert t.source.endswith("assets/data/humaneval/HumanEval.jsonl.gz")
     examples = t.examples
     assert len(examples) == 164
     scores = t.score_examples([ex["canonical_solution"] for ex in examples], examples)
@@ -128,12 +127,11 @@ def test_humaneval_canonical_solutions_all_pass(data_dir):
 
 
 @pytest.mark.slow
-def test_mbpp_reference_solutions_pass(data_dir):
-    t = get_task(
-        "mbpp", data=data_dir / "mbpp" / "mbpp.jsonl", split="test", limits=SandboxLimits(timeout_s=20)
-    )
+def test_mbpp_reference_solutions_pass(mbpp_test):
+    path, rows = mbpp_test  # the test split (500) with the benchmark-data folder, else the bundled 50
+    t = get_task("mbpp", data=path, split="test", limits=SandboxLimits(timeout_s=20))
     examples = t.examples
-    assert len(examples) == 500 and examples[0]["task_id"] == 11
+    assert len(examples) == rows and examples[0]["task_id"] == 11
     scores = t.score_examples([t.reference_completion(ex) for ex in examples], examples)
     passed = sum(s == 1.0 for s in scores)
     assert passed >= 0.95 * len(examples), [

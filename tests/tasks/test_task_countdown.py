@@ -69,8 +69,9 @@ def test_solver_finds_solutions_that_verify():
     assert solve_countdown([1, 1], 5) is None
 
 
-def test_cd3_test_set_solutions_score_one_and_wrong_scores_zero(data_dir):
-    task = get_task("countdown", data=data_dir / "countdown" / "cd3_test.jsonl")
+def test_cd3_test_set_solutions_score_one_and_wrong_scores_zero():
+    task = get_task("countdown")  # the default test data: the complete set, bundled
+    assert task.source.endswith("assets/data/countdown/cd3_test.jsonl")
     examples = task.examples
     assert len(examples) == 256
     refs = [task.reference_completion(ex) for ex in examples]

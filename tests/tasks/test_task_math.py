@@ -62,10 +62,11 @@ def test_answer_only_in_solution_field():
     assert task.score_one("\\boxed{0.75}", task.examples[0]) == 1.0
 
 
-def test_math500_boxed_answers_score_one(data_dir):
-    task = get_task("math", data=data_dir / "math" / "math500_test.jsonl", exact_shortcut=False)
+def test_math500_boxed_answers_score_one(math500_test):
+    path, rows = math500_test  # all 500 with the benchmark-data folder, else the bundled 50
+    task = get_task("math", data=path, exact_shortcut=False)
     examples = task.examples
-    assert len(examples) == 500
+    assert len(examples) == rows
     scores = task.score_examples(
         [f"Thus the answer is $\\boxed{{{ex['answer']}}}$." for ex in examples], examples
     )

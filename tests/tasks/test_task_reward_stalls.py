@@ -140,9 +140,9 @@ def test_countdown_rejects_powers_and_deep_parentheses_without_evaluating():
     assert task.score_one("<answer>" + "1+" * 149 + "1</answer>", ex).reason == "expression nested too deeply"
 
 
-def test_real_reference_answers_pass_the_cost_check(data_dir):
-    math_answers = [json.loads(line)["answer"] for line in open(data_dir / "math" / "math500_test.jsonl")]
-    gsm = get_task("gsm8k", data=data_dir / "gsm8k" / "test.jsonl")
-    assert len(math_answers) == 500 and len(gsm.examples) == 1319
+def test_real_reference_answers_pass_the_cost_check(math500_test, gsm8k_test):
+    math_answers = [json.loads(line)["answer"] for line in open(math500_test[0])]
+    gsm = get_task("gsm8k", data=gsm8k_test[0])
+    assert len(math_answers) == math500_test[1] and len(gsm.examples) == gsm8k_test[1]
     assert [a for a in math_answers if evaluation_risk(a)] == []
     assert [ex["final_answer"] for ex in gsm.examples if evaluation_risk(ex["final_answer"])] == []

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from dllm_rl.sandbox import SandboxLimits
 from dllm_rl.tasks import Score, get_task
-from dllm_rl.tasks.sandbox import SandboxLimits
 
 ROWS = {
     "gsm8k": [{"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}],

@@ -10,18 +10,21 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import dllm_rl.training.checkpoint as ck_mod
 from dllm_rl.models import build_model, load_model, tiny_config
 from dllm_rl.training import (
     OptimConfig,
     build_optimizer,
     build_scheduler,
     checkpoint_name,
+    clean_leftovers,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
 )
+from dllm_rl.training.checkpoint import checkpoint_step
 
 
 def _setup(seed=0):
@@ -105,3 +108,51 @@ def test_latest_prune_and_incomplete_dirs(tmp_path):
     assert [p.name for p in removed] == ["step-0000002"]
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000004", "step-0000010"]
     assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_leftovers_of_a_save_cut_short_are_ignored_and_cleaned(tmp_path, caplog):
+    """A kill between the state file and the rename leaves step-N.tmp *with* trainer_state.json: it is no
+    checkpoint (the name is parsed strictly), latest names the last complete one, and the clean-up removes it."""
+    dlm, _, _ = _setup()
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root / checkpoint_name(2), dlm, step=2)
+    save_checkpoint(root / checkpoint_name(3), dlm, step=3)
+    (root / checkpoint_name(3)).rename(root / (checkpoint_name(3) + ".tmp"))  # as the kill leaves it
+    assert (root / "step-0000003.tmp" / "trainer_state.json").is_file()
+    (root / "step-0000005").mkdir()  # no state file
+    (root / "step-0000006").mkdir()
+    (root / "step-0000006" / "trainer_state.json").write_text('{"step": 6')  # a state file cut short
+    (root / "step-7").mkdir()
+    (root / "step-7" / "trainer_state.json").write_text('{"step": 8}')  # names another step
+    (root / "notes.txt").write_text("x")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000002"]
+    assert latest_checkpoint(tmp_path) == root / "step-0000002"
+    assert checkpoint_step(root / "step-0000002") == 2 and checkpoint_step(root / "step-0000003.tmp") is None
+    with caplog.at_level("WARNING", logger="dllm_rl.training.checkpoint"):
+        removed = clean_leftovers(tmp_path)
+    assert [p.name for p in removed] == ["notes.txt", "step-0000003.tmp", "step-0000005", "step-0000006", "step-7"]
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
+    assert f"{root / 'step-0000003.tmp'}: not a complete checkpoint (a save cut short?); removed" in caplog.text
+
+
+def test_a_save_that_fails_leaves_no_state_file_and_the_old_checkpoint_whole(tmp_path, monkeypatch):
+    """The state file is written last: a save that dies on the way (here in the RNG states, the last other
+    file) leaves a .tmp folder without one; saving the same step again replaces the old checkpoint."""
+    dlm, _, _ = _setup()
+    path = tmp_path / "checkpoints" / checkpoint_name(4)
+    save_checkpoint(path, dlm, step=4, extra={"n": 1})
+
+    def crash(generators=None):
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(ck_mod, "capture_rng", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            save_checkpoint(path, dlm, step=4, extra={"n": 2})
+    tmp = path.with_name(path.name + ".tmp")
+    assert (tmp / "model" / "config.json").is_file() and not (tmp / "trainer_state.json").exists()
+    assert latest_checkpoint(tmp_path) == path
+    assert json.loads((path / "trainer_state.json").read_text())["extra"] == {"n": 1}
+    save_checkpoint(path, dlm, step=4, extra={"n": 3})
+    assert json.loads((path / "trainer_state.json").read_text())["extra"] == {"n": 3}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step-0000004"]

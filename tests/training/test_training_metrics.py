@@ -1,12 +1,23 @@
-"""JSONL metrics, resume truncation, progress bar and PNG plots."""
+"""JSONL metrics, resume truncation, the progress line, the dashboard and opt-in per-metric PNGs."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from dllm_rl.training import MetricsLogger, Progress, plot_metrics, read_metrics
+from dllm_rl.training import (
+    ZERO_LOSS_NOTE,
+    MetricsLogger,
+    Progress,
+    loss_is_informative,
+    plot_metrics,
+    read_metrics,
+    rl_progress,
+    write_dashboard,
+)
+from dllm_rl.training.plots import dashboard_figure, smooth
 
 
 def test_metrics_jsonl_and_resume_truncation(tmp_path):
@@ -42,8 +53,63 @@ def test_plot_metrics_writes_pngs(tmp_path):
         plot_metrics(tmp_path / "nope")
 
 
-def test_progress_reports_tokens_per_second():
-    bar = Progress(total=4, initial=1, disable=True)
-    tps = bar.update(1, tokens=1000, loss=0.5)
-    assert tps > 0
+def _rl_run(path, n=12, scale=1.0):
+    log = MetricsLogger(path / "metrics.jsonl")
+    log.log(0, eval_accuracy=0.25 * scale, eval_reward=0.3)
+    for s in range(1, n + 1):
+        log.log(s, reward=scale * (s % 3) / 2, kl=0.001 * s, clip_frac=0.01 * (s % 4), completion_length=10 + s,
+                nfe=20 - s / 2, time_rollout=1.5, time_reward=0.25, time_update=0.5 + s / 100)
+    log.log(n, eval_accuracy=0.5 * scale, eval_reward=0.6)
+
+
+def test_dashboard_panels_hold_the_runs_data(tmp_path):
+    a, b = tmp_path / "espo", tmp_path / "tracerl"
+    _rl_run(a)
+    _rl_run(b, scale=0.5)
+    fig = dashboard_figure([a, b], smooth_window=3)
+    reward, held_out, kl, length, seconds, clip = fig.axes
+    assert [ax.get_title() for ax in fig.axes[:5]] == [
+        "reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step"]
+    steps = np.arange(1, 13, dtype=float)
+    raw = (steps % 3) / 2
+    # per run: raw reward, then its trailing mean over 3 steps
+    np.testing.assert_allclose(reward.lines[0].get_xydata(), np.c_[steps, raw])
+    np.testing.assert_allclose(reward.lines[1].get_ydata(), smooth(raw, 3))
+    assert reward.lines[1].get_ydata()[:3].tolist() == [0.5, 0.75, 0.5]
+    np.testing.assert_allclose(reward.lines[2].get_ydata(), raw * 0.5)  # the second run, overlaid
+    assert held_out.lines[0].get_xydata().tolist() == [[0.0, 0.25], [12.0, 0.5]]
+    assert held_out.lines[1].get_xydata().tolist() == [[0.0, 0.125], [12.0, 0.25]]
+    np.testing.assert_allclose(kl.lines[0].get_ydata(), 0.001 * steps)
+    np.testing.assert_allclose(clip.lines[0].get_ydata(), 0.01 * (steps % 4))
+    np.testing.assert_allclose(length.lines[0].get_ydata(), 10 + steps)
+    np.testing.assert_allclose(length.lines[1].get_ydata(), 20 - steps / 2)
+    assert [line.get_label() for line in seconds.lines[:3]] == ["espo rollout", "espo reward", "espo update"]
+    np.testing.assert_allclose(seconds.lines[2].get_ydata(), 0.5 + steps / 100)
+    assert len(seconds.lines) == 6
+    out = write_dashboard([a])
+    assert out == a / "dashboard.png" and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dashboard_of_an_sft_run_shows_the_loss(tmp_path):
+    log = MetricsLogger(tmp_path / "metrics.jsonl")
+    for s in (10, 20, 30):
+        log.log(s, loss=3.0 / s * 10, lr=1e-3)
+    fig = dashboard_figure([tmp_path])
+    assert fig.axes[0].get_title() == "loss"
+    assert fig.axes[0].lines[0].get_xydata().tolist() == [[10.0, 3.0], [20.0, 1.5], [30.0, 1.0]]
+    assert [t.get_text() for t in fig.axes[1].texts] == ["no data"]
+
+
+def test_progress_line_shows_reward_held_out_kl_clip_tokens_and_eta(capsys):
+    bar = Progress(total=4, initial=1, disable=False, desc="rl/espo", note=ZERO_LOSS_NOTE)
+    assert ZERO_LOSS_NOTE in capsys.readouterr().out
+    row = {"reward": 0.3125, "kl": 0.00123, "clip_frac": 0.05, "loss": 0.0}
+    bar.update(1, tokens=1000, **rl_progress(row, held_out=0.19, show_loss=False))
+    assert bar.postfix.startswith("reward=0.3125, held_out=0.19, kl=0.00123, clip=0.05, tok/s=")
+    assert "ETA" in str(bar.bar) and "loss" not in str(bar.bar)
+    bar.update(1, tokens=10, **rl_progress({"reward": 1.0, "loss": -0.25}, show_loss=True))
+    assert bar.postfix.startswith("reward=1, loss=-0.25, tok/s=")
     bar.close()
+    assert not loss_is_informative("sequence", None)  # ESPO
+    assert not loss_is_informative("token", "seq_mean")
+    assert loss_is_informative("token", "token_mean")  # TraceRL, diffu-GRPO

@@ -18,9 +18,9 @@ def _two_stream_inputs(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Model inputs of rows ``idx`` in the two-stream layout ``[prompt | clean | noisy copy]`` (SDAR arXiv
     2510.06303 / TraceRL arXiv 2509.06949 block training; :func:`dllm_rl.models.masks.two_stream_layout`) and
-    ``col[r, g]``, the output column of completion token ``g``'s noisy copy (-1 for right padding)."""
-    if model.family.shift:
-        raise ValueError("the two-stream layout is for block models without a logit shift")
+    ``col[r, g]``, the output column of completion token ``g``'s noisy copy (-1 for right padding). For a
+    shifted family (Fast-dLLM v2) ``col`` is the raw-logits column that scores the token
+    (:func:`_shifted_columns`) and the model is asked for raw logits."""
     device = ids.device
     layout = two_stream_layout(
         rows.clean_ids[idx].to(device), ids, valid, rows.prompt_lengths[idx].to(device), int(model.block_size),
@@ -34,7 +34,27 @@ def _two_stream_inputs(
     slot_of[r_idx, layout.noisy_columns[r_idx, j_idx]] = j_idx
     comp_slot = slot_of[:, rows.prompt_len :]
     # Every valid response column has a noisy copy; invalid (right-padding) columns get -1 (never scored).
-    return inputs, torch.where(comp_slot >= 0, seq + comp_slot, -1)
+    col = torch.where(comp_slot >= 0, seq + comp_slot, -1)
+    if model.family.shift:
+        inputs["align"] = False
+        raw_col = _shifted_columns(layout, int(model.block_size)).gather(1, (col - seq).clamp(min=0))
+        col = torch.where(col >= 0, raw_col, -1)
+    return inputs, col
+
+
+def _shifted_columns(layout, block_size: int) -> torch.Tensor:
+    """``[B, n_noisy]``: the raw-logits column that scores noisy slot ``j`` of a shifted family: the previous
+    noisy slot within the same block, and for a block's first token the clean column of the position before
+    it (which sees the clean blocks before, as the block sampler's last logit of the previous block does);
+    position 0 reads its own column (as :meth:`~dllm_rl.models.DiffusionLM.align_logits`)."""
+    seq = layout.seq_len
+    cols = layout.noisy_columns
+    n = cols.shape[1]
+    pos = layout.position_ids[:, seq:]
+    own = seq + torch.arange(n, device=cols.device).expand_as(cols)
+    first_of_block = (pos % block_size == 0) | (torch.arange(n, device=cols.device) == 0)[None, :]
+    from_clean = torch.where(pos > 0, cols - 1, own)
+    return torch.where(first_of_block, from_clean, own - 1)
 
 
 def row_inputs(

@@ -5,7 +5,8 @@
   settings (a comparison table and an accuracy-vs-NFE plot); re-running the same command resumes.
 - ``dllm-rl trace MODEL_DIR --prompt TEXT -o trace.html`` (or ``--from-trace FILE.jsonl``) writes the
   step-by-step decoding viewer.
-- ``dllm-rl plot RUN_DIR`` draws a training run's curves (``metrics.jsonl`` -> ``plots/*.png``).
+- ``dllm-rl plot RUN_DIR [RUN_DIR ...]`` draws one dashboard of a run's curves, runs overlaid
+  (``metrics.jsonl`` -> ``dashboard.png``; ``--per-metric``: ``plots/*.png`` too).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
+
+from dllm_rl.errors import UserError
 
 DECODE_GROUP = "decoding (base for every --setting; DecodeConfig fields)"
 
@@ -43,7 +46,7 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise ValueError(f"{flag} {item!r} must look like key=value")
+            raise UserError(f"{flag} {item!r} must look like key=value")
         k, v = item.split("=", 1)
         out[k.strip()] = yaml.safe_load(v)
     return out
@@ -51,8 +54,22 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ eval
 def eval_command(args: argparse.Namespace) -> int:
-    from dllm_rl.eval.harness import EvalConfig, load_settings_file, parse_setting, run_eval
+    from dllm_rl.eval.harness import EvalRunConfig, run_eval
+    from dllm_rl.eval.settings import load_settings_file, parse_setting
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    task, data, prompt_style, decode = args.task, args.data, args.prompt_style, decode_overrides(args)
+    if args.demo:  # the shipped demo's held-out set and decoding (dllm_rl.eval.demo); explicit flags win
+        from dllm_rl.eval.demo import demo_defaults
+
+        demo = demo_defaults(args.model_dir, decode)
+        task, data, prompt_style = task or demo["task"], data or demo["data"], prompt_style or demo["prompt_style"]
+        decode = demo["decode"]
+    if task is None:
+        raise UserError("give the task with --task NAME (or a data file), or --demo for a shipped demo checkpoint")
     settings = []
     if args.settings_file:
         settings += load_settings_file(args.settings_file)
@@ -61,18 +78,18 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.task_type:
         task_options["task_type"] = args.task_type
     model_dir = Path(args.model_dir)
-    default_name = f"{model_dir.resolve().name}-{Path(args.task).stem}-{args.split}"
+    default_name = f"{model_dir.resolve().name}-{Path(task).stem}-{args.split}"
     output = args.output or str(Path("runs") / "eval" / default_name)
-    cfg = EvalConfig(
-        model_dir=args.model_dir, task=args.task, output_dir=output, split=args.split, data=args.data,
+    cfg = EvalRunConfig(
+        model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data,
         limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
-        device=args.device, tokenizer=args.tokenizer, prompt_style=args.prompt_style, system_prompt=args.system_prompt,
-        task_options=task_options, decode=decode_overrides(args), settings=settings,
+        device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
+        task_options=task_options, decode=decode, settings=settings, block_size=args.block_size,
         trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
         command=_command_line(args),
     )
     summary = run_eval(cfg)
-    print((Path(output) / "summary.md").read_text())
+    print((Path(output) / ("summary.json" if args.json else "summary.md")).read_text())
     return 0 if summary else 1
 
 
@@ -84,8 +101,16 @@ def register_eval(sub) -> None:
         epilog="example: dllm-rl eval ckpt --task countdown --limit 500 --setting static1:tokens_per_step=1 "
         "--setting static2:tokens_per_step=2 --setting dyn:threshold=0.9 -o runs/eval/countdown",
     )
-    p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer)")
-    p.add_argument("--task", required=True, help="gsm8k | math | countdown | sudoku | code | a local data file")
+    p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer) "
+                   "or a hub id org/name[@revision]")
+    p.add_argument("--task", default=None, help="gsm8k | math | countdown | sudoku | code | a local data file")
+    p.add_argument("--demo", action="store_true",
+                   help="evaluate a shipped demo checkpoint as `make demo` reports it: the held-out countdown file, "
+                   "compact prompts, greedy one token per step, its RL config's gen_length/block_length "
+                   "(explicit flags win)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="block models: decode in blocks of this size (default: the model's block_size); e.g. "
+                   "--demo --block-size 8 for a block-4 demo model trained at block 8 (rl-block8.yaml)")
     p.add_argument("--task-type", default=None, help="which task a data file given as --task holds (e.g. countdown)")
     p.add_argument("--split", default="test", help="data split (default test)")
     p.add_argument("--data", default=None, help="data file instead of the task's default file for --split")
@@ -108,6 +133,8 @@ def register_eval(sub) -> None:
     p.add_argument("--trace-items", type=int, default=0, help="write traces/<setting>.html for the first N items")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --output instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the Markdown table")
     add_decode_arguments(p, exclude=("seed",))  # per-sample seeds derive from --seed
     p.set_defaults(func=eval_command)
 
@@ -117,7 +144,7 @@ def trace_command(args: argparse.Namespace) -> int:
     from dllm_rl.eval.trace_viewer import load_trace_jsonl, write_html
 
     if not args.output:
-        raise ValueError("give the output file with -o trace.html")
+        raise UserError("give the output file with -o trace.html")
     tok_dir = args.tokenizer or args.model_dir
     if args.from_trace:
         tok = None
@@ -129,9 +156,9 @@ def trace_command(args: argparse.Namespace) -> int:
         meta = {"source": args.from_trace}
     else:
         if not args.model_dir:
-            raise ValueError("give MODEL_DIR (to decode --prompt) or --from-trace FILE.jsonl")
+            raise UserError("give MODEL_DIR (to decode --prompt) or --from-trace FILE.jsonl")
         if not args.prompt and not args.task:
-            raise ValueError("give --prompt TEXT (repeatable) or --task NAME [--index I] to pick what to decode")
+            raise UserError("give --prompt TEXT (repeatable) or --task NAME [--index I] to pick what to decode")
         records, meta = _decode_for_trace(args, tok_dir)
     path = write_html(args.output, records, title=args.title or "dllm-rl decoding trace", meta=meta)
     print(f"wrote {path} ({len(records)} sequence{'s' if len(records) != 1 else ''})")
@@ -144,21 +171,18 @@ def trace_command(args: argparse.Namespace) -> int:
 
 
 def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
-    from dllm_rl.eval.harness import (
-        Setting,
-        check_model_tokenizer,
-        resolve_decode,
-        resolve_device,
-        resolve_eval_dtype,
-    )
+    from dllm_rl.eval.settings import Setting, resolve_decode
     from dllm_rl.eval.trace_viewer import records_from_rollout
+    from dllm_rl.hub import resolve_model_path
     from dllm_rl.models import load_model
+    from dllm_rl.models.checks import check_model_tokenizer
     from dllm_rl.sampling import generate
+    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
-    model_dir = Path(args.model_dir)
+    model_dir = resolve_model_path(args.model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
-    tok, fam, block_size = check_model_tokenizer(model_dir, Path(tok_dir))
+    tok, fam, block_size = check_model_tokenizer(model_dir, resolve_model_path(tok_dir))
     resolved = resolve_decode(decode_overrides(args), Setting("trace"), block_size)
     decode = resolved.decode
     texts, labels, examples, task = [], [], [], None
@@ -172,7 +196,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
         exs = task.load()
         for i in args.index or [0]:
             if not 0 <= i < len(exs):
-                raise ValueError(f"--index {i} out of range: task {args.task!r} has {len(exs)} items")
+                raise UserError(f"--index {i} out of range: task {args.task!r} has {len(exs)} items")
             examples.append(exs[i])
             texts.append(task.build_prompt(exs[i], tok))
             labels.append(f"{args.task} item {i}")
@@ -200,7 +224,8 @@ def register_trace(sub) -> None:
         "file, and write one HTML file (no network resources) with a step slider, play button and "
         "step/confidence on hover.",
     )
-    p.add_argument("model_dir", nargs="?", default=None, help="checkpoint directory (not needed with --from-trace "
+    p.add_argument("model_dir", nargs="?", default=None, help="checkpoint directory or hub id "
+                   "(not needed with --from-trace "
                    "when the trace holds token strings)")
     p.add_argument("--prompt", action="append", help="prompt text to decode (repeatable); used as is")
     p.add_argument("--task", default=None, help="decode items of this task instead (prompt built by the task)")
@@ -222,19 +247,28 @@ def register_trace(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ plot
 def plot_command(args: argparse.Namespace) -> int:
-    from dllm_rl.training import plot_metrics
+    from dllm_rl.training import plot_metrics, write_dashboard
 
-    paths = plot_metrics(args.run_dir, keys=args.keys)
-    for p in paths:
-        print(p)
+    if args.keys and not args.per_metric:
+        raise UserError("--keys selects per-metric PNGs: add --per-metric")
+    print(write_dashboard(args.run_dir, out=args.output))
+    if args.per_metric:
+        for run_dir in args.run_dir:
+            for p in plot_metrics(run_dir, keys=args.keys):
+                print(p)
     return 0
 
 
 def register_plot(sub) -> None:
-    p = sub.add_parser("plot", help="draw a training run's curves (reward, accuracy, KL, length, NFE) as PNG",
-                       description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/plots/<metric>.png.")
-    p.add_argument("run_dir", help="run directory holding metrics.jsonl")
-    p.add_argument("--keys", nargs="+", default=None, help="metrics to plot (default: every numeric metric)")
+    p = sub.add_parser("plot", help="draw one dashboard of a training run (reward, held-out accuracy, KL / clip "
+                       "fraction, length / NFE, time per step); several runs overlaid",
+                       description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/dashboard.png (several runs: "
+                       "one page, -o FILE.png); --per-metric also writes RUN_DIR/plots/<metric>.png.")
+    p.add_argument("run_dir", nargs="+", help="run directories holding metrics.jsonl (several: overlaid)")
+    p.add_argument("-o", "--output", default=None, help="dashboard PNG (default RUN_DIR/dashboard.png; needed "
+                   "for several runs)")
+    p.add_argument("--per-metric", action="store_true", help="also write one PNG per metric into RUN_DIR/plots")
+    p.add_argument("--keys", nargs="+", default=None, help="with --per-metric: metrics to plot (default: all)")
     p.set_defaults(func=plot_command)
 
 

@@ -23,137 +23,38 @@ Output directory::
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import os
-import platform
 import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllm_rl.config import ConfigError, field, from_dict, to_dict
+from dllm_rl.config import field, to_dict
+from dllm_rl.errors import UserError
+from dllm_rl.eval.provenance import (
+    check_resume,
+    data_fingerprint,
+    environment,
+    merge_meta,
+    model_fingerprint,
+    write_json,
+)
+from dllm_rl.eval.settings import ResolvedSetting, Setting, resolve_decode
+from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
+from dllm_rl.models.checks import check_model_tokenizer
+from dllm_rl.seeding import derive_seed
+from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
-SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-#: pseudo-keys a setting may use besides DecodeConfig's fields
-SETTING_SHORTCUTS = ("tokens_per_step", "block_cache")
-#: what a resumed evaluation must share with the one that wrote the directory
-FINGERPRINT_KEYS = ("model", "task", "split", "data", "num_samples", "seed", "dtype", "prompt_style",
-                    "system_prompt", "task_options")
-
-
-# ------------------------------------------------------------------------------------------------ settings
-@dataclass
-class Setting:
-    """A named decoding setting: overrides on top of the base DecodeConfig."""
-
-    name: str
-    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not SETTING_NAME.match(self.name):
-            raise ValueError(f"setting name {self.name!r}: use letters, digits and _ . + - only")
-
-
-def parse_setting(spec: str) -> Setting:
-    """``NAME:key=val,key=val`` (or just ``NAME`` for the base settings) -> :class:`Setting`.
-
-    Keys are :class:`~dllm_rl.sampling.DecodeConfig` fields, or ``tokens_per_step=k`` for a static
-    schedule committing k tokens per step in every block (``steps = ceil(block / k)``).
-    """
-    name, _, rest = spec.partition(":")
-    overrides: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in rest.split(","))):
-        if "=" not in part:
-            raise ValueError(f"--setting {spec!r}: {part!r} must look like key=value "
-                             "(for example dyn:threshold=0.9 or static2:tokens_per_step=2)")
-        k, v = part.split("=", 1)
-        overrides[k.strip().replace("-", "_")] = v.strip()
-    return Setting(name.strip(), overrides)
-
-
-def load_settings_file(path: str | Path) -> list[Setting]:
-    """Settings from YAML: a mapping ``name: {key: value, ...}`` or a list of ``{name: ..., key: value}``."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: settings file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    if isinstance(data, Mapping):
-        items = [(str(k), v or {}) for k, v in data.items()]
-    elif isinstance(data, list):
-        items = []
-        for i, entry in enumerate(data):
-            if not isinstance(entry, Mapping) or "name" not in entry:
-                raise ValueError(f"{path}: entry {i} must be a mapping with a 'name'")
-            items.append((str(entry["name"]), {k: v for k, v in entry.items() if k != "name"}))
-    else:
-        raise ValueError(f"{path}: expected a mapping of setting name -> options, or a list of settings")
-    out = []
-    for name, opts in items:
-        if not isinstance(opts, Mapping):
-            raise ValueError(f"{path}: setting {name!r} must map option names to values")
-        out.append(Setting(name, {str(k).replace("-", "_"): v for k, v in opts.items()}))
-    return out
-
-
-@dataclass
-class ResolvedSetting:
-    """A setting made concrete: the DecodeConfig and the extra ``generate`` options (``block_cache``)."""
-
-    decode: Any
-    block_cache: bool = True
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**to_dict(self.decode), "block_cache": self.block_cache}
-
-
-def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | None = None) -> ResolvedSetting:
-    """The decoding of ``setting`` over ``base`` (string values coerced to the DecodeConfig field types).
-
-    Shortcuts: ``tokens_per_step=k`` = a static schedule committing k tokens per step
-    (``steps = ceil(block / k)`` per block, block = the model's ``block_size`` for block models, else
-    ``block_length``); ``block_cache=false`` = block models decode without their (exact) KV cache.
-    ``block_size`` is the model's own block (None for full-attention models).
-    """
-    from dllm_rl.config import _coerce
-    from dllm_rl.sampling import DecodeConfig
-
-    where = f"setting {setting.name!r}"
-    data = {**base, **setting.overrides}
-    tps = data.pop("tokens_per_step", None)
-    block_cache = _coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
-    if not block_cache and block_size is None:
-        raise ValueError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
-                         "choose their cache with cache=none|prefix|dual")
-    if tps is not None:
-        tps = _coerce(tps, int, f"{where}: tokens_per_step")
-        if tps < 1:
-            raise ValueError(f"{where}: tokens_per_step must be >= 1")
-        if data.get("steps") is not None or data.get("threshold") is not None:
-            raise ValueError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
-        block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
-        data["steps"] = -(-block // tps)
-    try:
-        decode = from_dict(DecodeConfig, data, where=where)
-    except ConfigError as exc:
-        msg = str(exc).replace(" valid keys: ", f" valid keys: {', '.join(SETTING_SHORTCUTS)}, ")
-        raise ValueError(msg) from None
-    return ResolvedSetting(decode, bool(block_cache))
+#: how a sample's decoding seed is made (in meta.json; a directory of another rule is not resumed)
+SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
 
 
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
-class EvalConfig:
+class EvalRunConfig:
     """One ``dllm-rl eval`` call."""
 
     model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
@@ -173,6 +74,8 @@ class EvalConfig:
     task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
     decode: dict[str, Any] = field(default_factory=dict, help="Base DecodeConfig overrides for every setting.")
     settings: list[Setting] = field(default_factory=list, help="Named decoding settings (default: one, 'default').")
+    block_size: int | None = field(None, help="Block models: decode in blocks of this size (default: the model's own "
+                                   "block_size; TraceRL's block-size adaptation trains a model to decode at another).")
     trace_items: int = field(0, help="Write an HTML decoding trace of the first N items per setting.")
     overwrite: bool = field(False, help="Delete earlier results in output_dir instead of resuming.")
     progress: bool = field(True, help="Show a progress bar.")
@@ -182,62 +85,19 @@ class EvalConfig:
 # ------------------------------------------------------------------------------------------------ helpers
 def sample_seed(seed: int, index: int, sample: int) -> int:
     """The decoding seed of sample ``sample`` of item ``index`` (independent of batching and order)."""
-    digest = hashlib.sha256(f"dllm-rl-eval:{seed}:{index}:{sample}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def model_fingerprint(model_dir: Path, full_hash_limit: int = 2 << 30) -> dict[str, Any]:
-    """Hashes identifying a checkpoint: config.json, and each weight file in full (up to 2 GiB in total)
-    or, for large checkpoints, its size plus the hash of its first and last MiB."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    total = sum(f.stat().st_size for f in files)
-    weights = {}
-    for f in files:
-        if total <= full_hash_limit:
-            weights[f.name] = sha256_file(f)
-        else:
-            h = hashlib.sha256()
-            size = f.stat().st_size
-            with open(f, "rb") as fh:
-                h.update(fh.read(1 << 20))
-                fh.seek(max(0, size - (1 << 20)))
-                h.update(fh.read())
-            weights[f.name] = f"size={size},head+tail-sha256={h.hexdigest()}"
-    return {"path": str(model_dir.resolve()), "config_sha256": sha256_file(model_dir / "config.json"),
-            "weights": weights}
-
-
-def _json_line(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=str, sort_keys=False)
+    return derive_seed(seed, index, sample)
 
 
 def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
-    """Records of a results file; a torn last line (an interrupted write) is dropped, and removed from the
-    file when ``repair``. A bad line elsewhere is an error naming the line."""
+    """Records of a results file; a torn last line (an interrupted write) is dropped with a warning, and
+    removed from the file when ``repair`` (before appending to it). A bad line elsewhere is an error naming
+    the line."""
     if not path.is_file():
         return []
-    raw = path.read_bytes()
-    good_end = raw.rfind(b"\n") + 1  # bytes up to the last complete line
-    if good_end < len(raw) and repair:
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-    out = []
-    for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: corrupt results line ({exc}); delete it or use --overwrite") from None
-    return out
+    try:
+        return repair_jsonl(path) if repair else read_jsonl(path)
+    except JSONLError as err:
+        raise ValueError(f"{err}; delete that line or use --overwrite") from None
 
 
 def is_correct(score: Any) -> bool:
@@ -250,81 +110,7 @@ def is_correct(score: Any) -> bool:
     return float(score) >= 1.0
 
 
-def _environment(device, dtype) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    from dllm_rl import __version__
-
-    env = {"dllm_rl": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
-           "dtype": str(dtype).removeprefix("torch."),
-           "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device_name"] = platform.processor() or platform.machine()
-        env["torch_threads"] = torch.get_num_threads()
-    try:
-        import subprocess
-
-        repo = Path(__file__).resolve().parents[3]
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5)
-        if commit.returncode == 0:
-            env["git_commit"] = commit.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return env
-
-
-def resolve_device(device: str):
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev
-
-
-def resolve_eval_dtype(dtype: str, device) -> str:
-    if dtype == "auto":
-        return "bfloat16" if device.type == "cuda" else "float32"
-    from dllm_rl.models import resolve_dtype
-
-    resolve_dtype(dtype)  # validates
-    return dtype
-
-
-def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
-    """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
-    mask and EOS ids must agree and every token id must fit the embedding."""
-    from dllm_rl.models import load_tokenizer
-    from dllm_rl.models.families import detect_family
-    from dllm_rl.models.loading import read_config
-
-    pub = read_config(model_dir)
-    fam = detect_family(pub, str(model_dir / "config.json"))
-    hf = fam.hf_config(pub)
-    mask_id = int(pub.get("mask_token_id", fam.mask_token_id))
-    eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
-        else None
-    tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
-    vocab = int(hf.vocab_size)
-    if len(tok) > vocab:
-        raise ValueError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "
-                         f"{vocab}; tokenizer and model do not belong together")
-    if eos_id is not None and tok.eos_token_id != eos_id:
-        raise ValueError(f"tokenizer {tokenizer_dir} eos id {tok.eos_token_id} != model eos_token_id {eos_id} "
-                         f"({model_dir}/config.json); tokenizer and model do not belong together")
-    block_size = int(pub.get("block_size") or fam.block_size or 4) if fam.attention == "block" else None
-    return tok, fam, block_size
-
-
-def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+def _task_kwargs(cfg: EvalRunConfig) -> dict[str, Any]:
     kw = dict(cfg.task_options)
     kw["split"] = cfg.split
     if cfg.data is not None:
@@ -336,7 +122,7 @@ def _task_kwargs(cfg: EvalConfig) -> dict[str, Any]:
     return kw
 
 
-def load_task(cfg: EvalConfig):
+def load_task(cfg: EvalRunConfig):
     """The task with its examples loaded (unknown tasks and missing files fail here, before any compute)."""
     from dllm_rl.tasks import get_task
 
@@ -353,19 +139,10 @@ def load_task(cfg: EvalConfig):
                          "(check --task-option)") from None
     examples = task.load()
     if not examples:
-        raise ValueError(f"task {cfg.task!r} ({task.source}) has no examples")
+        from dllm_rl.tasks.base import DataError
+
+        raise DataError(f"{task.source}: no items to evaluate (task {cfg.task!r}); give a file with at least one item")
     return task, examples
-
-
-def _data_fingerprint(task, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    src = task.source
-    info: dict[str, Any] = {"source": src, "items": len(examples)}
-    p = Path(src)
-    if p.is_file():
-        info["sha256"] = sha256_file(p)
-    info["examples_sha256"] = hashlib.sha256(
-        "\n".join(json.dumps(ex, sort_keys=True, default=str) for ex in examples).encode()).hexdigest()
-    return info
 
 
 def _reference(example: Mapping[str, Any], max_chars: int = 2000) -> dict[str, Any]:
@@ -386,7 +163,7 @@ def _reference(example: Mapping[str, Any], max_chars: int = 2000) -> dict[str, A
 class PreparedEval:
     """Everything validated and loaded before the first forward pass."""
 
-    cfg: EvalConfig
+    cfg: EvalRunConfig
     task: Any
     examples: list[dict[str, Any]]
     tokenizer: Any
@@ -400,7 +177,7 @@ class PreparedEval:
     out: Path
 
 
-def prepare(cfg: EvalConfig) -> PreparedEval:
+def prepare(cfg: EvalRunConfig) -> PreparedEval:
     """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
     loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
     if cfg.num_samples < 1:
@@ -409,13 +186,23 @@ def prepare(cfg: EvalConfig) -> PreparedEval:
         raise ValueError(f"--limit must be >= 1, got {cfg.limit}")
     if cfg.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
-    model_dir = Path(cfg.model_dir)
+    from dllm_rl.hub import resolve_model_path
+
+    model_dir = resolve_model_path(cfg.model_dir)  # a directory or a hub id
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
     task, examples = load_task(cfg)
     if cfg.limit is not None:
         examples = examples[: cfg.limit]
-    tok, fam, block_size = check_model_tokenizer(model_dir, Path(cfg.tokenizer or cfg.model_dir))
+    tokenizer_dir = resolve_model_path(cfg.tokenizer or cfg.model_dir)
+    tok, fam, block_size = check_model_tokenizer(model_dir, tokenizer_dir)
+    if cfg.block_size is not None:
+        if block_size is None:
+            raise UserError(f"--block-size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
+                             "model (its decoding block is --block-length)")
+        if cfg.block_size < 1:
+            raise UserError(f"--block-size must be >= 1, got {cfg.block_size}")
+        block_size = cfg.block_size
     settings = list(cfg.settings) or [Setting("default")]
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -431,10 +218,10 @@ def prepare(cfg: EvalConfig) -> PreparedEval:
     meta = {
         "model": model_fingerprint(model_dir),
         "family": fam.name,
-        "tokenizer": str(Path(cfg.tokenizer or cfg.model_dir).resolve()),
+        "tokenizer": str(tokenizer_dir.resolve()),
         "task": cfg.task,
         "split": cfg.split,
-        "data": _data_fingerprint(task, task.load()),
+        "data": data_fingerprint(task, task.load()),
         "prompt_style": getattr(task, "prompt_style", cfg.prompt_style),
         "system_prompt": cfg.system_prompt,
         "task_options": to_dict(cfg.task_options),
@@ -442,65 +229,21 @@ def prepare(cfg: EvalConfig) -> PreparedEval:
         "items": len(examples),
         "num_samples": cfg.num_samples,
         "seed": cfg.seed,
-        "seed_rule": "sample s of item i decodes with sha256('dllm-rl-eval:{seed}:{i}:{s}')[:4] & 0x7fffffff",
+        "seed_rule": SEED_RULE,
         "dtype": dtype,
         "settings": {n: {"overrides": to_dict(s.overrides), "decode": decodes[n].as_dict()}
                      for n, s in zip(names, settings)},
-        "environment": _environment(device, dtype),
+        "environment": environment(device, dtype),
         "command": cfg.command,
     }
+    if cfg.block_size is not None:  # only when given, so that earlier evaluations still resume
+        meta["block_size"] = cfg.block_size
     out = Path(cfg.output_dir)
-    _check_resume(out, meta, cfg.overwrite)
+    check_resume(out, meta, cfg.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
 
 
-def _check_resume(out: Path, meta: Mapping[str, Any], overwrite: bool) -> None:
-    meta_file = out / "meta.json"
-    if overwrite or not meta_file.is_file():
-        return
-    try:
-        old = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{meta_file}: not valid JSON ({exc}); use --overwrite to start again") from None
-    for key in FINGERPRINT_KEYS:
-        a, b = old.get(key), meta.get(key)
-        if key == "model" and isinstance(a, dict) and isinstance(b, dict):
-            a, b = ({k: a.get(k) for k in ("config_sha256", "weights")},
-                    {k: b.get(k) for k in ("config_sha256", "weights")})
-        if key == "data" and isinstance(a, dict) and isinstance(b, dict):
-            a, b = a.get("sha256", a.get("examples_sha256")), b.get("sha256", b.get("examples_sha256"))
-        if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
-            raise ValueError(f"{out} holds results of a different evaluation ({key} differs: {a!r} vs {b!r}); "
-                             "choose another --output or pass --overwrite")
-    for name, s in meta["settings"].items():
-        prev = old.get("settings", {}).get(name)
-        if prev is not None and json.dumps(prev["decode"], sort_keys=True) != json.dumps(s["decode"], sort_keys=True):
-            raise ValueError(f"{out}: setting {name!r} was run with different decoding options "
-                             f"({prev['decode']} vs {s['decode']}); rename the setting, choose another --output "
-                             "or pass --overwrite")
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _merge_meta(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """meta.json keeps the settings of earlier runs in this directory and the environment of each run."""
-    meta_file = out / "meta.json"
-    merged = dict(meta)
-    if meta_file.is_file():
-        old = json.loads(meta_file.read_text())
-        merged["settings"] = {**old.get("settings", {}), **meta["settings"]}
-        runs = old.get("runs", [old.get("environment")])
-        merged["runs"] = [r for r in runs if r] + [meta["environment"]]
-    else:
-        merged["runs"] = [meta["environment"]]
-    return merged
-
-
-def run_eval(cfg: EvalConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary dict (also written to ``summary.json``).
 
     ``model`` may be a loaded :class:`~dllm_rl.models.DiffusionLM` (tests, in-process use); by default the
@@ -517,23 +260,24 @@ def run_eval(cfg: EvalConfig, model=None, log: Callable[[str], None] | None = No
                 for p in d.iterdir():
                     p.unlink()
     (out / "items").mkdir(parents=True, exist_ok=True)
-    meta = _merge_meta(out, prep.meta)
-    _write_json(out / "meta.json", meta)
+    meta = merge_meta(out, prep.meta)
+    write_json(out / "meta.json", meta)
 
     if model is None:
         from dllm_rl.models import load_model
 
         log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
-        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device)
+        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
+    from dllm_rl.models.block_size import block_size_as
     from dllm_rl.sampling.decode import check_inputs
 
-    for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
-        check_inputs(model, prompt_ids, rs.decode, None)
-
-    for setting in prep.settings:
-        _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
+    with block_size_as([model], cfg.block_size):
+        for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
+            check_inputs(model, prompt_ids, rs.decode, None)
+        for setting in prep.settings:
+            _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
     summary = write_summary(prep)
     for name, s in summary["settings"].items():
         m = s["metrics"]
@@ -574,41 +318,40 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
                        dynamic_ncols=True, file=sys.stderr)
         n_correct = 0
         n_new = 0
-        with open(path, "a", encoding="utf-8") as fh:
-            for start in range(0, len(pending), cfg.batch_size):
-                chunk = pending[start: start + cfg.batch_size]
-                seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
-                t0 = time.perf_counter()
-                roll = generate(model, [prompt_ids[i] for i, _ in chunk], resolved.decode, seeds=seeds,
-                                tokenizer=prep.tokenizer, block_cache=resolved.block_cache)
-                if prep.device.type == "cuda":
-                    import torch
+        for start in range(0, len(pending), cfg.batch_size):
+            chunk = pending[start: start + cfg.batch_size]
+            seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
+            t0 = time.perf_counter()
+            roll = generate(model, [prompt_ids[i] for i, _ in chunk], resolved.decode, seeds=seeds,
+                            tokenizer=prep.tokenizer, block_cache=resolved.block_cache)
+            if prep.device.type == "cuda":
+                import torch
 
-                    torch.cuda.synchronize(prep.device)
-                elapsed = time.perf_counter() - t0
-                exs = [prep.examples[i] for i, _ in chunk]
-                scores = prep.task.score_examples(roll.texts, exs)
-                lengths = roll.completion_mask.sum(dim=1).tolist()
-                for b, ((i, s), score) in enumerate(zip(chunk, scores)):
-                    ok = is_correct(score)
-                    n_correct += ok
-                    rec = {
-                        "setting": setting.name, "index": i, "sample": s, "seed": seeds[b],
-                        "prompt": prompt_texts[i], "completion": roll.texts[b], "reward": float(score),
-                        "correct": ok, "reason": getattr(score, "reason", ""), "length": int(lengths[b]),
-                        "nfe": int(roll.nfe[b]), "finish_reason": roll.finish_reason[b],
-                        "gen_seconds": elapsed / len(chunk), "reference": _reference(prep.examples[i]),
-                    }
-                    info = getattr(score, "info", None)
-                    if info:
-                        rec["score_info"] = info
-                    fh.write(_json_line(rec) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-                n_new += len(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
-                    bar.set_postfix(acc=f"{n_correct / n_new:.3f}", tok_s=f"{sum(lengths) / max(elapsed, 1e-9):.1f}")
+                torch.cuda.synchronize(prep.device)
+            elapsed = time.perf_counter() - t0
+            exs = [prep.examples[i] for i, _ in chunk]
+            scores = prep.task.score_examples(roll.texts, exs)
+            lengths = roll.completion_lengths().tolist()
+            records = []
+            for b, ((i, s), score) in enumerate(zip(chunk, scores)):
+                ok = is_correct(score)
+                n_correct += ok
+                rec = {
+                    "setting": setting.name, "index": i, "sample": s, "seed": seeds[b],
+                    "prompt": prompt_texts[i], "completion": roll.texts[b], "reward": float(score),
+                    "correct": ok, "reason": getattr(score, "reason", ""), "length": int(lengths[b]),
+                    "nfe": int(roll.nfe[b]), "finish_reason": roll.finish_reason[b],
+                    "gen_seconds": elapsed / len(chunk), "reference": _reference(prep.examples[i]),
+                }
+                info = getattr(score, "info", None)
+                if info:
+                    rec["score_info"] = info
+                records.append(rec)
+            append_jsonl(path, records, fsync=True)  # on disk before the next batch: a kill loses this one at most
+            n_new += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+                bar.set_postfix(acc=f"{n_correct / n_new:.3f}", tok_s=f"{sum(lengths) / max(elapsed, 1e-9):.1f}")
         if bar is not None:
             bar.close()
     if prep.cfg.trace_items > 0:
@@ -656,7 +399,7 @@ def write_summary(prep: PreparedEval) -> dict[str, Any]:
     summary = {"model": prep.cfg.model_dir, "task": prep.cfg.task, "split": prep.cfg.split,
                "num_samples": k, "items": n_items, "command": prep.cfg.command or "", "settings": settings,
                "meta": {key: v for key, v in prep.meta.items() if key != "settings"}}
-    _write_json(prep.out / "summary.json", summary)
+    write_json(prep.out / "summary.json", summary)
     (prep.out / "summary.md").write_text(markdown_table(summary))
     plot_accuracy_vs_nfe(summary, prep.out / "accuracy_vs_nfe.png")
     return summary

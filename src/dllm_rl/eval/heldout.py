@@ -1,8 +1,8 @@
 """In-memory held-out accuracy: decode a task's prompts with a model already in memory and score them.
 
-The one evaluation loop of training runs (the RL trainer before, during and after training) and of the demo
-accuracy command (``python -m dllm_rl.sft.demo_eval``). ``dllm-rl eval`` (:mod:`dllm_rl.eval.harness`) is the
-file-based, resumable evaluation of saved checkpoints over several decoding settings.
+The evaluation loop of training runs (the RL trainer before, during and after training). ``dllm-rl eval``
+(:mod:`dllm_rl.eval.harness`) is the file-based, resumable evaluation of saved checkpoints over several decoding
+settings (``--demo``: the shipped demo checkpoints as ``make demo`` reports them).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.seeding import derive_seed
+from dllm_rl.tasks.base import DataError
 
 
 @dataclass
@@ -34,20 +36,31 @@ def encode_prompts(task: Any, examples: list[dict], tokenizer: Any) -> tuple[lis
     return texts, ids
 
 
+def check_not_empty(task: Any, what: str, key: str) -> None:
+    """Refuse a task without examples, naming its file and the key that chose it (an evaluation of no items
+    would report an accuracy of 0)."""
+    if len(task) == 0:
+        raise DataError(f"{task.source}: no {what} examples ({key}); give a file with at least one item"
+                        + (" or eval.limit=0 to turn the held-out evaluation off" if key == "eval.data" else ""))
+
+
 @torch.no_grad()
 def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: DecodeConfig, batch_size: int = 64,
                      seed: int = 0) -> HeldOut:
-    """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward."""
+    """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward.
+
+    ``examples`` may be empty (a rank's share of fewer items than ranks): the result then counts 0 items;
+    an empty task is refused before (:func:`check_not_empty`)."""
     if not examples:
         return HeldOut(0.0, 0.0, 0.0, 0.0, 0)
     was_training = model.training
     model.eval()
     _, ids = encode_prompts(task, examples, tokenizer)
-    seeds = [seed * 1_000_003 + i for i in range(len(ids))]
+    seeds = [derive_seed(seed, i) for i in range(len(ids))]
     rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)
-    lengths = rollout.completion_mask.sum(-1).float()
+    lengths = rollout.completion_lengths().float()
     model.train(was_training)
     return HeldOut(
         accuracy=metrics["accuracy"],

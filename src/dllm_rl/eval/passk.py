@@ -11,13 +11,14 @@ numerically stable form), which never forms a large binomial coefficient.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dllm_rl.jsonl import read_jsonl
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -85,12 +86,5 @@ def pass_at_k_from_file(path: str | Path, ks: Iterable[int] | None = None, key: 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: results file not found")
-    records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+    records = read_jsonl(path)  # an eval killed mid-write: its torn last line is dropped with a warning
     return pass_at_k_from_records(records, ks, key)

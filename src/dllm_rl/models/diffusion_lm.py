@@ -45,9 +45,7 @@ class DiffusionLM(nn.Module):
         self.eos_token_id: int = int(pub.get("eos_token_id", family.eos_token_id))
         pad = pub.get("pad_token_id")
         self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)
-        self.block_size: int | None = (
-            int(pub.get("block_size") or family.block_size or 4) if family.attention == "block" else None
-        )
+        self.block_size: int | None = family.block_size_of(pub)
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -123,6 +121,7 @@ class DiffusionLM(nn.Module):
         use_cache: bool = False,
         prev_raw_logits: torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor | None = None,
+        align: bool = True,
     ) -> DLMOutput:
         """Run the model.
 
@@ -137,8 +136,11 @@ class DiffusionLM(nn.Module):
         ``k`` the last ``k`` query positions, a 1-D integer tensor the listed query positions (shared by the
         batch; sorted by convention, duplicates allowed). ``logits`` is then ``[B, K, V]`` and equals the
         full forward's ``logits`` at those positions. For Dream the raw logits at ``i - 1`` and ``i`` of each
-        kept ``i`` are computed and aligned exactly as :meth:`align_logits` does.
+        kept ``i`` are computed and aligned exactly as :meth:`align_logits` does. ``align=False`` returns a
+        shifted family's raw logits (position ``i`` scoring token ``i + 1``), for layouts whose previous
+        column is not the previous position (the two-stream layout).
         """
+        shift = self.family.shift and align
         valid = attention_mask.bool() if attention_mask is not None else None
         if attn_bias is None:
             if past_key_values is not None:
@@ -152,7 +154,7 @@ class DiffusionLM(nn.Module):
             raise ValueError("DiffusionLM.forward: position_ids are required with a custom attn_bias")
         keep = _check_keep(logits_to_keep, input_ids.shape[1])
         hf_keep: int | torch.Tensor | None = None
-        if keep is not None and self.family.shift:
+        if keep is not None and shift:
             keep, hf_keep, raw_index = self._shifted_keep(keep, input_ids.shape[1], input_ids.device)
         elif keep is not None:
             # The last query position rides along so that ``last_raw_logits`` stays exact (one more row).
@@ -172,8 +174,8 @@ class DiffusionLM(nn.Module):
         )
         raw = out.logits
         if keep is None:
-            logits = self.align_logits(raw, prev_raw_logits, valid)
-        elif self.family.shift:
+            logits = self.align_logits(raw, prev_raw_logits, valid) if shift else raw
+        elif shift:
             logits = self._align_kept(raw, keep, raw_index, prev_raw_logits, valid)
         else:
             logits = raw if isinstance(keep, int) else raw[:, : keep.numel()]

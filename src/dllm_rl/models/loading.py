@@ -14,12 +14,14 @@ from typing import Any
 import torch
 from accelerate import init_empty_weights
 from huggingface_hub import split_torch_state_dict_into_shards
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
+from dllm_rl.errors import UserError
+from dllm_rl.hub import resolve_model_path
 from dllm_rl.models.diffusion_lm import DiffusionLM
-from dllm_rl.models.families import Family, detect_family, get_family
+from dllm_rl.models.families import Family, detect_family, get_family, resolve_mask_token_id
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -30,19 +32,20 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint directory, with a clear error when it is missing or broken."""
-    cfg_file = Path(path) / "config.json"
+    """The ``config.json`` of a checkpoint directory or hub id, with a clear error when it is missing or broken."""
+    path = resolve_model_path(path)
+    cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file}: no config.json (is {path} a model directory?)")
     try:
         return json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_file}: not valid JSON ({exc})") from exc
+        raise UserError(f"{cfg_file}: not valid JSON ({exc})") from exc
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -60,9 +63,53 @@ def _weight_files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
+def _read_weights(file: Path, device, dtype) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file under their published names; a file that does not parse (empty,
+    truncated, not safetensors) is named in the error."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            return {name: f.get_tensor(name).to(device=device, dtype=dtype) for name in f.keys()}
+    except SafetensorError as exc:
+        size = file.stat().st_size
+        raise UserError(f"{file}: not a readable safetensors file ({exc}; {size} bytes): the file is corrupt or "
+                        "truncated (an interrupted download or copy?); fetch or save it again") from None
+
+
+def _published_names(fam: Family, state: dict[str, torch.Tensor], hf_config) -> list[str]:
+    """The published names of some HF tensors, for error messages (HF names where a fused tensor needs
+    its siblings to be named)."""
+    try:
+        return sorted(fam.to_published_state(state, hf_config))
+    except KeyError:
+        return sorted(state)
+
+
+def _hf_state(fam: Family, files: list[Path], hf_config, expected: dict[str, torch.Tensor], device,
+              dtype) -> dict[str, torch.Tensor]:
+    """All checkpoint tensors converted to HF names (the family fuses experts / qkv where HF does), each
+    checked against the model's names and shapes; errors name the published tensor and its file."""
+    published: dict[str, torch.Tensor] = {}
+    source: dict[str, Path] = {}
+    for file in files:
+        for name, tensor in _read_weights(file, device, dtype).items():
+            published[name] = tensor
+            source[name] = file
+    state = fam.to_hf_state(published, hf_config)
+    for hf_name, tensor in state.items():
+        pub_names = sorted(set(_published_names(fam, {hf_name: tensor}, hf_config)) & set(source)) or [hf_name]
+        where = source.get(pub_names[0], files[0])
+        if hf_name not in expected:
+            raise UserError(f"{where}: unexpected tensor {pub_names[0]!r} for a {fam.name} model")
+        want = tuple(expected[hf_name].shape)
+        if tuple(tensor.shape) != want:
+            raise UserError(f"{where}: tensor {pub_names[0]!r} has shape {tuple(tensor.shape)}, config.json implies "
+                            f"{want}")
+    return state
+
+
 def _instantiate(fam: Family, pub: dict[str, Any], dtype: torch.dtype, attn: str, empty: bool):
     if attn not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attn_implementation {attn!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+        raise UserError(f"unknown attn_implementation {attn!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
     hf_config = fam.hf_config(pub)
     if empty:  # parameters on the meta device, buffers (RoPE) real: weights are assigned from disk
         with init_empty_weights(include_buffers=False):
@@ -77,34 +124,30 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
+    tokenizer_dir: str | Path | None = None,
 ) -> DiffusionLM:
-    """Load a published-layout checkpoint directory as a :class:`DiffusionLM`."""
-    path = Path(path)
+    """Load a published-layout checkpoint directory, or hub id ``org/name[@revision]``
+    (:func:`~dllm_rl.hub.resolve_model_path`), as a :class:`DiffusionLM`.
+
+    The mask id is ``config.json``'s ``mask_token_id``, else the mask token of the tokenizer in
+    ``tokenizer_dir`` (default: the checkpoint directory), else the family's published id
+    (:func:`~dllm_rl.models.families.resolve_mask_token_id`)."""
+    path = resolve_model_path(path)
+    tokenizer_dir = resolve_model_path(tokenizer_dir) if tokenizer_dir is not None else None
     pub = read_config(path)
     fam = detect_family(pub, str(path / "config.json"))
+    pub["mask_token_id"] = resolve_mask_token_id(pub, fam, path / "config.json", tokenizer_dir or path)
     torch_dtype = resolve_dtype(dtype)
     model = _instantiate(fam, pub, torch_dtype, attn_implementation, empty=True)
     expected = {k: v for k, v in model.state_dict().items()}
     tied = fam.tied(pub)
-    state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                hf_name = fam.to_hf_name(name)
-                if hf_name not in expected:
-                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {fam.name} model")
-                tensor = f.get_tensor(name)
-                want = tuple(expected[hf_name].shape)
-                if tuple(tensor.shape) != want:
-                    raise ValueError(
-                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {want}"
-                    )
-                state[hf_name] = tensor.to(device=device, dtype=torch_dtype)
+    state = _hf_state(fam, _weight_files(path), model.config, expected, device, torch_dtype)
     if tied:
         state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise ValueError(f"{path}: checkpoint lacks tensors {[fam.to_published_name(m) for m in missing[:5]]}")
+        names = _published_names(fam, {m: expected[m] for m in missing}, model.config)
+        raise UserError(f"{path}: checkpoint lacks tensors {names[:5]}")
     model.load_state_dict(state, strict=True, assign=True)
     if tied:
         model.tie_weights()
@@ -134,14 +177,10 @@ def published_state_dict(dlm: DiffusionLM) -> dict[str, torch.Tensor]:
     fam = dlm.family
     model = dlm.hf_model
     if hasattr(model, "merge_and_unload") or hasattr(model, "get_base_model"):
-        raise ValueError("save a PEFT model after merging its adapters (merge_and_unload)")
+        raise UserError("save a PEFT model after merging its adapters (merge_and_unload)")
     tied = bool(model.config.tie_word_embeddings)
-    out = {}
-    for name, tensor in model.state_dict().items():
-        if tied and name == "lm_head.weight":
-            continue
-        out[fam.to_published_name(name)] = tensor.detach().contiguous().clone()
-    return out
+    state = {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    return {k: v.contiguous().clone() for k, v in fam.to_published_state(state, model.config).items()}
 
 
 def save_model(
@@ -170,8 +209,9 @@ def save_model(
     saved_dtype = next(iter(state.values())).dtype if state else dlm.dtype
     pub["torch_dtype"] = str(saved_dtype).removeprefix("torch.")
     pub["mask_token_id"] = dlm.mask_token_id
-    if dlm.block_size is not None:
-        pub["block_size"] = dlm.block_size
+    key = dlm.family.block_size_key
+    if dlm.block_size is not None and key and (key in pub or dlm.block_size != dlm.family.block_size):
+        pub[key] = dlm.block_size
     (path / "config.json").write_text(json.dumps(pub, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))

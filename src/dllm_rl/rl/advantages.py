@@ -67,6 +67,18 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 }
 
 
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register ``fn`` as advantage rule ``name`` in :data:`ADVANTAGES`."""
+
+    def deco(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGES:
+            raise ValueError(f"advantage {name!r} registered twice")
+        ADVANTAGES[name] = fn
+        return fn
+
+    return deco
+
+
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_rewards: str) -> torch.Tensor:
     """Advantage rule ``name`` (see :data:`ADVANTAGES`) of ``rewards`` in groups of ``group_size``."""
     if name not in ADVANTAGES:

@@ -1,8 +1,8 @@
 """Algorithm presets: each method is a choice of estimator, loss, KL and advantage.
 
 A preset only fills the fields a user left at ``None``, so every part stays overridable (ESPO on a
-block model, TraceRL on LLaDA, diffu-GRPO with leave-one-out, ...). :func:`resolve` also checks the
-combination before any compute and names the bad key and its allowed values.
+block model, TraceRL on LLaDA, diffu-GRPO with leave-one-out, ...). Each value is checked when the config
+is built (:mod:`dllm_rl.rl.config`); :func:`resolve` checks the rules between fields, before any compute.
 """
 
 from __future__ import annotations
@@ -11,25 +11,27 @@ import dataclasses
 from typing import Any
 
 from dllm_rl.config import ConfigError
-from dllm_rl.estimators import ESTIMATORS
-from dllm_rl.models.loading import DTYPES
-from dllm_rl.rl.advantages import ADVANTAGES
+from dllm_rl.rl import methods  # noqa: F401  (registers every method's parts)
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.kl import KL_ESTIMATORS
-from dllm_rl.rl.losses import POLICY_LOSSES
+from dllm_rl.rl.hooks import make_hook
 from dllm_rl.rl.value_config import check_value_model
 
-# Paper defaults. "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full).
+# Paper defaults (paper fidelity; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo).
+# "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length
+# follows the rollout's decoding block. Settings a preset cannot hold (lr, num_iterations, lengths) are in
+# each method's recipe in configs/.
 PRESETS: dict[str, dict[str, Any]] = {
-    # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL, leave-one-out advantages. Ours: a
-    # prompt's rollouts share the ELBO's masks (estimator_noise=group), so the leave-one-out gradients on the
-    # tokens they share cancel (benchmarks/LEARNING.md: it lifted ESPO on both demo models).
+    # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL with beta 0.01 (its train.yaml; 3e-3 for
+    # Countdown), leave-one-out advantages. Ours: a prompt's rollouts share the ELBO's masks
+    # (estimator_noise=group), so the leave-one-out gradients on the tokens they share cancel
+    # (benchmarks/LEARNING.md: it lifted ESPO on both demo models).
     "espo": dict(estimator="elbo", estimator_options={"num_mc": 2, "coupled": True}, loss_type="sequence",
-                 loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2", advantage="leave_one_out",
+                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k2", advantage="leave_one_out",
                  scale_rewards="none", estimator_noise="group"),
-    # TraceRL (arXiv 2509.06949): the inference trace as the policy's action sequence, token-level ratio.
+    # TraceRL (arXiv 2509.06949): the inference trace as the policy's action sequence, token-level ratio,
+    # KL beta 0.01 (the paper's setting).
     "tracerl": dict(estimator="trace", estimator_options={}, loss_type="token", loss_aggregation="token_mean",
-                    beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
+                    beta=0.01, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
                     estimator_noise="sample"),
     # diffu-GRPO (d1, arXiv 2504.12216): mean-field one-step estimate with random prompt masking.
     "diffu_grpo": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="token",
@@ -43,62 +45,96 @@ PRESETS: dict[str, dict[str, Any]] = {
     "random_mask_grpo": dict(estimator="random_mask", estimator_options={}, loss_type="token",
                              loss_aggregation="token_mean", beta=0.0, kl_estimator="k3",
                              advantage="group_zscore", scale_rewards="group", estimator_noise="sample"),
+    # SPG (arXiv 2510.09541, released code): block-wise masking with 2 draws, ELBO for A > 0 and the
+    # EUBO/ELBO mixture (eubo_beta 1.5, weight 0.5: its Countdown mixture script) for the rest, ratio-free,
+    # no KL, advantages r - mean (unscaled).
+    "spg": dict(estimator="spg_block", estimator_options={"num_mc": 2}, loss_type="spg",
+                loss_options={"mode": "mix", "eubo_beta": 1.5, "mix_weight": 0.5}, loss_aggregation="seq_mean",
+                beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="none",
+                estimator_noise="sample"),
+    # BGPO (arXiv 2510.11683): its linear lower bound on the ELBO, 16 MC draws (the paper's large-sample
+    # setting; not confirmed from its code), back-propagated draw by draw. Block models: the block ELBO (EBPO).
+    "bgpo": dict(estimator="elbo", estimator_options={"num_mc": 16, "coupled": False}, loss_type="bgpo",
+                 loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2", advantage="group_zscore",
+                 scale_rewards="group", estimator_noise="sample"),
+    # JustGRPO (arXiv 2601.15165, released code): exact left-to-right likelihood, token clip 0.2, sum over
+    # tokens / generation length, no KL, GRPO advantages. (Its rollouts decode one token per step, left to
+    # right: rollout.block_length=1 in its recipe.)
+    "justgrpo": dict(estimator="left_to_right", estimator_options={}, loss_type="token",
+                     loss_aggregation="fixed_length", beta=0.0, kl_estimator="k3", advantage="group_zscore",
+                     scale_rewards="group", estimator_noise="sample"),
+    # wd1 (arXiv 2507.08838, released wll_d1_neg trainer): d1's mean-field estimate, ratio-free weighted
+    # log-likelihood with softmax(A) - softmax(-A) weights, no reference policy.
+    "wd1": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="weighted_loglik",
+                loss_aggregation="seq_mean", beta=0.0, kl_estimator="k3", advantage="wd1_weights",
+                scale_rewards="none", estimator_noise="sample"),
+    # IGPO (arXiv 2509.10396, released run_igpo.sh): GRPO with d1's masking and GSPO's sequence ratio, beta
+    # 0.01, plus the inpainting hook on all-fail groups (ratio U(0.2, 0.6), chunks 5-10, <= 4 replacements).
+    "igpo": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="sequence",
+                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k3", advantage="group_zscore",
+                 scale_rewards="group", estimator_noise="sample", rollout_hook="igpo",
+                 rollout_hook_options={"max_replacements": 4, "ratio_low": 0.2, "ratio_high": 0.6,
+                                       "min_chunk": 5, "max_chunk": 10}),
 }
 
 
-def _check(name: str, value: Any, allowed) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}: {value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+def _fill_preset(cfg: RLConfig, attention: str) -> RLConfig:
+    """``cfg`` with its ``None`` fields taken from its algorithm's preset (TraceRL's shrinkage per attention
+    kind); building the new config checks every value (:func:`dllm_rl.config.check_fields`)."""
+    preset = PRESETS[cfg.algorithm]
+    out = dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None})
+    opts = dict(out.estimator_options or {})
+    if out.estimator == "trace":
+        opts.setdefault("shrinkage", 1 if attention == "block" else 8)
+    if out.estimator == "spg_block" and attention == "full":
+        opts.setdefault("block_length", cfg.rollout.block_length)
+    return dataclasses.replace(out, estimator_options=opts)
+
+
+def check_combination(cfg: RLConfig) -> None:
+    """The rules between fields of a resolved config (single values are checked when it is built)."""
+    if not cfg.model:
+        raise ConfigError("model: set the checkpoint directory (model=PATH)")
+    if cfg.advantage == "leave_one_out" and cfg.num_generations < 2:
+        raise ConfigError("num_generations: leave_one_out needs at least 2 generations per prompt")
+    if cfg.reference == "base" and not cfg.lora.enabled:
+        raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
+    try:
+        make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.dynamic_sampling and not cfg.drop_zero_variance and cfg.accuracy_band is None:
+        raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
+                          "with drop_zero_variance=false and no accuracy_band nothing is dropped")
+    check_value_model(cfg.value_model, cfg.loss_type)
 
 
 def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     """Fill ``cfg``'s ``None`` fields from its algorithm preset for a model of ``attention`` kind
     (``full`` | ``block``) and validate the result. Returns a new config."""
-    _check("algorithm", cfg.algorithm, PRESETS)
-    preset = dict(PRESETS[cfg.algorithm])
-    updates = {k: v for k, v in preset.items() if getattr(cfg, k) is None}
-    out = dataclasses.replace(cfg, **updates)
-    opts = dict(out.estimator_options or {})
-    if out.estimator == "trace":
-        opts.setdefault("shrinkage", 1 if attention == "block" else 8)
-    out = dataclasses.replace(out, estimator_options=opts)
-
-    _check("estimator", out.estimator, ESTIMATORS)
-    _check("loss_type", out.loss_type, POLICY_LOSSES)
-    _check("loss_aggregation", out.loss_aggregation, ("token_mean", "seq_mean", "fixed_length"))
-    _check("kl_estimator", out.kl_estimator, KL_ESTIMATORS)
-    _check("advantage", out.advantage, ADVANTAGES)
-    _check("scale_rewards", out.scale_rewards, ("group", "batch", "none"))
-    _check("reference", out.reference, ("copy", "base"))
-    _check("estimator_noise", out.estimator_noise, ("sample", "group"))
-    _check("rollout.cache", out.rollout.cache, ("none", "prefix", "dual"))
-    if out.rollout.dtype is not None:
-        _check("rollout.dtype", out.rollout.dtype, (*DTYPES, "auto"))
-    for name, schedule in (("rollout", out.rollout), ("eval", out.eval)):
-        if schedule.threshold is not None and not 0.0 < schedule.threshold <= 1.0:
-            raise ConfigError(f"{name}.threshold: must be in (0, 1], got {schedule.threshold}")
-        if schedule.steps is not None and schedule.steps < 1:
-            raise ConfigError(f"{name}.steps: must be >= 1, got {schedule.steps}")
-    if out.advantage == "leave_one_out" and out.num_generations < 2:
-        raise ConfigError("num_generations: leave_one_out needs at least 2 generations per prompt")
-    if out.num_generations < 1 or out.prompts_per_step < 1 or out.micro_batch_size < 1:
-        raise ConfigError("num_generations, prompts_per_step and micro_batch_size must be >= 1")
-    if out.num_iterations < 1:
-        raise ConfigError(f"num_iterations: must be >= 1, got {out.num_iterations}")
-    if not 0.0 <= out.ema_decay < 1.0:
-        raise ConfigError(f"ema_decay: must be in [0, 1), got {out.ema_decay}")
-    if out.beta < 0:
-        raise ConfigError(f"beta: must be >= 0, got {out.beta}")
-    if out.reference == "base" and not out.lora.enabled:
-        raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
-    if out.accuracy_band is not None and len(out.accuracy_band) != 2:
-        raise ConfigError("accuracy_band: give two numbers [lo, hi]")
-    if out.max_sampling_rounds < 1:
-        raise ConfigError(f"max_sampling_rounds: must be >= 1, got {out.max_sampling_rounds}")
-    if out.dynamic_sampling and not out.drop_zero_variance and out.accuracy_band is None:
-        raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
-                          "with drop_zero_variance=false and no accuracy_band nothing is dropped")
-    check_value_model(out.value_model, out.loss_type)
-    if not out.model:
-        raise ConfigError("model: set the checkpoint directory (model=PATH)")
+    out = _fill_preset(cfg, attention)
+    check_combination(out)
     return out
+
+
+PAPERS: dict[str, str] = {
+    "espo": "ESPO, arXiv 2512.03759", "tracerl": "TraceRL, arXiv 2509.06949", "diffu_grpo": "d1, arXiv 2504.12216",
+    "coupled_grpo": "DiffuCoder, arXiv 2506.20639", "random_mask_grpo": "MMaDA UniGRPO, arXiv 2505.15809",
+    "spg": "SPG, arXiv 2510.09541", "bgpo": "BGPO, arXiv 2510.11683", "justgrpo": "JustGRPO, arXiv 2601.15165",
+    "wd1": "wd1, arXiv 2507.08838", "igpo": "IGPO, arXiv 2509.10396",
+}
+
+
+def preset_table() -> list[str]:
+    """One line per preset: its paper and the fields it fills (for ``dllm-rl rl --help-config``)."""
+    lines = ["presets (algorithm=NAME fills the fields left unset; anything you set wins):"]
+    for name, preset in PRESETS.items():
+        parts = [f"estimator={preset['estimator']}{preset['estimator_options'] or ''}", f"loss={preset['loss_type']}"]
+        if preset.get("loss_options"):
+            parts.append(f"loss_options={preset['loss_options']}")
+        parts += [f"aggregation={preset['loss_aggregation']}", f"beta={preset['beta']}", f"kl={preset['kl_estimator']}",
+                  f"advantage={preset['advantage']}/{preset['scale_rewards']}", f"noise={preset['estimator_noise']}"]
+        if preset.get("rollout_hook"):
+            parts.append(f"hook={preset['rollout_hook']}")
+        lines.append(f"  {name} ({PAPERS[name]}): " + ", ".join(parts))
+    return lines

@@ -10,25 +10,12 @@ is a state a block-``B'`` sampler can reach, and TraceRL's loss at ``B'`` teache
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+from typing import Any
 
 from dllm_rl.config import ConfigError
-from dllm_rl.models import DiffusionLM
+from dllm_rl.models.block_size import block_size_as
 
-
-@contextlib.contextmanager
-def block_size_as(models: Iterable[DiffusionLM | None], size: int | None) -> Iterator[None]:
-    """Within the ``with``, the block models among ``models`` use block ``size`` (``None``: unchanged)."""
-    targets = [m for m in models if m is not None and m.is_block_causal and size is not None]
-    before = [m.block_size for m in targets]
-    for m in targets:
-        m.block_size = int(size)
-    try:
-        yield
-    finally:
-        for m, b in zip(targets, before):
-            m.block_size = b
+__all__ = ["block_size_as", "block_sizes", "run_block_sizes"]
 
 
 def block_sizes(rollout_block: int | None, train_block: int | None, native: int | None) -> tuple[int | None, ...]:
@@ -49,3 +36,12 @@ def block_sizes(rollout_block: int | None, train_block: int | None, native: int 
         raise ConfigError(f"train_block_size: {train} must be a multiple of the rollout block ({rollout}) and at "
                           "least as large (a rollout at block B is a trace at block B' = k B)")
     return rollout, train
+
+
+def run_block_sizes(cfg: Any, native: int | None) -> tuple[int | None, int | None, int | None]:
+    """``(rollout, train, eval)`` block sizes of an RL run (``cfg``: an ``RLConfig``) on a model whose own block
+    is ``native``; see :func:`block_sizes`. ``eval.block_size`` defaults to the rollout's block."""
+    rollout, train = block_sizes(cfg.rollout.block_size, cfg.train_block_size, native)
+    if cfg.eval.block_size is not None and rollout is None:
+        raise ConfigError("eval.block_size: for block models (SDAR) only")
+    return rollout, train, cfg.eval.block_size or rollout

@@ -8,19 +8,21 @@ import logging
 from pathlib import Path
 
 from dllm_rl.config import describe, load_config
-
-DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+from dllm_rl.errors import UserError
+from dllm_rl.eval.demo import DEMO_DIR
 
 
 def run_rl(args: argparse.Namespace) -> int:
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.rl.trainer import train
+    from dllm_rl.rl.loop import train
 
     if args.help_config:
-        print("\n".join(describe(RLConfig)))
+        from dllm_rl.rl.algorithms import preset_table
+
+        print("\n".join(describe(RLConfig) + [""] + preset_table()))
         return 0
     if args.config is None:
-        raise ValueError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
+        raise UserError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(RLConfig, args.config, args.overrides)
     summary = train(cfg)
@@ -43,12 +45,15 @@ def demo_overrides(model_kind: str) -> list[str]:
 def run_demo(args: argparse.Namespace) -> int:
     """RL from the shipped tiny SFT checkpoint: held-out greedy accuracy before and after."""
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.rl.trainer import train
+    from dllm_rl.rl.loop import train
 
     path = demo_config_path(args.model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
+    # the demo starts afresh each time (`make demo` twice reruns it), unless resume=... is given
     overrides = demo_overrides(args.model) + ([f"algorithm={args.algorithm}"] if args.algorithm else [])
+    if not any(o.startswith(("resume=", "overwrite=")) for o in args.overrides):
+        overrides.append("overwrite=true")
     # the run directory is named for the algorithm the config resolves to (the demo YAML's unless overridden)
     algorithm = load_config(RLConfig, path, overrides + list(args.overrides)).algorithm
     overrides.append(f"output_dir={args.output_dir}/{args.model}-{algorithm}")
@@ -60,12 +65,13 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
           + (f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
              if "accuracy_after_live" in summary else "")
-          + f" in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/plots")
+          + f" in {summary['minutes']:.1f} min; curves in {summary['output_dir']}/dashboard.png")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("rl", help="RL post-training (espo | tracerl | diffu_grpo | coupled_grpo | random_mask_grpo)")
+    p = sub.add_parser("rl", help="RL post-training (presets: espo | tracerl | diffu_grpo | coupled_grpo | "
+                       "random_mask_grpo | spg | bgpo | justgrpo | wd1 | igpo; --help-config prints the table)")
     p.add_argument("config", nargs="?", help="YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm=tracerl rollout.gen_length=64")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
@@ -73,11 +79,14 @@ def register(sub) -> None:
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
     d.add_argument("--algorithm", default=None,
-                   help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo "
-                   "(default: the demo config's: espo on the block model, tracerl on the full one)")
+                   help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo | spg | bgpo | justgrpo | wd1 | "
+                   "igpo (default: the demo config's: espo on the block model, tracerl on the full one; the demo "
+                   "config's beta: 0 applies to any of them)")
     d.add_argument("--model", choices=("full", "block", "block8"), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
                    "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml)")
-    d.add_argument("--output-dir", default="runs/demo", help="where the run goes")
+    d.add_argument("--output-dir", default="runs/demo",
+                   help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
+                   "unless resume=latest is given)")
     d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
     d.set_defaults(func=run_demo)

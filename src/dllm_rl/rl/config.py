@@ -1,37 +1,77 @@
 """`RLConfig`: every knob of `dllm-rl rl`, with TRL's names where the meaning matches.
 
 Fields left at ``None`` are filled by the algorithm preset (:mod:`dllm_rl.rl.algorithms`); anything set
-in the YAML file or on the command line wins over the preset.
+in the YAML file or on the command line wins over the preset. Each value is checked when the config is
+built (:func:`dllm_rl.config.check_fields`: ``Literal`` choices, registries, ranges); the rules between
+fields are checked by :func:`dllm_rl.rl.algorithms.resolve`. Both run before any model is loaded.
+
+Papers behind the defaults: PPO clipping (arXiv 1707.06347), GRPO (DeepSeekMath, arXiv 2402.03300),
+DAPO (arXiv 2503.14476), d1 / diffu-GRPO (arXiv 2504.12216), DiffuCoder coupled-GRPO (arXiv 2506.20639),
+TraceRL (arXiv 2509.06949), ESPO (arXiv 2512.03759), SPG (arXiv 2510.09541), BGPO (arXiv 2510.11683),
+JustGRPO (arXiv 2601.15165), wd1 (arXiv 2507.08838), IGPO (arXiv 2509.10396).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from dllm_rl.config import field
+from dllm_rl.config import Checked, ConfigError, field
+from dllm_rl.errors import UserError
+from dllm_rl.hub import check_repo_id
+from dllm_rl.models.loading import DTYPES
 from dllm_rl.rl.value_config import ValueModelConfig
+from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig
+from dllm_rl.training.trackers import check_report_to
+
+
+def _registry(module: str, name: str):
+    """The names of a registry, read when a value is checked (the registries import this module's users)."""
+    return lambda: tuple(getattr(importlib.import_module(module), name))
+
+
+def _reward_problem(spec: str) -> str | None:
+    """What is wrong with a ``module:function`` reward (it is imported now, at config time), or None."""
+    from dllm_rl.tasks.base import load_callable
+
+    try:
+        load_callable(spec)
+    except UserError as exc:
+        return str(exc).removeprefix("reward ")
+    return None
+
+
+def _band_problem(band: list[float]) -> str | None:
+    if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
+        return f"give two numbers [lo, hi] with 0 <= lo <= hi <= 1, got {band}"
+    return None
+
+
+def _decode_default(name: str, default: Any) -> Any:
+    """A :class:`DecodeOptions` field with another default (same help and checks)."""
+    base = DecodeOptions.__dataclass_fields__[name]
+    return dataclasses.field(default=default, metadata=base.metadata)
 
 
 @dataclass
-class RolloutConfig:
-    """How rollouts are decoded (see :class:`dllm_rl.sampling.DecodeConfig`)."""
+class RolloutConfig(DecodeOptions):
+    """How rollouts are decoded: the sampler's :class:`~dllm_rl.sampling.config.DecodeOptions` (window,
+    schedule, order, sampling, cache) with rollout defaults, plus the rollout's batching and model copy.
+    Unlike a direct sampler call, ``threshold`` wins over ``steps`` when both are set."""
 
-    gen_length: int = field(32, help="tokens generated per completion")
+    gen_length: int = _decode_default("gen_length", 32)
     block_length: int | None = field(
-        None, help="semi-autoregressive block length for full-attention models (default gen_length); "
-        "block models always use their own block_size")
-    steps: int | None = field(
-        None, help="static decoding: steps per block (default: one token per step). Ignored with threshold")
-    threshold: float | None = field(None, help="dynamic decoding: commit every token with confidence > threshold")
-    temperature: float = field(1.0, help="sampling temperature for rollouts (0 = greedy)")
-    top_k: int = field(0, help="top-k filter for rollouts (0 = off)")
-    top_p: float = field(1.0, help="top-p filter for rollouts (1 = off)")
-    confidence: str = field("prob", help="which tokens to commit first: prob | margin | entropy | random")
-    cache: str = field("prefix", help="KV cache for full-attention models: none | prefix | dual")
-    batch_size: int = field(64, help="sequences decoded together")
+        None, ge=1, help="semi-autoregressive block length for full-attention models (default gen_length: one "
+        "block); block models always use their own block_size")
+    temperature: float = _decode_default("temperature", 1.0)
+    cache: CacheMode = _decode_default("cache", "prefix")
+    batch_size: int = field(64, ge=1, help="sequences decoded together")
     dtype: str | None = field(
-        None, help="decode rollouts with a copy of the policy in this dtype (bfloat16 | float16 | float32 | auto), "
+        None, choices=(*DTYPES, "auto"),
+        help="decode rollouts with a copy of the policy in this dtype (bfloat16 | float16 | float32 | auto), "
         "refreshed from the live weights each step; log-probs, updates and the held-out evaluation keep the "
         "policy's dtype. auto: bfloat16 where the device multiplies it natively (CUDA; a CPU with AMX or "
         "AVX512-BF16), else the policy's dtype. Default: the policy itself")
@@ -40,116 +80,194 @@ class RolloutConfig:
         "on the first step, serves every batch and prompt width; needs a C++ compiler on CPU), refreshed from "
         "the live weights each step like the rollout.dtype copy")
     block_size: int | None = field(
-        None, help="block models: the block the rollouts decode in (default the model's block_size); with "
+        None, ge=1, help="block models: the block the rollouts decode in (default the model's block_size); with "
         "train_block_size larger, TraceRL's block-size adaptation")
 
 
 @dataclass
-class EvalConfig:
-    """Held-out greedy evaluation during and after training.
+class HeldOutConfig(Checked):
+    """Held-out greedy evaluation during and after training (the ``eval:`` section of an RL config).
 
     It decodes the rollout's window (``rollout.gen_length`` / ``block_length``), order (``confidence``) and
     cache, with its own temperature and schedule (``steps`` / ``threshold`` below).
     """
 
-    every: int = field(0, help="evaluate every N steps (0 = only before and after training)")
-    limit: int = field(200, help="held-out items evaluated")
+    every: int = field(0, ge=0, help="evaluate every N steps (0 = only before and after training)")
+    limit: int = field(
+        200, ge=0, help="held-out items evaluated (0 = no held-out evaluation at all; otherwise an evaluation "
+        "data file without items is an error)")
     split: str = field("test", help="split of the task used for evaluation")
     data: str | None = field(None, help="evaluation data file (default: the task's test file)")
-    temperature: float = field(0.0, help="decoding temperature for evaluation (0 = greedy)")
+    temperature: float = field(0.0, ge=0, help="decoding temperature for evaluation (0 = greedy)")
     steps: int | None = field(
-        None, help="static decoding steps per block for evaluation (default: one token per step; ignored with "
-        "threshold). The rollout's schedule (rollout.steps / rollout.threshold) never applies here, so a faster "
-        "rollout schedule does not change what the held-out metric measures")
+        None, ge=1, help="static decoding steps per block for evaluation (default: one token per step; ignored "
+        "with threshold). The rollout's schedule (rollout.steps / rollout.threshold) never applies here, so a "
+        "faster rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
-        None, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
+        None, gt=0, le=1, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
     block_size: int | None = field(
-        None, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
+        None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 
 
 @dataclass
-class RLConfig:
+class RLConfig(Checked):
     """Configuration of an RL run."""
 
-    model: str = field("", help="checkpoint directory in a published layout (config.json + safetensors)")
+    model: str = field("", help="checkpoint directory in a published layout (config.json + safetensors), or a "
+                       "hub id org/name[@revision] (HF cache; HF_HUB_OFFLINE=1 reads only the cache)")
     tokenizer: str | None = field(None, help="tokenizer directory (default: the model directory)")
     output_dir: str = field("runs/rl", help="where metrics, checkpoints, samples and plots go")
     seed: int = field(0, help="seed of every random stream (prompts, rollouts, estimator masks)")
-    dtype: str = field("float32", help="model dtype: float32 | bfloat16 (log-probs and losses stay float32)")
+    dtype: str = field("float32", choices=DTYPES,
+                       help="model dtype: float32 | bfloat16 (log-probs and losses stay float32)")
     device: str = field("auto", help="auto | cpu | cuda; under accelerate the process's device")
 
     # task
     task: str = field("countdown", help="task name (gsm8k | math | countdown | sudoku | code) or a data file")
     train_data: str | None = field(None, help="training data file (default: the task's train file)")
-    prompt_style: str = field("chat", help="prompt format of the task: chat | plain | compact")
-    train_limit: int | None = field(None, help="use only the first N training examples")
+    prompt_style: Literal["chat", "plain", "compact"] = field("chat", help="prompt format of the task")
+    train_limit: int | None = field(None, ge=0, help="use only the first N training examples")
     reward: str | None = field(
-        None, help="custom reward 'module:function' with TRL's signature (prompts, completions, **columns) -> "
-        "list[float]; replaces the task's built-in reward")
+        None, check=_reward_problem,
+        help="custom reward 'module:function' with TRL's signature (prompts, completions, **columns) -> "
+        "list[float]; replaces the task's built-in reward (imported when the config is read)")
 
-    # algorithm
+    # algorithm (None: the preset's value; see rl/algorithms.py for each preset's paper)
     algorithm: str = field(
-        "espo", help="preset: espo | tracerl | diffu_grpo | coupled_grpo | random_mask_grpo (fills the None fields)")
+        "espo", choices=_registry("dllm_rl.rl.algorithms", "PRESETS"),
+        help="preset that fills the None fields: espo (ESPO, arXiv 2512.03759) | tracerl (TraceRL, arXiv "
+        "2509.06949) | diffu_grpo (d1, arXiv 2504.12216) | coupled_grpo (DiffuCoder, arXiv 2506.20639) | "
+        "random_mask_grpo (MMaDA, arXiv 2505.15809) | spg (SPG, arXiv 2510.09541) | bgpo (BGPO, arXiv "
+        "2510.11683) | justgrpo (JustGRPO, arXiv 2601.15165) | wd1 (wd1, arXiv 2507.08838) | igpo (IGPO, "
+        "arXiv 2509.10396); the preset table is printed at the end of --help-config")
     estimator: str | None = field(
-        None, help="log-likelihood estimator: trace | elbo | mean_field | random_mask | coupled")
+        None, choices=_registry("dllm_rl.rl.methods", "ESTIMATORS"),
+        help="log-likelihood estimator. Preset: elbo (ESPO), trace (TraceRL), mean_field (d1), coupled "
+        "(DiffuCoder), random_mask (MMaDA)")
     estimator_options: dict | None = field(
-        None, help="estimator options, e.g. {shrinkage: 8} (TraceRL's s), {num_mc: 2, coupled: true} (ESPO)")
-    loss_type: str | None = field(None, help="policy loss: token (clipped per token) | sequence (ESPO, eq. 7-9)")
-    loss_aggregation: str | None = field(None, help="token loss reduction: token_mean | seq_mean | fixed_length")
-    estimator_noise: str | None = field(
+        None, help="estimator options. Preset: {num_mc: 2, coupled: true} (ESPO's two coupled ELBO draws), "
+        "{shrinkage: s} (TraceRL's s: 1 on block models, 8 on full attention), {p_mask_prompt: 0.15} (d1)")
+    loss_type: str | None = field(
+        None, choices=_registry("dllm_rl.rl.methods", "POLICY_LOSSES"),
+        help="policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | sequence (ESPO's "
+        "sequence-level ratio, arXiv 2512.03759 eq. 7-9). Preset: sequence for espo, token otherwise")
+    loss_options: dict | None = field(
+        None, help="settings of the chosen loss. Preset: {mode: mix, eubo_beta: 1.5, mix_weight: 0.5} for spg "
+        "(arXiv 2510.09541), {} otherwise")
+    rollout_hook: str | None = field(
+        None, choices=_registry("dllm_rl.rl.methods", "ROLLOUT_HOOKS"),
+        help="hook called after each round's rewards that may replace rollouts (dllm_rl.rl.hooks). Preset: igpo "
+        "(IGPO's inpainting of all-fail groups, arXiv 2509.10396) for igpo, none otherwise")
+    rollout_hook_options: dict | None = field(None, help="options of rollout_hook (preset: the igpo preset's)")
+    loss_aggregation: Literal["token_mean", "seq_mean", "fixed_length"] | None = field(
+        None, help="token loss reduction. Preset: fixed_length for justgrpo (its sum / generation length); "
+        "seq_mean for espo (per-sequence normalisation, arXiv "
+        "2512.03759) and diffu_grpo (GRPO's 1/|o_i| mean, arXiv 2402.03300), token_mean (DAPO's token-level "
+        "mean, arXiv 2503.14476) otherwise")
+    estimator_noise: Literal["sample", "group"] | None = field(
         None, help="random masks of the estimator: sample (each sample its own) | group (the samples of one "
         "prompt share them: same noise levels and positions, so the group's advantage-weighted gradients on "
         "the tokens its samples share cancel more exactly; each sample's estimate stays unbiased). "
-        "Preset: group for espo, sample otherwise")
-    epsilon: float = field(0.2, help="PPO clip range (TRL epsilon)")
-    epsilon_high: float | None = field(None, help="upper clip range (DAPO clip-higher); default epsilon")
-    beta: float | None = field(None, help="KL coefficient against the reference policy (TRL beta; 0 = no reference)")
-    kl_estimator: str | None = field(None, help="KL estimator: k1 | k2 (ESPO) | k3 (GRPO)")
-    advantage: str | None = field(None, help="advantage rule: group_zscore (GRPO) | leave_one_out (RLOO, ESPO)")
-    scale_rewards: str | None = field(None, help="advantage scaling (TRL scale_rewards): group | batch | none")
-    drop_zero_variance: bool = field(True, help="drop groups whose rewards are all equal (counted in the logs)")
+        "Preset: group for espo (this library's choice, benchmarks/LEARNING.md), sample otherwise")
+    epsilon: float = field(0.2, ge=0, help="PPO clip range (TRL epsilon; 0.2 as in PPO, arXiv 1707.06347, and "
+                           "GRPO, arXiv 2402.03300)")
+    epsilon_high: float | None = field(
+        None, ge=0, help="upper clip range (DAPO clip-higher, arXiv 2503.14476, which uses 0.28); default epsilon")
+    beta: float | None = field(
+        None, ge=0, help="KL coefficient against the reference policy (TRL beta; 0 = no reference). Preset: 0.04 "
+        "for diffu_grpo (d1, arXiv 2504.12216, after GRPO's 0.04, arXiv 2402.03300), 0.01 for espo (its "
+        "train.yaml), tracerl (arXiv 2509.06949) and igpo, 0 otherwise (the demo configs set 0)")
+    kl_estimator: str | None = field(
+        None, choices=_registry("dllm_rl.rl.methods", "KL_ESTIMATORS"),
+        help="KL estimator: k1 | k2 (ESPO, arXiv 2512.03759) | k3 (GRPO, arXiv 2402.03300). Preset: k2 for "
+        "espo, k3 otherwise")
+    advantage: str | None = field(
+        None, choices=_registry("dllm_rl.rl.methods", "ADVANTAGES"),
+        help="advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out (RLOO, as in ESPO, arXiv "
+        "2512.03759). Preset: leave_one_out for espo, group_zscore otherwise")
+    scale_rewards: Literal["group", "batch", "none"] | None = field(
+        None, help="advantage scaling (TRL scale_rewards): group | batch | none. Preset: none for espo (its "
+        "leave-one-out baseline is not scaled), group (GRPO's per-group std, arXiv 2402.03300) otherwise")
+    drop_zero_variance: bool = field(
+        True, help="drop groups whose rewards are all equal (no GRPO signal; DAPO, arXiv 2503.14476, filters "
+        "them too); counted in the logs")
     accuracy_band: list[float] | None = field(
-        None, help="keep only groups with lo <= accuracy <= hi (TraceRL uses [0.2, 0.8])")
+        None, check=_band_problem,
+        help="keep only groups with lo <= accuracy <= hi (TraceRL, arXiv 2509.06949, uses [0.2, 0.8])")
     dynamic_sampling: bool = field(
-        False, help="DAPO's dynamic sampling: after the groups without signal are dropped (drop_zero_variance, "
-        "accuracy_band), roll out further batches of prompts_per_step prompts until prompts_per_step groups with "
-        "signal are kept (the surplus of the last batch is dropped) or max_sampling_rounds batches were drawn")
-    max_sampling_rounds: int = field(4, help="dynamic_sampling: most prompt batches rolled out per step")
-    reference: str = field("copy", help="reference policy: copy (frozen copy of the start weights) | "
-                           "base (LoRA adapters disabled; needs lora.enabled)")
+        False, help="DAPO's dynamic sampling (arXiv 2503.14476): after the groups without signal are dropped "
+        "(drop_zero_variance, accuracy_band), roll out further batches of prompts_per_step prompts until "
+        "prompts_per_step groups with signal are kept (the surplus of the last batch is dropped) or "
+        "max_sampling_rounds batches were drawn")
+    max_sampling_rounds: int = field(4, ge=1, help="dynamic_sampling: most prompt batches rolled out per step")
+    reference: Literal["copy", "base"] = field(
+        "copy", help="reference policy: copy (frozen copy of the start weights) | base (LoRA adapters disabled; "
+        "needs lora.enabled)")
 
     # schedule
-    max_steps: int = field(20, help="RL steps (each: rollouts -> rewards -> advantages -> mu passes)")
-    prompts_per_step: int = field(16, help="prompts sampled per step (per process)")
-    num_generations: int = field(8, help="completions per prompt (TRL num_generations; the group size)")
-    num_iterations: int = field(1, help="optimisation passes over each rollout batch (TRL num_iterations, mu)")
-    micro_batch_size: int = field(16, help="samples per forward/backward")
+    max_steps: int = field(20, ge=0, help="RL steps (each: rollouts -> rewards -> advantages -> mu passes)")
+    prompts_per_step: int = field(16, ge=1, help="prompts sampled per step (per process)")
+    num_generations: int = field(
+        8, ge=1, help="completions per prompt (TRL num_generations; the group size G)")
+    num_iterations: int = field(
+        1, ge=1, help="optimisation passes over each rollout batch (TRL num_iterations, GRPO's mu, arXiv "
+        "2402.03300; 1 = on-policy)")
+    micro_batch_size: int = field(16, ge=1, help="samples per forward/backward")
     gradient_accumulation_steps: int | None = field(
-        None, help="micro-batches per optimizer step (default: the whole rollout batch is one step per pass)")
-    max_time_minutes: float | None = field(None, help="stop training after this many minutes (checked per step)")
-    max_bad_steps: int = field(3, help="stop after this many updates skipped for a NaN/inf loss")
+        None, ge=1, help="micro-batches per optimizer step (default: the whole rollout batch is one step per pass)")
+    max_time_minutes: float | None = field(
+        None, gt=0, help="stop training after this many minutes (checked per step)")
+    max_bad_steps: int = field(3, ge=1, help="stop after this many updates skipped for a NaN/inf loss")
 
     ema_decay: float = field(
-        0.0, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; 0.93 is a "
-        "half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; rollouts "
-        "and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
+        0.0, ge=0, lt=1, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; "
+        "0.93 is a half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; "
+        "rollouts and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
     optim: OptimConfig = field(default_factory=OptimConfig, help="optimizer and schedule")
     lora: LoraOptions = field(default_factory=LoraOptions, help="LoRA (peft) settings; full fine-tuning when off")
     rollout: RolloutConfig = field(default_factory=RolloutConfig, help="rollout decoding")
-    eval: EvalConfig = field(default_factory=EvalConfig, help="held-out evaluation")
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig, help="held-out evaluation")
 
     # logging and checkpoints
-    log_samples_every: int = field(5, help="print a few decoded samples every N steps (0 = never)")
-    save_rollouts: int = field(4, help="rollouts per step written to rollouts.jsonl (prompt, completion, reward)")
-    save_every: int = field(0, help="checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = field(2, help="checkpoints kept on disk")
+    log_samples_every: int = field(5, ge=0, help="print a few decoded samples every N steps (0 = never)")
+    save_rollouts: int = field(
+        4, ge=0, help="rollouts per step written to rollouts.jsonl (prompt, completion, reward)")
+    save_every: int = field(0, ge=0, help="checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = field(2, ge=0, help="checkpoints kept on disk (0 = all)")
     resume: str | None = field(None, help="checkpoint directory to resume from, or 'latest'")
+    overwrite: bool = field(False, help="output_dir already holds a run and resume is not given: delete that run's "
+                                        "files (config, metrics, rollouts, checkpoints, final/, plots) and start "
+                                        "afresh (false = refuse to start)")
     progress: bool = field(True, help="show a progress bar")
+    freeze_router: bool = field(
+        False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
+        "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")
+    push_to_hub: str | None = field(None, check=check_repo_id,
+                                    help="hub repository org/name to upload final/ to at the end (created "
+                                    "if missing; needs `hf auth login` or HF_TOKEN)")
+    report_to: list[str] = field(default_factory=list, check=check_report_to,
+                                 help="experiment trackers for the metrics and the config: tensorboard | wandb | "
+                                 "trackio | mlflow | none (a list; tensorboard writes OUTPUT_DIR/tensorboard)")
 
     # TraceRL's block-size adaptation and diffusion value model
     train_block_size: int | None = field(
-        None, help="block models: the block of the training layout (trace rows, two-stream layout); default "
+        None, ge=1, help="block models: the block of the training layout (trace rows, two-stream layout); default "
         "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
         "adaptation, src/dllm_rl/assets/demo/rl-block8.yaml)")
     value_model: ValueModelConfig = field(
         default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")
+
+
+def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
+    """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
+    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
+    r = cfg.rollout
+    schedule = cfg.eval if evaluation else r
+    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
+    steps = None if schedule.threshold is not None else (schedule.steps or block)
+    if r.gen_length % block:
+        what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
+        raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
+    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
+                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
+                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)

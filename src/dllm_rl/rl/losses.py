@@ -5,7 +5,12 @@ estimator outputs (``TokenScores``: per-draw, per-token ``logp`` and ``weight``)
 reference policy (``ref`` may be ``None``), advantages ``[B]`` (or ``[B, G]`` per token: token loss only),
 completion lengths ``L`` ``[B]`` and the loss
 settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from_rl_config`). A new policy
-loss is one such function plus a name in :data:`POLICY_LOSSES`.
+loss is one such function registered with ``@register_loss("name")`` (in its method's module,
+:mod:`dllm_rl.rl.methods`); its own settings come from ``config.options`` (the RL config's ``loss_options``).
+
+A loss may set the attribute ``linear_in_draws = True`` when it is a sum of terms that each depend on one
+Monte-Carlo draw of the current policy (BGPO): the trainer then back-propagates draw by draw, so the memory
+of an update does not grow with the number of draws (:mod:`dllm_rl.rl.draw_backward`).
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ class LossConfig:
     """The policy-loss settings (TRL names where they exist): the clip range ``[1 - epsilon, 1 + epsilon_high]``,
     the token-term ``aggregation`` (a name in :data:`AGGREGATIONS`; the sequence loss has one term per
     sequence), the KL coefficient ``beta`` and ``kl_estimator`` (a name in
-    :data:`dllm_rl.rl.kl.KL_ESTIMATORS`), and ``max_length`` (``fixed_length``'s divisor: the completion
-    columns of the batch)."""
+    :data:`dllm_rl.rl.kl.KL_ESTIMATORS`), ``max_length`` (``fixed_length``'s divisor: the completion
+    columns of the batch) and ``options``, the settings of one loss (``loss_options``, e.g. SPG's
+    ``eubo_beta``; each loss reads and checks its own)."""
 
     epsilon: float = 0.2
     epsilon_high: float | None = None
@@ -64,6 +70,7 @@ class LossConfig:
     beta: float = 0.0
     kl_estimator: str = "k3"
     max_length: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -85,7 +92,12 @@ class LossConfig:
     def from_rl_config(cls, cfg: Any, max_length: int) -> LossConfig:
         """The loss settings of a resolved ``RLConfig`` (the one place they are read from it)."""
         return cls(epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, aggregation=cfg.loss_aggregation,
-                   beta=cfg.beta, kl_estimator=cfg.kl_estimator, max_length=max_length)
+                   beta=cfg.beta, kl_estimator=cfg.kl_estimator, max_length=max_length,
+                   options=dict(getattr(cfg, "loss_options", None) or {}))
+
+    def option(self, name: str, default: Any) -> Any:
+        """Loss option ``name`` (from ``loss_options``), or ``default``."""
+        return self.options.get(name, default)
 
 
 def clipped_surrogate(
@@ -170,3 +182,23 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "token": token_clipped_loss,
     "sequence": sequence_clipped_loss,
 }
+
+
+def register_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: register ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`."""
+
+    def deco(loss: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} registered twice")
+        POLICY_LOSSES[name] = loss
+        return loss
+
+    return deco
+
+
+def check_options(config: LossConfig, loss: str, valid: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` when ``config.options`` holds a key that loss ``loss`` does not read."""
+    unknown = sorted(set(config.options) - set(valid))
+    if unknown:
+        raise ValueError(f"loss_options: {', '.join(unknown)} not read by the {loss!r} loss; valid: "
+                         f"{', '.join(valid) or '(none)'}")

@@ -1,7 +1,8 @@
 """The RL trainer: rollout -> reward -> advantages -> ``num_iterations`` optimisation passes, in one process
 per rank over the same in-memory weights (no subprocess per stage, no reload between stages).
 
-Read top to bottom: :func:`train` sets everything up, :meth:`RLTrainer.step` is one RL step.
+Read top to bottom: :class:`RLTrainer` sets everything up, :meth:`RLTrainer.step` is one RL step; the run from
+start to end is :func:`dllm_rl.rl.loop.train`.
 
 Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
 rollout noise (one generator per sequence) and estimator masks (one seed per sample, or per prompt group
@@ -14,71 +15,50 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from accelerate.utils import DistributedDataParallelKwargs
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
-from dllm_rl.eval.heldout import HeldOut, encode_prompts, heldout_accuracy
-from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer, save_model
+from dllm_rl.eval.heldout import HeldOut, check_not_empty, encode_prompts, heldout_accuracy
+from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer
 from dllm_rl.models.loading import read_config
+from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
-from dllm_rl.rl.block_size import block_size_as, block_sizes
-from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.block_size import block_size_as, run_block_sizes
+from dllm_rl.rl.checkpoints import RLCheckpoints
+from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.draw_backward import backward_by_draw
+from dllm_rl.rl.hooks import HookContext, RoundView, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
-from dllm_rl.rl.rewards import safe_scores
+from dllm_rl.rl.rewards import safe_rewards, safe_scores
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
-from dllm_rl.rl.value import ValueLearner
-from dllm_rl.sampling import DecodeConfig, Rollout, generate_batched
+from dllm_rl.rl.value import ValueLearner, steps_after_hook
+from dllm_rl.sampling import Rollout, generate_batched
+from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
-    Progress,
     WeightEMA,
     apply_lora,
     build_optimizer,
     build_scheduler,
-    latest_checkpoint,
-    load_checkpoint,
     make_accelerator,
-    merged_model,
-    plot_metrics,
-    prune_checkpoints,
-    save_checkpoint,
 )
-from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.accel import runs_on_cpu
+from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks, micro_batches, skip_together, zero_loss
+from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
+from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 
 logger = logging.getLogger(__name__)
-_MIX = 1_000_003  # odd multiplier for deriving seeds
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed from integers (deterministic across processes and Python runs)."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (int(p) & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
-    return h
-
-
-def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
-    """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
-    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
-    r = cfg.rollout
-    schedule = cfg.eval if evaluation else r
-    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
-    steps = None if schedule.threshold is not None else (schedule.steps or block)
-    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
-                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
-                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)
 
 
 @dataclass
@@ -92,6 +72,7 @@ class _Round:
     prompts: list[str]  # per sample: its prompt text
     t_rollout: float
     t_reward: float
+    stats: dict[str, float] = field(default_factory=dict)  # the rollout hook's numbers
     step_scores: list[list[float] | None] | None = None  # per sample: process rewards per decoding step
 
 
@@ -101,8 +82,9 @@ class StepResult:
     samples: list[tuple[str, str, float, str]]
 
 
-class RLTrainer:
-    """Holds the policy, optional reference, optimiser, data stream and logger of one run."""
+class RLTrainer(RLCheckpoints):
+    """Holds the policy, optional reference, optimiser, data stream and logger of one run (its checkpoints:
+    :class:`~dllm_rl.rl.checkpoints.RLCheckpoints`)."""
 
     def __init__(self, cfg: RLConfig, reward_fn=None):
         if not cfg.model:
@@ -111,27 +93,44 @@ class RLTrainer:
         self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
-        # device=auto on a machine without CUDA means CPU mode: accelerate then forms gloo ranks under
-        # `accelerate launch --multi_gpu` instead of starting independent one-rank runs.
-        cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         self.accelerator = make_accelerator(
-            cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-        self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device)
+            cpu=runs_on_cpu(cfg.device), kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        self.out = Path(cfg.output_dir)
+        self.is_main = self.accelerator.is_main_process
+        # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
+        self.run_dir = open_run_dir(self.out, RL_RUN_FILES, resume=bool(cfg.resume), overwrite=cfg.overwrite) \
+            if self.is_main else None
+        self.accelerator.wait_for_everyone()
+        try:
+            self._build(reward_fn)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, reward_fn) -> None:
+        cfg = self.cfg
+        self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device,
+                                tokenizer_dir=cfg.tokenizer)
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
+        for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
+            decode_config(cfg, self.model, evaluation=evaluation)
         reward = reward_fn if reward_fn is not None else cfg.reward
         self.train_task = get_task(cfg.task, data=cfg.train_data, split="train", prompt_style=cfg.prompt_style,
                                    limit=cfg.train_limit, reward_fn=reward)
-        self.eval_task = get_task(cfg.task, data=cfg.eval.data, split=cfg.eval.split,
-                                  prompt_style=cfg.prompt_style, limit=cfg.eval.limit, reward_fn=reward)
-        if len(self.train_task) == 0:
-            raise ValueError(f"no training examples in {self.train_task.source}")
-        self.out = Path(cfg.output_dir)
-        self.is_main = self.accelerator.is_main_process
+        self.eval_task = None if cfg.eval.limit == 0 else get_task(  # eval.limit=0: no held-out evaluation
+            cfg.task, data=cfg.eval.data, split=cfg.eval.split, prompt_style=cfg.prompt_style, limit=cfg.eval.limit,
+            reward_fn=reward)
+        check_not_empty(self.train_task, "training", "train_data")
+        if self.eval_task is not None:
+            check_not_empty(self.eval_task, "held-out", "eval.data")
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
+        self.rollout_hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
         self.reference = None
         if cfg.beta > 0 and cfg.reference == "copy":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if cfg.freeze_router:
+            freeze_routers(self.model.model)
         self.model.train()
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
@@ -142,19 +141,18 @@ class RLTrainer:
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
         # TraceRL's block-size adaptation: rollouts at one block, the training layout at a multiple of it
-        self.rollout_block, self.train_block = block_sizes(cfg.rollout.block_size, cfg.train_block_size,
-                                                           self.model.block_size)
-        if cfg.eval.block_size is not None and self.rollout_block is None:
-            raise ConfigError("eval.block_size: for block models (SDAR) only")
-        self.eval_block = cfg.eval.block_size or self.rollout_block
+        self.rollout_block, self.train_block, self.eval_block = run_block_sizes(cfg, self.model.block_size)
         self.value = ValueLearner(cfg, self._plain(), self.accelerator) if cfg.value_model.enabled else None
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
         self.grad_norms: list[float] = []  # pre-clipping gradient norms of the current step
+        self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
+        self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
         if cfg.resume:
             self._resume(cfg.resume)
-        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main)
+        self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main,
+                                     report_to=cfg.report_to, config=to_dict(cfg))
         if self.is_main:
             save_config(cfg, self.out / "config.yaml")
 
@@ -188,7 +186,7 @@ class RLTrainer:
                 rounds.append(rnd)
                 t_rollout, t_reward = t_rollout + rnd.t_rollout, t_reward + rnd.t_reward
                 signal += int(self._filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
-            if not cfg.dynamic_sampling or self._max_over_ranks(int(signal < target)) == 0:
+            if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
                 break
         rollout = Rollout.cat([x.rollout for x in rounds]) if len(rounds) > 1 else rounds[0].rollout
         rewards_list = [v for x in rounds for v in x.rewards]
@@ -211,26 +209,22 @@ class RLTrainer:
 
         # 5. optimisation passes over the kept samples
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
-        any_kept = self._max_over_ranks(len(keep)) > 0
+        any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         t_update = time.perf_counter()
-        targets = None
-        if self.value is not None and any_kept:  # the values before any update; their GAE token advantages
-            with block_size_as([self.value.backbone], self.train_block):
-                targets = self.value.targets(self._batch(rollout, keep, mask_seeds), rewards[keep],
-                                             [step_scores[i] for i in keep.tolist()])
-            adv = torch.zeros(len(rewards), rollout.completion_ids.shape[1])
-            adv[keep] = targets.advantages.cpu()
-        update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
-        if targets is not None:  # after the policy update, which used the values from before it
-            with block_size_as([self.value.backbone], self.train_block):
-                update.update(self.value.update(self._batch(rollout, keep, mask_seeds), targets))
+        batch = self._batch(rollout, keep, mask_seeds) if self.value is not None and any_kept else None
+        if batch is not None:  # the values before any update; their GAE token advantages replace `adv`
+            targets, adv = self.value.token_advantages(batch, rewards, keep, step_scores, self.train_block)
+        with block_size_as([self.model, self.reference], self.train_block):
+            update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
+        if batch is not None:  # after the policy update, which used the values from before it
+            update.update(self.value.fit(batch, targets, self.train_block))
         if self.ema is not None:
             self.ema.update()
         t_update = time.perf_counter() - t_update
 
-        lengths = rollout.completion_mask.sum(-1).float()
+        lengths = rollout.completion_lengths().float()
         gen_tokens = float(lengths.sum())
         m = {
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
@@ -244,8 +238,14 @@ class RLTrainer:
         }
         if cfg.dynamic_sampling:
             m.update(sampling_rounds=float(len(rounds)), surplus_groups=float(surplus))
+        for k in sorted({k for x in rounds for k in x.stats}):
+            m[k] = sum(x.stats.get(k, 0.0) for x in rounds)
         m.update(update)
-        m = self._reduce(m)
+        if self.model.family.moe:  # router load and entropy over the rollouts' real tokens
+            dev = self.accelerator.device
+            m.update(router_stats(self._plain(), torch.cat([rollout.prompt_ids, rollout.completion_ids], 1).to(dev),
+                                  torch.cat([rollout.prompt_mask, rollout.completion_mask], 1).to(dev)))
+        m = mean_over_ranks(self.accelerator, m)
         samples = [(prompts_rep[i], rollout.texts[i], rewards_list[i], reasons[i])
                    for i in range(min(cfg.save_rollouts, len(rewards)))]
         return StepResult(m, samples)
@@ -265,7 +265,8 @@ class RLTrainer:
         texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
         G = cfg.num_generations
         group_ids = [p for p in ids for _ in range(G)]
-        seeds = [_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j) for j in range(len(group_ids))]
+        seeds = [derive_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j)
+                 for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
         with torch.no_grad(), block_size_as([policy], self.rollout_block):
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
@@ -277,8 +278,35 @@ class RLTrainer:
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
         rewards, reasons, steps = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
-        return _Round(rollout, rewards, reasons, seeds, prompts_rep,
-                      t_rollout, time.perf_counter() - t0 - t_rollout, steps)
+        view = RoundView(group_ids, prompts_rep, rollout, list(rewards), reasons, seeds, columns, G)
+        if self.rollout_hook is not None:  # the one call site of rollout hooks (dllm_rl.rl.hooks)
+            view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)]))
+            steps = steps_after_hook(steps, rollout, rewards, view.rollout, view.rewards)
+        return _Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
+                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps)
+
+    def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
+        """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
+        cfg = self.cfg
+
+        def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
+            seeds = [derive_seed(view.seeds[i], 104729) for i in indices]
+            self.model.eval()
+            with torch.no_grad(), block_size_as([policy], self.rollout_block):
+                out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
+                                       seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
+                                       prefill=prefill)
+            self.model.train()
+            return out
+
+        def reward(indices: list[int], rollout: Rollout) -> tuple[list[float], list[str]]:
+            cols = {k: [v[i] for i in indices] for k, v in view.columns.items()}
+            return safe_rewards(self.train_task.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols)
+
+        return HookContext(generate=generate, reward=reward,
+                           reference=lambda i: self.train_task.reference_completion(examples[i]),
+                           tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
+                           gen_length=cfg.rollout.gen_length, step=self.step_idx)
 
     def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
@@ -295,19 +323,13 @@ class RLTrainer:
             batch.completion_valid)), sample_seeds=batch.sample_seeds)
 
     def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
-        """The policy's ``num_iterations`` passes over the kept samples, in the training layout's block size."""
-        with block_size_as([self.model, self.reference], self.train_block):
-            return self._policy_passes(self._batch(rollout, keep, mask_seeds), adv[keep].to(self.model.device))
-
-    def _policy_passes(self, batch: ScoringBatch, adv_k: torch.Tensor) -> dict:
         cfg, acc = self.cfg, self.accelerator
-        n = batch.batch_size
-        mbs = [list(range(i, min(i + cfg.micro_batch_size, n))) for i in range(0, n, cfg.micro_batch_size)]
-        # DDP: every rank runs as many backward passes (so as many gradient all-reduces); a rank that kept
-        # fewer samples pads with empty micro-batches, which back-propagate a zero loss.
-        mbs += [[] for _ in range(self._max_over_ranks(len(mbs)) - len(mbs))]
+        batch = self._batch(rollout, keep, mask_seeds)
+        adv_k = adv[keep].to(self.model.device)
+        # DDP: a rank that kept fewer samples pads with empty micro-batches (as many backward passes on every rank)
+        mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
         accum = cfg.gradient_accumulation_steps or len(mbs)
-        est_seed = _seed(cfg.seed, self.step_idx, 7919)
+        est_seed = derive_seed(cfg.seed, self.step_idx, 7919)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
@@ -336,32 +358,29 @@ class RLTrainer:
                 ctx = acc.no_sync(self.model.model) if not last_in_group else contextlib.nullcontext()
                 if not mb:  # padding (see above)
                     with ctx:
-                        acc.backward(self._zero_loss())
+                        acc.backward(zero_loss(self.model))
                     if last_in_group:
                         self._optimizer_step()
                     continue
                 with ctx:
-                    new = self._scores(self.model, sub, est_seed)
-                    old_j = old[j] if old is not None else _detached(new)
-                    out = loss_fn(new, old_j, ref[j] if ref is not None else None, adv_k[mb], sub.lengths, loss_cfg)
                     group_size = min(accum, len(mbs) - (j // accum) * accum)
                     group_n = sum(len(mbs[k]) for k in range(j - j % accum, j - j % accum + group_size))
-                    loss = out.loss * (len(mb) / group_n)
-                    finite = bool(torch.isfinite(loss))
-                    if finite:
-                        acc.backward(loss)
+                    out, new = self._micro_loss(loss_fn, sub, est_seed, old[j] if old is not None else None,
+                                                ref[j] if ref is not None else None, adv_k[mb], loss_cfg,
+                                                len(mb) / group_n)
+                    if bool(torch.isfinite(out.loss)):
                         losses.append(float(out.loss.detach()))
                         for k, v in out.stats.items():
                             stats.setdefault(k, []).append(v)
                         if it == 0 and j < accum:  # before the first optimizer step: CRN make this 0
-                            first_dev = max(first_dev, out.stats["ratio_max_dev"])
+                            first_dev = max(first_dev, out.stats.get("ratio_max_dev", 0.0))
                         scored = new.weight != 0
                         if scored.any():
                             stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
                     else:
-                        self._bad_update(loss)
+                        self._bad_update(out.loss)
                         if acc.num_processes > 1:  # still join the other ranks' all-reduce
-                            acc.backward(self._zero_loss())
+                            acc.backward(zero_loss(self.model))
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
@@ -371,6 +390,25 @@ class RLTrainer:
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
         result["bad_updates"] = float(self.bad_updates)
         return result
+
+    def _micro_loss(self, loss_fn, sub: ScoringBatch, est_seed: int, old: TokenScores | None,
+                    ref: TokenScores | None, adv: torch.Tensor, loss_cfg: LossConfig, scale: float):
+        """Score ``sub``, compute the loss and back-propagate ``scale`` times it when finite; a loss that is
+        linear in the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
+        cfg = self.cfg
+        if getattr(loss_fn, "linear_in_draws", False):
+            if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
+                gen = torch.Generator(device="cpu").manual_seed(est_seed)
+                opts = {"max_rows": sub.batch_size, **(cfg.estimator_options or {})}
+                with torch.no_grad():
+                    old = estimate(self.model, cfg.estimator, sub, gen, **opts)
+            return backward_by_draw(self.model, cfg.estimator, sub, est_seed, cfg.estimator_options, loss_fn, old,
+                                    ref, adv, loss_cfg, scale, self.accelerator.backward)
+        new = self._scores(self.model, sub, est_seed)
+        out = loss_fn(new, old if old is not None else _detached(new), ref, adv, sub.lengths, loss_cfg)
+        if bool(torch.isfinite(out.loss)):
+            self.accelerator.backward(out.loss * scale)
+        return out, new
 
     def _bad_update(self, loss: torch.Tensor) -> None:
         self.bad_updates += 1
@@ -382,21 +420,8 @@ class RLTrainer:
             raise RuntimeError(f"stopping: {self.bad_updates} updates had a NaN/inf loss (max_bad_steps="
                                f"{self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
 
-    def _zero_loss(self) -> torch.Tensor:
-        """A zero loss through the whole (DDP) module: a rank with nothing to train joins the all-reduce."""
-        ids = torch.full((1, 1), self.model.mask_token_id, dtype=torch.long, device=self.model.device)
-        return self.model(ids).logits.float().sum() * 0.0
-
-    def _max_over_ranks(self, value: int) -> int:
-        """The largest ``value`` over all ranks (for decisions every rank must take alike)."""
-        if self.accelerator.num_processes == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.long, device=self.accelerator.device)
-        return int(self.accelerator.gather(t).max())
-
     def _optimizer_step(self) -> None:
-        # one rank skips: all do (the weights stay equal)
-        if self._max_over_ranks(int(getattr(self, "_skip_next", False))):
+        if skip_together(self.accelerator, getattr(self, "_skip_next", False)):  # one rank skips: all do
             self._skip_next = False
             self.optimizer.zero_grad(set_to_none=True)
             return
@@ -407,18 +432,6 @@ class RLTrainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _reduce(self, m: dict) -> dict:
-        """Each metric averaged over the ranks that report a finite value (a rank that kept no sample has
-        no loss statistics)."""
-        if self.accelerator.num_processes == 1:
-            return m
-        rows = gather_object([m])
-        out = {}
-        for k in sorted({k for r in rows for k in r}):
-            vals = [float(r[k]) for r in rows if k in r and math.isfinite(r[k])]
-            out[k] = sum(vals) / len(vals) if vals else float("nan")
-        return out
-
     # ----------------------------------------------------------------------------- evaluation
     def averaged(self, live: bool = False):
         """A context in which the policy holds the returned weights: the weight average when ``ema_decay``
@@ -428,6 +441,8 @@ class RLTrainer:
     def evaluate(self, live: bool = False) -> HeldOut:
         """Held-out accuracy of the returned weights (the average, when on), or of the ``live`` policy."""
         cfg = self.cfg
+        if self.eval_task is None:
+            raise ConfigError("eval.limit: 0 turns the held-out evaluation off; set eval.limit >= 1 to evaluate")
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
@@ -436,130 +451,21 @@ class RLTrainer:
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)
         if world > 1:
-            vals = self._reduce({"accuracy": res.accuracy * res.n, "reward": res.reward * res.n, "n": float(res.n)})
+            vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
+                                                      "n": float(res.n)})
             total = vals["n"] * world
-            if total > 0:  # no held-out items anywhere (eval.limit=0): keep the empty result
+            if total > 0:  # (every rank's shard is empty only if the task is, which the constructor refuses)
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
                               reward=vals["reward"] * world / total, n=int(round(total)))
         return res
 
-    # ----------------------------------------------------------------------------- checkpoints
-    def _plain(self) -> DiffusionLM:
-        """The policy over its HF module unwrapped from DDP (weights load/save and peft helpers need it)."""
-        inner = self.accelerator.unwrap_model(self.model.model)
-        if inner is self.model.model:
-            return self.model
-        return DiffusionLM(inner, self.model.family, self.model.published_config)
-
-    def save(self, final: bool = False) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
-        save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                        step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
-                        config=to_dict(self.cfg), extra={"bad_updates": self.bad_updates},
-                        accelerator=self.accelerator, ema=self.ema)
-        if self.value is not None:
-            self.value.save(path)
-        if self.is_main:
-            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
-        return path
-
-    def _resume(self, where: str) -> None:
-        path = latest_checkpoint(self.out) if where == "latest" else Path(where)
-        if path is None:
-            raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
-        state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
-                                accelerator=self.accelerator, ema=self.ema)
-        self.step_idx = state.step
-        if self.value is not None:
-            self.value.load(path)
-        self.stream.load_state_dict(state.data_state)
-        self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
-        rollouts = self.out / "rollouts.jsonl"
-        if self.is_main and rollouts.is_file():  # drop what a run killed after this checkpoint wrote
-            keep = [ln for ln in rollouts.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step_idx]
-            rollouts.write_text("".join(ln + "\n" for ln in keep))
-        if self.is_main:
-            print(f"resumed from {path} at step {self.step_idx}")
-
-    def save_final_model(self) -> Path:
-        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
-        path = self.out / "final"
-        if self.is_main:
-            with self.averaged():
-                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
-                save_model(unwrapped, path, tokenizer=self.tokenizer)
-        return path
+    def close(self) -> None:
+        """Finish the trackers and release the run directory (its lock) for another run."""
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+        if self.run_dir is not None:
+            self.run_dir.close()
 
 
 def _detached(s: TokenScores) -> TokenScores:
     return replace(s, logp=s.logp.detach())
-
-
-def train(cfg: RLConfig, reward_fn=None) -> dict:
-    """Run RL as configured; returns a summary (held-out accuracy before and after, minutes, paths).
-
-    ``reward_fn`` (optional) is a TRL-signature reward ``(prompts, completions, **columns) -> list[float]``
-    that replaces the task's built-in reward.
-    """
-    trainer = RLTrainer(cfg, reward_fn=reward_fn)
-    cfg = trainer.cfg
-    t_start = time.perf_counter()
-    say = print if trainer.is_main else (lambda *a, **k: None)
-    say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
-        f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
-        f"{len(trainer.train_task)} train / {len(trainer.eval_task)} held-out")
-    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
-                     "is_main": trainer.is_main}
-    if trainer.rollout_note:
-        say(trainer.rollout_note)
-    if trainer.step_idx == 0:
-        before = trainer.evaluate()
-        summary["accuracy_before"] = before.accuracy
-        trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
-        say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
-    if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
-        say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
-    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
-                   disable=not (cfg.progress and trainer.is_main))
-    while trainer.step_idx < cfg.max_steps:
-        if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
-            say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
-            break
-        res = trainer.step()
-        trainer.step_idx += 1
-        m = res.metrics
-        if cfg.eval.every and trainer.step_idx % cfg.eval.every == 0 and trainer.step_idx < cfg.max_steps:
-            ev = trainer.evaluate()
-            m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
-        trainer.metrics.log(trainer.step_idx, **m)
-        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]), reward=f"{m['reward']:.3f}",
-                   loss=f"{m.get('loss', float('nan')):.4f}")
-        if trainer.is_main and res.samples:
-            with open(trainer.out / "rollouts.jsonl", "a") as f:
-                for prompt, completion, reward, reason in res.samples:
-                    f.write(json.dumps({"step": trainer.step_idx, "prompt": prompt, "completion": completion,
-                                        "reward": reward, "reason": reason}) + "\n")
-        if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
-            for prompt, completion, reward, reason in res.samples[:2]:
-                bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")
-        if cfg.save_every and trainer.step_idx % cfg.save_every == 0:
-            trainer.save()
-    bar.close()
-    after = trainer.evaluate()
-    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
-    summary.update(accuracy_after=after.accuracy, steps=trainer.step_idx,
-                   minutes=(time.perf_counter() - t_start) / 60, output_dir=str(trainer.out))
-    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
-        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
-    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
-        live = trainer.evaluate(live=True)
-        summary["accuracy_after_live"] = live.accuracy
-        trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
-        say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
-    trainer.save()
-    summary["final_model"] = str(trainer.save_final_model())
-    if trainer.is_main:
-        summary["plots"] = [str(p) for p in plot_metrics(trainer.out)]
-        (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary

@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from dllm_rl.estimators.trace import decoding_order
 from dllm_rl.models import DiffusionLM, detect_family, load_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.masks import position_ids_from_valid
+from dllm_rl.rl.block_size import block_size_as
 from dllm_rl.rl.returns import (
     clipped_value_loss,
     outcome_step_rewards,
@@ -215,14 +217,44 @@ class ValueLearner:
                 "token_adv_std": float(adv.std(unbiased=False)) if adv.numel() > 1 else 0.0,
                 "value_explained_var": explained if math.isfinite(explained) else 0.0}
 
+    # ------------------------------------------------------------------------------ trainer glue
+    def token_advantages(self, batch: ScoringBatch, rewards: torch.Tensor, keep: torch.Tensor,
+                         step_scores: Sequence[Sequence[float] | None], block: int | None
+                         ) -> tuple[ValueTargets, torch.Tensor]:
+        """What the RL trainer calls after the rollouts: the :meth:`targets` of the kept samples ``batch``
+        (``keep``: their indices among ``rewards`` ``[N]``, ``step_scores`` per sample of the step), computed at
+        the training layout's ``block``, and ``[N, G]`` token advantages on the CPU (0 for dropped samples)."""
+        with block_size_as([self.backbone], block):
+            t = self.targets(batch, rewards[keep], [step_scores[i] for i in keep.tolist()])
+        adv = torch.zeros(len(rewards), batch.completion_len)
+        adv[keep] = t.advantages.cpu()
+        return t, adv
+
+    def fit(self, batch: ScoringBatch, t: ValueTargets, block: int | None) -> dict[str, float]:
+        """:meth:`update` at the training layout's ``block`` (the trainer calls it after the policy update)."""
+        with block_size_as([self.backbone], block):
+            return self.update(batch, t)
+
     # ------------------------------------------------------------------------------- checkpoints
+    def checkpoint_files(self) -> dict[str, Callable[[Path], object]]:
+        """The files this value model adds to a checkpoint: ``{name: write(path)}``, written by
+        :func:`dllm_rl.training.save_checkpoint` into the checkpoint's temporary folder (main process), before
+        its state file and the rename, so that a checkpoint holds its value model or does not exist."""
+        return {STATE_FILE: self.write}
+
+    def write(self, path: str | Path) -> Path:
+        """Write the value model's weights and optimiser state to the file ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.accelerator.unwrap_model(self.module).state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "lr": self.lr}, path)
+        return path
+
     def save(self, directory: str | Path) -> Path:
-        """Write the value model's weights and optimiser state to ``directory/value_model.pt`` (main process)."""
+        """Write ``directory/value_model.pt`` (main process; checkpoints use :meth:`checkpoint_files`)."""
         path = Path(directory) / STATE_FILE
         if self.accelerator.is_main_process:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": self.accelerator.unwrap_model(self.module).state_dict(),
-                        "optimizer": self.optimizer.state_dict(), "lr": self.lr}, path)
+            self.write(path)
         return path
 
     def load(self, directory: str | Path) -> None:
@@ -234,3 +266,14 @@ class ValueLearner:
         state = torch.load(path, map_location=self.backbone.device, weights_only=True)
         self.accelerator.unwrap_model(self.module).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+def steps_after_hook(steps: list[list[float] | None], before: Any, rewards: list[float], after: Any,
+                     new_rewards: list[float]) -> list[list[float] | None]:
+    """A round's per-step scores once a rollout hook has run: kept for the samples the hook left as they were
+    (same completion, decoding steps and reward), ``None`` (an outcome reward) for the ones it replaced."""
+    if after is before:
+        return [s if r == n else None for s, r, n in zip(steps, rewards, new_rewards)]
+    return [s if r == n and torch.equal(before.completion_ids[i], after.completion_ids[i])
+            and torch.equal(before.step_map[i], after.step_map[i]) else None
+            for i, (s, r, n) in enumerate(zip(steps, rewards, new_rewards))]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dllm_rl.config import ConfigError, field
+from dllm_rl.config import Checked, ConfigError, field
 
 
 @dataclass
-class ValueModelConfig:
+class ValueModelConfig(Checked):
     """TraceRL's diffusion value model (see :mod:`dllm_rl.rl.value`). Off by default, as in the published TraceRL
     recipes (their value model is a separate ``*_with_value`` configuration)."""
 
@@ -19,31 +19,20 @@ class ValueModelConfig:
         "policy", help="the value backbone: policy (a copy of the start policy; with lora.enabled its base weights "
         "with the value model's own adapter) or a checkpoint directory of the same family (e.g. a smaller model)")
     lr: float | None = field(
-        None, help="the value model's AdamW learning rate (constant); default 5 x optim.lr (the published TraceRL "
-        "value configs: 5e-6 for a 1e-6 policy)")
-    epsilon: float = field(0.2, help="clip range of the value loss around the rollout-time values (published: 0.2)")
-    gamma: float = field(1.0, help="discount over decoding steps: R_t = r_t + gamma R_{t+1} (published: 1)")
-    lam: float = field(1.0, help="GAE lambda over decoding steps (published: 1)")
+        None, gt=0, help="the value model's AdamW learning rate (constant); default 5 x optim.lr (the published "
+        "TraceRL value configs: 5e-6 for a 1e-6 policy)")
+    epsilon: float = field(
+        0.2, gt=0, help="clip range of the value loss around the rollout-time values (published: 0.2)")
+    gamma: float = field(1.0, ge=0, le=1, help="discount over decoding steps: R_t = r_t + gamma R_{t+1} (published: 1)")
+    lam: float = field(1.0, ge=0, le=1, help="GAE lambda over decoding steps (published: 1)")
     whiten: bool = field(False, help="normalise the token advantages to mean 0, std 1 over the batch's tokens")
     shrinkage: int | None = field(
-        None, help="decoding steps merged into one value step (TraceRL's s); default: the trace estimator's "
+        None, ge=1, help="decoding steps merged into one value step (TraceRL's s); default: the trace estimator's "
         "shrinkage when estimator=trace, else 1")
-    epochs: int = field(1, help="passes of the value update over each rollout batch")
-    micro_batch_size: int | None = field(None, help="samples per value forward/backward (default micro_batch_size)")
+    epochs: int = field(1, ge=1, help="passes of the value update over each rollout batch")
+    micro_batch_size: int | None = field(
+        None, ge=1, help="samples per value forward/backward (default micro_batch_size)")
     max_grad_norm: float | None = field(1.0, help="clip the value model's gradient norm (null = no clipping)")
-
-    def __post_init__(self) -> None:
-        if self.lr is not None and self.lr <= 0:
-            raise ValueError(f"value_model.lr must be > 0, got {self.lr}")
-        if self.epsilon <= 0:
-            raise ValueError(f"value_model.epsilon must be > 0, got {self.epsilon}")
-        for name in ("gamma", "lam"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"value_model.{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.epochs < 1:
-            raise ValueError(f"value_model.epochs must be >= 1, got {self.epochs}")
-        if self.shrinkage is not None and self.shrinkage < 1:
-            raise ValueError(f"value_model.shrinkage must be >= 1, got {self.shrinkage}")
 
 
 def check_value_model(cfg: ValueModelConfig, loss_type: str) -> None:

@@ -107,3 +107,19 @@ def build_canvas(
         block=block, num_blocks=num_blocks, prompt_len=as_long([len(p) for p in prompts]),
         comp_start=as_long(comp_start), comp_end=as_long(comp_end),
     )
+
+
+def apply_prefill(canvas: Canvas, prefill: list[dict[int, int]]) -> None:
+    """Commit given completion tokens before decoding (inpainting, e.g. IGPO's hints): ``prefill[i]`` maps a
+    completion offset of row ``i`` to a token id. Those slots are no longer to do, so the sampler decodes
+    only the others and sees the given tokens as context; offsets past a row's completion are an error."""
+    if len(prefill) != canvas.x.shape[0]:
+        raise ValueError(f"prefill has {len(prefill)} entries for {canvas.x.shape[0]} prompts")
+    for i, slots in enumerate(prefill):
+        width = int(canvas.comp_end[i] - canvas.comp_start[i])
+        for offset, token in slots.items():
+            if not 0 <= int(offset) < width:
+                raise ValueError(f"prefill[{i}]: offset {offset} is outside the {width} completion slots")
+            col = int(canvas.comp_start[i]) + int(offset)
+            canvas.x[i, col] = int(token)
+            canvas.todo[i, col] = False

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 import typing
 from pathlib import Path
 
-from dllm_rl.config import to_dict
-from dllm_rl.sampling.config import CACHE_MODES, CONFIDENCE_RULES, DecodeConfig
-
-_CHOICES = {"confidence": CONFIDENCE_RULES, "cache": CACHE_MODES}
+from dllm_rl.config import allowed_values, to_dict
+from dllm_rl.errors import UserError
+from dllm_rl.jsonl import iter_jsonl, write_jsonl
+from dllm_rl.sampling.config import DecodeConfig
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
@@ -22,19 +21,13 @@ def read_prompts_file(path: str | Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: prompts file not found")
     prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, row in iter_jsonl(path, torn_last_line="error", objects=False):
         text = row.get("prompt") if isinstance(row, dict) else row
         if not isinstance(text, str):
-            raise ValueError(f"{path}:{lineno}: expected an object with a string 'prompt' field (or a JSON string)")
+            raise UserError(f"{path}:{lineno}: expected an object with a string 'prompt' field (or a JSON string)")
         prompts.append(text)
     if not prompts:
-        raise ValueError(f"{path}: no prompts")
+        raise UserError(f"{path}: no prompts")
     return prompts
 
 
@@ -52,7 +45,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ..
             continue
         flag = "--" + f.name.replace("_", "-")
         tp = hints[f.name]
-        kind = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+        choices = allowed_values(tp, f.metadata)
+        kind = str if choices else next((a for a in typing.get_args(tp) if a is not type(None)), tp)
         text = f.metadata["help"].replace("%", "%%") + f" (default: {f.default})"  # argparse %-formats help
         default = f.default if with_defaults else None
         if kind is bool:
@@ -60,11 +54,18 @@ def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ..
                                default=default, help=text)
         else:
             group.add_argument(flag, dest=dest_prefix + f.name, type=kind, default=default,
-                               choices=_CHOICES.get(f.name), metavar=f.name.upper(), help=text)
+                               choices=choices, metavar=f.name.upper(), help=text)
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
-    return DecodeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)})
+    """The DecodeConfig of the flags; a ``--preset`` fills every field whose flag was left at its default."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)}
+    if getattr(args, "preset", None):
+        from dllm_rl.sampling.presets import preset
+
+        defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+        values.update({k: v for k, v in preset(args.preset).items() if values[k] == defaults[k]})
+    return DecodeConfig(**values)
 
 
 def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, block: int) -> list[dict]:
@@ -98,13 +99,13 @@ def generate_command(args: argparse.Namespace) -> int:
     if args.prompts_file:
         texts += read_prompts_file(args.prompts_file)
     if not texts:
-        raise ValueError("give at least one --prompt TEXT or --prompts-file F.jsonl")
+        raise UserError("give at least one --prompt TEXT or --prompts-file F.jsonl")
     config = decode_config_from_args(args)
     model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")
+            raise UserError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False) for t in texts]
     else:
@@ -124,9 +125,7 @@ def generate_command(args: argparse.Namespace) -> int:
         out = Path(args.trace)
         out.parent.mkdir(parents=True, exist_ok=True)
         block = decode_block_length(model, config)
-        with out.open("w") as fh:
-            for rec in trace_records(rollout, texts, config, tokenizer, block):
-                fh.write(json.dumps(rec) + "\n")
+        write_jsonl(out, trace_records(rollout, texts, config, tokenizer, block))
         print(f"generate: trace written to {out}", file=sys.stderr)
     return 0
 
@@ -134,7 +133,8 @@ def generate_command(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
                        description="Decode completions; --trace writes each token's unmasking step as JSONL.")
-    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer")
+    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer, "
+                   "or a hub id org/name[@revision]")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": TEXT} per line")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
@@ -143,5 +143,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--progress", action="store_true", help="print progress per batch")
+    p.add_argument("--preset", choices=["llada2", "fast_dllm_v2", "sdar"],
+                   help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given override it")
     add_decode_arguments(p)
     p.set_defaults(func=generate_command)

@@ -1,47 +1,54 @@
 """`DecodeConfig`: every knob of the sampler, with its invariants checked at construction.
 
-Checks that need the model (``gen_length`` against the block size, the context length) run in
-:func:`dllm_rl.sampling.generate` before any forward pass.
+:class:`DecodeOptions` holds the knobs of a decoding (window, schedule, order, sampling, cache) that the RL
+rollout section (:class:`dllm_rl.rl.config.RolloutConfig`) shares; :class:`DecodeConfig` adds what only a
+direct call of the sampler sets. Single values are checked by :func:`dllm_rl.config.check_fields` from
+the field declarations; checks that need the model (``gen_length`` against the block size, the context
+length) run in :func:`dllm_rl.sampling.generate` before any forward pass.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
-from dllm_rl.config import ConfigError, field
+from dllm_rl.config import Checked, FieldError, field
 
-CONFIDENCE_RULES = ("prob", "margin", "entropy", "random")
-CACHE_MODES = ("none", "prefix", "dual")
+Confidence = Literal["prob", "margin", "entropy", "random"]
+CacheMode = Literal["none", "prefix", "dual"]
+CONFIDENCE_RULES: tuple[str, ...] = typing.get_args(Confidence)
+CACHE_MODES: tuple[str, ...] = typing.get_args(CacheMode)
 
 
 @dataclass
-class DecodeConfig:
+class DecodeOptions(Checked):
     """How to turn masks into tokens (LLaDA / Fast-dLLM / SDAR decoding, see the module docs of `decode`)."""
 
     gen_length: int = field(
-        64,
+        64, ge=1,
         help="Completion length in tokens; a multiple of the decoding block. Block models round each row up so "
         "the sequence ends on a block boundary (SDAR's rule): a prompt whose last block is partial gets "
         "gen_length + block_size - (prompt_len % block_size) tokens.",
     )
     block_length: int = field(
-        32,
+        32, ge=1,
         help="Semi-autoregressive block length for full-attention models (LLaDA `block_length`). Block models "
         "(SDAR/TraDo) always decode in their own `block_size` and ignore this value.",
     )
     steps: int | None = field(
-        None,
+        None, ge=1,
         help="Static schedule: denoising steps PER BLOCK (LLaDA uses steps // num_blocks; we take it per block). "
         "The masked tokens of a block are split as evenly as possible over the steps, earlier steps taking the "
         "remainder. None (and no threshold): one token per step.",
     )
     threshold: float | None = field(
-        None,
+        None, gt=0, le=1,
         help="Dynamic schedule (Fast-dLLM parallel decoding / SDAR `low_confidence_dynamic`): each step commits "
         "every masked token of the block whose confidence is > threshold, and at least the most confident one. "
-        "In (0, 1]; exclusive with `steps`.",
+        "In (0, 1].",
     )
-    confidence: str = field(
+    confidence: Confidence = field(
         "prob",
         help="Which masked tokens to commit first: prob (softmax probability of the chosen token, LLaDA "
         "low-confidence remasking), margin (top-1 minus top-2 probability, Dream `topk_margin`), entropy "
@@ -49,21 +56,29 @@ class DecodeConfig:
         "`random` remasking).",
     )
     temperature: float = field(
-        0.0,
+        0.0, ge=0,
         help="Sampling temperature; 0 = greedy argmax. Otherwise Gumbel-max sampling of softmax(logits / T) with "
         "noise drawn in float64 from each sequence's own generator (LLaDA `add_gumbel_noise`).",
     )
-    top_k: int = field(0, help="Keep only the k most likely tokens before sampling (0 = off; no effect when greedy).")
+    top_k: int = field(
+        0, ge=0, help="Keep only the k most likely tokens before sampling (0 = off; no effect when greedy).")
     top_p: float = field(
-        1.0,
+        1.0, gt=0, le=1,
         help="Nucleus sampling: keep the smallest set of tokens with mass >= top_p (1 = off; no effect when greedy).",
     )
-    cache: str = field(
+    cache: CacheMode = field(
         "none",
         help="KV cache for full-attention models: none (recompute everything, LLaDA reference), prefix (Fast-dLLM "
         "prefix cache, refreshed at each block) or dual (Fast-dLLM dual cache: prefix and masked suffix). Both "
         "are Fast-dLLM's approximation. Block models always cache finished blocks, exactly, whatever this says.",
     )
+
+
+@dataclass
+class DecodeConfig(DecodeOptions):
+    """The sampler's whole configuration: :class:`DecodeOptions` plus EOS stopping and the seed. ``steps``
+    (static schedule) and ``threshold`` (dynamic schedule) are exclusive."""
+
     stop_on_eos: bool = field(
         True,
         help="Stop a sequence once a fully decoded block holds only EOS/pad in its completion part; the rest of "
@@ -72,27 +87,7 @@ class DecodeConfig:
     seed: int = field(0, help="Sequence i uses torch.Generator seeded with seed + i unless `seeds` are given.")
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ConfigError(f"DecodeConfig: {msg}")
-
-        if self.gen_length < 1:
-            bad(f"gen_length must be >= 1, got {self.gen_length}")
-        if self.block_length < 1:
-            bad(f"block_length must be >= 1, got {self.block_length}")
-        if self.steps is not None and self.steps < 1:
-            bad(f"steps (per block) must be >= 1, got {self.steps}")
-        if self.threshold is not None:
-            if not 0.0 < self.threshold <= 1.0:
-                bad(f"threshold must be in (0, 1], got {self.threshold}")
-            if self.steps is not None:
-                bad("set either steps (static schedule) or threshold (dynamic schedule), not both")
-        if self.confidence not in CONFIDENCE_RULES:
-            bad(f"confidence must be one of {', '.join(CONFIDENCE_RULES)}, got {self.confidence!r}")
-        if self.cache not in CACHE_MODES:
-            bad(f"cache must be one of {', '.join(CACHE_MODES)}, got {self.cache!r}")
-        if self.temperature < 0:
-            bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            bad(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        super().__post_init__()
+        if self.threshold is not None and self.steps is not None:
+            raise FieldError("threshold", "set either steps (static schedule) or threshold (dynamic schedule), "
+                             "not both")

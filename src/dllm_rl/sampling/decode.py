@@ -22,8 +22,9 @@ import time
 
 import torch
 
+from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
-from dllm_rl.sampling.canvas import Canvas, build_canvas, span
+from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
 from dllm_rl.sampling.confidence import confidence_scores, sample_tokens, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout
@@ -46,13 +47,13 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> li
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     if len(prompts) == 0:
-        raise ValueError("generate: no prompts given")
+        raise UserError("generate: no prompts given")
     block = decode_block_length(model, config)
     what = f"the model's block_size ({block})" if model.is_block_causal else f"block_length ({block})"
     if config.gen_length % block:
-        raise ValueError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
+        raise UserError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
     if seeds is not None and len(seeds) != len(prompts):
-        raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
+        raise UserError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
     vocab, context = int(model.config.vocab_size), model.max_length
     out = []
     for i, p in enumerate(prompts):
@@ -60,13 +61,13 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> li
             raise TypeError(f"prompt {i} is a string; tokenize it first (generate takes token ids)")
         ids = [int(t) for t in (p.tolist() if torch.is_tensor(p) else p)]
         if not ids:
-            raise ValueError(f"prompt {i} is empty")
+            raise UserError(f"prompt {i} is empty")
         if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
+            raise UserError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
         tail, nb = span(len(ids), config.gen_length, block, model.is_block_causal)
         need = len(ids) - tail + nb * block
         if need > context:
-            raise ValueError(
+            raise UserError(
                 f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "
                 f"but the model's context is {context} (max_position_embeddings); shorten the prompt or gen_length"
             )
@@ -199,8 +200,12 @@ def generate(
     progress: bool = False,
     *,
     block_cache: bool = True,
+    prefill: list[dict[int, int]] | None = None,
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
+
+    ``prefill[i]`` (optional; completion offset -> token id) commits those tokens of sequence i before
+    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1.
 
     ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
@@ -211,6 +216,8 @@ def generate(
     device = model.device
     canvas = build_canvas(prompts, config.gen_length, decode_block_length(model, config), model.is_block_causal,
                           model.mask_token_id, model.pad_token_id, device)
+    if prefill is not None:
+        apply_prefill(canvas, prefill)
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     was_training = model.training
     model.eval()
@@ -230,17 +237,19 @@ def generate_batched(
     tokenizer=None,
     batch_size: int = 32,
     progress: bool = False,
+    prefill: list[dict[int, int]] | None = None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
     sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in)."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UserError(f"batch_size must be >= 1, got {batch_size}")
     prompts = check_inputs(model, prompts, config, seeds)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
     parts, t0, done = [], time.perf_counter(), 0
     for b0 in range(0, len(prompts), batch_size):
         chunk = slice(b0, b0 + batch_size)
-        parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer))
+        parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer,
+                              prefill=prefill[chunk] if prefill is not None else None))
         done += len(parts[-1])
         if progress:
             tokens = int(sum(p.completion_mask.sum() for p in parts))

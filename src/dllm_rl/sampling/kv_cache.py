@@ -5,6 +5,10 @@ Diffusion decoding appends a chunk, reads it, and rolls most of it back at every
 ``DynamicLayer`` appends with ``torch.cat``, which copies the *whole* cache on every forward (O(cache) per
 step: for a long rollout this dominates). Here appending writes in place, rolling back only moves the end
 marker, and ``keys``/``values`` are views of the live part; the model sees an ordinary ``DynamicCache``.
+
+Its main user is the block KV cache of block diffusion (SDAR, arXiv 2510.06303; TraDo, arXiv 2509.06949):
+every finished block is committed once and the speculative block is rolled back after each step
+(:mod:`dllm_rl.sampling.runner`, mode ``block``).
 """
 
 from __future__ import annotations

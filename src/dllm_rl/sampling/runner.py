@@ -9,8 +9,9 @@ Modes (``Canvas`` columns ``[s, e)`` = current block, ``T`` = width):
   the block forward ``[s, T)`` against them. Approximate: the prefix is not updated as the block fills in.
 * ``dual`` (Fast-dLLM dual cache): the first step of a block caches columns ``< s`` and ``>= e`` (the masked
   suffix); later steps forward only ``[s, e)``. Approximate as well (stale prefix and suffix).
-* ``block`` (SDAR/TraDo): the cache holds exactly the committed blocks — never a speculative one. Each
-  step forwards the current block against it and the cache is cut back to ``s``. When a block is done its
+* ``block`` (SDAR/TraDo block KV cache; SDAR, "A Synergistic Diffusion-AutoRegression Paradigm", arXiv
+  2510.06303): the cache holds exactly the committed blocks — never a speculative one. Each step forwards the
+  current block against it and the cache is cut back to ``s``. When a block is done its
   keys/values are *not* stored by an extra forward: the first step of the next block forwards
   ``[finished block | new block]`` together (block-causal mask), which stores the finished block's clean
   keys/values and yields the new block's logits in the same pass. Prompt prefill is folded the same way.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from dllm_rl.errors import UserError
+
 
 def sft(args: argparse.Namespace) -> int:
     from dllm_rl.config import describe, load_config
@@ -13,7 +15,7 @@ def sft(args: argparse.Namespace) -> int:
         print("\n".join(describe(SFTConfig)))
         return 0
     if args.config is None and not args.overrides:
-        raise ValueError("give a config file (e.g. configs/demo-sft.yaml) and/or key=value overrides")
+        raise UserError("give a config file (e.g. configs/demo-sft.yaml) and/or key=value overrides")
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         config, overrides = None, [config] + overrides

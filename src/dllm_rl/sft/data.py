@@ -1,6 +1,6 @@
 """SFT data: JSON lines with ``prompt`` / ``response`` (or chat ``messages``) -> token ids -> ScoringBatch.
 
-Rows are never truncated. A row that cannot be used (invalid JSON, missing field, empty response,
+Rows are never truncated. A row that cannot be used (not UTF-8, invalid JSON, missing field, empty response,
 longer than ``max_length``, a step map of the wrong length) is counted under its reason and skipped
 (``on_bad_row: skip``, the default, printing the first few with file and line) or stops loading with
 that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
@@ -8,7 +8,6 @@ that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +15,14 @@ from typing import Any, Literal
 
 import torch
 
+from dllm_rl.config import Checked
 from dllm_rl.config import field as cfg_field
 from dllm_rl.estimators.batch import ScoringBatch
+from dllm_rl.jsonl import JSONLError, iter_jsonl
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Checked):
     """Where the SFT examples come from and how they become tokens."""
 
     train_file: str = cfg_field("", help="JSON-lines training file with prompt/response (or messages) rows")
@@ -46,13 +47,14 @@ class DataConfig:
     system_prompt: str | None = cfg_field(None, help="system message for the chat template")
     add_eos: bool = cfg_field(True, help="end every response with the EOS token (the model learns to stop)")
     pad_response_to: int | None = cfg_field(
-        None, help="pad each response with EOS tokens to this many tokens, all trained (LLaDA SFT, Nie et al. "
+        None, ge=1, help="pad each response with EOS tokens to this many tokens, all trained (LLaDA SFT, Nie et al. "
         "2025 sec. 2.3/app. B: the model learns to fill a fixed gen_length with EOS after the answer); "
         "longer responses are dropped, never cut")
-    max_length: int = cfg_field(1024, help="drop (never truncate) rows whose prompt + response exceed this many tokens")
+    max_length: int = cfg_field(
+        1024, ge=1, help="drop (never truncate) rows whose prompt + response exceed this many tokens")
     on_bad_row: Literal["skip", "error"] = cfg_field(
         "skip", help="skip (and count) unusable rows, or stop with an error naming the file and line")
-    limit: int | None = cfg_field(None, help="use only the first N usable rows")
+    limit: int | None = cfg_field(None, ge=0, help="use only the first N usable rows")
 
 
 @dataclass
@@ -103,55 +105,73 @@ def _texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool
            where: str = "") -> tuple[str, str]:
     """(prompt text, response text) of one row, rendered with the chat template when ``templated``."""
     if task is not None:
-        from dllm_rl.tasks import DataError
-
-        try:
-            ex = task.prepare(dict(row), where)
-        except DataError as exc:
-            raise BadRow("bad_field", str(exc).removeprefix(f"{where}: ")) from None
-        if ex is None:
-            raise BadRow("filtered", f"the {task.name} task skips this row")
-        response = task.reference_completion(ex)
-        if not response:
-            raise BadRow("empty_response", f"the {task.name} task has no reference completion for this row")
-        if not (templated and cfg.prompt_style == "chat"):
-            return task.build_prompt(ex, None), response
-        messages = task.messages(ex) + [{"role": "assistant", "content": response}]
-        return _render(messages, tokenizer)
+        return _task_texts(row, cfg, tokenizer, templated, task, where)
     if cfg.prompt_field in row or cfg.response_field in row:
-        for name in (cfg.prompt_field, cfg.response_field):
-            if row.get(name) is None:
-                raise BadRow("missing_field", f"missing field {name!r}")
-            if not isinstance(row[name], str):
-                raise BadRow("bad_field", f"field {name!r} must be a string, got {type(row[name]).__name__}")
-        prompt, response = row[cfg.prompt_field], row[cfg.response_field]
-        if not response.strip():
-            raise BadRow("empty_response", "empty response")
+        prompt, response = _pair(row, cfg)
         if not templated:
             return prompt, response
         msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         msgs.append({"role": "user", "content": prompt})
         messages = msgs + [{"role": "assistant", "content": response}]
     elif cfg.messages_field in row:
-        messages = row[cfg.messages_field]
-        ok = isinstance(messages, list) and len(messages) >= 2 and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages)
-        if not ok:
-            raise BadRow("bad_messages", f"{cfg.messages_field!r} must be a list of >= 2 {{role, content}} dicts")
-        if messages[-1]["role"] != "assistant":
-            raise BadRow("bad_messages", f"the last message must be the assistant's, got {messages[-1]['role']!r}")
-        if not messages[-1]["content"].strip():
-            raise BadRow("empty_response", "empty response (last assistant message)")
-        if not templated:
-            raise BadRow("bad_messages", "chat messages need a tokenizer with a chat template "
-                                         "(or use prompt/response columns)")
-        if cfg.system_prompt and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": cfg.system_prompt}] + list(messages)
+        messages = _messages(row, cfg, templated)
     else:
         raise BadRow("missing_field", f"missing fields {cfg.prompt_field!r}/{cfg.response_field!r} "
                                       f"(or {cfg.messages_field!r}); row has: {', '.join(sorted(row)) or 'none'}")
     return _render(messages, tokenizer)
+
+
+def _task_texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool, task: Any,
+                where: str) -> tuple[str, str]:
+    """A task's row: its prompt and its reference completion."""
+    from dllm_rl.tasks import DataError
+
+    try:
+        ex = task.prepare(dict(row), where)
+    except DataError as exc:
+        raise BadRow("bad_field", str(exc).removeprefix(f"{where}: ")) from None
+    if ex is None:
+        raise BadRow("filtered", f"the {task.name} task skips this row")
+    response = task.reference_completion(ex)
+    if not response:
+        raise BadRow("empty_response", f"the {task.name} task has no reference completion for this row")
+    if not (templated and cfg.prompt_style == "chat"):
+        return task.build_prompt(ex, None), response
+    messages = task.messages(ex) + [{"role": "assistant", "content": response}]
+    return _render(messages, tokenizer)
+
+
+def _pair(row: dict[str, Any], cfg: DataConfig) -> tuple[str, str]:
+    """The prompt and response columns of a row, checked."""
+    for name in (cfg.prompt_field, cfg.response_field):
+        if row.get(name) is None:
+            raise BadRow("missing_field", f"missing field {name!r}")
+        if not isinstance(row[name], str):
+            raise BadRow("bad_field", f"field {name!r} must be a string, got {type(row[name]).__name__}")
+    prompt, response = row[cfg.prompt_field], row[cfg.response_field]
+    if not response.strip():
+        raise BadRow("empty_response", "empty response")
+    return prompt, response
+
+
+def _messages(row: dict[str, Any], cfg: DataConfig, templated: bool) -> list[dict[str, str]]:
+    """The chat messages column of a row, checked (the system prompt put first where it has none)."""
+    messages = row[cfg.messages_field]
+    ok = isinstance(messages, list) and len(messages) >= 2 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages)
+    if not ok:
+        raise BadRow("bad_messages", f"{cfg.messages_field!r} must be a list of >= 2 {{role, content}} dicts")
+    if messages[-1]["role"] != "assistant":
+        raise BadRow("bad_messages", f"the last message must be the assistant's, got {messages[-1]['role']!r}")
+    if not messages[-1]["content"].strip():
+        raise BadRow("empty_response", "empty response (last assistant message)")
+    if not templated:
+        raise BadRow("bad_messages", "chat messages need a tokenizer with a chat template "
+                                     "(or use prompt/response columns)")
+    if cfg.system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": cfg.system_prompt}] + list(messages)
+    return messages
 
 
 def _render(messages: list[dict[str, str]], tokenizer: Any) -> tuple[str, str]:
@@ -223,28 +243,30 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
         task = get_task(cfg.task, data=[], prompt_style=cfg.prompt_style, system_prompt=cfg.system_prompt)
     report = DataReport(source=str(path))
     examples: list[SFTExample] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if cfg.limit is not None and len(examples) >= cfg.limit:
-                break
+
+    def full() -> bool:
+        return cfg.limit is not None and len(examples) >= cfg.limit
+
+    def drop(where: str, bad: BadRow) -> None:
+        if cfg.on_bad_row == "error":
+            raise ValueError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
+        report.dropped[bad.reason] += 1
+        if len(report.messages) < 5:
+            report.messages.append(f"{where}: {bad}")
+
+    def bad_line(err: JSONLError) -> None:  # not UTF-8, not JSON, not an object
+        if not full():  # a line past the limit is never read
             report.read += 1
-            where = f"{path}:{n}"
-            try:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise BadRow("invalid_json", f"invalid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise BadRow("invalid_json", f"expected a JSON object, got {type(row).__name__}")
-                examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task))
-            except BadRow as bad:
-                if cfg.on_bad_row == "error":
-                    raise ValueError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
-                report.dropped[bad.reason] += 1
-                if len(report.messages) < 5:
-                    report.messages.append(f"{where}: {bad}")
+            drop(f"{path}:{err.line}", BadRow("not_utf8" if err.reason == "not_utf8" else "invalid_json", err.detail))
+
+    for n, row in iter_jsonl(path, torn_last_line="error", on_error=bad_line):
+        if full():
+            break
+        report.read += 1
+        try:
+            examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, f"{path}:{n}", task))
+        except BadRow as bad:
+            drop(f"{path}:{n}", bad)
     report.kept = len(examples)
     if verbose:
         print(f"data: {report.summary()}")

@@ -25,33 +25,26 @@ from typing import Any, Literal
 
 import torch
 
-from dllm_rl.config import field
+from dllm_rl.config import Checked, field
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.models import DiffusionLM
 
 
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(Checked):
     """Which SFT loss, and its knobs."""
 
     name: Literal["random_mask", "block", "trace", "ar"] = field(
         "random_mask", help="random_mask (MDLM/LLaDA), block (block diffusion / semi-AR), trace (TraceRL "
         "trajectory replay, needs step maps), ar (next-token loss for AR-adapted full-attention models)")
-    eps: float = field(1e-3, help="noise levels t ~ U(eps, 1) (MDLM/LLaDA eps; keeps the 1/t weight bounded)")
-    num_mc: int = field(1, help="random_mask: masked draws per sequence (Monte-Carlo samples of t)")
+    eps: float = field(
+        1e-3, gt=0, lt=1, help="noise levels t ~ U(eps, 1) (MDLM/LLaDA eps; keeps the 1/t weight bounded)")
+    num_mc: int = field(1, ge=1, help="random_mask: masked draws per sequence (Monte-Carlo samples of t)")
     block_size: int | None = field(
-        None, help="block objective: block length. Block models: null = the model's block_size (must match). "
+        None, ge=1, help="block objective: block length. Block models: null = the model's block_size (must match). "
         "Full-attention models: the semi-AR decoding block_length (required)")
-    shrinkage: int = field(1, help="trace objective: TraceRL shrinkage s (merge every s decoding steps)")
-    max_rows: int | None = field(None, help="forward at most this many masked rows at once (memory bound)")
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.eps < 1.0:
-            raise ValueError(f"objective.eps must be in (0, 1), got {self.eps}")
-        if self.num_mc < 1 or self.shrinkage < 1:
-            raise ValueError("objective.num_mc and objective.shrinkage must be >= 1")
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"objective.block_size must be >= 1, got {self.block_size}")
+    shrinkage: int = field(1, ge=1, help="trace objective: TraceRL shrinkage s (merge every s decoding steps)")
+    max_rows: int | None = field(None, ge=1, help="forward at most this many masked rows at once (memory bound)")
 
     def options(self) -> dict[str, Any]:
         """The keyword options :func:`compute_objective` passes to this objective."""

@@ -24,8 +24,10 @@ from typing import Any, Literal
 import torch
 from accelerate import DistributedDataParallelKwargs
 
-from dllm_rl.config import field, save_config
+from dllm_rl.config import Checked, field, save_config, to_dict
+from dllm_rl.hub import check_repo_id, push_to_hub
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
 from dllm_rl.sft.objectives import ObjectiveConfig, compute_objective
@@ -41,7 +43,6 @@ from dllm_rl.training import (
     checkpoint_name,
     has_lora,
     latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     make_accelerator,
     merged_model,
@@ -49,13 +50,16 @@ from dllm_rl.training import (
     prune_checkpoints,
     save_checkpoint,
 )
+from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
+from dllm_rl.training.trackers import check_report_to
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Checked):
     """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``)."""
 
-    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors); "
+    path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors) "
+                                        "or a hub id org/name[@revision]; "
                                         "null = build a fresh model of `family` from the sizes below")
     tokenizer: str = field("auto", help="auto (the checkpoint's own tokenizer), char (the character tokenizer "
                                         "over `alphabet`), or a tokenizer directory")
@@ -63,44 +67,55 @@ class ModelConfig:
     words: list[str] = field(default_factory=list, help="char tokenizer: whole strings that get one token each "
                              "(e.g. [\"<answer>\", \"</answer>\"]: shorter completions, cheaper decoding)")
     family: Literal["llada", "dream", "sdar"] = field("llada", help="family of a fresh model (path: null)")
-    hidden_size: int = field(128, help="fresh model: hidden size")
-    num_layers: int = field(4, help="fresh model: transformer layers")
-    num_heads: int = field(4, help="fresh model: attention heads")
-    num_kv_heads: int = field(4, help="fresh model: key/value heads (GQA when < num_heads)")
-    intermediate_size: int = field(384, help="fresh model: MLP width")
-    block_size: int = field(4, help="fresh block model (sdar): block size of block-causal attention")
-    max_position_embeddings: int = field(256, help="fresh model: context length")
+    hidden_size: int = field(128, ge=1, help="fresh model: hidden size")
+    num_layers: int = field(4, ge=1, help="fresh model: transformer layers")
+    num_heads: int = field(4, ge=1, help="fresh model: attention heads")
+    num_kv_heads: int = field(4, ge=1, help="fresh model: key/value heads (GQA when < num_heads)")
+    intermediate_size: int = field(384, ge=1, help="fresh model: MLP width")
+    block_size: int = field(4, ge=1, help="fresh block model (sdar): block size of block-causal attention")
+    max_position_embeddings: int = field(256, ge=1, help="fresh model: context length")
     tie_word_embeddings: bool = field(False, help="fresh model: share input and output embeddings")
     init_std: float | None = field(
-        None, help="fresh model: draw every weight matrix (embeddings, projections, head) from N(0, init_std^2) with "
-        "a generator seeded by train.seed (null = HF's init, std 0.02). Tiny models without QK-norm (llada) learn "
-        "attention far faster from a larger init, e.g. 0.08")
+        None, gt=0, help="fresh model: draw every weight matrix (embeddings, projections, head) from "
+        "N(0, init_std^2) with a generator seeded by train.seed (null = HF's init, std 0.02). Tiny models without "
+        "QK-norm (llada) learn attention far faster from a larger init, e.g. 0.08")
     dtype: Literal["float32", "bfloat16"] = field("float32", help="weight dtype (mixed precision keeps fp32 weights)")
     attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
+    freeze_router: bool = field(False, help="MoE models: no gradient into the routers (gate weights)")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Checked):
     """Loop, batching, logging, checkpoints."""
 
     output_dir: str = field("runs/sft", help="run directory (config, metrics, checkpoints, final model)")
-    max_steps: int = field(1000, help="optimizer steps (the schedule spans them)")
-    num_epochs: float | None = field(None, help="if set, max_steps = ceil(num_epochs * examples / global batch)")
-    batch_size: int = field(8, help="micro-batch size per process")
-    grad_accum: int = field(1, help="micro-batches per optimizer step (global batch = batch_size * grad_accum * world)")
+    max_steps: int = field(1000, ge=1, help="optimizer steps (the schedule spans them)")
+    num_epochs: float | None = field(None, gt=0, help="if set, max_steps = ceil(num_epochs * examples / global batch)")
+    batch_size: int = field(8, ge=1, help="micro-batch size per process")
+    grad_accum: int = field(
+        1, ge=1, help="micro-batches per optimizer step (global batch = batch_size * grad_accum * world)")
     seed: int = field(0, help="seeds the fresh model, the data order and the masking generator")
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
         "auto", help="auto = bf16 autocast where the device supports it, else fp32")
-    log_every: int = field(10, help="write metrics every N optimizer steps")
-    save_every: int = field(0, help="checkpoint every N optimizer steps (0 = final checkpoint only)")
+    log_every: int = field(10, ge=1, help="write metrics every N optimizer steps")
+    save_every: int = field(0, ge=0, help="checkpoint every N optimizer steps (0 = final checkpoint only)")
     keep_checkpoints: int | None = field(2, help="keep the N newest checkpoints (null = all)")
     resume: str | None = field(None, help="auto (newest checkpoint in output_dir, if any) or a checkpoint directory")
-    stop_after: int | None = field(None, help="end this invocation after N steps of the run (the schedule still "
+    overwrite: bool = field(False, help="output_dir already holds a run and resume is not given: delete that run's "
+                                        "files (config, metrics, data report, checkpoints, model/, plots) and "
+                                        "start afresh (false = refuse to start)")
+    stop_after: int | None = field(None, ge=1, help="end this invocation after N steps of the run (the schedule still "
                                               "spans max_steps; resume later with train.resume=auto)")
-    num_threads: int | None = field(None, help="torch CPU threads (null = torch's default)")
+    num_threads: int | None = field(None, ge=1, help="torch CPU threads (null = torch's default)")
     progress: bool = field(True, help="show the progress bar")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
+    push_to_hub: str | None = field(None, check=check_repo_id,
+                                    help="hub repository org/name to upload model/ to at the end (created "
+                                    "if missing; needs `hf auth login` or HF_TOKEN)")
+    report_to: list[str] = field(default_factory=list, check=check_report_to,
+                                 help="experiment trackers for the metrics and the config: tensorboard | wandb | "
+                                 "trackio | mlflow | none (a list; tensorboard writes output_dir/tensorboard)")
 
 
 @dataclass
@@ -127,8 +142,6 @@ class SFTResult:
 
 def reinit_weights(dlm: DiffusionLM, std: float, seed: int = 0) -> None:
     """Redraw every weight matrix of ``dlm`` (ndim >= 2) from N(0, std^2); norms and biases keep their init."""
-    if std <= 0:
-        raise ValueError(f"model.init_std must be > 0, got {std}")
     g = torch.Generator().manual_seed(seed)
     seen: set[int] = set()
     with torch.no_grad():
@@ -177,17 +190,31 @@ class SFTTrainer:
         t = cfg.train
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
-        if t.batch_size < 1 or t.grad_accum < 1:
-            raise ValueError("train.batch_size and train.grad_accum must be >= 1")
         self.out = Path(t.output_dir)
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
         self.accelerator = make_accelerator(
             t.mixed_precision, cpu=t.cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
+        # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
+        self.run_dir = open_run_dir(
+            self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
+            key="train.output_dir", resume_hint="train.resume=auto", overwrite_hint="train.overwrite=true",
+        ) if acc.is_main_process else None
+        acc.wait_for_everyone()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        cfg, t, acc, verbose = self.cfg, self.cfg.train, self.accelerator, self.verbose
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=t.seed)
         if cfg.lora.enabled:
             apply_lora(self.dlm, cfg.lora, seed=t.seed)
+        if cfg.model.freeze_router:
+            freeze_routers(self.dlm)
         if cfg.model.gradient_checkpointing:
             self.dlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dlm.to(acc.device)
@@ -209,8 +236,6 @@ class SFTTrainer:
             self.max_steps = max(1, math.ceil(t.num_epochs * len(self.examples) / per_step))
         else:
             self.max_steps = t.max_steps
-        if self.max_steps < 1:
-            raise ValueError(f"train.max_steps must be >= 1, got {self.max_steps}")
         self.optimizer = build_optimizer(self.dlm, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
         self.model = prepare_model(acc, self.dlm)
@@ -233,14 +258,11 @@ class SFTTrainer:
             save_config(cfg, self.out / "config.yaml")
             (self.out / "data_report.json").write_text(json.dumps(self.report.to_dict(), indent=2) + "\n")
         self.logger = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step if resume_from else None,
-                                    enabled=acc.is_main_process)
+                                    enabled=acc.is_main_process, report_to=t.report_to, config=to_dict(cfg))
 
     def _resume_dir(self) -> Path | None:
         r = self.cfg.train.resume
         if r is None or r == "none":
-            if list_checkpoints(self.out):
-                raise ValueError(f"{self.out} already holds checkpoints; pass train.resume=auto to continue that "
-                                 "run or choose another train.output_dir")
             return None
         if r == "auto":
             return latest_checkpoint(self.out)
@@ -283,6 +305,9 @@ class SFTTrainer:
                    "lr": self.scheduler.get_last_lr()[0]}
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
+        if self.dlm.family.moe:  # router load and entropy over the last micro-batch's real tokens
+            dev = self.accelerator.device
+            metrics.update(router_stats(self.dlm, batch.input_ids().to(dev), batch.valid().to(dev)))
         return metrics
 
     def save(self) -> Path:
@@ -295,11 +320,20 @@ class SFTTrainer:
             prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
         return path
 
+    def close(self) -> None:
+        """Finish the trackers and release the run directory (its lock) for another run."""
+        if getattr(self, "logger", None) is not None:
+            self.logger.close()
+        if self.run_dir is not None:
+            self.run_dir.close()
+
     def save_final_model(self) -> Path:
         path = self.out / "model"
         if self.accelerator.is_main_process:
             model = merged_model(self.dlm) if has_lora(self.dlm) else self.dlm
             save_model(model, path, tokenizer=self.tokenizer)
+            if self.cfg.train.push_to_hub:  # train.push_to_hub: upload model/ to that hub repository
+                print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.train.push_to_hub)}")
         self.accelerator.wait_for_everyone()
         return path
 
@@ -321,8 +355,7 @@ class SFTTrainer:
                 last_loss = float(loss)
                 row = {"loss": last_loss, "lr": m["lr"], "tokens_per_s": tps, "epoch": self.stream.epoch_float,
                        "tokens": self.tokens_seen, "elapsed_s": time.perf_counter() - start}
-                if "grad_norm" in m:
-                    row["grad_norm"] = m["grad_norm"]
+                row.update({k: v for k, v in m.items() if k == "grad_norm" or k.startswith("moe_")})
                 self.logger.log(self.step, **row)
                 window_loss, window_n = 0.0, 0
             if t.save_every and self.step % t.save_every == 0 and self.step < end:
@@ -333,9 +366,14 @@ class SFTTrainer:
         if main and self.verbose:
             print(f"sft: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; run in {self.out}"
                   + (f"; model in {model_dir}" if model_dir else ""))
+        self.close()
         return SFTResult(self.out, self.step, model_dir, last_loss, tps, self.report)
 
 
 def train(cfg: SFTConfig, verbose: bool = True) -> SFTResult:
     """Run SFT as configured (see :class:`SFTConfig`)."""
-    return SFTTrainer(cfg, verbose=verbose).run()
+    trainer = SFTTrainer(cfg, verbose=verbose)
+    try:  # the run directory's lock is released however the run ends
+        return trainer.run()
+    finally:
+        trainer.close()

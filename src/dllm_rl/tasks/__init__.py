@@ -1,4 +1,4 @@
-"""Tasks: datasets, prompt formats, rewards / verifiers, the code sandbox and synthetic generators.
+"""Tasks: datasets, prompt formats, rewards / verifiers and synthetic generators (code runs in :mod:`dllm_rl.sandbox`).
 
 Entry point: :func:`get_task` -> :class:`~dllm_rl.tasks.base.Task`::
 
@@ -20,6 +20,8 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from dllm_rl.errors import UserError
 
 from .base import DataError, Score, Task, completion_text, find_data_dir, is_hf_name
 
@@ -88,23 +90,23 @@ def get_task(name_or_path: str | Path | Task, **options: Any) -> Task:
     name = str(name_or_path)
     if name in _REGISTRY and not Path(name).exists():
         if task_type not in (None, name):
-            raise ValueError(f"task {name!r} given with task_type={task_type!r}; pass a data file instead")
+            raise UserError(f"task {name!r} given with task_type={task_type!r}; pass a data file instead")
         return _factory(name)(**opts)
     path_like = Path(name).expanduser().exists() or is_hf_name(name) or Path(name).suffix != ""
     if not path_like:
-        raise ValueError(
+        raise UserError(
             f"unknown task {name!r}; choose one of {', '.join(list_tasks())} or pass a data file "
             "(.jsonl/.csv/.parquet) with task_type=..."
         )
     if not Path(name).expanduser().exists() and not is_hf_name(name):
         raise FileNotFoundError(f"data file {name} does not exist")
     if task_type is None:
-        raise ValueError(
+        raise UserError(
             f"cannot tell which task {name!r} is: pass task_type=<{'|'.join(list_tasks())}> "
             "(CLI: --task-type)"
         )
     if task_type not in _REGISTRY:
-        raise ValueError(f"unknown task_type {task_type!r}; choose one of {', '.join(list_tasks())}")
+        raise UserError(f"unknown task_type {task_type!r}; choose one of {', '.join(list_tasks())}")
     opts["data"] = name
     if task_type in ("code",) and "dataset" not in opts:
         opts["dataset"] = None

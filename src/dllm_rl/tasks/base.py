@@ -12,31 +12,28 @@ Rewards never raise on model output: anything unparseable scores 0 with a reason
 
 Data sources: local ``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.csv`` / ``.parquet`` files, an in-memory
 list of dicts, or a Hugging Face dataset (``hf:owner/name[:config][@split]``; imports ``datasets`` only
-then). Bad rows raise :class:`DataError` naming the file, line and field.
+then); with no data given, a named task reads its default for the split: bundled file, benchmark-data
+folder, else its canonical hub dataset (:mod:`dllm_rl.tasks.io`). Bad rows raise :class:`DataError`
+naming the file, line and field. :class:`Score` lives in :mod:`dllm_rl.tasks.score`.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
 import importlib
-import io
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dllm_rl.errors import UserError
+
+from .io import DataError, data_file, default_source, find_data_dir, is_hf_name, read_rows
+from .score import Score
+
+__all__ = ["PROMPT_STYLES", "DataError", "Score", "Task", "completion_text", "data_file", "find_data_dir",
+           "is_hf_name", "load_callable", "read_rows", "require_fields"]
+
 PROMPT_STYLES = ("chat", "plain", "compact")
-
-
-class DataError(ValueError):
-    """A dataset row or file is malformed; the message names the file, line and field."""
-
-
-# ------------------------------------------------------------------------------------------------ Score
-def _make_score(value: float, reason: str, info: dict) -> Score:
-    return Score(value, reason, **info)
 
 
 def _custom_score(value: Any, name: str) -> Score:
@@ -48,32 +45,6 @@ def _custom_score(value: Any, name: str) -> Score:
         steps = [float(v) for v in value]
         return Score(sum(steps), name, steps=steps)
     return Score(0.0 if value is None else float(value), name)
-
-
-class Score(float):
-    """A reward value (a ``float``) that carries the reason it was given and optional extra info.
-
-    >>> s = Score(0.0, "no <answer> tag")
-    >>> float(s), s.reason
-    (0.0, 'no <answer> tag')
-    """
-
-    __slots__ = ("reason", "info")
-    reason: str
-    info: dict[str, Any]
-
-    def __new__(cls, value: float, reason: str = "", **info: Any) -> Score:
-        obj = super().__new__(cls, value)
-        obj.reason = reason
-        obj.info = info
-        return obj
-
-    def __reduce__(self):
-        return (_make_score, (float(self), self.reason, dict(self.info)))
-
-    def __repr__(self) -> str:
-        extra = "".join(f", {k}={v!r}" for k, v in self.info.items())
-        return f"Score({float(self)!r}, {self.reason!r}{extra})"
 
 
 def completion_text(completion: Any) -> str:
@@ -95,142 +66,6 @@ def completion_text(completion: Any) -> str:
     return str(completion) if completion else ""
 
 
-# ------------------------------------------------------------------------------------------------ data
-def find_data_dir() -> Path | None:
-    """The shared benchmark-data folder: ``$DLLM_RL_DATA`` if set, else ``<repo>/../shared/data``;
-    None when neither exists."""
-    env = os.environ.get("DLLM_RL_DATA")
-    if env:
-        p = Path(env).expanduser()
-        return p if p.is_dir() else None
-    repo = Path(__file__).resolve().parents[3]
-    p = (repo / ".." / "shared" / "data").resolve()
-    return p if p.is_dir() else None
-
-
-def data_file(relpath: str) -> Path:
-    """Path of a file in the shared data folder; FileNotFoundError with what to do when absent."""
-    root = find_data_dir()
-    if root is None:
-        raise FileNotFoundError(
-            f"benchmark data folder not found (looked at $DLLM_RL_DATA and <repo>/../shared/data) for "
-            f"{relpath!r}; set DLLM_RL_DATA or pass data=<file>"
-        )
-    path = root / relpath
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; set DLLM_RL_DATA or pass data=<file>")
-    return path
-
-
-def is_hf_name(source: str) -> bool:
-    """True for ``hf:...`` names, and for ``owner/name`` strings that are not local files and have no
-    file suffix."""
-    if source.startswith("hf:"):
-        return True
-    p = Path(source)
-    return not p.exists() and source.count("/") == 1 and not p.suffix and not source.startswith((".", "/"))
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
-
-
-def read_rows(source: str | os.PathLike, *, split: str | None = None) -> Iterator[tuple[str, dict]]:
-    """Yield ``(location, row)`` for every row of a data file (``location`` = ``file:line``) or of a
-    Hugging Face dataset. Raises DataError / FileNotFoundError with the file and line on problems."""
-    text = str(source)
-    if is_hf_name(text):
-        yield from _read_hf(text, split)
-        return
-    path = Path(text).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"data file {path} does not exist")
-    suffixes = "".join(path.suffixes[-2:]).lower()
-    name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
-        yield from _read_jsonl(path)
-    elif name.endswith((".json", ".json.gz")):
-        with _open_text(path) as f:
-            head = f.read(1 << 16).lstrip()
-        if head.startswith("["):
-            with _open_text(path) as f:
-                try:
-                    data = json.load(f)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-            for i, row in enumerate(data):
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}, item {i}: expected a JSON object, got {type(row).__name__}")
-                yield f"{path}, item {i}", row
-        else:
-            yield from _read_jsonl(path)
-    elif name.endswith((".csv", ".csv.gz", ".tsv")):
-        with _open_text(path) as f:
-            reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
-            if not reader.fieldnames:
-                raise DataError(f"{path}, line 1: empty CSV file (no header line)")
-            for row in reader:
-                if None in row:
-                    raise DataError(f"{path}, line {reader.line_num}: more values than header columns")
-                yield f"{path}, line {reader.line_num}", dict(row)
-    elif name.endswith(".parquet"):
-        yield from _read_parquet(path)
-    else:
-        raise DataError(
-            f"{path}: unsupported data file type {suffixes or path.suffix!r} "
-            "(use .jsonl, .jsonl.gz, .json, .csv or .parquet)"
-        )
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    with _open_text(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}, line {n}: invalid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise DataError(f"{path}, line {n}: expected a JSON object, got {type(row).__name__}")
-            yield f"{path}, line {n}", row
-
-
-def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        pq = None
-    if pq is not None:
-        rows = pq.read_table(path).to_pylist()
-    else:
-        try:
-            import pandas as pd
-        except ImportError as exc:
-            raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow) or pandas") from exc
-        rows = pd.read_parquet(path).to_dict(orient="records")
-    for i, row in enumerate(rows):
-        yield f"{path}, row {i}", dict(row)
-
-
-def _read_hf(name: str, split: str | None) -> Iterator[tuple[str, dict]]:
-    spec = name[3:] if name.startswith("hf:") else name
-    spec, _, hf_split = spec.partition("@")
-    spec, _, config = spec.partition(":")
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ImportError(
-            f"loading the Hugging Face dataset {spec!r} needs the `datasets` package (pip install datasets) "
-            "and a reachable hub; or pass a local .jsonl / .csv / .parquet file"
-        ) from exc
-    ds = datasets.load_dataset(spec, config or None, split=hf_split or split or "train")
-    for i, row in enumerate(ds):
-        yield f"hf:{spec}[{i}]", dict(row)
-
-
 def require_fields(
     row: Mapping[str, Any], where: str, fields: Iterable[str | tuple[str, ...]], task: str
 ) -> None:
@@ -245,17 +80,27 @@ def require_fields(
 
 
 def load_callable(spec: str | Callable) -> Callable:
-    """A callable from ``"package.module:function"`` (or a callable, returned as is)."""
+    """A callable from ``"package.module:function"`` (or a callable, returned as is). Raises
+    :class:`~dllm_rl.errors.UserError` saying which part of ``spec`` does not resolve and why."""
     if callable(spec):
         return spec
     mod, _, attr = str(spec).partition(":")
     if not mod or not attr:
-        raise ValueError(f"reward {spec!r}: expected 'package.module:function' or a task name")
-    obj = importlib.import_module(mod)
+        raise UserError(f"reward {spec!r}: expected 'package.module:function'")
+    try:
+        obj = importlib.import_module(mod)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (mod == exc.name or mod.startswith(exc.name + ".")):
+            raise UserError(f"reward {spec!r}: no module named {exc.name!r} (is its folder on PYTHONPATH?)") from None
+        raise UserError(f"reward {spec!r}: importing {mod!r} failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the user's module raises at import is reported, not hidden
+        raise UserError(f"reward {spec!r}: importing {mod!r} raised {type(exc).__name__}: {exc}") from None
     for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"reward {spec!r}: {getattr(obj, '__name__', mod)!r} has no attribute {part!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"reward {spec!r} is not callable")
+        raise UserError(f"reward {spec!r}: {attr!r} is a {type(obj).__name__}, not a function")
     return obj
 
 
@@ -265,7 +110,7 @@ class Task:
 
     Args:
         data: a file (``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.csv`` / ``.parquet``), ``hf:owner/name``,
-            a list of row dicts, or None for the task's default file in the shared data folder.
+            a list of row dicts, or None for the task's default data (:meth:`default_data`).
         split: which default file (``"train"`` / ``"test"``) and the split of a HF dataset.
         limit: keep only the first ``limit`` examples.
         prompt_style: ``"chat"`` (instruction text; :meth:`build_prompt` applies the tokenizer's chat
@@ -279,8 +124,10 @@ class Task:
     name: ClassVar[str] = "task"
     #: fields each raw row must have (a tuple = any one of the alternatives)
     required_fields: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
-    #: split -> path of the default file, relative to the shared data folder
+    #: split -> path of the default file, relative to the bundled data / the benchmark-data folder
     default_files: ClassVar[dict[str, str]] = {}
+    #: split -> the canonical hub dataset, ``hf:owner/name[:config]@split`` (read when no file is found)
+    hub_datasets: ClassVar[dict[str, str]] = {}
     prompt_styles: ClassVar[tuple[str, ...]] = ("chat", "plain")
 
     def __init__(
@@ -309,17 +156,18 @@ class Task:
         self._examples: list[dict[str, Any]] | None = None
 
     # --------------------------------------------------------------------------------------- data
-    def default_data(self, split: str | None = None) -> Path:
-        """The default data file for ``split`` in the shared data folder (FileNotFoundError if none)."""
+    def default_data(self, split: str | None = None) -> Path | str:
+        """The default data of ``split``: a bundled file, the file in the benchmark-data folder, else the task's
+        hub dataset (``hf:...``; :func:`~dllm_rl.tasks.io.default_source`). FileNotFoundError when it has none."""
         split = split or self.split
-        if split not in self.default_files:
-            if not self.default_files:
-                raise FileNotFoundError(f"task {self.name!r} has no default data file; pass data=<file>")
+        known = {**self.hub_datasets, **self.default_files}
+        if split not in known:
+            if not known:
+                raise FileNotFoundError(f"task {self.name!r} has no default data; pass data=<file>")
             raise FileNotFoundError(
-                f"task {self.name!r} has no default {split!r} data (has: "
-                f"{', '.join(self.default_files)}); pass data=<file>"
-            )
-        return data_file(self.default_files[split])
+                f"task {self.name!r} has no default {split!r} data (has: {', '.join(known)}); pass data=<file>")
+        return default_source(self.default_files.get(split), self.hub_datasets.get(split),
+                              f"task {self.name!r}, split {split!r}")
 
     @property
     def source(self) -> str:

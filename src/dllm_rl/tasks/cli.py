@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.errors import UserError
+
 
 def register(subparsers: Any) -> None:
     """Add the ``data`` subcommand (and its own subcommands) to the top-level CLI."""
@@ -97,12 +99,14 @@ def run(args: argparse.Namespace) -> int:
         if cmd == "sandbox":
             return _sandbox()
     except ImportError as exc:  # an optional package (datasets, pyarrow) is missing: one clear line
-        raise ValueError(str(exc)) from exc
-    raise ValueError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
+        raise UserError(str(exc)) from exc
+    raise UserError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
 
 
 def _make(args: argparse.Namespace) -> int:
-    from .synthetic import keys_of, make, make_split_pair, write_jsonl
+    from dllm_rl.jsonl import write_jsonl
+
+    from .synthetic import keys_of, make, make_split_pair
 
     for f in args.exclude:
         if not Path(f).exists():
@@ -114,7 +118,7 @@ def _make(args: argparse.Namespace) -> int:
         train, test = make_split_pair(
             args.kind, args.n, test_n, args.seed, difficulty=args.difficulty, exclude=exclude, **knobs
         )
-        write_jsonl(test, args.test_out)
+        write_jsonl(args.test_out, test)
         print(f"wrote {len(test)} {args.kind} test rows to {args.test_out}")
     else:
         train = make(
@@ -126,7 +130,7 @@ def _make(args: argparse.Namespace) -> int:
             exclude=exclude,
             **knobs,
         )
-    write_jsonl(train, args.out)
+    write_jsonl(args.out, train)
     label = "train" if args.test_out else args.split
     print(f"wrote {len(train)} {args.kind} {label} rows to {args.out}")
     return 0
@@ -158,7 +162,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _sandbox() -> int:
-    from .sandbox import Sandbox, SandboxLimits
+    from ..sandbox import Sandbox, SandboxLimits
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     sb = Sandbox(SandboxLimits(timeout_s=5))

@@ -1,4 +1,4 @@
-"""Code generation scored by running tests in the sandbox (:mod:`dllm_rl.tasks.sandbox`).
+"""Code generation scored by running tests in the sandbox (:mod:`dllm_rl.sandbox`).
 
 Row formats (detected per row; raw columns are kept):
 
@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import DataError, Score, Task, data_file
+from ..sandbox import Job, Sandbox, SandboxLimits, default_sandbox
+from .base import DataError, Score, Task
 from .extract import code_blocks
-from .sandbox import Job, Sandbox, SandboxLimits, default_sandbox
+from .io import default_source
 
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "train": (511, 974), "validation": (511, 600)}
 _CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
@@ -96,6 +97,11 @@ class CodeTask(Task):
         "humaneval": "humaneval/HumanEval.jsonl.gz",
         "mbpp": "mbpp/mbpp.jsonl",
     }
+    #: the canonical hub datasets (MBPP ``full``: its splits are the task-id ranges of ``MBPP_SPLITS``)
+    dataset_hub: ClassVar[dict[str, str]] = {
+        "humaneval": "hf:openai/openai_humaneval@test",
+        "mbpp": "hf:google-research-datasets/mbpp:full@{split}",
+    }
 
     def __init__(
         self,
@@ -141,14 +147,16 @@ class CodeTask(Task):
             self._sandbox = default_sandbox(self.limits, self.workers)
         return self._sandbox
 
-    def default_data(self, split: str | None = None) -> Path:
-        """HumanEval / MBPP file in the shared data folder (by ``dataset``)."""
+    def default_data(self, split: str | None = None) -> Path | str:
+        """HumanEval / MBPP (by ``dataset``): bundled, in the benchmark-data folder, else the hub dataset."""
         if self.dataset is None:
             raise FileNotFoundError("code task without dataset=... has no default data; pass data=<file>")
         split = split or self.split
         if self.dataset == "humaneval" and split not in ("test", "all"):
             raise FileNotFoundError(f"HumanEval has only a 'test' split (not {split!r}); pass data=<file>")
-        return data_file(self.dataset_files[self.dataset])
+        hub_split = "prompt+test+validation+train" if split == "all" else split
+        hub = self.dataset_hub[self.dataset].format(split=hub_split)
+        return default_source(self.dataset_files[self.dataset], hub, f"task {self.dataset!r}, split {split!r}")
 
     # ------------------------------------------------------------------------------------------ data
     def normalize(self, row: dict[str, Any], where: str) -> dict[str, Any] | None:

@@ -174,7 +174,8 @@ class CountdownTask(Task):
 
     name: ClassVar[str] = "countdown"
     required_fields: ClassVar = (("nums", "input", "numbers"), ("target", "output"))
-    default_files: ClassVar = {"test": "countdown/cd3_test.jsonl"}
+    default_files: ClassVar = {"test": "countdown/cd3_test.jsonl"}  # bundled (d1 / ESPO's cd3 test set)
+    hub_datasets: ClassVar = {"train": "hf:Jiayi-Pan/Countdown-Tasks-3to4@train"}  # TinyZero's, as d1 trains on
     prompt_styles: ClassVar = ("chat", "plain", "compact")
 
     def __init__(self, data: Any = None, *, strict: bool = True, **kwargs: Any) -> None:

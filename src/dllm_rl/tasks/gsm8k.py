@@ -58,6 +58,7 @@ class GSM8KTask(Task):
     name: ClassVar[str] = "gsm8k"
     required_fields: ClassVar = (("question", "problem", "prompt"), ("final_answer", "answer"))
     default_files: ClassVar = {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}
+    hub_datasets: ClassVar = {"train": "hf:openai/gsm8k:main@train", "test": "hf:openai/gsm8k:main@test"}
     instruction: ClassVar[str] = "Please reason step by step, and put your final answer within \\boxed{}."
 
     def normalize(self, row: dict[str, Any], where: str) -> dict[str, Any]:

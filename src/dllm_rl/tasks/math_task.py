@@ -248,6 +248,7 @@ class MathTask(Task):
     name: ClassVar[str] = "math"
     required_fields: ClassVar = (("problem", "question", "prompt"), ("answer", "solution"))
     default_files: ClassVar = {"test": "math/math500_test.jsonl"}
+    hub_datasets: ClassVar = {"test": "hf:HuggingFaceH4/MATH-500@test"}
     instruction: ClassVar[str] = "Please reason step by step, and put your final answer within \\boxed{}."
 
     def __init__(

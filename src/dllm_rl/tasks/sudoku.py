@@ -121,6 +121,7 @@ class SudokuTask(Task):
 
     name: ClassVar[str] = "sudoku"
     required_fields: ClassVar = (("puzzle", "Puzzle", "quizzes"), ("solution", "Solution", "solutions"))
+    # bundled: d1 / ESPO's 4x4 test set, published as a CSV in their repositories (there is no hub copy)
     default_files: ClassVar = {"test": "sudoku/4x4_test.csv"}
     prompt_styles: ClassVar = ("chat", "plain", "compact")
 

@@ -22,11 +22,12 @@ Row formats match the tasks: countdown ``{"input": "3,5,7", "output": "22", "num
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from dllm_rl.errors import UserError
 
 from .base import read_rows
 from .countdown import check_countdown, parse_numbers
@@ -62,7 +63,7 @@ def row_key(kind: str, row: dict[str, Any]) -> str:
         return str(row.get("puzzle", row.get("Puzzle"))).strip()
     if kind == "arith":
         return str(row.get("expression", row.get("question"))).replace(" ", "")
-    raise ValueError(f"unknown synthetic kind {kind!r}; choose one of {', '.join(KINDS)}")
+    raise UserError(f"unknown synthetic kind {kind!r}; choose one of {', '.join(KINDS)}")
 
 
 def keys_of(kind: str, paths: Iterable[str | Path]) -> set[str]:
@@ -80,14 +81,14 @@ def _rng(kind: str, split: str, seed: int) -> random.Random:
 
 def _collect(kind: str, n: int, make_one, exclude: set[str], max_tries: int) -> list[dict[str, Any]]:
     if n < 0:
-        raise ValueError(f"--n must be >= 0, got {n}")
+        raise UserError(f"--n must be >= 0, got {n}")
     rows: list[dict[str, Any]] = []
     seen = set(exclude)
     tries = 0
     while len(rows) < n:
         tries += 1
         if tries > max_tries:
-            raise ValueError(
+            raise UserError(
                 f"could only make {len(rows)} distinct {kind} rows of {n} requested after "
                 f"{max_tries} tries: the difficulty setting allows too few distinct puzzles "
                 "(raise the knob or lower --n)"
@@ -167,7 +168,7 @@ def make_countdown(
 ) -> list[dict[str, Any]]:
     """``n`` distinct solvable countdown rows (see module docstring for the knobs)."""
     if numbers < 2 or max_value < 1:
-        raise ValueError("countdown needs --numbers >= 2 and --max-value >= 1")
+        raise UserError("countdown needs --numbers >= 2 and --max-value >= 1")
     rng = _rng("countdown", split, seed)
     top = max_target or max_value
     return _collect(
@@ -230,9 +231,9 @@ def make_sudoku(
 ) -> list[dict[str, Any]]:
     """``n`` distinct sudoku puzzles with ``blanks`` blanks and unique solutions."""
     if size not in (4, 9):
-        raise ValueError(f"sudoku --size must be 4 or 9, got {size}")
+        raise UserError(f"sudoku --size must be 4 or 9, got {size}")
     if not 1 <= blanks < size * size:
-        raise ValueError(f"sudoku --blanks must be in 1..{size * size - 1}, got {blanks}")
+        raise UserError(f"sudoku --blanks must be in 1..{size * size - 1}, got {blanks}")
     rng = _rng("sudoku", split, seed)
     return _collect(
         "sudoku", n, lambda: random_sudoku(rng, blanks, size), set(exclude), max_tries=200 * n + 2000
@@ -285,9 +286,9 @@ def make_arith(
 ) -> list[dict[str, Any]]:
     """``n`` distinct arithmetic expressions (see module docstring for the knobs)."""
     if operands < 2 or digits < 1:
-        raise ValueError("arith needs --operands >= 2 and --digits >= 1")
+        raise UserError("arith needs --operands >= 2 and --digits >= 1")
     if not ops or set(ops) - set("+-*"):
-        raise ValueError(f"arith --ops must use only + - *, got {ops!r}")
+        raise UserError(f"arith --ops must use only + - *, got {ops!r}")
     rng = _rng("arith", split, seed)
     return _collect(
         "arith", n, lambda: random_arith(rng, operands, digits, ops), set(exclude), max_tries=200 * n + 1000
@@ -307,11 +308,11 @@ def make(
 ) -> list[dict[str, Any]]:
     """Dispatch to a generator; ``difficulty`` picks a preset, explicit ``knobs`` override it."""
     if kind not in KINDS:
-        raise ValueError(f"unknown synthetic kind {kind!r}; choose one of {', '.join(KINDS)}")
+        raise UserError(f"unknown synthetic kind {kind!r}; choose one of {', '.join(KINDS)}")
     params: dict[str, Any] = {}
     if difficulty is not None:
         if difficulty not in DIFFICULTY[kind]:
-            raise ValueError(
+            raise UserError(
                 f"unknown difficulty {difficulty!r}; choose one of {', '.join(DIFFICULTY[kind])}"
             )
         params.update(DIFFICULTY[kind][difficulty])
@@ -330,15 +331,3 @@ def make_split_pair(
         kind, n_train, seed, split="train", exclude=exclude | {row_key(kind, r) for r in test}, **kwargs
     )
     return train, test
-
-
-def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> int:
-    """Write rows as JSON lines (creating parent folders); returns the number written."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with open(p, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-            n += 1
-    return n

@@ -12,6 +12,12 @@ Set-up
         DiffusionLM interface (calls go through DDP/autocast, attributes read the unwrapped model, which is
         ``.unwrapped``); pass it to estimators / objectives for training forwards.
     ``resolve_mixed_precision(requested, cpu=False) -> str``, ``bf16_supported() -> bool``
+    ``runs_on_cpu(device) -> bool`` (a trainer's auto | cpu | cuda), ``resolve_device(device) -> torch.device``,
+        ``resolve_eval_dtype(dtype, device) -> str`` (in ``dllm_rl.training.accel``)
+
+Ranks (``dllm_rl.training.ranks``)
+    ``max_over_ranks(acc, value)``, ``skip_together(acc, skip)``, ``mean_over_ranks(acc, metrics)``,
+        ``zero_loss(model)``, ``micro_batches(acc, n, size)`` (padded with empty ones to the most any rank has)
 
 Optimisation
     ``OptimConfig`` (dataclass config section: lr, weight_decay, beta1, beta2, eps, scheduler
@@ -35,11 +41,24 @@ Checkpoints (exact resume)
         A checkpoint dir holds ``model/`` (published layout via ``save_model``; LoRA merged into a copy),
         ``adapter/`` (LoRA only), ``optimizer.pt``, ``scheduler.pt``, ``rng_state_rank{R}.pt`` (python,
         numpy, torch, cuda and the named ``generators``), ``trainer_state.json`` (step, data_state, extra,
-        world_size, lora), ``config.yaml``. Written to ``<dir>.tmp`` and renamed when complete.
-    ``checkpoint_name(step) -> "step-0000123"``; ``list_checkpoints(out)``, ``latest_checkpoint(out)``,
-        ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/``. ``ema=WeightEMA`` on both saves /
-        restores a weight average as ``ema.pt`` (a checkpoint without one starts the average afresh).
+        world_size, lora), ``config.yaml``. Written to ``<dir>.tmp`` (the state file last), fsync'ed and renamed
+        when complete (``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` SIGKILLs the process just before that rename:
+        for tests).
+    ``checkpoint_name(step) -> "step-0000123"``; ``checkpoint_step(path) -> int | None`` (the step of a complete
+        checkpoint: name ``step-<digits>``, a readable state file of that step); ``list_checkpoints(out)``,
+        ``latest_checkpoint(out)``, ``prune_checkpoints(out, keep)`` look in ``out/checkpoints/`` and see only
+        complete checkpoints; ``clean_leftovers(out) -> list[Path]`` deletes the rest (main rank, directory
+        locked). ``ema=WeightEMA`` on both saves / restores a weight average as ``ema.pt`` (a checkpoint without
+        one starts the average afresh).
     ``capture_rng(generators) / restore_rng(state, generators)``
+
+Run directory
+    ``open_run_dir(path, run_files, *, resume, overwrite, key="output_dir", resume_hint="resume=latest",
+        overwrite_hint="overwrite=true") -> RunDir``: refuses a file, locks ``path/.lock`` (``fcntl.flock``, the
+        pid written in it) or refuses a directory another run holds, refuses an existing run (any of
+        ``run_files`` present) unless ``resume``, or with ``overwrite`` deletes those files; then
+        ``clean_leftovers``. ``RunDir.close()`` releases the lock. Errors: ``RunDirError`` (a ValueError).
+        ``RL_RUN_FILES`` / ``SFT_RUN_FILES`` (in ``dllm_rl.training.run_dir``) name each trainer's files.
 
 Weight average
     ``WeightEMA(module, decay)``: EMA of the trainable parameters; ``update()`` once per step (the first
@@ -51,11 +70,18 @@ Data position
         (epoch permutations seeded by seed + epoch, so the position is just epoch and offset).
 
 Logging
-    ``MetricsLogger(path, *, resume_step=None, enabled=True).log(step, **metrics) -> dict`` (JSON lines;
-        ``resume_step`` drops lines after it), ``read_metrics(path) -> list[dict]``, ``METRICS_FILE``
-    ``Progress(total, initial=0, desc="train", disable=False)``: tqdm bar; ``update(steps=1, tokens=0,
-        **metrics) -> tokens/s``, ``write(msg)``, ``close()``
-    ``plot_metrics(run_dir, keys=None) -> list[Path]``: ``run_dir/metrics.jsonl`` -> ``run_dir/plots/<key>.png``
+    ``MetricsLogger(path, *, resume_step=None, enabled=True, report_to=(), config=None).log(step, **metrics)
+        -> dict`` (JSON lines, ``resume_step`` drops lines after it; the numbers also go to the ``report_to``
+        trackers of :mod:`dllm_rl.training.trackers`), ``close()``; ``read_metrics(path) -> list[dict]``,
+        ``METRICS_FILE``; both through :mod:`dllm_rl.jsonl` (a torn last line dropped with a warning)
+    ``Progress(total, initial=0, desc="train", disable=False)``: tqdm line with ETA; ``update(steps=1, tokens=0,
+        **metrics) -> tokens/s``, ``write(msg)``, ``close()``; ``rl_progress(metrics, held_out=, show_loss=)``
+        and ``loss_is_informative(loss_type, loss_aggregation)`` choose an RL step's fields
+    ``write_dashboard(run_dirs, out=None) -> Path``: one ``dashboard.png`` (runs overlaid; panels in
+        :mod:`dllm_rl.training.plots`); ``plot_metrics(run_dir, keys=None) -> list[Path]``: opt-in
+        ``run_dir/plots/<key>.png``
+    ``RolloutLog(path, enabled=True)`` (``dllm_rl.training.run_log``): ``log(step, samples)`` appends
+        ``rollouts.jsonl`` rows, ``truncate(step)`` drops the rows after a resumed checkpoint
 """
 
 from dllm_rl.training.accel import (
@@ -69,6 +95,8 @@ from dllm_rl.training.checkpoint import (
     TrainerState,
     capture_rng,
     checkpoint_name,
+    checkpoint_step,
+    clean_leftovers,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -86,16 +114,29 @@ from dllm_rl.training.lora import (
     merged_state_dict,
     save_adapter,
 )
-from dllm_rl.training.metrics import METRICS_FILE, MetricsLogger, Progress, plot_metrics, read_metrics
+from dllm_rl.training.metrics import (
+    METRICS_FILE,
+    ZERO_LOSS_NOTE,
+    MetricsLogger,
+    Progress,
+    loss_is_informative,
+    read_metrics,
+    rl_progress,
+)
 from dllm_rl.training.optim import OptimConfig, build_optimizer, build_scheduler, parameter_groups
+from dllm_rl.training.plots import plot_metrics, write_dashboard
+from dllm_rl.training.run_dir import RunDir, RunDirError, open_run_dir
 from dllm_rl.training.sampler import IndexStream
 
 __all__ = [
-    "METRICS_FILE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig", "PreparedModel", "Progress",
+    "METRICS_FILE", "ZERO_LOSS_NOTE", "IndexStream", "LoraOptions", "MetricsLogger", "OptimConfig",
+    "PreparedModel", "Progress",
+    "RunDir", "RunDirError",
     "TrainerState", "WeightEMA", "prepare_model",
     "apply_lora", "bf16_supported", "build_optimizer", "build_scheduler", "capture_rng", "checkpoint_name",
+    "checkpoint_step", "clean_leftovers", "open_run_dir",
     "has_lora", "latest_checkpoint", "list_checkpoints", "load_adapter_weights", "load_checkpoint",
     "make_accelerator", "merged_model", "merged_state_dict", "parameter_groups", "plot_metrics",
     "prune_checkpoints", "read_metrics", "resolve_mixed_precision", "restore_rng", "save_adapter",
-    "save_checkpoint",
+    "save_checkpoint", "loss_is_informative", "rl_progress", "write_dashboard",
 ]

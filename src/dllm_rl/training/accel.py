@@ -1,13 +1,10 @@
-"""`accelerate` set-up shared by the SFT and RL trainers: one script on one CPU or many GPUs."""
+"""`accelerate` set-up shared by the SFT and RL trainers (one script on one CPU or many GPUs), and the device and
+dtype a run resolves `auto` to."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from accelerate import Accelerator
-
-MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 
 
 def bf16_supported() -> bool:
@@ -75,3 +72,29 @@ def _has_device() -> bool:
         if backend is not None and hasattr(backend, "is_available") and backend.is_available():
             return True
     return False
+
+
+def runs_on_cpu(device: str) -> bool:
+    """True when a trainer's ``device`` setting (auto | cpu | cuda) means CPU mode: ``cpu``, or ``auto`` without
+    CUDA (accelerate then forms gloo ranks under ``accelerate launch --multi_gpu``)."""
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def resolve_device(device: str):
+    """``auto`` -> ``cuda`` when available, else ``cpu``; an explicit CUDA device without CUDA is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_eval_dtype(dtype: str, device) -> str:
+    """``auto`` -> ``bfloat16`` on CUDA, ``float32`` elsewhere; an explicit dtype is checked and kept."""
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    from dllm_rl.models import resolve_dtype
+
+    resolve_dtype(dtype)  # validates
+    return dtype

@@ -11,17 +11,26 @@ A checkpoint directory::
     trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
     config.yaml                 the run's resolved config (when given)
 
-``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint. The directory is
-written under a temporary name and renamed when complete, so a crash never leaves a half checkpoint
-that :func:`latest_checkpoint` would pick.
+``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint.
+
+Atomic: the directory is written as ``step-NNNNNNN.tmp``, ``trainer_state.json`` last, every file and the
+folder fsync'ed, then renamed to ``step-NNNNNNN``. A *complete* checkpoint is a folder whose name matches
+``step-<digits>`` exactly and whose state file parses; :func:`list_checkpoints` / :func:`latest_checkpoint`
+see only those, and :func:`clean_leftovers` deletes everything else under ``checkpoints/`` (what a kill
+during a save leaves). Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
+environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import re
 import shutil
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,8 @@ import torch
 from safetensors import safe_open
 
 from dllm_rl.config import save_config
+from dllm_rl.errors import UserError
+from dllm_rl.jsonl import fsync_path
 from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
@@ -39,6 +50,8 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 STATE_FILE = "trainer_state.json"
 EMA_FILE = "ema.pt"
+CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+KILL_ENV = "DLLM_RL_TEST_KILL_IN_CHECKPOINT"
 
 
 @dataclass
@@ -74,7 +87,7 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator] | 
     saved = state.get("generators", {})
     for name, g in (generators or {}).items():
         if name not in saved:
-            raise ValueError(f"checkpoint has no state for generator {name!r} (saved: {sorted(saved)})")
+            raise UserError(f"checkpoint has no state for generator {name!r} (saved: {sorted(saved)})")
         g.set_state(saved[name])
 
 
@@ -98,11 +111,14 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     accelerator: Any = None,
     ema: WeightEMA | None = None,
+    extra_files: dict[str, Callable[[Path], Any]] | None = None,
 ) -> Path:
     """Write a complete checkpoint of a training run to ``directory`` (see the module docstring).
 
     ``dlm`` is the unwrapped model (``accelerator.unwrap_model``). With an ``accelerator`` every rank must
     call this (each writes its RNG state; the main process writes the rest); data-parallel (DDP) state only.
+    ``extra_files`` (``{name: write}``): more files of the checkpoint (e.g. an RL value model), each written by
+    ``write(path)`` on the main process into the temporary folder, so before the state file and the rename.
     """
     directory = Path(directory)
     rank, world, main = _rank_world(accelerator)
@@ -113,8 +129,8 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     if accelerator is not None:
         accelerator.wait_for_everyone()
+    lora = has_lora(dlm)
     if main:
-        lora = has_lora(dlm)
         save_model(merged_model(dlm) if lora else dlm, tmp / "model", tokenizer=tokenizer)
         if lora:
             save_adapter(dlm, tmp / "adapter")
@@ -126,19 +142,47 @@ def save_checkpoint(
             ema.save(tmp / EMA_FILE)
         if config is not None:
             save_config(config, tmp / "config.yaml")
-        meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
-                "world_size": world, "lora": lora}
-        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        for name, write in (extra_files or {}).items():
+            write(tmp / name)
     torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
     if accelerator is not None:
         accelerator.wait_for_everyone()
-    if main:
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
+    if main:  # the state file last: a folder with it holds everything else
+        meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
+                "world_size": world, "lora": lora}
+        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _fsync_tree(tmp)
+        if os.environ.get(KILL_ENV) == str(int(step)):
+            os.kill(os.getpid(), signal.SIGKILL)
+        _replace_dir(tmp, directory)
     if accelerator is not None:
         accelerator.wait_for_everyone()
     return directory
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file under ``root``, then every folder (deepest first), forced to disk."""
+    folders = [root]
+    for dirpath, dirnames, filenames in os.walk(root):
+        folders += [Path(dirpath) / d for d in dirnames]
+        for name in filenames:
+            fsync_path(Path(dirpath) / name)
+    for folder in reversed(folders):
+        fsync_path(folder)
+
+
+def _replace_dir(tmp: Path, directory: Path) -> None:
+    """Rename the finished ``tmp`` to ``directory``; an older folder of that name is moved aside first
+    (to a leftover name that :func:`clean_leftovers` removes) and deleted after."""
+    old = directory.with_name(directory.name + ".old.tmp")
+    if directory.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        directory.rename(old)
+    tmp.rename(directory)
+    fsync_path(directory.parent)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
@@ -156,7 +200,7 @@ def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
     tied = bool(dlm.model.config.tie_word_embeddings)
     missing = [m for m in result.missing_keys if not (tied and m == "lm_head.weight")]
     if missing or result.unexpected_keys:
-        raise ValueError(
+        raise UserError(
             f"{model_dir}: checkpoint does not match the model (missing {missing[:5]}, "
             f"unexpected {list(result.unexpected_keys)[:5]})"
         )
@@ -186,9 +230,9 @@ def load_checkpoint(
     meta = json.loads(state_file.read_text())
     rank, world, _ = _rank_world(accelerator)
     if meta.get("lora") and not has_lora(dlm):
-        raise ValueError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
+        raise UserError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
     if not meta.get("lora") and has_lora(dlm):
-        raise ValueError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
+        raise UserError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
     if meta.get("lora"):
         load_adapter_weights(dlm, directory / "adapter")
     else:
@@ -212,7 +256,7 @@ def load_checkpoint(
             ema.reset()
     if restore_rng_state:
         if int(meta.get("world_size", 1)) != world:
-            raise ValueError(
+            raise UserError(
                 f"{directory}: saved with {meta.get('world_size')} processes, resuming with {world}; "
                 "exact resume needs the same world size (pass restore_rng_state=False to continue anyway)"
             )
@@ -226,13 +270,44 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of a complete checkpoint folder (name ``step-<digits>``, a readable state file), else None."""
+    path = Path(path)
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    if match is None or not path.is_dir():
+        return None
+    try:
+        meta = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    step = int(match.group(1))
+    return step if isinstance(meta, dict) and meta.get("step") == step else None
+
+
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under ``output_dir/checkpoints`` (oldest first)."""
+    """Complete checkpoints under ``output_dir/checkpoints`` (oldest first); anything else there is ignored."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+    found = [(step, p) for p in root.iterdir() if (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def clean_leftovers(output_dir: str | Path) -> list[Path]:
+    """Delete what is not a complete checkpoint under ``output_dir/checkpoints`` (``*.tmp`` folders of a save
+    cut short, a folder without its state file); one log line each. Call it from the main rank only, with
+    the run directory locked (another run's save in progress looks like a leftover). Returns what went."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    doomed = sorted(p for p in root.iterdir() if checkpoint_step(p) is None)
+    for p in doomed:
+        logger.warning("%s: not a complete checkpoint (a save cut short?); removed", p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return doomed
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

@@ -16,27 +16,24 @@ import torch
 from accelerate import init_empty_weights
 from transformers import AutoModelForCausalLM
 
-from dllm_rl.config import field
+from dllm_rl.config import Checked, field
+from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 
 ADAPTER_NAME = "default"
 
 
 @dataclass
-class LoraOptions:
+class LoraOptions(Checked):
     """LoRA adapters (``peft``); the base weights stay frozen."""
 
     enabled: bool = field(False, help="train LoRA adapters instead of all weights")
-    r: int = field(16, help="LoRA rank r (Hu et al. 2021)")
+    r: int = field(16, ge=1, help="LoRA rank r (Hu et al. 2021)")
     alpha: int = field(32, help="LoRA alpha; the update is scaled by alpha / r")
-    dropout: float = field(0.0, help="dropout on the LoRA input")
+    dropout: float = field(0.0, ge=0, lt=1, help="dropout on the LoRA input")
     target_modules: list[str] | None = field(
         None, help="HF module names to adapt; null = the family's lora_target_modules (all attention + MLP projections)"
     )
-
-    def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ValueError(f"lora.r must be >= 1, got {self.r}")
 
 
 def has_lora(dlm: DiffusionLM) -> bool:
@@ -53,12 +50,12 @@ def apply_lora(dlm: DiffusionLM, opts: LoraOptions, seed: int = 0) -> DiffusionL
     from peft import LoraConfig, get_peft_model
 
     if has_lora(dlm):
-        raise ValueError("apply_lora: the model already has LoRA adapters")
+        raise UserError("apply_lora: the model already has LoRA adapters")
     targets = list(opts.target_modules or dlm.family.lora_target_modules)
     present = {name.rsplit(".", 1)[-1] for name, _ in dlm.model.named_modules()}
     missing = [t for t in targets if t not in present]
     if missing:
-        raise ValueError(f"lora.target_modules {missing} are not modules of this {dlm.family.name} model")
+        raise UserError(f"lora.target_modules {missing} are not modules of this {dlm.family.name} model")
     cfg = LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout, target_modules=targets, bias="none")
     devices = [dlm.device] if dlm.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -120,7 +117,7 @@ def merged_model(dlm: DiffusionLM, device: str | torch.device = "cpu") -> Diffus
 def save_adapter(dlm: DiffusionLM, directory: str | Path) -> Path:
     """Write the adapters with ``peft``'s ``save_pretrained`` (``adapter_config.json`` + safetensors)."""
     if not has_lora(dlm):
-        raise ValueError("save_adapter: the model has no LoRA adapters")
+        raise UserError("save_adapter: the model has no LoRA adapters")
     directory = Path(directory)
     dlm.model.save_pretrained(str(directory))
     return directory
@@ -132,11 +129,11 @@ def load_adapter_weights(dlm: DiffusionLM, directory: str | Path) -> None:
     from safetensors.torch import load_file
 
     if not has_lora(dlm):
-        raise ValueError("load_adapter_weights: the model has no LoRA adapters (apply_lora first)")
+        raise UserError("load_adapter_weights: the model has no LoRA adapters (apply_lora first)")
     file = Path(directory) / "adapter_model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"{file}: no adapter weights")
     result = set_peft_model_state_dict(dlm.model, load_file(str(file)), adapter_name=ADAPTER_NAME)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     if unexpected:
-        raise ValueError(f"{file}: adapter tensors {unexpected[:5]} do not match this model's adapters")
+        raise UserError(f"{file}: adapter tensors {unexpected[:5]} do not match this model's adapters")

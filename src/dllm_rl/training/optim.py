@@ -14,32 +14,26 @@ from transformers.optimization import (
     get_linear_schedule_with_warmup,
 )
 
-from dllm_rl.config import field
+from dllm_rl.config import Checked, field
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Checked):
     """Optimizer and schedule (the same section in the SFT and RL configs)."""
 
-    lr: float = field(1e-5, help="peak learning rate of AdamW (after warmup)")
-    weight_decay: float = field(0.0, help="AdamW decoupled weight decay; never applied to norms, biases or 1-D params")
+    lr: float = field(1e-5, gt=0, help="peak learning rate of AdamW (after warmup)")
+    weight_decay: float = field(
+        0.0, ge=0, help="AdamW decoupled weight decay; never applied to norms, biases or 1-D params")
     beta1: float = field(0.9, help="AdamW beta1")
     beta2: float = field(0.999, help="AdamW beta2")
     eps: float = field(1e-8, help="AdamW epsilon")
     scheduler: Literal["cosine", "constant", "linear"] = field(
         "cosine", help="schedule after warmup: cosine decay to min_lr_ratio*lr, constant, or linear decay to 0"
     )
-    warmup_steps: int = field(0, help="linear warmup from 0 to lr over this many optimizer steps")
-    min_lr_ratio: float = field(0.0, help="cosine floor as a fraction of lr")
-    max_grad_norm: float | None = field(1.0, help="clip the global gradient norm to this value (null = no clipping)")
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+    warmup_steps: int = field(0, ge=0, help="linear warmup from 0 to lr over this many optimizer steps")
+    min_lr_ratio: float = field(0.0, ge=0, le=1, help="cosine floor as a fraction of lr")
+    max_grad_norm: float | None = field(
+        1.0, ge=0, help="clip the global gradient norm to this value (null = no clipping)")
 
 
 def parameter_groups(params: nn.Module | Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:

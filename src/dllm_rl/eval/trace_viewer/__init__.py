@@ -16,6 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.errors import UserError
+from dllm_rl.jsonl import iter_jsonl
+
 __all__ = ["TraceRecord", "load_trace_jsonl", "normalize_trace", "records_from_rollout", "render_html", "write_html"]
 
 
@@ -41,9 +44,9 @@ class TraceRecord:
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.step_map):
-            raise ValueError(f"trace: {len(self.tokens)} tokens but {len(self.step_map)} step_map entries")
+            raise UserError(f"trace: {len(self.tokens)} tokens but {len(self.step_map)} step_map entries")
         if self.confidence is not None and len(self.confidence) != len(self.tokens):
-            raise ValueError(f"trace: {len(self.tokens)} tokens but {len(self.confidence)} confidences")
+            raise UserError(f"trace: {len(self.tokens)} tokens but {len(self.confidence)} confidences")
         self.step_map = [int(s) for s in self.step_map]
         if self.answer_length is None:
             self.answer_length = len(self.tokens)
@@ -75,7 +78,7 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
     """
     step_map = _first(obj, "step_map", "steps")
     if step_map is None:
-        raise ValueError("trace record has no step_map (the global step at which each token was committed)")
+        raise UserError("trace record has no step_map (the global step at which each token was committed)")
     ids = _first(obj, "completion_ids", "token_ids")
     # Token strings for display: decode the ids when a tokenizer is at hand (byte-level BPE pieces such as
     # "Ġthe" read better decoded), else the strings the trace carries.
@@ -83,9 +86,9 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
     tokens = tokens if tokens is not None else _first(obj, "completion_tokens", "tokens")
     if tokens is None:
         if ids is None:
-            raise ValueError("trace record has neither completion tokens nor completion_ids")
+            raise UserError("trace record has neither completion tokens nor completion_ids")
         if tokenizer is None:
-            raise ValueError("trace record holds only token ids; pass a tokenizer (MODEL_DIR or --tokenizer)")
+            raise UserError("trace record holds only token ids; pass a tokenizer (MODEL_DIR or --tokenizer)")
         tokens = [_piece(tokenizer, t) for t in ids]
     prompt_tokens = _first(obj, "prompt_tokens")
     if prompt_tokens is None:
@@ -130,19 +133,13 @@ def load_trace_jsonl(path: str | Path, tokenizer=None) -> list[TraceRecord]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: trace file not found")
     records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+    for lineno, obj in iter_jsonl(path, objects=False):
         try:
             records.append(normalize_trace(obj, tokenizer, label=f"line {lineno}"))
         except ValueError as exc:
-            raise ValueError(f"{path}:{lineno}: {exc}") from None
+            raise UserError(f"{path}:{lineno}: {exc}") from None
     if not records:
-        raise ValueError(f"{path}: no trace records")
+        raise UserError(f"{path}: no trace records")
     return records
 
 
@@ -185,7 +182,7 @@ def render_html(records: Sequence[TraceRecord], title: str = "dllm-rl decoding t
                 meta: Mapping[str, Any] | None = None, interval_ms: int = 350) -> str:
     """The viewer page with ``records`` embedded (self-contained: inline CSS/JS, no network)."""
     if not records:
-        raise ValueError("render_html: no trace records")
+        raise UserError("render_html: no trace records")
     meta_text = "  ".join(f"{k}: {v}" for k, v in (meta or {}).items())
     payload = {"records": [asdict(r) for r in records], "meta": dict(meta or {}), "meta_text": meta_text,
                "interval_ms": int(interval_ms)}

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from dllm_rl.tasks import sandbox as sbx
-from dllm_rl.tasks.sandbox import Job, Sandbox, SandboxLimits
+from dllm_rl.sandbox import Job, Sandbox, SandboxLimits
+from dllm_rl.sandbox import isolation as sbx
 
 LIMITS = SandboxLimits(timeout_s=1.5, memory_mb=512, nproc=32, fsize_mb=8, output_bytes=1 << 14)
 GOOD = "def f(x):\n    return x + 1\n"
@@ -193,7 +193,7 @@ def test_degrades_without_bwrap_and_warns_once(monkeypatch, caplog):
     monkeypatch.setattr(
         sbx.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real_which(name)
     )
-    with caplog.at_level(logging.WARNING, logger="dllm_rl.tasks.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="dllm_rl.sandbox"):
         a = Sandbox(LIMITS).isolation
         b = Sandbox(SandboxLimits(timeout_s=3)).isolation
         res = Sandbox(LIMITS).run_function_tests(GOOD, TESTS)

@@ -1,0 +1,42 @@
+"""The shipped demo checkpoints' evaluation defaults (``dllm-rl eval MODEL_DIR --demo``).
+
+The demo is reported as ``make demo`` reports it: the 500-puzzle held-out countdown file next to the
+checkpoints (``assets/demo/countdown_heldout.jsonl``), compact prompts, greedy decoding one token per step in
+low-confidence (probability) order, at the ``gen_length`` / ``block_length`` of the demo RL config that trains the
+checkpoint (``assets/demo/rl-*.yaml``): ``llada-countdown`` decodes 16 slots as one block (its tokenizer spells
+``<answer>`` and ``</answer>`` as one token each), ``sdar-countdown`` 32 slots in its own blocks of 4. Any other
+checkpoint: gen_length 32, one block of 32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+HELDOUT = DEMO_DIR / "countdown_heldout.jsonl"
+
+
+def decode_lengths(model_dir: str | Path) -> tuple[int, int]:
+    """``(gen_length, block_length)`` of the demo RL config whose ``model`` is ``model_dir``; (32, 32) else."""
+    import yaml
+
+    for cfg in sorted(DEMO_DIR.glob("rl-*.yaml")):
+        data = yaml.safe_load(cfg.read_text())
+        if (DEMO_DIR / data["model"]).resolve() == Path(model_dir).resolve():
+            return int(data["rollout"]["gen_length"]), int(data["rollout"]["block_length"])
+    return 32, 32
+
+
+def demo_defaults(model_dir: str | Path, decode: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation options of ``--demo`` (task, data, prompt style) and the base decoding: ``decode`` with
+    ``gen_length`` / ``block_length`` filled from :func:`decode_lengths` where not given (``block_length``
+    follows an explicit ``gen_length``)."""
+    decode = dict(decode)
+    if decode.get("gen_length") is None:
+        gen_length, block_length = decode_lengths(model_dir)
+        decode["gen_length"] = gen_length
+    else:
+        block_length = decode["gen_length"]
+    decode.setdefault("block_length", block_length)
+    return {"task": "countdown", "data": str(HELDOUT), "prompt_style": "compact", "decode": decode}

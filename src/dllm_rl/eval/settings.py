@@ -1,0 +1,120 @@
+"""The settings language of ``dllm-rl eval``: ``--setting NAME:key=value,...`` or a YAML settings file ->
+named :class:`Setting` overrides, resolved over the base decoding into a concrete :class:`ResolvedSetting`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dllm_rl.config import ConfigError, from_dict, to_dict
+
+SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+#: pseudo-keys a setting may use besides DecodeConfig's fields
+SETTING_SHORTCUTS = ("tokens_per_step", "block_cache")
+
+
+@dataclass
+class Setting:
+    """A named decoding setting: overrides on top of the base DecodeConfig."""
+
+    name: str
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not SETTING_NAME.match(self.name):
+            raise ValueError(f"setting name {self.name!r}: use letters, digits and _ . + - only")
+
+
+def parse_setting(spec: str) -> Setting:
+    """``NAME:key=val,key=val`` (or just ``NAME`` for the base settings) -> :class:`Setting`.
+
+    Keys are :class:`~dllm_rl.sampling.DecodeConfig` fields, or ``tokens_per_step=k`` for a static
+    schedule committing k tokens per step in every block (``steps = ceil(block / k)``).
+    """
+    name, _, rest = spec.partition(":")
+    overrides: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        if "=" not in part:
+            raise ValueError(f"--setting {spec!r}: {part!r} must look like key=value "
+                             "(for example dyn:threshold=0.9 or static2:tokens_per_step=2)")
+        k, v = part.split("=", 1)
+        overrides[k.strip().replace("-", "_")] = v.strip()
+    return Setting(name.strip(), overrides)
+
+
+def load_settings_file(path: str | Path) -> list[Setting]:
+    """Settings from YAML: a mapping ``name: {key: value, ...}`` or a list of ``{name: ..., key: value}``."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: settings file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if isinstance(data, Mapping):
+        items = [(str(k), v or {}) for k, v in data.items()]
+    elif isinstance(data, list):
+        items = []
+        for i, entry in enumerate(data):
+            if not isinstance(entry, Mapping) or "name" not in entry:
+                raise ValueError(f"{path}: entry {i} must be a mapping with a 'name'")
+            items.append((str(entry["name"]), {k: v for k, v in entry.items() if k != "name"}))
+    else:
+        raise ValueError(f"{path}: expected a mapping of setting name -> options, or a list of settings")
+    out = []
+    for name, opts in items:
+        if not isinstance(opts, Mapping):
+            raise ValueError(f"{path}: setting {name!r} must map option names to values")
+        out.append(Setting(name, {str(k).replace("-", "_"): v for k, v in opts.items()}))
+    return out
+
+
+@dataclass
+class ResolvedSetting:
+    """A setting made concrete: the DecodeConfig and the extra ``generate`` options (``block_cache``)."""
+
+    decode: Any
+    block_cache: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**to_dict(self.decode), "block_cache": self.block_cache}
+
+
+def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | None = None) -> ResolvedSetting:
+    """The decoding of ``setting`` over ``base`` (string values coerced to the DecodeConfig field types).
+
+    Shortcuts: ``tokens_per_step=k`` = a static schedule committing k tokens per step
+    (``steps = ceil(block / k)`` per block, block = the model's ``block_size`` for block models, else
+    ``block_length``); ``block_cache=false`` = block models decode without their (exact) KV cache.
+    ``block_size`` is the model's own block (None for full-attention models).
+    """
+    from dllm_rl.config import _coerce
+    from dllm_rl.sampling import DecodeConfig
+
+    where = f"setting {setting.name!r}"
+    data = {**base, **setting.overrides}
+    tps = data.pop("tokens_per_step", None)
+    block_cache = _coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
+    if not block_cache and block_size is None:
+        raise ValueError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
+                         "choose their cache with cache=none|prefix|dual")
+    if tps is not None:
+        tps = _coerce(tps, int, f"{where}: tokens_per_step")
+        if tps < 1:
+            raise ValueError(f"{where}: tokens_per_step must be >= 1")
+        if data.get("steps") is not None or data.get("threshold") is not None:
+            raise ValueError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
+        block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
+        data["steps"] = -(-block // tps)
+    try:
+        decode = from_dict(DecodeConfig, data, where=where)
+    except ConfigError as exc:
+        msg = str(exc).replace(" valid keys: ", f" valid keys: {', '.join(SETTING_SHORTCUTS)}, ")
+        raise ValueError(msg) from None
+    return ResolvedSetting(decode, bool(block_cache))

@@ -1,0 +1,30 @@
+"""Checks that a checkpoint and a tokenizer belong together, made from their files before any weights load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
+    """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
+    mask and EOS ids must agree and every token id must fit the embedding."""
+    from dllm_rl.models import load_tokenizer
+    from dllm_rl.models.families import detect_family, resolve_mask_token_id
+    from dllm_rl.models.loading import read_config
+
+    pub = read_config(model_dir)
+    fam = detect_family(pub, str(model_dir / "config.json"))
+    hf = fam.hf_config(pub)
+    mask_id = resolve_mask_token_id(pub, fam, model_dir / "config.json", tokenizer_dir)
+    eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
+        else None
+    tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
+    vocab = int(hf.vocab_size)
+    if len(tok) > vocab:
+        raise ValueError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "
+                         f"{vocab}; tokenizer and model do not belong together")
+    if eos_id is not None and tok.eos_token_id != eos_id:
+        raise ValueError(f"tokenizer {tokenizer_dir} eos id {tok.eos_token_id} != model eos_token_id {eos_id} "
+                         f"({model_dir}/config.json); tokenizer and model do not belong together")
+    block_size = int(pub.get("block_size") or fam.block_size or 4) if fam.attention == "block" else None
+    return tok, fam, block_size

@@ -1,0 +1,95 @@
+"""The :class:`Family` type every adapter fills in, and helpers the adapters share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from dllm_rl.errors import UserError
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the rest of the library needs to know about one published layout."""
+
+    name: str
+    attention: str  # "full" (bidirectional) or "block" (block-causal)
+    shift: bool  # True when raw logits at i score token i+1 (Dream, Fast-dLLM v2)
+    mask_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    model_type: str
+    architectures: tuple[str, ...]
+    auto_map: dict[str, str] = field(default_factory=dict)
+    block_size: int | None = None
+    # The published config key that holds the block size (None: the published config has none; the family's
+    # block_size applies, e.g. LLaDA2.x whose block 32 is a sampler setting).
+    block_size_key: str | None = "block_size"
+    mask_token: str | None = None  # the mask token's text in the published tokenizer
+    moe: bool = False  # mixture of experts: routers, router statistics, freeze_router
+    # LoRA targets, in HF module names (what peft sees).
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    # -- config ---------------------------------------------------------------------------------
+    def hf_config(self, pub: dict[str, Any]) -> PretrainedConfig:
+        """The stock transformers config for a published ``config.json`` dict."""
+        raise NotImplementedError
+
+    def published_config(self, hf: PretrainedConfig, base: dict[str, Any] | None) -> dict[str, Any]:
+        """The published ``config.json`` dict for ``hf``, keeping any unknown keys of ``base``."""
+        raise NotImplementedError
+
+    def tiny(self, **kw: Any) -> dict[str, Any]:
+        """A small published-layout config (see :func:`dllm_rl.models.families.tiny_config`)."""
+        raise NotImplementedError
+
+    def block_size_of(self, pub: dict[str, Any]) -> int | None:
+        """The block size of a block model from its published config (None for full attention)."""
+        if self.attention != "block":
+            return None
+        value = pub.get(self.block_size_key) if self.block_size_key else None
+        return int(value or self.block_size or 4)
+
+    # -- tensor names ---------------------------------------------------------------------------
+    def to_hf_name(self, name: str) -> str:
+        return name
+
+    def to_published_name(self, name: str) -> str:
+        return name
+
+    def to_hf_state(self, tensors: dict[str, torch.Tensor], hf: PretrainedConfig) -> dict[str, torch.Tensor]:
+        """Published tensors (one dict, all shards) under HF names; families whose HF layout fuses tensors
+        (experts, fused qkv) override this."""
+        return {self.to_hf_name(k): v for k, v in tensors.items()}
+
+    def to_published_state(self, state: dict[str, torch.Tensor], hf: PretrainedConfig) -> dict[str, torch.Tensor]:
+        return {self.to_published_name(k): v for k, v in state.items()}
+
+    def tied(self, pub: dict[str, Any]) -> bool:
+        return bool(pub.get("tie_word_embeddings", False))
+
+
+def rope_theta(hf: PretrainedConfig) -> float:
+    params = getattr(hf, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+
+
+def require(pub: dict[str, Any], keys: list[str], family: str) -> None:
+    missing = [k for k in keys if k not in pub]
+    if missing:
+        raise UserError(f"{family} config.json is missing required keys: {', '.join(missing)}")
+
+
+def refuse(family: str, key: str, value: Any, why: str) -> None:
+    raise UserError(f"{family} config.json: {key}={value!r} is not supported ({why}); this adapter maps the "
+                    "published layout onto a stock transformers class that has no such option")
+
+
+def ids(fam: Family, vocab_size: int, mask: int | None, eos: int | None, pad: int | None) -> tuple[int, int, int]:
+    """Tiny-config token ids: mask = V-1, eos = pad = V-2 unless given."""
+    m = vocab_size - 1 if mask is None else mask
+    e = vocab_size - 2 if eos is None else eos
+    return m, e, e if pad is None else pad

@@ -1,0 +1,65 @@
+"""Checkpoints of an RL run: the part of :class:`~dllm_rl.rl.trainer.RLTrainer` that saves and resumes (policy,
+optimiser, scheduler, data position, weight average, the value model when on and the trainer's counters) and
+writes ``final/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dllm_rl.config import to_dict
+from dllm_rl.hub import push_to_hub
+from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
+from dllm_rl.training.checkpoint import checkpoint_name
+
+
+class RLCheckpoints:
+    """Save / resume / final-model methods of the RL trainer (mixed into it; they use its attributes)."""
+
+    def _plain(self) -> DiffusionLM:
+        """The policy over its HF module unwrapped from DDP (weights load/save and peft helpers need it)."""
+        inner = self.accelerator.unwrap_model(self.model.model)
+        if inner is self.model.model:
+            return self.model
+        return DiffusionLM(inner, self.model.family, self.model.published_config)
+
+    def save(self, final: bool = False) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
+        save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
+                        step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
+                        config=to_dict(self.cfg),
+                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
+                        accelerator=self.accelerator, ema=self.ema,
+                        extra_files=self.value.checkpoint_files() if self.value is not None else None)
+        if self.is_main:
+            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
+        return path
+
+    def _resume(self, where: str) -> None:
+        path = latest_checkpoint(self.out) if where == "latest" else Path(where)
+        if path is None:
+            raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
+        state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
+                                accelerator=self.accelerator, ema=self.ema)
+        self.step_idx = state.step
+        if self.value is not None:  # its value_model.pt (TraceRL's value model, dllm_rl.rl.value)
+            self.value.load(path)
+        self.stream.load_state_dict(state.data_state)
+        self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
+        self.accuracy_before = (state.extra or {}).get("accuracy_before")
+        self.rollouts.truncate(self.step_idx)  # drop what a run killed after this checkpoint wrote
+        if self.is_main:
+            print(f"resumed from {path} at step {self.step_idx}")
+
+    def save_final_model(self) -> Path:
+        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged; uploaded to the
+        hub repository ``push_to_hub`` when set."""
+        path = self.out / "final"
+        if self.is_main:
+            with self.averaged():
+                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
+                save_model(unwrapped, path, tokenizer=self.tokenizer)
+            if self.cfg.push_to_hub:
+                print(f"pushed {path} to {push_to_hub(path, self.cfg.push_to_hub)}")
+        return path

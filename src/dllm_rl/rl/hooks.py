@@ -1,0 +1,113 @@
+"""Rollout hooks: code that sees each round of rollouts after its rewards and may replace some of them.
+
+The trainer calls the configured hook (``rollout_hook`` / ``rollout_hook_options`` in the RL config) once
+per round, right after the rewards, with a :class:`RoundView` (the round's prompts, rollouts, rewards and
+dataset columns) and a :class:`HookContext` (how to decode and reward more rollouts). The hook returns the
+view to train on - the same one, or one with some rollouts replaced (:func:`replace_samples`). Advantages,
+group filtering and the update then run on what it returns.
+
+A hook is registered by name with a factory that takes its options::
+
+    @register_hook("my_hook")
+    def my_hook(*, some_option: int = 1) -> RolloutHook:
+        def hook(view: RoundView, ctx: HookContext) -> RoundView:
+            ...
+        return hook
+
+IGPO's inpainting (:mod:`dllm_rl.rl.methods.igpo`) is one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from dllm_rl.sampling import Rollout
+
+
+@dataclass
+class RoundView:
+    """One round: ``group_size`` consecutive samples per prompt. ``prompt_ids``/``prompts`` (token ids and
+    text), ``rewards``/``reasons``, ``seeds`` (rollout noise) and every ``columns`` value are per sample;
+    ``stats`` collects the hook's numbers for the step's metrics (summed over rounds)."""
+
+    prompt_ids: list[list[int]]
+    prompts: list[str]
+    rollout: Rollout
+    rewards: list[float]
+    reasons: list[str]
+    seeds: list[int]
+    columns: dict[str, list]
+    group_size: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class HookContext:
+    """What a hook may call: ``generate(indices, prefill)`` decodes new rollouts for samples ``indices`` (their
+    prompts, fresh seeds) with ``prefill[k]`` (completion offset -> token id) committed before decoding;
+    ``reward(indices, rollout)`` rewards them as the round was (``(rewards, reasons)``); ``reference(i)`` is
+    the task's reference completion text of sample ``i`` (or None); ``tokenizer``, ``eos_token_id`` and
+    ``gen_length`` describe the completions; ``step`` is the RL step."""
+
+    generate: Callable[[list[int], list[dict[int, int]]], Rollout]
+    reward: Callable[[list[int], Rollout], tuple[list[float], list[str]]]
+    reference: Callable[[int], str | None]
+    tokenizer: Any
+    eos_token_id: int
+    gen_length: int
+    step: int
+
+
+class RolloutHook(Protocol):
+    def __call__(self, view: RoundView, ctx: HookContext) -> RoundView: ...
+
+
+ROLLOUT_HOOKS: dict[str, Callable[..., RolloutHook]] = {}
+
+
+def register_hook(name: str) -> Callable[[Callable[..., RolloutHook]], Callable[..., RolloutHook]]:
+    """Decorator: register a hook factory (keyword options -> hook) as ``rollout_hook: name``."""
+
+    def deco(factory: Callable[..., RolloutHook]) -> Callable[..., RolloutHook]:
+        if name in ROLLOUT_HOOKS:
+            raise ValueError(f"rollout hook {name!r} registered twice")
+        ROLLOUT_HOOKS[name] = factory
+        return factory
+
+    return deco
+
+
+def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHook | None:
+    """The hook ``name`` built with ``options`` (None: no hook). Unknown names or options raise ``ValueError``."""
+    if name is None:
+        if options:
+            raise ValueError("rollout_hook_options: set rollout_hook too (the hook they configure)")
+        return None
+    if name not in ROLLOUT_HOOKS:
+        raise ValueError(f"rollout_hook: unknown hook {name!r}; valid: {', '.join(sorted(ROLLOUT_HOOKS))}")
+    factory = ROLLOUT_HOOKS[name]
+    valid = [p.name for p in inspect.signature(factory).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options or {}) - set(valid))
+    if unknown:
+        raise ValueError(f"rollout_hook_options: {', '.join(unknown)} not options of {name!r}; valid: "
+                         f"{', '.join(valid)}")
+    return factory(**dict(options or {}))
+
+
+def replace_samples(view: RoundView, indices: list[int], rollout: Rollout, rewards: list[float],
+                    reasons: list[str]) -> RoundView:
+    """``view`` with samples ``indices`` replaced by the rows of ``rollout`` (in order) and their rewards."""
+    if not (len(indices) == len(rollout) == len(rewards) == len(reasons)):
+        raise ValueError(f"replace_samples: {len(indices)} indices for {len(rollout)} rollouts, "
+                         f"{len(rewards)} rewards and {len(reasons)} reasons")
+    n = len(view.rewards)
+    order = list(range(n))
+    new_rewards, new_reasons = list(view.rewards), list(view.reasons)
+    for k, i in enumerate(indices):
+        order[i] = n + k
+        new_rewards[i], new_reasons[i] = float(rewards[k]), reasons[k]
+    merged = Rollout.cat([view.rollout, rollout]).select(order)
+    return replace(view, rollout=merged, rewards=new_rewards, reasons=new_reasons)

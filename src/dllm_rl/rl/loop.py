@@ -1,0 +1,99 @@
+"""The RL run from start to end: :func:`train` builds an :class:`~dllm_rl.rl.trainer.RLTrainer`, evaluates the
+held-out set before, runs the steps (logging metrics and sample rollouts, saving checkpoints), evaluates after,
+and writes the final model, the dashboard and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.trainer import RLTrainer
+from dllm_rl.training import ZERO_LOSS_NOTE, Progress, loss_is_informative, rl_progress, write_dashboard
+
+
+def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
+    """The held-out evaluation after training: of the returned weights, and of the live policy when they are
+    the weight average."""
+    cfg = trainer.cfg
+    after = trainer.evaluate()
+    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
+    summary["accuracy_after"] = after.accuracy
+    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
+        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
+    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
+        live = trainer.evaluate(live=True)
+        summary["accuracy_after_live"] = live.accuracy
+        trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
+        say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
+
+
+def train(cfg: RLConfig, reward_fn=None) -> dict:
+    """Run RL as configured; returns a summary (held-out accuracy before and after, minutes, paths).
+
+    ``reward_fn`` (optional) is a TRL-signature reward ``(prompts, completions, **columns) -> list[float]``
+    that replaces the task's built-in reward.
+    """
+    trainer = RLTrainer(cfg, reward_fn=reward_fn)
+    try:  # the run directory's lock is released however the run ends
+        return _run(trainer)
+    finally:
+        trainer.close()
+
+
+def _run(trainer: RLTrainer) -> dict:
+    cfg = trainer.cfg
+    t_start = time.perf_counter()
+    say = print if trainer.is_main else (lambda *a, **k: None)
+    say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
+        f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
+        f"{len(trainer.train_task)} train / "
+        + (f"{len(trainer.eval_task)} held-out" if trainer.eval_task is not None else "no held-out (eval.limit=0)"))
+    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
+                     "is_main": trainer.is_main}
+    if trainer.rollout_note:
+        say(trainer.rollout_note)
+    if trainer.step_idx == 0 and trainer.eval_task is not None:
+        before = trainer.evaluate()
+        trainer.accuracy_before = before.accuracy
+        trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
+        say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
+    if trainer.accuracy_before is not None:  # a resumed run: from its checkpoint
+        summary["accuracy_before"] = trainer.accuracy_before
+    if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
+        say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
+    show_loss, held_out = loss_is_informative(cfg.loss_type, cfg.loss_aggregation), trainer.accuracy_before
+    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
+                   disable=not (cfg.progress and trainer.is_main), note=None if show_loss else ZERO_LOSS_NOTE)
+    while trainer.step_idx < cfg.max_steps:
+        if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
+            say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
+            break
+        res = trainer.step()
+        trainer.step_idx += 1
+        m = res.metrics
+        if (cfg.eval.every and trainer.eval_task is not None and trainer.step_idx % cfg.eval.every == 0
+                and trainer.step_idx < cfg.max_steps):
+            ev = trainer.evaluate()
+            m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
+        trainer.metrics.log(trainer.step_idx, **m)
+        held_out = m.get("eval_accuracy", held_out)
+        bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]),
+                   **rl_progress(m, held_out=held_out, show_loss=show_loss))
+        trainer.rollouts.log(trainer.step_idx, res.samples)
+        if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
+            for prompt, completion, reward, reason in res.samples[:2]:
+                bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")
+        if cfg.save_every and trainer.step_idx % cfg.save_every == 0:
+            trainer.save()
+    bar.close()
+    summary.update(steps=trainer.step_idx, minutes=(time.perf_counter() - t_start) / 60,
+                   output_dir=str(trainer.out))
+    if trainer.eval_task is not None:
+        _evaluate_after(trainer, summary, say)
+    trainer.save()
+    summary["final_model"] = str(trainer.save_final_model())
+    if trainer.is_main:
+        summary["plots"] = [str(write_dashboard([trainer.out]))]
+        (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

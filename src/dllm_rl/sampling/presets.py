@@ -1,0 +1,31 @@
+"""Each family's published sampler defaults as named decoding presets (``dllm-rl generate --preset NAME``).
+
+Block models always decode in their own block with the exact block KV cache (tokens equal to the uncached
+path), so a preset sets the schedule only:
+
+* ``llada2``: LLaDA2.0 / 2.1 sampler, block 32 (the family's), dynamic threshold 0.95. LLaDA2.1's editing of
+  committed tokens is not implemented.
+* ``fast_dllm_v2``: Fast-dLLM v2, block 32 (``bd_size``), threshold 0.9; each block's first token reads the
+  previous block's last logit (the shifted logits through the cache, as Dream's). Its sub-blocks of 8 are
+  not implemented: the threshold applies over the whole block.
+* ``sdar``: SDAR / TraDo and SDAR-30B-A3B, block 4, dynamic threshold 0.9 (``low_confidence_dynamic``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_rl.errors import UserError
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llada2": {"threshold": 0.95, "steps": None, "temperature": 0.0},
+    "fast_dllm_v2": {"threshold": 0.9, "steps": None, "temperature": 0.0},
+    "sdar": {"threshold": 0.9, "steps": None, "temperature": 0.0},
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The DecodeConfig values of preset ``name``; an unknown name lists the presets."""
+    if name not in PRESETS:
+        raise UserError(f"unknown decoding preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return dict(PRESETS[name])

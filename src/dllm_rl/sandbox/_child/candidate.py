@@ -1,0 +1,137 @@
+"""The program's process: runs the untrusted program and answers calls from the test process with plain
+values (:mod:`wire`). Nothing here decides a verdict: this process never holds the marker pipe or the
+run's nonce (it is forked before the job is read), and whatever it sends is decoded as plain data.
+
+Requests (test process -> here): ``["program", source]`` once, then ``["call", id, [args], [[k, v]]]``,
+``["getattr", id, name]``, ``["setattr", id, name, value]``. Replies: ``["ready", manifest]`` /
+``["fail", why]`` for the program, then ``["ok", value]``, ``["raise", type name, message]`` (the call
+raised), or ``["bad", why]`` (the result is not plain data). A call returns a handle only when it calls
+a class (a constructor); attributes may be handles (``node.left``).
+"""
+
+import builtins
+import os
+import sys
+import types
+
+from . import wire
+
+
+def start(close_fds):
+    """Fork the program's process; in the parent return ``(request_w, reply_r)``. The child closes
+    ``close_fds`` (the marker pipe) and stdin, serves until the requests end, and exits."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(req_w)
+            os.close(rep_r)
+            for fd in close_fds:
+                os.close(fd)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            serve(req_r, rep_w)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:
+                    pass
+            os._exit(0)
+    os.close(req_r)
+    os.close(rep_w)
+    return req_w, rep_r
+
+
+class _Objects:
+    """The objects the test process holds handles to, by id."""
+
+    def __init__(self):
+        self.by_id = []
+        self.ids = {}  # id(obj) -> handle; the object stays alive in by_id, so id(obj) stays its own
+
+    def add(self, obj):
+        if id(obj) not in self.ids:
+            self.ids[id(obj)] = len(self.by_id)
+            self.by_id.append(obj)
+        return self.ids[id(obj)]
+
+    def get(self, i, _type_name=None):
+        if type(i) is not int or not 0 <= i < len(self.by_id):
+            raise wire.ProtocolError(f"unknown handle {i!r}")
+        return self.by_id[i]
+
+
+def manifest(ns, objects):
+    """What the program defined at top level: ``[name, "val", value]`` (plain data), ``[name, "mod",
+    module name]``, or ``[name, "fn" | "cls" | "obj", id]`` (called through handles)."""
+    out = []
+    for name, obj in list(ns.items()):
+        if not isinstance(name, str) or (name.startswith("__") and name.endswith("__")):
+            continue
+        if isinstance(obj, types.ModuleType):
+            out.append([name, "mod", str(getattr(obj, "__name__", ""))])
+            continue
+        try:
+            wire.dumps(obj)
+            out.append([name, "val", obj])
+            continue
+        except wire.NotPlain:
+            pass
+        kind = "cls" if isinstance(obj, type) else "fn" if callable(obj) else "obj"
+        out.append([name, kind, objects.add(obj)])
+    return out
+
+
+def _answer(req, objects):
+    """``(reply, handle)``: the reply to one request, and the handle maker for its value (None: plain only)."""
+    op = req[0]
+    target = objects.get(req[1])
+    try:
+        if op == "call":
+            value = target(*req[2], **req[3])
+            return ["ok", value], objects.add if isinstance(target, type) else None
+        if op == "getattr":
+            return ["ok", getattr(target, str(req[2]))], objects.add
+        if op == "setattr":
+            setattr(target, str(req[2]), req[3])
+            return ["ok", None], None
+    except BaseException as exc:
+        name, _, message = wire.describe(exc).partition(": ")
+        return ["raise", name, message], None
+    raise wire.ProtocolError(f"unknown request {op!r}")
+
+
+def _reply(rep_w, reply, handle):
+    try:
+        wire.send(rep_w, reply, handle)
+    except wire.NotPlain as exc:
+        wire.send(rep_w, ["bad", str(exc)])
+    except BaseException as exc:
+        wire.send(rep_w, ["bad", "the program's process could not send it: " + wire.describe(exc)])
+
+
+def serve(req_r, rep_w):
+    """Run the program, send its manifest, then answer requests until end of file."""
+    objects = _Objects()
+    msg = wire.recv(req_r)
+    if not msg or msg[0] != "program":
+        return
+    ns = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        exec(compile(msg[1], "<solution>", "exec"), ns)
+    except BaseException as exc:
+        wire.send(rep_w, ["fail", wire.describe(exc)])
+        return
+    wire.send(rep_w, ["ready", manifest(ns, objects)])
+    while True:
+        req = wire.recv(req_r, objects.get)
+        if req is None:
+            return
+        try:
+            reply, handle = _answer(req, objects)
+        except BaseException as exc:
+            reply, handle = ["bad", "the program's process could not answer: " + wire.describe(exc)], None
+        _reply(rep_w, reply, handle)

@@ -1,0 +1,164 @@
+"""One dashboard per run (``dashboard.png``), runs overlaid for comparison, and opt-in per-metric PNGs.
+
+Panels of :func:`dashboard_figure`, in order (each run one colour, labelled by its directory name):
+
+1. ``reward`` raw (thin) with a trailing moving average (thick); an SFT run (no reward) shows ``loss``;
+2. held-out accuracy (``eval_accuracy``, markers);
+3. ``kl`` (left axis) and ``clip_frac`` (right axis, dashed);
+4. ``completion_length`` and ``nfe`` (dashed);
+5. seconds per step: ``time_rollout``, ``time_reward``, ``time_update`` (solid, dashed, dotted).
+
+matplotlib's Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dllm_rl.errors import UserError
+from dllm_rl.training.metrics import METRICS_FILE, read_metrics
+
+DASHBOARD = "dashboard.png"
+PANELS = ("reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step")
+STYLES = ("-", "--", ":")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, values)`` of the rows that hold a number under ``key``."""
+    pts = [(float(r["step"]), float(r[key])) for r in rows
+           if "step" in r and isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+    arr = np.array(pts, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def smooth(values: np.ndarray, window: int | None = None) -> np.ndarray:
+    """Trailing moving average (the first points average what exists so far); ``window`` defaults to a tenth
+    of the points, between 1 and 25."""
+    n = len(values)
+    if n == 0:
+        return values
+    w = window or max(1, min(25, n // 10))
+    csum = np.cumsum(np.insert(values, 0, 0.0))
+    idx = np.arange(1, n + 1)
+    lo = np.maximum(idx - w, 0)
+    return (csum[idx] - csum[lo]) / (idx - lo)
+
+
+def _run_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no metrics file (is {run_dir} a run directory?)")
+    return read_metrics(path)
+
+
+def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = None):
+    """The dashboard :class:`matplotlib.figure.Figure` of one or more runs (see the module docs). Its
+    ``axes`` are the five panels in order, then the right-hand axis of panel 3 (``clip_frac``)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 5, figsize=(24, 4.2), dpi=90)
+    clip_ax = axes[2].twinx()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    first_key = "reward"
+    for i, run_dir in enumerate(run_dirs):
+        rows, name, colour = _run_rows(Path(run_dir)), Path(run_dir).resolve().name, colours[i % len(colours)]
+        key = "reward" if len(series(rows, "reward")[0]) else "loss"
+        first_key = key if i == 0 else first_key
+        x, y = series(rows, key)
+        axes[0].plot(x, y, color=colour, alpha=0.3, linewidth=0.8, label=f"{name} {key}")
+        axes[0].plot(x, smooth(y, smooth_window), color=colour, linewidth=2, label=f"{name} {key} (smoothed)")
+        axes[1].plot(*series(rows, "eval_accuracy"), color=colour, marker="o", label=name)
+        axes[2].plot(*series(rows, "kl"), color=colour, label=f"{name} kl")
+        clip_ax.plot(*series(rows, "clip_frac"), color=colour, linestyle="--", label=f"{name} clip_frac")
+        for key2, style in (("completion_length", "-"), ("nfe", "--")):
+            axes[3].plot(*series(rows, key2), color=colour, linestyle=style, label=f"{name} {key2}")
+        for key2, style in zip(("time_rollout", "time_reward", "time_update"), STYLES):
+            label = f"{name} {key2.removeprefix('time_')}"
+            axes[4].plot(*series(rows, key2), color=colour, linestyle=style, label=label)
+    titles = (first_key,) + PANELS[1:]
+    ylabels = (first_key, "accuracy", "kl", "tokens / forwards", "seconds")
+    for ax, title, ylabel in zip(axes, titles, ylabels):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if not ax.lines or all(len(line.get_xdata()) == 0 for line in ax.lines):
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+        elif ax is not axes[2]:
+            ax.legend(fontsize=7)
+    clip_ax.set_ylabel("clip fraction")
+    handles = axes[2].get_legend_handles_labels()
+    extra = clip_ax.get_legend_handles_labels()
+    if any(len(line.get_xdata()) for line in axes[2].lines + clip_ax.lines):
+        axes[2].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def write_dashboard(run_dirs: list[str | Path], out: str | Path | None = None,
+                    smooth_window: int | None = None) -> Path:
+    """Draw :func:`dashboard_figure` into ``out`` (default: ``RUN_DIR/dashboard.png`` for one run; several
+    runs need ``out``). Returns the PNG path."""
+    if not run_dirs:
+        raise UserError("give at least one run directory")
+    if out is None and len(run_dirs) > 1:
+        raise UserError("several runs are drawn on one page: say where with -o FILE.png")
+    target = Path(out) if out is not None else Path(run_dirs[0]) / DASHBOARD
+    fig = dashboard_figure(run_dirs, smooth_window)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target)
+    _pyplot().close(fig)
+    return target
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "metric"
+
+
+def plot_metrics(run_dir: str | Path, keys: list[str] | None = None) -> list[Path]:
+    """Write one PNG per numeric metric of ``run_dir/metrics.jsonl`` against ``step`` into ``run_dir/plots``
+    (``dllm-rl plot --per-metric``).
+
+    ``keys`` selects metrics (default: every numeric key except ``step`` and ``time``). Returns the PNG paths.
+    """
+    plt = _pyplot()
+    run_dir = Path(run_dir)
+    rows = _run_rows(run_dir)
+    numeric = sorted({k for r in rows for k, v in r.items() if k not in ("step", "time")
+                      and isinstance(v, int | float) and not isinstance(v, bool)})
+    if keys is None:
+        keys = numeric
+    else:
+        unknown = [k for k in keys if k not in numeric]
+        if unknown:
+            raise UserError(f"{run_dir / METRICS_FILE}: no numeric metric {unknown[0]!r}; available: "
+                            f"{', '.join(numeric)}")
+    out_dir = run_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key in keys:
+        x, y = series(rows, key)
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        ax.plot(x, y, marker="." if len(x) < 50 else None, linewidth=1.2)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.set_title(f"{run_dir.name}: {key}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        target = out_dir / f"{_safe(key)}.png"
+        fig.savefig(target)
+        plt.close(fig)
+        written.append(target)
+    return written

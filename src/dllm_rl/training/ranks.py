@@ -1,0 +1,50 @@
+"""What every rank must do alike under DDP: decisions taken on the largest value over the ranks, metrics averaged
+over the ranks, and backward passes of a zero loss (and empty micro-batches) so that every rank joins as many
+gradient all-reduces. A one-process run skips every collective."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from accelerate.utils import gather_object
+
+
+def max_over_ranks(accelerator, value: int) -> int:
+    """The largest ``value`` over all ranks (for decisions every rank must take alike)."""
+    if accelerator.num_processes == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=accelerator.device)
+    return int(accelerator.gather(t).max())
+
+
+def skip_together(accelerator, skip: bool) -> bool:
+    """True on every rank when any rank must skip its optimizer step (so the weights stay equal)."""
+    return bool(max_over_ranks(accelerator, int(skip)))
+
+
+def mean_over_ranks(accelerator, m: dict) -> dict:
+    """Each metric averaged over the ranks that report a finite value (a rank that kept no sample has
+    no loss statistics)."""
+    if accelerator.num_processes == 1:
+        return m
+    rows = gather_object([m])
+    out = {}
+    for k in sorted({k for r in rows for k in r}):
+        vals = [float(r[k]) for r in rows if k in r and math.isfinite(r[k])]
+        out[k] = sum(vals) / len(vals) if vals else float("nan")
+    return out
+
+
+def zero_loss(model) -> torch.Tensor:
+    """A zero loss through the whole (DDP) module: a rank with nothing to train joins the all-reduce."""
+    ids = torch.full((1, 1), model.mask_token_id, dtype=torch.long, device=model.device)
+    return model(ids).logits.float().sum() * 0.0
+
+
+def micro_batches(accelerator, n: int, size: int) -> list[list[int]]:
+    """Index lists of ``n`` samples in micro-batches of ``size``, padded with empty micro-batches up to the
+    most any rank has: every rank runs as many backward passes (so as many gradient all-reduces); an empty
+    micro-batch back-propagates :func:`zero_loss`."""
+    mbs = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+    return mbs + [[] for _ in range(max_over_ranks(accelerator, len(mbs)) - len(mbs))]

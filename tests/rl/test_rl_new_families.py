@@ -1,0 +1,67 @@
+"""2-step ESPO and TraceRL runs on tiny LLaDA2.x, LLaDA-MoE, SDAR-MoE and Fast-dLLM v2 checkpoints, with the
+router statistics in the metrics and frozen routers."""
+
+import json
+import math
+
+import pytest
+import torch
+from rl_helpers import digit_reward, rl_overrides
+
+from dllm_rl.config import load_config
+from dllm_rl.jsonl import write_jsonl
+from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
+from dllm_rl.tasks.synthetic import make_countdown
+
+NEW = ["llada2", "llada_moe", "sdar_moe", "fast_dllm_v2"]
+
+
+@pytest.fixture(scope="module")
+def new_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl_new")
+    write_jsonl(root / "train.jsonl", make_countdown(16, seed=0, numbers=3, max_value=9))
+    write_jsonl(root / "test.jsonl", make_countdown(4, seed=1, numbers=3, max_value=9))
+    tok = char_tokenizer()
+    for fam in NEW:
+        cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id, hidden_size=32, intermediate_size=64, num_heads=2,
+                          num_kv_heads=1)
+        save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
+    return root
+
+
+def _weights(path):
+    return {k: v.clone() for k, v in load_model(path).hf_model.state_dict().items()}
+
+
+@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("algorithm", ["espo", "tracerl"])
+def test_two_steps_train_every_new_family(new_setup, tmp_path, family, algorithm):
+    cfg = load_config(RLConfig, None, rl_overrides(new_setup, family, tmp_path, f"algorithm={algorithm}",
+                                                   "max_steps=2", "drop_zero_variance=false"))
+    summary = train(cfg, reward_fn=digit_reward)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [m for m in rows if "loss" in m]
+    assert len(rows) == 2 and all(math.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in rows)
+    before, after = _weights(new_setup / family), _weights(summary["final_model"])
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) >= len(before) // 2
+    if family != "fast_dllm_v2":  # MoE: load per expert (1 = uniform) and router entropy <= log(4)
+        for m in rows:
+            assert 0 <= m["moe_load_min"] <= 1 <= m["moe_load_max"] <= 4
+            assert 0 < m["moe_router_entropy"] <= m["moe_router_entropy_max"] == pytest.approx(math.log(4))
+    else:
+        assert not any(k.startswith("moe_") for k in rows[0])
+
+
+@pytest.mark.parametrize("family", ["llada2", "sdar_moe"])
+def test_freeze_router_keeps_the_gates_and_trains_the_rest(new_setup, tmp_path, family):
+    cfg = load_config(RLConfig, None, rl_overrides(new_setup, family, tmp_path, "algorithm=espo", "max_steps=1",
+                                                   "drop_zero_variance=false", "freeze_router=true"))
+    summary = train(cfg, reward_fn=digit_reward)
+    before, after = _weights(new_setup / family), _weights(summary["final_model"])
+    gates = [k for k in before if k.endswith("mlp.gate.weight")]
+    assert gates and all(torch.equal(before[k], after[k]) for k in gates)
+    assert any(not torch.equal(before[k], after[k]) for k in before if ".mlp.experts." in k)

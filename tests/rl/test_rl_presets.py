@@ -1,0 +1,86 @@
+"""Presets follow their papers, the demo configs keep their (tuned) behaviour, every method has a recipe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dllm_rl.config import load_config
+from dllm_rl.rl.algorithms import PRESETS, resolve
+from dllm_rl.rl.cli import demo_config_path
+from dllm_rl.rl.config import RLConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The resolved demo configs before the presets moved to paper defaults (beta 0.01 for espo / tracerl).
+DEMO_PINS = {
+    "full": dict(algorithm="tracerl", estimator="trace", estimator_options={"shrinkage": 8}, loss_type="token",
+                 loss_aggregation="token_mean", beta=0.0, kl_estimator="k3", advantage="group_zscore",
+                 scale_rewards="group", estimator_noise="sample", epsilon=0.2, max_steps=400, prompts_per_step=16,
+                 num_generations=8, seed=0, rollout_hook=None, loss_options=None),
+    "block": dict(algorithm="espo", estimator="elbo", estimator_options={"coupled": True, "num_mc": 2},
+                  loss_type="sequence", loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2",
+                  advantage="leave_one_out", scale_rewards="none", estimator_noise="group", epsilon=0.2,
+                  max_steps=200, prompts_per_step=16, num_generations=8, seed=0, rollout_hook=None, loss_options=None),
+}
+
+
+@pytest.mark.parametrize("kind", ["full", "block"])
+def test_demo_configs_resolve_as_before(kind):
+    cfg = resolve(load_config(RLConfig, demo_config_path(kind), ["model=m"]), kind)
+    assert {k: getattr(cfg, k) for k in DEMO_PINS[kind]} == DEMO_PINS[kind]
+    assert cfg.optim.lr == 1e-4
+    assert (cfg.rollout.gen_length, cfg.rollout.block_length) == ((16, 16) if kind == "full" else (32, 4))
+
+
+def test_presets_use_their_papers_kl():
+    assert {name: (p["beta"], p["kl_estimator"]) for name, p in PRESETS.items()} == {
+        "espo": (0.01, "k2"), "tracerl": (0.01, "k3"), "diffu_grpo": (0.04, "k3"), "coupled_grpo": (0.0, "k3"),
+        "random_mask_grpo": (0.0, "k3"), "spg": (0.0, "k3"), "bgpo": (0.0, "k2"), "justgrpo": (0.0, "k3"),
+        "wd1": (0.0, "k3"), "igpo": (0.01, "k3"),
+    }
+
+
+RECIPES = {"espo": "llada-espo-gsm8k.yaml", "tracerl": "trado-tracerl-math.yaml",
+           "diffu_grpo": "llada-diffu-grpo-gsm8k.yaml", "coupled_grpo": "diffucoder-coupled-grpo-code.yaml",
+           "random_mask_grpo": "mmada-random-mask-grpo-math.yaml", "spg": "llada-spg-countdown.yaml",
+           "bgpo": "llada-bgpo-math.yaml", "justgrpo": "llada-justgrpo-gsm8k.yaml", "wd1": "llada-wd1-countdown.yaml",
+           "igpo": "llada-igpo-math.yaml"}
+
+
+@pytest.mark.parametrize("algorithm", sorted(PRESETS))
+def test_every_preset_has_a_recipe_that_loads_without_its_model(algorithm):
+    path = REPO / "configs" / RECIPES[algorithm]
+    cfg = load_config(RLConfig, path)  # the model named there is not here: loading must not need it
+    assert cfg.algorithm == algorithm
+    assert not Path(cfg.model).exists()
+    out = resolve(cfg, "block" if algorithm == "tracerl" else "full")
+    assert out.estimator == PRESETS[algorithm]["estimator"]
+
+
+def test_spg_block_length_follows_the_rollout_block():
+    cfg = resolve(load_config(RLConfig, REPO / "configs" / RECIPES["spg"]), "full")
+    assert cfg.estimator_options == {"num_mc": 2, "block_length": 32}
+    assert resolve(load_config(RLConfig, REPO / "configs" / RECIPES["spg"]), "block").estimator_options == {"num_mc": 2}
+
+
+def test_help_config_prints_the_preset_table():
+    out = subprocess.run([sys.executable, "-m", "dllm_rl", "rl", "--help-config"], capture_output=True, text=True,
+                         check=True).stdout
+    table = out[out.index("presets (algorithm=NAME"):]
+    lines = [ln for ln in table.splitlines()[1:] if ln.strip()]
+    assert [ln.split()[0] for ln in lines] == list(PRESETS)
+    assert "  spg (SPG, arXiv 2510.09541): estimator=spg_block{'num_mc': 2}, loss=spg, loss_options={'mode': " \
+           "'mix', 'eubo_beta': 1.5, 'mix_weight': 0.5}" in table
+    assert "hook=igpo" in table
+
+
+def test_unknown_hook_option_is_a_config_error():
+    from dllm_rl.config import ConfigError
+
+    cfg = load_config(RLConfig, None, ["model=m", "algorithm=igpo", "rollout_hook_options={chunk: 3}"])
+    with pytest.raises(ConfigError, match="rollout_hook_options: chunk not options of 'igpo'; valid: column, "):
+        resolve(cfg, "full")

@@ -1,0 +1,89 @@
+"""The plain-data codec between the program's process and the test process: exact round trips, and
+nothing but built-in types (or explicitly allowed handles) out of the bytes an untrusted process sends."""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from collections import Counter, OrderedDict
+
+import pytest
+
+from dllm_rl.sandbox._child import wire
+
+
+def roundtrip(value):
+    return wire.loads(wire.dumps(value))
+
+
+def test_values_come_back_exact_with_their_types():
+    big = 7**6000  # more digits than int() may print in decimal: sent in hex
+    value = [None, True, False, big, -big, 0.1, -0.0, math.inf, (1, (2,)), {3, 4}, frozenset({5})]
+    value += [{(1, 2): [b"\x00\xff"]}, 2 - 3j, "\udc80 é", ""]
+    back = roundtrip(value)
+    assert back == value and [type(x) for x in back] == [type(x) for x in value]
+    assert math.copysign(1.0, back[6]) == -1.0 and math.isnan(roundtrip(math.nan))
+    assert wire.dumps((1, [2.5])) == b"t2:i1;l1:f0x1.4000000000000p+1;"
+
+
+def test_subclasses_travel_as_their_base_type():
+    class Colour(enum.IntEnum):
+        RED = 3
+
+    class Str(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    back = roundtrip([Counter("aab"), OrderedDict(x=1), Colour.RED, Str("s")])
+    assert back == [{"a": 2, "b": 1}, {"x": 1}, 3, "s"]
+    assert [type(x) for x in back] == [dict, dict, int, str]
+
+
+def test_objects_need_a_handle_maker():
+    with pytest.raises(wire.NotPlain, match="^an object of type object$"):
+        wire.dumps([1, object()])
+    assert wire.dumps(object(), lambda obj: 7) == b"h7;s6:object"
+    assert wire.loads(b"h7;s6:object", lambda i, name: (i, name)) == (7, "object")
+    loop = []
+    loop.append(loop)
+    with pytest.raises(wire.NotPlain, match=r"^a value nested too deeply \(or containing itself\)$"):
+        wire.dumps(loop)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"i1;i2;", "malformed value from the other process (trailing bytes)"),
+        (b"q", "unexpected value tag 'q' from the other process"),
+        (b"h7;s6:object", "unexpected value tag 'h' from the other process"),
+        (b"s5:abc", "truncated value from the other process"),
+        (b"l-1:", "malformed length in a value from the other process"),
+        (b"S1:l0:", "malformed value from the other process (TypeError)"),
+        (b"i12", "malformed value from the other process (ValueError)"),
+        (b"l1:", "malformed value from the other process (IndexError)"),
+    ],
+)
+def test_malformed_values_are_rejected(data, message):
+    with pytest.raises(wire.ProtocolError) as info:
+        wire.loads(data)
+    assert str(info.value) == message
+
+
+def test_frames_over_a_pipe():
+    r, w = os.pipe()
+    try:
+        wire.send(w, ["ok", (1, "x")])
+        assert wire.recv(r) == ["ok", (1, "x")]
+        os.write(w, b"0 ok 0 0\n")
+        with pytest.raises(wire.ProtocolError, match="^malformed frame header from the other process$"):
+            wire.recv(r)
+        os.close(w)
+        w = -1
+        assert wire.recv(r) is None
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
