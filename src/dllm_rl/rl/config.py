@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dllm_rl.config import field
+from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 from dllm_rl.training import LoraOptions, OptimConfig
 
 
@@ -139,3 +140,6 @@ class RLConfig:
     keep_checkpoints: int = field(2, help="checkpoints kept on disk")
     resume: str | None = field(None, help="checkpoint directory to resume from, or 'latest'")
     progress: bool = field(True, help="show a progress bar")
+    logprob_chunk_size: int = field(
+        DEFAULT_CHUNK_SIZE, help="scored positions the LM head projects onto the vocabulary at a time, recomputed "
+        "in backward (memory independent of the vocabulary; 0 = all at once)")
