@@ -22,6 +22,7 @@ import torch
 from dllm_rl.estimators.batch import MaskedRows, ScoringBatch, TokenScores
 from dllm_rl.estimators.scoring import score_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
+from dllm_rl.registry import registrar
 
 Planner = Callable[..., MaskedRows]
 
@@ -31,16 +32,8 @@ SCORER_OPTIONS = ("max_rows", "logprob_chunk_size")
 ESTIMATORS: dict[str, Planner] = {}
 
 
-def register(name: str) -> Callable[[Planner], Planner]:
-    """Decorator: register ``planner`` as estimator ``name``."""
-
-    def deco(planner: Planner) -> Planner:
-        if name in ESTIMATORS:
-            raise ValueError(f"estimator {name!r} registered twice")
-        ESTIMATORS[name] = planner
-        return planner
-
-    return deco
+#: ``@register("name")``: register ``planner`` as estimator ``name``.
+register = registrar(ESTIMATORS, "estimator")
 
 
 def _lookup(name: str) -> Planner:
