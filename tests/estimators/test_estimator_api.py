@@ -152,10 +152,11 @@ def test_register_refuses_a_second_planner_for_a_name():
     assert ESTIMATORS["elbo"] is plan_elbo
 
 
-def test_options_are_the_planner_keywords_then_max_rows():
-    assert estimator_options("block") == ["eps", "block_size", "mask_ratio", "max_rows"]
-    assert estimator_options("ar") == ["max_rows"]
-    assert estimator_options("trace") == ["shrinkage", "layout", "mask_uncounted", "max_rows"]
+def test_options_are_the_planner_keywords_then_the_scorers():
+    scorer = ["max_rows", "logprob_chunk_size"]
+    assert estimator_options("block") == ["eps", "block_size", "mask_ratio", *scorer]
+    assert estimator_options("ar") == scorer
+    assert estimator_options("trace") == ["shrinkage", "layout", "mask_uncounted", *scorer]
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

@@ -1,4 +1,5 @@
-"""``score_rows`` asks the LM head for the scored columns only; scores equal those of full logits exactly."""
+"""``score_rows`` with chunking off (``logprob_chunk_size=0``) asks the LM head for the scored columns only;
+scores equal those of full logits exactly. (The chunked path: ``test_estimator_chunked_logprobs.py``.)"""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _full_head_forward(self, *args, logits_to_keep=None, **kwargs):
 def test_scores_equal_full_logits_and_lm_head_skips_the_prompt(models, monkeypatch, family, name):
     model = models[family]
     batch = make_batch(seed=2)
-    opts = {"max_rows": 3}
+    opts = {"max_rows": 3, "logprob_chunk_size": 0}
     seen: list[int] = []
     handle = model.hf_model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
     try:

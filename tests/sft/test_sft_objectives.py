@@ -191,3 +191,27 @@ def test_a_batch_with_nothing_masked_still_back_propagates(table_model):
     assert out.scored_tokens == 0 and out.loss.item() == 0.0
     out.loss.backward()  # a forward ran (DDP ranks stay in step); gradients are zero
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_the_nothing_masked_fallback_projects_one_column_per_row(table_model):
+    model = table_model("llada")
+    b = batch_of(([3, 4], [1, EOS, EOS]), ([5, 6], [2, 1, EOS]))
+    shapes = []
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape[:-1])))
+    try:
+        out = compute_objective("random_mask", model, b, gen(), mask_ratio=0.0)
+    finally:
+        handle.remove()
+    assert out.scored_tokens == 0 and out.loss.requires_grad
+    assert shapes == [(2, 1)]  # not [B, T, V]
+
+
+def test_objective_config_passes_the_chunk_size_to_every_objective():
+    from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
+    from dllm_rl.sft.objectives import OBJECTIVES, ObjectiveConfig
+
+    for name in OBJECTIVES:
+        assert ObjectiveConfig(name=name).options()["logprob_chunk_size"] == DEFAULT_CHUNK_SIZE == 128
+        assert ObjectiveConfig(name=name, logprob_chunk_size=0).options()["logprob_chunk_size"] == 0
+    with pytest.raises(ValueError, match=r"objective.logprob_chunk_size must be an int >= 0 .* got -4"):
+        ObjectiveConfig(logprob_chunk_size=-4)

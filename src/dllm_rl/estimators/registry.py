@@ -8,7 +8,7 @@ function plus ``@register("name")``.
 
 :func:`estimator_forwards` runs only the planner, so a cost benchmark can count forwards without running the
 model; :func:`estimator_options` lists the options a name accepts (its planner's keyword-only parameters and
-``max_rows``, the scorer's memory bound).
+the scorer's memory bounds ``max_rows`` and ``logprob_chunk_size``).
 """
 
 from __future__ import annotations
@@ -22,22 +22,18 @@ import torch
 from dllm_rl.estimators.batch import MaskedRows, ScoringBatch, TokenScores
 from dllm_rl.estimators.scoring import score_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
+from dllm_rl.registry import registrar
 
 Planner = Callable[..., MaskedRows]
+
+# Options of the shared scorer (:func:`dllm_rl.estimators.scoring.score_rows`), accepted by every estimator.
+SCORER_OPTIONS = ("max_rows", "logprob_chunk_size")
 
 ESTIMATORS: dict[str, Planner] = {}
 
 
-def register(name: str) -> Callable[[Planner], Planner]:
-    """Decorator: register ``planner`` as estimator ``name``."""
-
-    def deco(planner: Planner) -> Planner:
-        if name in ESTIMATORS:
-            raise ValueError(f"estimator {name!r} registered twice")
-        ESTIMATORS[name] = planner
-        return planner
-
-    return deco
+#: ``@register("name")``: register ``planner`` as estimator ``name``.
+register = registrar(ESTIMATORS, "estimator")
 
 
 def _lookup(name: str) -> Planner:
@@ -48,9 +44,10 @@ def _lookup(name: str) -> Planner:
 
 
 def estimator_options(name: str) -> list[str]:
-    """The keyword options estimator ``name`` accepts: its planner's keyword-only parameters, then ``max_rows``."""
+    """The keyword options estimator ``name`` accepts: its planner's keyword-only parameters, then the scorer's
+    (:data:`SCORER_OPTIONS`)."""
     params = inspect.signature(_lookup(name)).parameters.values()
-    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY] + ["max_rows"]
+    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY] + list(SCORER_OPTIONS)
 
 
 def _check_options(name: str, options: dict[str, Any]) -> None:
@@ -68,12 +65,14 @@ def estimate(
     """Per-token log-probs and weights of estimator ``name`` (see :data:`ESTIMATORS`) for ``batch``.
 
     Plans the rows with the registered planner (all randomness from ``generator``) and scores them,
-    ``max_rows`` rows per model call. Unknown names or options raise ``ValueError`` naming the valid ones.
+    ``max_rows`` rows per model call, the LM head projecting ``logprob_chunk_size`` scored positions at a time
+    (default :data:`dllm_rl.models.logprobs.DEFAULT_CHUNK_SIZE`; 0 = off). Unknown names or options raise
+    ``ValueError`` naming the valid ones.
     """
     planner = _lookup(name)
     _check_options(name, options)
-    max_rows = options.pop("max_rows", None)
-    return score_rows(model, planner(model, batch, generator, **options), max_rows)
+    scorer = {k: options.pop(k) for k in SCORER_OPTIONS if k in options}
+    return score_rows(model, planner(model, batch, generator, **options), **scorer)
 
 
 def estimator_forwards(
@@ -90,7 +89,8 @@ def estimator_forwards(
     """
     planner = _lookup(name)
     _check_options(name, options)
-    options.pop("max_rows", None)
+    for k in SCORER_OPTIONS:
+        options.pop(k, None)
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     rows = planner(model, batch, generator, **options)

@@ -10,6 +10,7 @@ import torch
 
 from dllm_rl.estimators.batch import MaskedRows, TokenScores
 from dllm_rl.models.diffusion_lm import DiffusionLM
+from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE, check_chunk_size, selected_logprobs
 from dllm_rl.models.masks import block_causal_bias, position_ids_from_valid, two_stream_layout
 
 
@@ -77,39 +78,53 @@ def row_inputs(
     return {"input_ids": ids, "position_ids": pos, "attn_bias": bias}, cols if model.family.shift else cols - 1
 
 
-def _forward_rows(
-    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device, scored: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Run rows ``idx`` and return ``(logits, col, width)``: ``col[r, g]`` is the logits column that scores
-    completion token ``g`` of row ``r`` (-1: none) and ``width`` the number of model input columns.
+def _scored_logp(
+    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, w: torch.Tensor, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Run rows ``idx`` (weights ``w`` ``[r, G]``) and return ``(logp [N], rr, gg, width)``: the float32
+    log-prob of completion token ``gg[n]`` of row ``rr[n]`` for every scored token, and the model input width.
 
-    Scored tokens always sit in the last columns of the model input (the completion of ``[prompt |
-    completion]``, or the noisy stream of the two-stream layout), so the LM head is asked only for the
-    columns from the first scored one to the end (``logits_to_keep``); ``scored`` (``[r, G]`` bool) says
-    which tokens are scored.
+    ``chunk_size > 0``: the model returns its final hidden states and the LM head projects the scored
+    positions ``chunk_size`` at a time (:func:`dllm_rl.models.logprobs.selected_logprobs`), so no
+    ``[positions, V]`` logits of the whole call ever exist. ``0``: the logits of the columns from the first
+    scored one to the end (``logits_to_keep``: scored tokens always sit in the last columns of the model
+    input, the completion of ``[prompt | completion]`` or the two-stream noisy copy), then one float32
+    log-softmax over the scored positions.
     """
+    device = w.device
     inputs, col = row_inputs(model, rows, idx, device)
     width = int(inputs["input_ids"].shape[1])
-    scored_cols = col[scored]
-    if bool((scored_cols < 0).any()):
+    rr, gg = torch.nonzero(w.ne(0), as_tuple=True)
+    out_col = col[rr, gg]
+    if bool((out_col < 0).any()):
         raise RuntimeError("a scored completion token has no output column (scored a non-existent token?)")
-    first = int(scored_cols.min().item()) if scored_cols.numel() else width - 1
-    out = model(**inputs, logits_to_keep=width - first)
-    return out.logits, torch.where(col >= first, col - first, -1), width
+    target = rows.targets[rows.sample[idx]].to(device)[rr, gg]
+    if chunk_size:
+        hidden = model(**inputs, return_hidden=True).hidden
+        # columns asked for unaligned (the shifted two-stream layout) already name the raw column
+        raw = out_col if inputs.get("align") is False else model.raw_columns(rr, out_col, inputs.get("attention_mask"))
+        return selected_logprobs(hidden[rr, raw], model.lm_head, target, chunk_size), rr, gg, width
+    first = int(out_col.min().item()) if out_col.numel() else width - 1
+    logits = model(**inputs, logits_to_keep=width - first).logits
+    picked = logits[rr, out_col - first].float()
+    return torch.log_softmax(picked, dim=-1).gather(-1, target[:, None]).squeeze(-1), rr, gg, width
 
 
-def score_rows(model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None) -> TokenScores:
+def score_rows(
+    model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None, logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> TokenScores:
     """Forward ``rows`` (``max_rows`` at a time) and gather float32 log-probs of the scored tokens.
 
-    Only rows with a non-zero weight are run. The LM head projects only the columns from a chunk's first
-    scored column to the end (``logits_to_keep``: the completion, or the two-stream noisy copy), and the
-    log-softmax is taken in float32 over the scored positions only (``[N, V]``, not ``[R, G, V]``).
-    Gradients flow to the model through ``logp`` when called under grad (every chunk's graph is kept until
-    backward: ``max_rows`` bounds the logits held at once, micro-batch the :class:`ScoringBatch` to bound
+    Only rows with a non-zero weight are run, and only the scored positions are projected onto the
+    vocabulary: ``logprob_chunk_size`` of them at a time, recomputed in backward (memory independent of the
+    vocabulary and of the number of scored tokens; 0 = all of a call's scored positions at once, from the
+    model's logits). The log-softmax is float32. Gradients flow to the model through ``logp`` when called
+    under grad (every call's graph is kept until backward: micro-batch the :class:`ScoringBatch` to bound
     training memory).
     """
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
+    check_chunk_size(logprob_chunk_size)
     device = model.device
     d_n, b_n, g_n = rows.num_draws, rows.batch_size, rows.completion_len
     weight_rows = rows.weight.float()
@@ -131,15 +146,10 @@ def score_rows(model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None
     for start in range(0, len(live), max(chunk, 1)):
         idx = live[start : start + chunk]
         w = weight_rows[idx].to(device)
-        logits, col, width = _forward_rows(model, rows, idx, device, w.ne(0))
+        lp, rr, gg, width = _scored_logp(model, rows, idx, w, logprob_chunk_size)
         calls += 1
-        tokens += int(logits.shape[0] * width)
-        rr, gg = torch.nonzero(w.ne(0), as_tuple=True)
-        out_col = col[rr, gg]
-        picked = logits[rr, out_col].float()
+        tokens += int(len(idx) * width)
         sample = rows.sample[idx].to(device)
-        target = rows.targets[rows.sample[idx]].to(device)[rr, gg]
-        lp = torch.log_softmax(picked, dim=-1).gather(-1, target[:, None]).squeeze(-1)
         values.append(lp)
         where.append(torch.stack([rows.draw[idx].to(device)[rr], sample[rr], gg]))
     logp = torch.zeros(d_n, b_n, g_n, dtype=torch.float32, device=device)

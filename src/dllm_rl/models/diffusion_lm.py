@@ -24,12 +24,15 @@ class DLMOutput:
     With ``logits_to_keep`` (see :meth:`DiffusionLM.forward`) ``logits`` is ``[B, K, V]`` and
     ``logits[:, k]`` scores the ``k``-th kept query position. ``last_raw_logits`` (``[B, 1, V]``) is the
     model's raw output at the last query position whatever was kept, which a Dream caller feeding the
-    next chunk through a KV cache passes back as ``prev_raw_logits``.
+    next chunk through a KV cache passes back as ``prev_raw_logits``. With ``return_hidden`` both are
+    ``None`` and ``hidden`` (``[B, T, H]``) holds the final hidden states the LM head reads, unshifted:
+    :meth:`DiffusionLM.raw_columns` says which column scores which token.
     """
 
-    logits: torch.Tensor
-    last_raw_logits: torch.Tensor
+    logits: torch.Tensor | None
+    last_raw_logits: torch.Tensor | None
     past_key_values: Any = None
+    hidden: torch.Tensor | None = None
 
 
 class DiffusionLM(nn.Module):
@@ -52,6 +55,17 @@ class DiffusionLM(nn.Module):
     def hf_model(self) -> nn.Module:
         """The stock HF module, unwrapped from a distributed (DDP/FSDP) wrapper if there is one."""
         return getattr(self.model, "module", self.model)
+
+    @property
+    def causal_lm(self) -> nn.Module:
+        """The stock ``*ForCausalLM`` module, unwrapped from DDP/FSDP and from a PEFT wrapper."""
+        model = self.hf_model
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The LM head (output projection onto the vocabulary) as a module (LoRA-wrapped if adapted)."""
+        return self.causal_lm.get_output_embeddings()
 
     @property
     def config(self):
@@ -111,6 +125,21 @@ class DiffusionLM(nn.Module):
         ).bool()
         return torch.where(prev_valid[..., None], shifted, raw)
 
+    def raw_columns(self, rows: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """The raw output column that scores the token at column ``cols`` of row ``rows`` (equal shapes).
+
+        The identity except for Dream, where it is the column :meth:`align_logits` reads (``i - 1``, or ``i``
+        for a row's first real token / column 0): ``hidden[rows, raw_columns(rows, cols, valid)]`` projected
+        by :attr:`lm_head` equals ``forward(...).logits[rows, cols]``. ``valid`` is the ``attention_mask``
+        given to :meth:`forward` (``None`` if none was).
+        """
+        if not self.family.shift:
+            return cols
+        prev = (cols - 1).clamp(min=0)
+        if valid is None:
+            return prev
+        return torch.where((cols > 0) & valid[rows, prev].bool(), prev, cols)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -122,6 +151,7 @@ class DiffusionLM(nn.Module):
         prev_raw_logits: torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor | None = None,
         align: bool = True,
+        return_hidden: bool = False,
     ) -> DLMOutput:
         """Run the model.
 
@@ -139,6 +169,13 @@ class DiffusionLM(nn.Module):
         kept ``i`` are computed and aligned exactly as :meth:`align_logits` does. ``align=False`` returns a
         shifted family's raw logits (position ``i`` scoring token ``i + 1``), for layouts whose previous
         column is not the previous position (the two-stream layout).
+
+        ``return_hidden`` returns the final hidden states instead of logits (``hidden``; ``logits`` and
+        ``last_raw_logits`` are ``None``): the HF module is asked for the logits of no position (an empty
+        ``logits_to_keep``, which keeps the LM head in the autograd graph of the wrapped module's output) and
+        the caller projects what it needs through :attr:`lm_head`
+        (:func:`dllm_rl.models.logprobs.selected_logprobs`). The call still goes through ``self.model``, so
+        DDP/FSDP and PEFT wrappers run as usual.
         """
         shift = self.family.shift and align
         valid = attention_mask.bool() if attention_mask is not None else None
@@ -152,6 +189,10 @@ class DiffusionLM(nn.Module):
             attn_bias = self.default_bias(valid, position_ids)
         elif position_ids is None:
             raise ValueError("DiffusionLM.forward: position_ids are required with a custom attn_bias")
+        if return_hidden:
+            if logits_to_keep is not None:
+                raise ValueError("DiffusionLM.forward: return_hidden returns every column; drop logits_to_keep")
+            return self._hidden_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache)
         keep = _check_keep(logits_to_keep, input_ids.shape[1])
         hf_keep: int | torch.Tensor | None = None
         if keep is not None and shift:
@@ -183,6 +224,28 @@ class DiffusionLM(nn.Module):
             logits=logits,
             last_raw_logits=raw[:, -1:],
             past_key_values=out.cache if use_cache else None,
+        )
+
+    def _hidden_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache) -> DLMOutput:
+        """:meth:`forward` with ``return_hidden``: a forward hook on the backbone keeps its output."""
+        seen: list[torch.Tensor] = []
+        none = torch.zeros(0, dtype=torch.long, device=input_ids.device)
+        handle = self.causal_lm.base_model.register_forward_hook(lambda mod, args, out: seen.append(out[0]))
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attn_bias.to(self.dtype),
+                position_ids=position_ids,
+                cache=past_key_values,
+                use_cache=use_cache,
+                logits_to_keep=none,
+            )
+        finally:
+            handle.remove()
+        if len(seen) != 1:
+            raise RuntimeError(f"DiffusionLM: the backbone ran {len(seen)} times in one forward (expected once)")
+        return DLMOutput(
+            logits=None, last_raw_logits=None, past_key_values=out.cache if use_cache else None, hidden=seen[0]
         )
 
     @staticmethod
@@ -223,8 +286,13 @@ class DiffusionLM(nn.Module):
         return torch.where(prev_valid[..., None], shifted, raw[:, own_idx])
 
     # Conveniences delegated to the HF module.
-    def gradient_checkpointing_enable(self, **kwargs) -> None:
-        self.model.gradient_checkpointing_enable(**kwargs)
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each decoder layer in backward (HF activation checkpointing; works in every layout)."""
+        model = self.hf_model
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
 
 def _check_keep(logits_to_keep: int | torch.Tensor | None, width: int) -> int | torch.Tensor | None:

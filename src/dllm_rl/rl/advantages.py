@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_rl.registry import registrar
+
 EPS = 1e-4
 
 
@@ -67,16 +69,8 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 }
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register ``fn`` as advantage rule ``name`` in :data:`ADVANTAGES`."""
-
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage {name!r} registered twice")
-        ADVANTAGES[name] = fn
-        return fn
-
-    return deco
+#: ``@register_advantage("name")``: register ``fn`` as advantage rule ``name`` in :data:`ADVANTAGES`.
+register_advantage = registrar(ADVANTAGES, "advantage")
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_rewards: str) -> torch.Tensor:

@@ -22,6 +22,7 @@ from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.errors import UserError
 from dllm_rl.hub import check_repo_id
 from dllm_rl.models.loading import DTYPES
+from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig
@@ -248,6 +249,10 @@ class RLConfig(Checked):
     report_to: list[str] = field(default_factory=list, check=check_report_to,
                                  help="experiment trackers for the metrics and the config: tensorboard | wandb | "
                                  "trackio | mlflow | none (a list; tensorboard writes OUTPUT_DIR/tensorboard)")
+    logprob_chunk_size: int = field(
+        DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
+        "recomputed "
+        "in backward (memory independent of the vocabulary; 0 = all at once)")
 
     # TraceRL's block-size adaptation and diffusion value model
     train_block_size: int | None = field(

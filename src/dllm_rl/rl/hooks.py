@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from dllm_rl.registry import registrar
 from dllm_rl.sampling import Rollout
 
 
@@ -68,16 +69,8 @@ class RolloutHook(Protocol):
 ROLLOUT_HOOKS: dict[str, Callable[..., RolloutHook]] = {}
 
 
-def register_hook(name: str) -> Callable[[Callable[..., RolloutHook]], Callable[..., RolloutHook]]:
-    """Decorator: register a hook factory (keyword options -> hook) as ``rollout_hook: name``."""
-
-    def deco(factory: Callable[..., RolloutHook]) -> Callable[..., RolloutHook]:
-        if name in ROLLOUT_HOOKS:
-            raise ValueError(f"rollout hook {name!r} registered twice")
-        ROLLOUT_HOOKS[name] = factory
-        return factory
-
-    return deco
+#: ``@register_hook("name")``: register a hook factory (keyword options -> hook) as ``rollout_hook: name``.
+register_hook = registrar(ROLLOUT_HOOKS, "rollout hook")
 
 
 def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHook | None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dllm_rl.estimators import TokenScores
+from dllm_rl.registry import registrar
 from dllm_rl.rl.kl import KL_ESTIMATORS, kl_estimate
 
 
@@ -184,16 +185,8 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
 }
 
 
-def register_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: register ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`."""
-
-    def deco(loss: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} registered twice")
-        POLICY_LOSSES[name] = loss
-        return loss
-
-    return deco
+#: ``@register_loss("name")``: register ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`.
+register_loss = registrar(POLICY_LOSSES, "policy loss")
 
 
 def check_options(config: LossConfig, loss: str, valid: tuple[str, ...]) -> None:

@@ -310,7 +310,8 @@ class RLTrainer(RLCheckpoints):
 
     def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
-        return estimate(model, self.cfg.estimator, batch, gen, **(self.cfg.estimator_options or {}))
+        opts = {"logprob_chunk_size": self.cfg.logprob_chunk_size, **(self.cfg.estimator_options or {})}
+        return estimate(model, self.cfg.estimator, batch, gen, **opts)
 
     def _batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
         """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds."""

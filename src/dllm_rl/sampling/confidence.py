@@ -4,6 +4,8 @@ All maths runs in float64 (LLaDA computes its Gumbel noise and softmax in float6
 hurts generation quality, arXiv 2409.02908). Every random draw comes from the *row's own*
 ``torch.Generator`` and has a fixed shape per step (``[block, vocab]`` for token noise, ``[block]`` for
 random scores), so a sequence's output does not depend on its batch neighbours or on padding.
+:func:`choose_tokens` runs a step's rows a few at a time, so the float64 copies (``[rows, block, vocab]``
+each) stay bounded at real vocabularies whatever the batch.
 """
 
 from __future__ import annotations
@@ -89,6 +91,44 @@ def confidence_scores(
         plogp = torch.where(probs > 0, probs * torch.log(probs), torch.zeros_like(probs))
         return torch.exp(plogp.sum(-1))
     raise ValueError(f"unknown confidence rule {rule!r}")
+
+
+# float64 elements of one [rows, block, vocab] copy per chunk of rows: 2**24 (128 MiB), e.g. 3 rows of a block of
+# 32 at a 152k vocabulary; the whole batch when the vocabulary is small.
+STEP_ELEMENTS = 1 << 24
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    rule: str,
+    generators: list[torch.Generator] | None,
+    max_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [n, L], confidence [n, L] float64)`` of one step from logits ``[n, L, V]`` (any dtype).
+
+    :func:`sample_tokens` then :func:`confidence_scores` in float64, over as many rows at a time as keep one
+    float64 copy within ``max_elements`` (default :data:`STEP_ELEMENTS`; at least one row). Every row draws
+    from its own generator in the same order (token noise, then random scores), so the result does not
+    depend on ``max_elements``.
+    """
+    n, length, vocab = logits.shape
+    budget = STEP_ELEMENTS if max_elements is None else max_elements
+    per = max(1, budget // max(length * vocab, 1))
+    tokens, conf = [], []
+    for start in range(0, n, per):
+        x = logits[start : start + per].double()
+        gens = generators[start : start + per] if generators is not None else None
+        t = sample_tokens(x, temperature, top_k, top_p, gens)
+        tokens.append(t)
+        conf.append(confidence_scores(rule, x, t, gens))
+        del x
+    if not tokens:
+        empty = logits.new_zeros((0, length))
+        return empty.long(), empty.double()
+    return torch.cat(tokens), torch.cat(conf)
 
 
 def transfer_counts(masked: torch.Tensor, steps: int, step: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
-from dllm_rl.sampling.confidence import confidence_scores, sample_tokens, select_commits, transfer_counts
+from dllm_rl.sampling.confidence import choose_tokens, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.runner import ModelRunner
@@ -114,11 +114,12 @@ def decode(
             active = todo.any(-1)
             if not active.any():
                 break
-            logits = runner.logits(s, e)[active].double()
+            logits = runner.logits(s, e)[active]
             rows = live[active]
             gens = [generators[r] for r in rows.tolist()] if needs_rng else None
-            tokens = sample_tokens(logits, config.temperature, config.top_k, config.top_p, gens)
-            conf = confidence_scores(config.confidence, logits, tokens, gens)
+            tokens, conf = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
+                                         gens)
+            del logits
             if config.threshold is not None:
                 chosen = select_commits(conf, todo[active], threshold=config.threshold)
             else:

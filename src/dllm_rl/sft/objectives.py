@@ -28,6 +28,7 @@ import torch
 from dllm_rl.config import Checked, field
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.models import DiffusionLM
+from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 
 
 @dataclass
@@ -45,16 +46,21 @@ class ObjectiveConfig(Checked):
         "Full-attention models: the semi-AR decoding block_length (required)")
     shrinkage: int = field(1, ge=1, help="trace objective: TraceRL shrinkage s (merge every s decoding steps)")
     max_rows: int | None = field(None, ge=1, help="forward at most this many masked rows at once (memory bound)")
+    logprob_chunk_size: int = field(
+        DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
+        "recomputed "
+        "in backward (memory independent of the vocabulary; 0 = all at once)")
 
     def options(self) -> dict[str, Any]:
         """The keyword options :func:`compute_objective` passes to this objective."""
+        scorer = {"max_rows": self.max_rows, "logprob_chunk_size": self.logprob_chunk_size}
         if self.name == "random_mask":
-            return {"eps": self.eps, "num_mc": self.num_mc, "max_rows": self.max_rows}
+            return {"eps": self.eps, "num_mc": self.num_mc, **scorer}
         if self.name == "block":
-            return {"eps": self.eps, "block_size": self.block_size, "max_rows": self.max_rows}
+            return {"eps": self.eps, "block_size": self.block_size, **scorer}
         if self.name == "trace":
-            return {"shrinkage": self.shrinkage, "max_rows": self.max_rows}
-        return {}
+            return {"shrinkage": self.shrinkage, **scorer}
+        return scorer
 
 
 def sequence_loss(scores: TokenScores, lengths: torch.Tensor) -> torch.Tensor:
@@ -97,7 +103,9 @@ def compute_objective(
     loss = sequence_loss(scores, batch.lengths)
     if torch.is_grad_enabled() and not loss.requires_grad:
         # Nothing was masked in this micro-batch (small t, short responses), so no row was forwarded. Run the
-        # clean batch once with a zero weight: backward stays legal and DDP ranks stay in step.
-        out = model(input_ids=batch.input_ids().to(model.device), attention_mask=batch.valid().to(model.device))
+        # clean batch once with a zero weight: backward stays legal and DDP ranks stay in step (the LM head
+        # projects one column per row, never [B, T, V]).
+        out = model(input_ids=batch.input_ids().to(model.device), attention_mask=batch.valid().to(model.device),
+                    logits_to_keep=1)
         loss = loss + 0.0 * out.logits.float().mean()
     return ObjectiveOutput(loss=loss, scores=scores, scored_tokens=int(scores.scored().sum().item()))
