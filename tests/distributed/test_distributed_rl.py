@@ -73,6 +73,8 @@ _save_final = trainer.RLTrainer.save_final_model
 def save_final_model(self):
     state = {k: v.detach().cpu().clone() for k, v in self.model.hf_model.state_dict().items()}
     torch.save(state, self.out / f"weights_rank{self.accelerator.process_index}.pt")
+    if self.value is not None:
+        torch.save(self.value.model.state_dict(), self.out / f"value_rank{self.accelerator.process_index}.pt")
     return _save_final(self)
 
 
@@ -242,3 +244,21 @@ def test_dynamic_sampling_on_two_ranks_keeps_their_prompt_streams_in_step(tmp_pa
     assert sorted(per_rank[0][0] + per_rank[1][0]) == batches[0]
     assert set(per_rank[1][1]) < set(batches[1])  # rank 1's share of the batch rank 0 drew but did not roll out
     assert sorted(per_rank[0][1] + per_rank[1][2]) == batches[2]
+
+
+@pytest.mark.slow
+def test_value_model_on_two_ranks_stays_in_sync(tmp_path):
+    """TraceRL with the value model under DDP: rank 1 keeps no sample at step 1 and still joins the value
+    model's all-reduces; both ranks end with the same value weights, which moved."""
+    root = _setup(tmp_path)
+    out2 = tmp_path / "two"
+    _launch_two_ranks(tmp_path, [*_overrides(root, out2, P), "algorithm=tracerl", "value_model.enabled=true",
+                                 "value_model.lr=0.01", "value_model.micro_batch_size=2"])
+    _same_weights_on_both_ranks(out2)
+    steps = [r for r in _rows(out2) if "loss" in r]
+    assert [r["kept_samples"] for r in steps] == [P * G / 2, P * G]
+    assert all(math.isfinite(r["value_loss"]) for r in steps) and steps[0]["value_mean"] == 0.0
+    v0, v1 = (torch.load(out2 / f"value_rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert all(torch.equal(v0[k], v1[k]) for k in v0) and torch.count_nonzero(v0["head.weight"]) > 0
+    state = torch.load(out2 / "checkpoints" / "step-0000002" / "value_model.pt", weights_only=True)["model"]
+    assert all(torch.equal(state[k], v0[k]) for k in v0)

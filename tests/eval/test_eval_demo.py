@@ -70,3 +70,30 @@ def test_demo_on_a_fresh_model_and_its_errors(tmp_path, capsys):
     rc, _, err = _eval(capsys, str(tmp_path / "m"), "-o", str(tmp_path / "o4"))
     assert rc == 2 and err == ("dllm-rl eval: error: give the task with --task NAME (or a data file), or --demo "
                                "for a shipped demo checkpoint\n")
+
+
+def test_demo_decodes_a_block_model_at_another_block_size(tmp_path, capsys):
+    """--block-size 8 decodes the block-4 demo model in blocks of 8 (other NFE: rows end on a block-8 boundary),
+    records it in the metadata and leaves the model's own block as it was; full-attention models refuse it."""
+    from dllm_rl.eval.harness import EvalRunConfig, run_eval
+    from dllm_rl.models import load_model
+
+    model = load_model(DEMO_DIR / "sdar-countdown")
+    nfe = {}
+    for block in (8, None):
+        cfg = EvalRunConfig(model_dir=str(DEMO_DIR / "sdar-countdown"), task="countdown", data=str(HELDOUT),
+                            output_dir=str(tmp_path / f"b{block}"), limit=4, prompt_style="compact",
+                            decode={"gen_length": 32, "block_length": 4}, block_size=block, progress=False)
+        summary = run_eval(cfg, model=model, log=lambda msg: None)
+        nfe[block] = summary["settings"]["default"]["metrics"]["nfe_mean"]
+        assert model.block_size == 4
+    assert nfe[8] != nfe[None]
+    assert json.loads((tmp_path / "b8" / "meta.json").read_text())["block_size"] == 8
+    assert "block_size" not in json.loads((tmp_path / "bNone" / "meta.json").read_text())
+    rc, _, err = _eval(capsys, str(DEMO_DIR / "sdar-countdown"), "--demo", "--block-size", "8", "--limit", "2",
+                       "-o", str(tmp_path / "cli"), "--json")
+    assert rc == 0 and json.loads(_)["meta"]["block_size"] == 8
+    rc, _, err = _eval(capsys, str(DEMO_DIR / "llada-countdown"), "--demo", "--block-size", "8", "-o",
+                       str(tmp_path / "full"))
+    assert rc == 2 and "--block-size: for block models (SDAR/TraDo) only" in err
+

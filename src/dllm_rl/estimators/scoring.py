@@ -58,10 +58,11 @@ def _shifted_columns(layout, block_size: int) -> torch.Tensor:
     return torch.where(first_of_block, from_clean, own - 1)
 
 
-def _row_inputs(
+def row_inputs(
     model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Model inputs of rows ``idx`` and ``col[r, g]``, the output column that scores completion token ``g``."""
+    """Model inputs of rows ``idx`` and ``col[r, g]``, the output column that scores completion token ``g``
+    (the value model reads its values at the same columns, :mod:`dllm_rl.rl.value`)."""
     ids = rows.input_ids[idx].to(device)
     valid = rows.valid[idx].to(device)
     p, g = rows.prompt_len, rows.completion_len
@@ -91,7 +92,7 @@ def _scored_logp(
     log-softmax over the scored positions.
     """
     device = w.device
-    inputs, col = _row_inputs(model, rows, idx, device)
+    inputs, col = row_inputs(model, rows, idx, device)
     width = int(inputs["input_ids"].shape[1])
     rr, gg = torch.nonzero(w.ne(0), as_tuple=True)
     out_col = col[rr, gg]

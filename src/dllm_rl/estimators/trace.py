@@ -74,6 +74,17 @@ def merged_steps(
     return merged, blk
 
 
+def decoding_order(merged: torch.Tensor, blk: torch.Tensor | None) -> torch.Tensor:
+    """``[B, G]``: an id of each token's merged step that increases in decoding order (-1: never committed).
+
+    Full attention (``blk is None``): the merged global step itself. Block models: the lexicographic
+    (block, merged local step) order, which is the block sampler's decoding order."""
+    if blk is None:
+        return merged
+    span = int(merged.max().item()) + 1 if merged.numel() else 1
+    return torch.where(merged >= 0, blk * span + merged, -1)
+
+
 @register("trace")
 def plan_trace(
     model: DiffusionLM,
@@ -103,12 +114,7 @@ def plan_trace(
     committed = merged >= 0
     counted = committed & batch.completion_mask
     maskable = committed & (batch.completion_mask | mask_uncounted)
-    if block and not two_stream:
-        # Lexicographic (block, merged local step) order = decoding order of the block sampler.
-        span = int(merged.max().item()) + 1 if merged.numel() else 1
-        key = torch.where(committed, blk * span + merged, -1)
-    else:
-        key = merged
+    key = decoding_order(merged, blk) if block and not two_stream else merged
 
     samples, masks, weights = [], [], []
     for b in range(batch.batch_size):

@@ -84,7 +84,7 @@ def eval_command(args: argparse.Namespace) -> int:
         model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data,
         limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
         device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
-        task_options=task_options, decode=decode, settings=settings,
+        task_options=task_options, decode=decode, settings=settings, block_size=args.block_size,
         trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
         command=_command_line(args),
     )
@@ -108,6 +108,9 @@ def register_eval(sub) -> None:
                    help="evaluate a shipped demo checkpoint as `make demo` reports it: the held-out countdown file, "
                    "compact prompts, greedy one token per step, its RL config's gen_length/block_length "
                    "(explicit flags win)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="block models: decode in blocks of this size (default: the model's block_size); e.g. "
+                   "--demo --block-size 8 for a block-4 demo model trained at block 8 (rl-block8.yaml)")
     p.add_argument("--task-type", default=None, help="which task a data file given as --task holds (e.g. countdown)")
     p.add_argument("--split", default="test", help="data split (default test)")
     p.add_argument("--data", default=None, help="data file instead of the task's default file for --split")

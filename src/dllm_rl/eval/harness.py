@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_rl.config import field, to_dict
+from dllm_rl.errors import UserError
 from dllm_rl.eval.provenance import (
     check_resume,
     data_fingerprint,
@@ -73,6 +74,8 @@ class EvalRunConfig:
     task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
     decode: dict[str, Any] = field(default_factory=dict, help="Base DecodeConfig overrides for every setting.")
     settings: list[Setting] = field(default_factory=list, help="Named decoding settings (default: one, 'default').")
+    block_size: int | None = field(None, help="Block models: decode in blocks of this size (default: the model's own "
+                                   "block_size; TraceRL's block-size adaptation trains a model to decode at another).")
     trace_items: int = field(0, help="Write an HTML decoding trace of the first N items per setting.")
     overwrite: bool = field(False, help="Delete earlier results in output_dir instead of resuming.")
     progress: bool = field(True, help="Show a progress bar.")
@@ -193,6 +196,13 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         examples = examples[: cfg.limit]
     tokenizer_dir = resolve_model_path(cfg.tokenizer or cfg.model_dir)
     tok, fam, block_size = check_model_tokenizer(model_dir, tokenizer_dir)
+    if cfg.block_size is not None:
+        if block_size is None:
+            raise UserError(f"--block-size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
+                             "model (its decoding block is --block-length)")
+        if cfg.block_size < 1:
+            raise UserError(f"--block-size must be >= 1, got {cfg.block_size}")
+        block_size = cfg.block_size
     settings = list(cfg.settings) or [Setting("default")]
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -226,6 +236,8 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         "environment": environment(device, dtype),
         "command": cfg.command,
     }
+    if cfg.block_size is not None:  # only when given, so that earlier evaluations still resume
+        meta["block_size"] = cfg.block_size
     out = Path(cfg.output_dir)
     check_resume(out, meta, cfg.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
@@ -258,13 +270,14 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
         model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
+    from dllm_rl.models.block_size import block_size_as
     from dllm_rl.sampling.decode import check_inputs
 
-    for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
-        check_inputs(model, prompt_ids, rs.decode, None)
-
-    for setting in prep.settings:
-        _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
+    with block_size_as([model], cfg.block_size):
+        for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
+            check_inputs(model, prompt_ids, rs.decode, None)
+        for setting in prep.settings:
+            _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
     summary = write_summary(prep)
     for name, s in summary["settings"].items():
         m = s["metrics"]

@@ -14,6 +14,7 @@ from dllm_rl.config import ConfigError
 from dllm_rl.rl import methods  # noqa: F401  (registers every method's parts)
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import make_hook
+from dllm_rl.rl.value_config import check_value_model
 
 # Paper defaults (paper fidelity; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo).
 # "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length
@@ -105,6 +106,7 @@ def check_combination(cfg: RLConfig) -> None:
     if cfg.dynamic_sampling and not cfg.drop_zero_variance and cfg.accuracy_band is None:
         raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
                           "with drop_zero_variance=false and no accuracy_band nothing is dropped")
+    check_value_model(cfg.value_model, cfg.loss_type)
 
 
 def resolve(cfg: RLConfig, attention: str) -> RLConfig:

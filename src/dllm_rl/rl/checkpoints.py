@@ -1,5 +1,6 @@
 """Checkpoints of an RL run: the part of :class:`~dllm_rl.rl.trainer.RLTrainer` that saves and resumes (policy,
-optimiser, scheduler, data position, weight average and the trainer's counters) and writes ``final/``."""
+optimiser, scheduler, data position, weight average, the value model when on and the trainer's counters) and
+writes ``final/``."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class RLCheckpoints:
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
                         config=to_dict(self.cfg),
                         extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
-                        accelerator=self.accelerator, ema=self.ema)
+                        accelerator=self.accelerator, ema=self.ema,
+                        extra_files=self.value.checkpoint_files() if self.value is not None else None)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
         return path
@@ -41,6 +43,8 @@ class RLCheckpoints:
         state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                                 accelerator=self.accelerator, ema=self.ema)
         self.step_idx = state.step
+        if self.value is not None:  # its value_model.pt (TraceRL's value model, dllm_rl.rl.value)
+            self.value.load(path)
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
         self.accuracy_before = (state.extra or {}).get("accuracy_before")

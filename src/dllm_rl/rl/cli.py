@@ -82,8 +82,9 @@ def register(sub) -> None:
                    help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo | spg | bgpo | justgrpo | wd1 | "
                    "igpo (default: the demo config's: espo on the block model, tracerl on the full one; the demo "
                    "config's beta: 0 applies to any of them)")
-    d.add_argument("--model", choices=("full", "block"), default="block",
-                   help="full = llada-shaped demo model, block = sdar-shaped (block 4)")
+    d.add_argument("--model", choices=("full", "block", "block8"), default="block",
+                   help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
+                   "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml)")
     d.add_argument("--output-dir", default="runs/demo",
                    help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
                    "unless resume=latest is given)")

@@ -23,6 +23,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.hub import check_repo_id
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
+from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.trackers import check_report_to
@@ -79,6 +80,9 @@ class RolloutConfig(DecodeOptions):
         False, help="decode rollouts with a torch.compile'd copy of the policy (dynamic shapes: one compile, 10-30 s "
         "on the first step, serves every batch and prompt width; needs a C++ compiler on CPU), refreshed from "
         "the live weights each step like the rollout.dtype copy")
+    block_size: int | None = field(
+        None, ge=1, help="block models: the block the rollouts decode in (default the model's block_size); with "
+        "train_block_size larger, TraceRL's block-size adaptation")
 
 
 @dataclass
@@ -102,6 +106,8 @@ class HeldOutConfig(Checked):
         "faster rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
         None, gt=0, le=1, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
+    block_size: int | None = field(
+        None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 
 
 @dataclass
@@ -247,6 +253,14 @@ class RLConfig(Checked):
         DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
         "recomputed "
         "in backward (memory independent of the vocabulary; 0 = all at once)")
+
+    # TraceRL's block-size adaptation and diffusion value model
+    train_block_size: int | None = field(
+        None, ge=1, help="block models: the block of the training layout (trace rows, two-stream layout); default "
+        "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
+        "adaptation, src/dllm_rl/assets/demo/rl-block8.yaml)")
+    value_model: ValueModelConfig = field(
+        default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")
 
 
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:

@@ -2,7 +2,8 @@
 
 Every loss has one signature, ``loss(new, old, ref, advantages, lengths, config) -> LossOutput``: the
 estimator outputs (``TokenScores``: per-draw, per-token ``logp`` and ``weight``) of the current, old and
-reference policy (``ref`` may be ``None``), advantages ``[B]``, completion lengths ``L`` ``[B]`` and the loss
+reference policy (``ref`` may be ``None``), advantages ``[B]`` (or ``[B, G]`` per token: token loss only),
+completion lengths ``L`` ``[B]`` and the loss
 settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from_rl_config`). A new policy
 loss is one such function registered with ``@register_loss("name")`` (in its method's module,
 :mod:`dllm_rl.rl.methods`); its own settings come from ``config.options`` (the RL config's ``loss_options``).
@@ -123,9 +124,10 @@ def token_clipped_loss(
     ``ratio = exp(logp_new - logp_old)`` per token and draw, clipped to ``[1 - epsilon, 1 + epsilon_high]``
     (DAPO's clip-higher when ``epsilon_high`` > ``epsilon``), each token's term multiplied by the
     estimator's weight and reduced by ``config.aggregation``; KL to the reference per token with ``beta``.
-    ``lengths`` is not used (the token weights say which tokens count).
+    ``lengths`` is not used (the token weights say which tokens count). ``advantages`` is ``[B]`` (one per
+    sample) or ``[B, G]`` (one per completion token: the value model's GAE advantages, :mod:`dllm_rl.rl.value`).
     """
-    adv = advantages.float().view(1, -1, 1)
+    adv = advantages.float().view(1, -1, 1) if advantages.dim() == 1 else advantages.float()[None]
     ratio = torch.exp(new.logp - old.logp.detach())
     per_token, was_clipped = clipped_surrogate(ratio, adv, config.epsilon, config.clip_high)
     weight = new.weight
@@ -157,6 +159,9 @@ def sequence_clipped_loss(
     KL at sequence level on ``(E_new - E_ref) / L`` with ``config.kl_estimator`` (ESPO uses k2).
     ``config.aggregation`` is unused (one term per sequence; mean over sequences).
     """
+    if advantages.dim() != 1:
+        raise ValueError(f"the sequence loss takes one advantage per sample ([B]), got shape "
+                         f"{tuple(advantages.shape)}; per-token advantages (value_model) need loss_type=token")
     L = lengths.float().clamp(min=1.0)
     e_new, e_old = new.sequence_score(), old.sequence_score().detach()
     ratio = torch.exp((e_new - e_old) / L)

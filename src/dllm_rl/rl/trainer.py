@@ -32,13 +32,15 @@ from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
+from dllm_rl.rl.block_size import block_size_as, run_block_sizes
 from dllm_rl.rl.checkpoints import RLCheckpoints
 from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.draw_backward import backward_by_draw
 from dllm_rl.rl.hooks import HookContext, RoundView, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
-from dllm_rl.rl.rewards import safe_rewards
+from dllm_rl.rl.rewards import safe_rewards, safe_scores
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
+from dllm_rl.rl.value import ValueLearner, steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
 from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks import get_task
@@ -71,6 +73,7 @@ class _Round:
     t_rollout: float
     t_reward: float
     stats: dict[str, float] = field(default_factory=dict)  # the rollout hook's numbers
+    step_scores: list[list[float] | None] | None = None  # per sample: process rewards per decoding step
 
 
 @dataclass
@@ -137,6 +140,9 @@ class RLTrainer(RLCheckpoints):
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
+        # TraceRL's block-size adaptation: rollouts at one block, the training layout at a multiple of it
+        self.rollout_block, self.train_block, self.eval_block = run_block_sizes(cfg, self.model.block_size)
+        self.value = ValueLearner(cfg, self._plain(), self.accelerator) if cfg.value_model.enabled else None
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -188,6 +194,7 @@ class RLTrainer(RLCheckpoints):
         seeds = [s for x in rounds for s in x.seeds]
         prompts_rep = [p for x in rounds for p in x.prompts]
         reasons = [why for x in rounds for why in x.reasons]
+        step_scores = [s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))]
 
         # 4. advantages; groups with no signal are dropped (and counted), and with dynamic_sampling the groups
         # with signal beyond `target` (the last round's surplus)
@@ -206,7 +213,13 @@ class RLTrainer(RLCheckpoints):
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         t_update = time.perf_counter()
-        update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
+        batch = self._batch(rollout, keep, mask_seeds) if self.value is not None and any_kept else None
+        if batch is not None:  # the values before any update; their GAE token advantages replace `adv`
+            targets, adv = self.value.token_advantages(batch, rewards, keep, step_scores, self.train_block)
+        with block_size_as([self.model, self.reference], self.train_block):
+            update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
+        if batch is not None:  # after the policy update, which used the values from before it
+            update.update(self.value.fit(batch, targets, self.train_block))
         if self.ema is not None:
             self.ema.update()
         t_update = time.perf_counter() - t_update
@@ -255,7 +268,7 @@ class RLTrainer(RLCheckpoints):
         seeds = [derive_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j)
                  for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
-        with torch.no_grad():
+        with torch.no_grad(), block_size_as([policy], self.rollout_block):
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
         self.model.train()
@@ -264,12 +277,13 @@ class RLTrainer(RLCheckpoints):
         columns: dict[str, list] = {}
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
-        rewards, reasons = safe_rewards(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
-        view = RoundView(group_ids, prompts_rep, rollout, rewards, reasons, seeds, columns, G)
+        rewards, reasons, steps = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
+        view = RoundView(group_ids, prompts_rep, rollout, list(rewards), reasons, seeds, columns, G)
         if self.rollout_hook is not None:  # the one call site of rollout hooks (dllm_rl.rl.hooks)
             view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)]))
+            steps = steps_after_hook(steps, rollout, rewards, view.rollout, view.rewards)
         return _Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
-                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats))
+                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps)
 
     def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
         """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
@@ -278,7 +292,7 @@ class RLTrainer(RLCheckpoints):
         def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
             seeds = [derive_seed(view.seeds[i], 104729) for i in indices]
             self.model.eval()
-            with torch.no_grad():
+            with torch.no_grad(), block_size_as([policy], self.rollout_block):
                 out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
                                        seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
                                        prefill=prefill)
@@ -299,16 +313,20 @@ class RLTrainer(RLCheckpoints):
         opts = {"logprob_chunk_size": self.cfg.logprob_chunk_size, **(self.cfg.estimator_options or {})}
         return estimate(model, self.cfg.estimator, batch, gen, **opts)
 
-    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
-        cfg, acc = self.cfg, self.accelerator
+    def _batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
+        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds."""
         device = self.model.device
         full = ScoringBatch.from_rollout(rollout)
         full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
         batch = full.select(keep)
-        batch = ScoringBatch(*(None if t is None else t.to(device) for t in (
+        return ScoringBatch(*(None if t is None else t.to(device) for t in (
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
             batch.completion_valid)), sample_seeds=batch.sample_seeds)
-        adv_k = adv[keep].to(device)
+
+    def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
+        cfg, acc = self.cfg, self.accelerator
+        batch = self._batch(rollout, keep, mask_seeds)
+        adv_k = adv[keep].to(self.model.device)
         # DDP: a rank that kept fewer samples pads with empty micro-batches (as many backward passes on every rank)
         mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
         accum = cfg.gradient_accumulation_steps or len(mbs)
@@ -429,7 +447,7 @@ class RLTrainer(RLCheckpoints):
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
-        with self.averaged(live):
+        with self.averaged(live), block_size_as([self.model], self.eval_block):
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)

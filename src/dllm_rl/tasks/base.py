@@ -36,6 +36,17 @@ __all__ = ["PROMPT_STYLES", "DataError", "Score", "Task", "completion_text", "da
 PROMPT_STYLES = ("chat", "plain", "compact")
 
 
+def _custom_score(value: Any, name: str) -> Score:
+    """A custom reward's value as a :class:`Score`: a number, or a sequence of per-step scores (process rewards,
+    :mod:`dllm_rl.rl.rewards`) kept in ``info["steps"]`` with their sum as the value."""
+    if isinstance(value, Score):
+        return value
+    if isinstance(value, (list, tuple)):
+        steps = [float(v) for v in value]
+        return Score(sum(steps), name, steps=steps)
+    return Score(0.0 if value is None else float(value), name)
+
+
 def completion_text(completion: Any) -> str:
     """The text of one completion as TRL passes it: a string, a list of chat messages (the last
     message's content), a message dict, bytes (decoded, invalid bytes replaced) or None (empty)."""
@@ -280,10 +291,7 @@ class Task:
         if self.custom_reward is not None:
             values = self.custom_reward(prompts, completions, **columns)
             name = getattr(self.custom_reward, "__name__", "custom")
-            return [
-                v if isinstance(v, Score) else Score(0.0 if v is None else float(v), f"{name}")
-                for v in values
-            ]
+            return [_custom_score(v, name) for v in values]
         examples = self.rows_from_columns(prompts, n, columns)
         return self._score_batch([completion_text(c) for c in completions], examples)
 

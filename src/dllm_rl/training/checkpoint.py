@@ -30,6 +30,7 @@ import random
 import re
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,11 +111,14 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     accelerator: Any = None,
     ema: WeightEMA | None = None,
+    extra_files: dict[str, Callable[[Path], Any]] | None = None,
 ) -> Path:
     """Write a complete checkpoint of a training run to ``directory`` (see the module docstring).
 
     ``dlm`` is the unwrapped model (``accelerator.unwrap_model``). With an ``accelerator`` every rank must
     call this (each writes its RNG state; the main process writes the rest); data-parallel (DDP) state only.
+    ``extra_files`` (``{name: write}``): more files of the checkpoint (e.g. an RL value model), each written by
+    ``write(path)`` on the main process into the temporary folder, so before the state file and the rename.
     """
     directory = Path(directory)
     rank, world, main = _rank_world(accelerator)
@@ -138,6 +142,8 @@ def save_checkpoint(
             ema.save(tmp / EMA_FILE)
         if config is not None:
             save_config(config, tmp / "config.yaml")
+        for name, write in (extra_files or {}).items():
+            write(tmp / name)
     torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
     if accelerator is not None:
         accelerator.wait_for_everyone()

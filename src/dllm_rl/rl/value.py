@@ -1,0 +1,279 @@
+"""TraceRL's diffusion value model (arXiv 2509.06949): a backbone of the policy's family with a scalar head.
+
+:class:`ValueModel` reads one value per completion token at the masked state in which that token was committed:
+the rows of the trace estimator's planner (:func:`dllm_rl.estimators.plan_trace`, same merged steps), forwarded
+through the backbone, the value read at the column whose logits the trace estimator scores (for block models the
+token's noisy copy in the two-stream layout: one forward per merged block step). The head is a bias-free linear
+layer initialised to exactly zero (as the published value model), so every value starts at 0.
+
+:class:`ValueLearner` is what the RL trainer calls, at three points of a step: :meth:`ValueLearner.values` after
+the rollout (the values before any update), :meth:`ValueLearner.advantages` (returns and GAE token advantages,
+:mod:`dllm_rl.rl.returns`), and :meth:`ValueLearner.update` after the policy update (the clipped value loss, its
+own AdamW); plus :meth:`ValueLearner.save` / :meth:`ValueLearner.load` with the checkpoints. The policy therefore
+uses the values from before the value update, the paper's order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dllm_rl.config import ConfigError
+from dllm_rl.estimators import ScoringBatch, merged_steps, plan_trace
+from dllm_rl.estimators.scoring import row_inputs
+from dllm_rl.estimators.trace import decoding_order
+from dllm_rl.models import DiffusionLM, detect_family, load_model
+from dllm_rl.models.loading import read_config
+from dllm_rl.models.masks import position_ids_from_valid
+from dllm_rl.rl.block_size import block_size_as
+from dllm_rl.rl.returns import (
+    clipped_value_loss,
+    outcome_step_rewards,
+    process_step_rewards,
+    step_ranks,
+    token_returns_advantages,
+    whiten,
+)
+from dllm_rl.training import apply_lora, build_optimizer, merged_model
+
+STATE_FILE = "value_model.pt"
+
+
+class ValueModel(nn.Module):
+    """A :class:`DiffusionLM` backbone and a zero-initialised ``hidden -> 1`` head (no bias)."""
+
+    def __init__(self, backbone: DiffusionLM):
+        super().__init__()
+        self.backbone = backbone
+        hidden = int(backbone.config.hidden_size)
+        self.head = nn.Linear(hidden, 1, bias=False, device=backbone.device, dtype=backbone.dtype)
+        nn.init.zeros_(self.head.weight)
+        # The LM head takes no part in the value: frozen, so that it neither trains nor waits for a gradient
+        # (DDP would wait for it); a head tied to the input embeddings stays trainable through them.
+        lm_head = backbone.hf_model.get_output_embeddings()
+        if lm_head is not None and not bool(getattr(backbone.config, "tie_word_embeddings", False)):
+            lm_head.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, attn_bias: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """``[R, T]`` float32 values at every input column (the last hidden state through the head)."""
+        out = self.backbone.model(input_ids=input_ids, attention_mask=attn_bias.to(self.backbone.dtype),
+                                  position_ids=position_ids, output_hidden_states=True, logits_to_keep=1)
+        return self.head(out.hidden_states[-1]).squeeze(-1).float()
+
+
+def token_values(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, shrinkage: int) -> torch.Tensor:
+    """``[B, G]`` float32: the value of each counted completion token at the state in which it was committed
+    (0 elsewhere). ``module`` is the :class:`ValueModel` (or its distributed wrapper), ``backbone`` its plain
+    backbone (its family, block size and mask id plan the rows). Differentiable when called under grad."""
+    rows = plan_trace(backbone, batch, shrinkage=shrinkage)
+    device = backbone.device
+    out = torch.zeros(batch.batch_size, batch.completion_len, dtype=torch.float32, device=device)
+    live = torch.nonzero(rows.weight.ne(0).any(-1), as_tuple=True)[0]
+    if live.numel() == 0:
+        return out
+    inputs, col = row_inputs(backbone, rows, live, device)
+    if "attn_bias" not in inputs:  # plain rows: the family's own attention rule
+        valid = inputs["attention_mask"].bool()
+        pos = position_ids_from_valid(valid)
+        inputs = {"input_ids": inputs["input_ids"], "attn_bias": backbone.default_bias(valid, pos),
+                  "position_ids": pos}
+    values = module(inputs["input_ids"], inputs["attn_bias"], inputs["position_ids"])
+    rr, gg = torch.nonzero(rows.weight[live].to(device).ne(0), as_tuple=True)
+    picked = values[rr, col[rr, gg]]
+    return out.index_put((rows.sample[live].to(device)[rr], gg), picked)
+
+
+@dataclass
+class ValueTargets:
+    """What one step's values give the policy and the value update (all ``[B, G]``, 0 off the counted tokens)."""
+
+    old_values: torch.Tensor
+    returns: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor  # bool: the tokens that have a value (counted, committed)
+
+
+class ValueLearner:
+    """The value model of an RL run, its optimiser, and the step-level calls the trainer makes."""
+
+    def __init__(self, cfg, policy: DiffusionLM, accelerator):
+        v = cfg.value_model
+        self.cfg, self.vcfg, self.accelerator = cfg, v, accelerator
+        opts = cfg.estimator_options or {}
+        self.shrinkage = int(v.shrinkage or (opts.get("shrinkage", 1) if cfg.estimator == "trace" else 1))
+        self.backbone = self._backbone(cfg, policy)
+        self.model = ValueModel(self.backbone).train()
+        self.lr = float(v.lr if v.lr is not None else 5.0 * cfg.optim.lr)
+        self.optimizer = build_optimizer(self.model, replace(cfg.optim, lr=self.lr))
+        self.module, self.optimizer = accelerator.prepare(self.model, self.optimizer)
+        self.micro_batch_size = int(v.micro_batch_size or cfg.micro_batch_size)
+
+    @staticmethod
+    def _backbone(cfg, policy: DiffusionLM) -> DiffusionLM:
+        source = cfg.value_model.init_from
+        if source == "policy":
+            if cfg.lora.enabled:  # the policy's frozen base (shared tensors) with the value model's own adapter
+                return apply_lora(merged_model(policy, device=policy.device), cfg.lora, seed=cfg.seed + 1)
+            return copy.deepcopy(policy)
+        family = detect_family(read_config(source), f"{source}/config.json")
+        if family.name != policy.family.name:
+            raise ConfigError(f"value_model.init_from: {source} is a {family.name} model and the policy a "
+                              f"{policy.family.name} model; the value backbone must be of the policy's family")
+        return load_model(source, dtype=cfg.dtype, device=policy.device)
+
+    # ------------------------------------------------------------------------------------ one step
+    def _micro_batches(self, n: int) -> list[list[int]]:
+        mbs = [list(range(i, min(i + self.micro_batch_size, n))) for i in range(0, n, self.micro_batch_size)]
+        if self.accelerator.num_processes > 1:  # as many backward passes on every rank (DDP all-reduces)
+            t = torch.tensor([len(mbs)], device=self.accelerator.device)
+            mbs += [[] for _ in range(int(self.accelerator.gather(t).max()) - len(mbs))]
+        return mbs
+
+    @torch.no_grad()
+    def values(self, batch: ScoringBatch) -> torch.Tensor:
+        """``[B, G]``: the current value model's token values (no gradient), micro-batched."""
+        out = torch.zeros(batch.batch_size, batch.completion_len, dtype=torch.float32, device=self.backbone.device)
+        for mb in self._micro_batches(batch.batch_size):
+            if mb:
+                out[mb] = token_values(self.module, self.backbone, batch.select(mb), self.shrinkage)
+        return out
+
+    def targets(self, batch: ScoringBatch, rewards: torch.Tensor,
+                step_scores: Sequence[Sequence[float] | None] | None = None) -> ValueTargets:
+        """Old values, returns and token advantages of ``batch``: outcome ``rewards`` ``[B]`` on each sample's
+        last merged step, or a sample's per-step ``step_scores`` (process rewards, see
+        :func:`dllm_rl.rl.returns.process_step_rewards`) where given."""
+        old = self.values(batch)
+        block = self.backbone.block_size if self.backbone.is_block_causal else None
+        merged, blk = merged_steps(batch, self.shrinkage, block)
+        counted = (merged >= 0) & batch.completion_mask.to(merged.device)
+        rank, num = step_ranks(decoding_order(merged, blk), counted)
+        width = max(int(num.max().item()) if num.numel() else 1, 1)
+        step_r = outcome_step_rewards(rewards.to(rank.device), num, width)
+        if step_scores is not None and any(s is not None for s in step_scores):
+            raw, raw_blk = merged_steps(batch, 1, block)
+            raw_rank, _ = step_ranks(decoding_order(raw, raw_blk), counted)
+            proc = process_step_rewards(step_scores, raw_rank, rank, width)
+            given = torch.tensor([s is not None for s in step_scores], device=rank.device)
+            step_r = torch.where(given[:, None], proc, step_r)
+        device = old.device
+        ret, adv = token_returns_advantages(old, rank.to(device), num.to(device), step_r.to(device),
+                                            self.vcfg.gamma, self.vcfg.lam)
+        mask = (rank >= 0).to(device)
+        if self.vcfg.whiten:
+            adv = whiten(adv, mask)
+        return ValueTargets(old, ret, adv, mask)
+
+    def _zero_loss(self) -> torch.Tensor:
+        ids = torch.full((1, 1), self.backbone.mask_token_id, dtype=torch.long, device=self.backbone.device)
+        pos = torch.zeros_like(ids)
+        bias = torch.zeros(1, 1, 1, 1, dtype=self.backbone.dtype, device=ids.device)
+        return self.module(ids, bias, pos).sum() * 0.0
+
+    def update(self, batch: ScoringBatch, t: ValueTargets) -> dict[str, float]:
+        """``value_model.epochs`` passes of the clipped value loss over ``batch``, one optimiser step per pass
+        (the loss is the token mean over the whole batch). Returns the value metrics of the step."""
+        acc = self.accelerator
+        total = float(t.mask.sum().clamp(min=1))
+        losses, fracs = [], []
+        for _ in range(self.vcfg.epochs):
+            mbs = self._micro_batches(batch.batch_size)
+            loss_sum = 0.0
+            for j, mb in enumerate(mbs):
+                ctx = acc.no_sync(self.module) if j < len(mbs) - 1 else contextlib.nullcontext()
+                with ctx:
+                    if not mb:
+                        acc.backward(self._zero_loss())
+                        continue
+                    vals = token_values(self.module, self.backbone, batch.select(mb), self.shrinkage)
+                    loss, frac = clipped_value_loss(vals, t.old_values[mb], t.returns[mb], t.mask[mb],
+                                                    self.vcfg.epsilon)
+                    share = float(t.mask[mb].sum()) / total
+                    acc.backward(loss * share)
+                    loss_sum += float(loss.detach()) * share
+                    fracs.append(frac)
+            if self.vcfg.max_grad_norm:
+                acc.clip_grad_norm_(self.module.parameters(), self.vcfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss_sum)
+        sel = t.mask
+        ret, old, adv = t.returns[sel], t.old_values[sel], t.advantages[sel]
+        var = float(ret.var(unbiased=False)) if ret.numel() > 1 else 0.0
+        explained = 1.0 - float((ret - old).var(unbiased=False)) / var if var > 0 else float("nan")
+        return {"value_loss": losses[0], "value_loss_last": losses[-1],
+                "value_clip_frac": sum(fracs) / len(fracs) if fracs else 0.0,
+                "value_mean": float(old.mean()) if old.numel() else 0.0,
+                "return_mean": float(ret.mean()) if ret.numel() else 0.0,
+                "token_adv_mean": float(adv.mean()) if adv.numel() else 0.0,
+                "token_adv_std": float(adv.std(unbiased=False)) if adv.numel() > 1 else 0.0,
+                "value_explained_var": explained if math.isfinite(explained) else 0.0}
+
+    # ------------------------------------------------------------------------------ trainer glue
+    def token_advantages(self, batch: ScoringBatch, rewards: torch.Tensor, keep: torch.Tensor,
+                         step_scores: Sequence[Sequence[float] | None], block: int | None
+                         ) -> tuple[ValueTargets, torch.Tensor]:
+        """What the RL trainer calls after the rollouts: the :meth:`targets` of the kept samples ``batch``
+        (``keep``: their indices among ``rewards`` ``[N]``, ``step_scores`` per sample of the step), computed at
+        the training layout's ``block``, and ``[N, G]`` token advantages on the CPU (0 for dropped samples)."""
+        with block_size_as([self.backbone], block):
+            t = self.targets(batch, rewards[keep], [step_scores[i] for i in keep.tolist()])
+        adv = torch.zeros(len(rewards), batch.completion_len)
+        adv[keep] = t.advantages.cpu()
+        return t, adv
+
+    def fit(self, batch: ScoringBatch, t: ValueTargets, block: int | None) -> dict[str, float]:
+        """:meth:`update` at the training layout's ``block`` (the trainer calls it after the policy update)."""
+        with block_size_as([self.backbone], block):
+            return self.update(batch, t)
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def checkpoint_files(self) -> dict[str, Callable[[Path], object]]:
+        """The files this value model adds to a checkpoint: ``{name: write(path)}``, written by
+        :func:`dllm_rl.training.save_checkpoint` into the checkpoint's temporary folder (main process), before
+        its state file and the rename, so that a checkpoint holds its value model or does not exist."""
+        return {STATE_FILE: self.write}
+
+    def write(self, path: str | Path) -> Path:
+        """Write the value model's weights and optimiser state to the file ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.accelerator.unwrap_model(self.module).state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "lr": self.lr}, path)
+        return path
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``directory/value_model.pt`` (main process; checkpoints use :meth:`checkpoint_files`)."""
+        path = Path(directory) / STATE_FILE
+        if self.accelerator.is_main_process:
+            self.write(path)
+        return path
+
+    def load(self, directory: str | Path) -> None:
+        """Restore what :meth:`save` wrote (exact resume)."""
+        path = Path(directory) / STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: this checkpoint has no value model (saved with value_model.enabled="
+                                    "false); resume with value_model.enabled=false or start a new run")
+        state = torch.load(path, map_location=self.backbone.device, weights_only=True)
+        self.accelerator.unwrap_model(self.module).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def steps_after_hook(steps: list[list[float] | None], before: Any, rewards: list[float], after: Any,
+                     new_rewards: list[float]) -> list[list[float] | None]:
+    """A round's per-step scores once a rollout hook has run: kept for the samples the hook left as they were
+    (same completion, decoding steps and reward), ``None`` (an outcome reward) for the ones it replaced."""
+    if after is before:
+        return [s if r == n else None for s, r, n in zip(steps, rewards, new_rewards)]
+    return [s if r == n and torch.equal(before.completion_ids[i], after.completion_ids[i])
+            and torch.equal(before.step_map[i], after.step_map[i]) else None
+            for i, (s, r, n) in enumerate(zip(steps, rewards, new_rewards))]
