@@ -1,5 +1,7 @@
 """The evaluation harness: decode a task's held-out items under one or more decoding settings, score them,
 and write per-sample results (JSON lines), a summary JSON, a Markdown table and an accuracy-vs-NFE plot.
+(A few lines over the project's 400: the settings language and provenance already live in their own modules;
+what remains is the one evaluation loop and its resume logic, read top to bottom.)
 
 Reproducible and resumable by construction:
 

@@ -4,6 +4,10 @@ per rank over the same in-memory weights (no subprocess per stage, no reload bet
 Read top to bottom: :class:`RLTrainer` sets everything up, :meth:`RLTrainer.step` is one RL step; the run from
 start to end is :func:`dllm_rl.rl.loop.train`.
 
+Longer than the project's 400 lines on purpose: one RL step (rollout rounds, the rollout hook, the value
+model's advantages, the micro-batched update with its rank bookkeeping) reads best in one file; the run loop,
+checkpoint glue, rank helpers, value model and hooks already live in their own modules.
+
 Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
 rollout noise (one generator per sequence) and estimator masks (one seed per sample, or per prompt group
 with ``estimator_noise=group``, shared by the old, reference and current policy: common random numbers, so at
