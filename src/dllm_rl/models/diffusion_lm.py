@@ -205,14 +205,7 @@ class DiffusionLM(nn.Module):
                 keep = keep.to(input_ids.device)
                 hf_keep = torch.cat([keep, keep.new_full((1,), input_ids.shape[1] - 1)])
         extra = {} if hf_keep is None else {"logits_to_keep": hf_keep}
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attn_bias.to(self.dtype),
-            position_ids=position_ids,
-            cache=past_key_values,
-            use_cache=use_cache,
-            **extra,
-        )
+        out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, **extra)
         raw = out.logits
         if keep is None:
             logits = self.align_logits(raw, prev_raw_logits, valid) if shift else raw
@@ -226,20 +219,18 @@ class DiffusionLM(nn.Module):
             past_key_values=out.cache if use_cache else None,
         )
 
+    def _hf_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache, **extra):
+        """The (wrapped) HF module's forward with an additive 4D mask, the one call every path makes."""
+        return self.model(input_ids=input_ids, attention_mask=attn_bias.to(self.dtype), position_ids=position_ids,
+                          cache=past_key_values, use_cache=use_cache, **extra)
+
     def _hidden_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache) -> DLMOutput:
         """:meth:`forward` with ``return_hidden``: a forward hook on the backbone keeps its output."""
         seen: list[torch.Tensor] = []
         none = torch.zeros(0, dtype=torch.long, device=input_ids.device)
         handle = self.causal_lm.base_model.register_forward_hook(lambda mod, args, out: seen.append(out[0]))
         try:
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attn_bias.to(self.dtype),
-                position_ids=position_ids,
-                cache=past_key_values,
-                use_cache=use_cache,
-                logits_to_keep=none,
-            )
+            out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, logits_to_keep=none)
         finally:
             handle.remove()
         if len(seen) != 1:
