@@ -55,8 +55,16 @@ from dllm_rl.training import (
     prune_checkpoints,
     save_checkpoint,
 )
+from dllm_rl.training.backend import (
+    grad_norm_value,
+    publishable,
+    refuse_unsharded_features,
+    setup_backend,
+    shard_reference,
+)
 from dllm_rl.training.checkpoint import checkpoint_name
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
+from dllm_rl.training.sharding import gathered_parameters
 
 logger = logging.getLogger(__name__)
 _MIX = 1_000_003  # odd multiplier for deriving seeds
@@ -119,6 +127,7 @@ class RLTrainer:
         cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         self.accelerator = make_accelerator(
             cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        setup_backend(self.accelerator, cfg.micro_batch_size, cfg.gradient_accumulation_steps or 1)
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
@@ -158,8 +167,13 @@ class RLTrainer:
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
-        self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        if self.reference is not None:
+            shard_reference(self.accelerator, self.reference)
         decode_dtype, self.rollout_note = rollout_dtype(cfg.rollout.dtype, self.model.dtype, self.accelerator.device)
+        refuse_unsharded_features(self.accelerator, ema_decay=cfg.ema_decay > 0,
+                                  **{"rollout.dtype / rollout.compile": decode_dtype != self.model.dtype
+                                     or cfg.rollout.compile})
+        self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
@@ -276,7 +290,7 @@ class RLTrainer:
         group_ids = [p for p in ids for _ in range(G)]
         seeds = [_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j) for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
-        with torch.no_grad():
+        with torch.no_grad(), self._gathered(policy):
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
         self.model.train()
@@ -313,7 +327,9 @@ class RLTrainer:
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
-        with torch.no_grad():
+        policy_scored = need_old or (cfg.beta > 0 and self.reference is None)
+        with torch.no_grad(), self._gathered(self.model if policy_scored else None), \
+                self._gathered(self.reference if cfg.beta > 0 else None):
             old = [self._scores(self.model, batch.select(mb), est_seed) if mb else None for mb in mbs] \
                 if need_old else None
             ref = None
@@ -404,7 +420,7 @@ class RLTrainer:
             return
         if self.cfg.optim.max_grad_norm:
             norm = self.accelerator.clip_grad_norm_(self.model.model.parameters(), self.cfg.optim.max_grad_norm)
-            self.grad_norms.append(float(norm))  # before clipping
+            self.grad_norms.append(grad_norm_value(norm))  # before clipping
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -435,7 +451,7 @@ class RLTrainer:
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
-        with self.averaged(live):
+        with self.averaged(live), torch.no_grad(), self._gathered(self.model):
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)
@@ -446,6 +462,14 @@ class RLTrainer:
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
                               reward=vals["reward"] * world / total, n=int(round(total)))
         return res
+
+    def _gathered(self, dlm: DiffusionLM | None):
+        """Full parameters of ``dlm`` (the policy or the reference) for no-grad forwards whose number may
+        differ between ranks (rollouts, evaluation, old / reference scores); a no-op unless FSDP2 / ZeRO-3.
+        Rollouts and evaluation decode with the gathered policy, not a rollout copy, under those backends."""
+        if dlm is None or dlm is not self.model and dlm is not self.reference:
+            return contextlib.nullcontext()  # a rollout copy: plain tensors already
+        return gathered_parameters(self.accelerator, dlm.model)
 
     # ----------------------------------------------------------------------------- checkpoints
     def _plain(self) -> DiffusionLM:
@@ -462,7 +486,7 @@ class RLTrainer:
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
                         config=to_dict(self.cfg),
                         extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
-                        accelerator=self.accelerator, ema=self.ema)
+                        accelerator=self.accelerator, ema=self.ema, prepared=self.model.model)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
         return path
@@ -489,9 +513,10 @@ class RLTrainer:
     def save_final_model(self) -> Path:
         """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged."""
         path = self.out / "final"
-        if self.is_main:
-            with self.averaged():
-                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
+        with self.averaged():
+            plain = publishable(self.accelerator, self.model.model, self._plain())  # collective when sharded
+            if self.is_main:
+                unwrapped = merged_model(plain) if self.cfg.lora.enabled else plain
                 save_model(unwrapped, path, tokenizer=self.tokenizer)
         return path
 

@@ -45,10 +45,11 @@ from dllm_rl.training import (
     load_checkpoint,
     make_accelerator,
     merged_model,
-    prepare_model,
     prune_checkpoints,
     save_checkpoint,
 )
+from dllm_rl.training.accel import PreparedModel
+from dllm_rl.training.backend import grad_norm_value, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 
 
@@ -187,6 +188,7 @@ class SFTTrainer:
         self.accelerator = make_accelerator(
             t.mixed_precision, cpu=t.cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
+        setup_backend(acc, t.batch_size, t.grad_accum)
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
@@ -229,8 +231,9 @@ class SFTTrainer:
             self.max_steps = t.max_steps
         self.optimizer = build_optimizer(self.dlm, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
-        self.model = prepare_model(acc, self.dlm)
-        self.optimizer = acc.prepare_optimizer(self.optimizer)
+        # one prepare call: under FSDP2 accelerate re-points the optimizer at the sharded parameters
+        prepared, self.optimizer = acc.prepare(self.dlm, self.optimizer)
+        self.model = PreparedModel(prepared, self.dlm)
         self.stream = IndexStream(len(self.examples), seed=t.seed)
         self.generator = torch.Generator().manual_seed(t.seed * 1_000_003 + 17 + acc.process_index)
         self.step = 0
@@ -287,7 +290,7 @@ class SFTTrainer:
             scored += out.scored_tokens
         grad_norm = None
         if cfg.optim.max_grad_norm is not None:
-            grad_norm = acc.clip_grad_norm_(self.dlm.parameters(), cfg.optim.max_grad_norm)
+            grad_norm = grad_norm_value(acc.clip_grad_norm_(self.dlm.parameters(), cfg.optim.max_grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -306,7 +309,8 @@ class SFTTrainer:
         save_checkpoint(path, self.dlm, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step,
                         data_state={"stream": self.stream.state_dict()}, generators={"mask": self.generator},
                         extra={"tokens": self.tokens_seen},
-                        tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator)
+                        tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator,
+                        prepared=self.model.prepared)
         if self.accelerator.is_main_process:
             prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
         return path
@@ -318,8 +322,9 @@ class SFTTrainer:
 
     def save_final_model(self) -> Path:
         path = self.out / "model"
+        plain = publishable(self.accelerator, self.model.prepared, self.dlm)  # collective when sharded
         if self.accelerator.is_main_process:
-            model = merged_model(self.dlm) if has_lora(self.dlm) else self.dlm
+            model = merged_model(plain) if has_lora(plain) else plain
             save_model(model, path, tokenizer=self.tokenizer)
         self.accelerator.wait_for_everyone()
         return path

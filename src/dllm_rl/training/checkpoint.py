@@ -10,6 +10,8 @@ A checkpoint directory::
     rng_state_rank{R}.pt        python / numpy / torch / cuda RNG + named torch.Generators, one per rank
     trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
     config.yaml                 the run's resolved config (when given)
+    sharded/                    FSDP2 / DeepSpeed only: accelerator.save_state (model + optimizer shards);
+                                optimizer.pt is then not written
 
 ``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint.
 
@@ -42,12 +44,14 @@ from dllm_rl.config import save_config
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import fsync_path
 from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.training.backend import is_sharded, publishable
 from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
 
 logger = logging.getLogger(__name__)
 FORMAT = 1
 STATE_FILE = "trainer_state.json"
+SHARDED_DIR = "sharded"
 EMA_FILE = "ema.pt"
 CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 KILL_ENV = "DLLM_RL_TEST_KILL_IN_CHECKPOINT"
@@ -110,11 +114,14 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     accelerator: Any = None,
     ema: WeightEMA | None = None,
+    prepared: torch.nn.Module | None = None,
 ) -> Path:
     """Write a complete checkpoint of a training run to ``directory`` (see the module docstring).
 
     ``dlm`` is the unwrapped model (``accelerator.unwrap_model``). With an ``accelerator`` every rank must
-    call this (each writes its RNG state; the main process writes the rest); data-parallel (DDP) state only.
+    call this (each writes its RNG state; the main process writes the rest). Under FSDP2 / DeepSpeed
+    (``prepared``: the module ``accelerator.prepare`` returned) the model and optimizer shards go through
+    ``accelerator.save_state`` into ``sharded/`` and ``model/`` is gathered to rank 0.
     """
     directory = Path(directory)
     rank, world, main = _rank_world(accelerator)
@@ -126,11 +133,15 @@ def save_checkpoint(
     if accelerator is not None:
         accelerator.wait_for_everyone()
     lora = has_lora(dlm)
+    sharded = is_sharded(accelerator)
+    plain = publishable(accelerator, prepared if prepared is not None else dlm.model, dlm)  # collective
+    if sharded:
+        accelerator.save_state(str(tmp / SHARDED_DIR))
     if main:
-        save_model(merged_model(dlm) if lora else dlm, tmp / "model", tokenizer=tokenizer)
+        save_model(merged_model(plain) if lora else plain, tmp / "model", tokenizer=tokenizer)
         if lora:
-            save_adapter(dlm, tmp / "adapter")
-        if optimizer is not None:
+            save_adapter(plain, tmp / "adapter")
+        if optimizer is not None and not sharded:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -143,7 +154,7 @@ def save_checkpoint(
         accelerator.wait_for_everyone()
     if main:  # the state file last: a folder with it holds everything else
         meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
-                "world_size": world, "lora": lora}
+                "world_size": world, "lora": lora, "sharded": sharded}
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         _fsync_tree(tmp)
         if os.environ.get(KILL_ENV) == str(int(step)):
@@ -227,11 +238,18 @@ def load_checkpoint(
         raise UserError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
     if not meta.get("lora") and has_lora(dlm):
         raise UserError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
-    if meta.get("lora"):
+    sharded = is_sharded(accelerator)
+    if bool(meta.get("sharded")) != sharded:
+        raise UserError(f"{directory}: saved {'with' if meta.get('sharded') else 'without'} a sharded backend "
+                        f"(FSDP2 / DeepSpeed), resuming {'with' if sharded else 'without'} one; resume with the "
+                        "accelerate config it was trained with")
+    if sharded:  # model + optimizer shards; RNG states are restored below from our own files
+        accelerator.load_state(str(directory / SHARDED_DIR))
+    elif meta.get("lora"):
         load_adapter_weights(dlm, directory / "adapter")
     else:
         _load_published_weights(dlm, directory / "model")
-    if optimizer is not None:
+    if optimizer is not None and not sharded:
         file = directory / "optimizer.pt"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: checkpoint has no optimizer state")
