@@ -1,17 +1,23 @@
-"""One rank of the 2-rank trainer test (started by ``accelerate launch``; see test_sharded_trainers.py).
+"""One rank of the 2-rank trainer tests (started by ``accelerate launch``; see test_sharded_trainers.py).
 
 Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one process group: SFT 2 steps,
 SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
 its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0). Each run writes its final
 model in the published layout under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
+
+Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 SIGKILLs itself in the middle
+of step 2 (before its first optimizer step there). Mode ``resume``: that run resumed from its latest checkpoint.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
 from dllm_rl.config import load_config
+from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import train as rl_train
 from dllm_rl.sft.trainer import SFTConfig
@@ -39,7 +45,26 @@ def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str) -> None:
     rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
 
 
-def main(root: Path, out: Path) -> None:
+def die_in_step_two() -> None:
+    """Rank 1 is killed (SIGKILL: no clean-up, no message) in the middle of step 2's update."""
+    step = rl_trainer.RLTrainer._optimizer_step
+
+    def optimizer_step(self):
+        if self.step_idx == 1 and self.accelerator.process_index == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        step(self)
+
+    rl_trainer.RLTrainer._optimizer_step = optimizer_step
+
+
+def main(root: Path, out: Path, mode: str = "all") -> None:
+    if mode == "fault":
+        die_in_step_two()
+        rl(root, out / "espo_fault", "sdar", "espo", "distributed_timeout_s=60")
+        return
+    if mode == "resume":
+        rl(root, out / "espo_fault", "sdar", "espo", "resume=latest")
+        return
     sft(root, out / "sft")
     sft(root, out / "sft_resumed", "train.stop_after=1")
     sft(root, out / "sft_resumed", "train.resume=auto")
@@ -50,4 +75,4 @@ def main(root: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:])

@@ -126,7 +126,8 @@ class RLTrainer:
         # `accelerate launch --multi_gpu` instead of starting independent one-rank runs.
         cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         self.accelerator = make_accelerator(
-            cpu=cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            cpu=cpu, timeout_s=cfg.distributed_timeout_s,
+            kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         setup_backend(self.accelerator, cfg.micro_batch_size, cfg.gradient_accumulation_steps or 1)
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process

@@ -108,6 +108,9 @@ class TrainConfig(Checked):
     num_threads: int | None = field(None, ge=1, help="torch CPU threads (null = torch's default)")
     progress: bool = field(True, help="show the progress bar")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
+    distributed_timeout_s: float = field(
+        1800.0, gt=0, help="multi-process runs: a collective that waits longer than this ends the run with an "
+        "error (a rank that died or hangs); torch's default is 1800 s")
 
 
 @dataclass
@@ -186,7 +189,8 @@ class SFTTrainer:
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
         self.accelerator = make_accelerator(
-            t.mixed_precision, cpu=t.cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            t.mixed_precision, cpu=t.cpu, timeout_s=t.distributed_timeout_s,
+            kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
         setup_backend(acc, t.batch_size, t.grad_accum)
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
