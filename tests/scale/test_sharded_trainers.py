@@ -1,10 +1,10 @@
 """The SFT and RL trainers on two CPU ranks (gloo) under DDP and FSDP2 (and ZeRO-2/3 where DeepSpeed is
 installed), launched with the shipped accelerate configs; the runs are those of trainer_driver.py.
 
-- FSDP2 (ZeRO) ends every run with the same weights as DDP, the reference backend of the 2-rank runs
-  (within 1e-5; ZeRO 1e-3, see test_sharding.py). The trainers draw rank-dependent random streams (SFT
-  masks, rollout noise), so a 2-rank run is compared with the 2-rank DDP run, not with one process; DDP
-  against one process on the same rows is test_sharding.py's check.
+- FSDP2 and ZeRO-2 end every run with the same weights as DDP, the reference backend of the 2-rank runs,
+  within 1e-5 (measured: FSDP2 6e-8, ZeRO-2 6.6e-7 with deepspeed 0.19.8). The trainers draw rank-dependent
+  random streams (SFT masks, rollout noise), so a 2-rank run is compared with the 2-rank DDP run, not with
+  one process; DDP against one process on the same rows is test_sharding.py's check.
 - A run resumed from its step-1 checkpoint ends with exactly the weights of the uninterrupted run.
 - Every final model is a published-layout checkpoint that ``load_model`` reads; the runs moved the weights.
 """
@@ -121,13 +121,17 @@ def test_two_rank_runs_resume_exactly_and_publish(root, backend):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "tolerance"), [("fsdp2", 1e-5), ("zero2", 1e-3)])
+@pytest.mark.parametrize(("backend", "tolerance"), [("fsdp2", 1e-5), ("zero2", 1e-5)])
 def test_sharded_runs_equal_ddp(root, backend, tolerance):
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed)")
     ddp, sharded = launch(root, "ddp"), launch(root, backend)
+    state = json.loads((sharded / "espo" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text())
+    assert state["sharded"]  # the launch config's backend ran, not a silent DDP fallback
     for run in RUNS:
-        assert max_diff(weights(sharded, run), weights(ddp, run)) <= tolerance, run
+        diff = max_diff(weights(sharded, run), weights(ddp, run))
+        print(f"{backend} vs ddp, {run}: max |dw| = {diff:.2e}")
+        assert diff <= tolerance, run
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ def dense_reward(prompts, completions, **columns):
 
 def sft(root: Path, out: Path, *extra: str) -> None:
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
-            "train.batch_size=2", "train.log_every=1", "train.progress=false", "train.mixed_precision=no",
+            "train.batch_size=1", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
+            "train.mixed_precision=no",
             "optim.lr=0.01", f"train.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
 

@@ -57,6 +57,7 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.backend import (
     grad_norm_value,
+    micro_step,
     publishable,
     refuse_unsharded_features,
     setup_backend,
@@ -128,7 +129,7 @@ class RLTrainer:
         self.accelerator = make_accelerator(
             cpu=cpu, timeout_s=cfg.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-        setup_backend(self.accelerator, cfg.micro_batch_size, cfg.gradient_accumulation_steps or 1)
+        setup_backend(self.accelerator, cfg.micro_batch_size, cfg.optim.max_grad_norm)
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
@@ -352,7 +353,7 @@ class RLTrainer:
             for j, mb in enumerate(mbs):
                 sub = batch.select(mb)
                 last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
-                ctx = acc.no_sync(self.model.model) if not last_in_group else contextlib.nullcontext()
+                ctx = micro_step(acc, self.model.model, last_in_group)
                 if not mb:  # padding (see above)
                     with ctx:
                         acc.backward(self._zero_loss())

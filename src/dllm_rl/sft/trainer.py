@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,7 +48,7 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.accel import PreparedModel
-from dllm_rl.training.backend import grad_norm_value, publishable, setup_backend
+from dllm_rl.training.backend import grad_norm_value, micro_step, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 
 
@@ -192,7 +191,7 @@ class SFTTrainer:
             t.mixed_precision, cpu=t.cpu, timeout_s=t.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
-        setup_backend(acc, t.batch_size, t.grad_accum)
+        setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
@@ -285,7 +284,7 @@ class SFTTrainer:
         for micro in range(accum):
             _, batch = self.next_micro_batch()
             tokens += int(batch.valid().sum().item())
-            ctx = acc.no_sync(self.model.prepared) if micro < accum - 1 else nullcontext()
+            ctx = micro_step(acc, self.model.prepared, micro == accum - 1)
             with ctx:
                 out = compute_objective(cfg.objective.name, self.model, batch, self.generator,
                                         **cfg.objective.options())

@@ -13,6 +13,7 @@ helper is a no-op (or the plain path). The design and its measurements are in ``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -34,10 +35,13 @@ def is_sharded(accelerator: Accelerator | None) -> bool:
     return accelerator is not None and backend_name(accelerator) in SHARDED
 
 
-def setup_backend(accelerator: Accelerator, micro_batch_size: int, grad_accum: int = 1) -> str:
+def setup_backend(accelerator: Accelerator, micro_batch_size: int, max_grad_norm: float | None = None) -> str:
     """Adopt the launcher's FSDP2 / DeepSpeed backend (also on CPU gloo, see
-    :func:`~dllm_rl.training.sharding.adopt_launch_backend`) and give DeepSpeed the per-rank micro-batch and
-    the accumulation (the trainers prepare no dataloader, which is where accelerate would read them).
+    :func:`~dllm_rl.training.sharding.adopt_launch_backend`) and give DeepSpeed the per-rank micro-batch (the
+    trainers prepare no dataloader, where accelerate would read it) and the trainer's clipping
+    (``max_grad_norm``; DeepSpeed clips inside its step, accelerate would put 1.0 there). DeepSpeed's own
+    accumulation stays 1: the trainers scale each micro-batch's loss themselves and mark the last one of an
+    optimizer step with :func:`micro_step` (RL steps have a data-dependent number of micro-batches).
     Returns the backend name (``ddp``, ``fsdp2``, ``zero2``, ``zero3``, ``single``)."""
     backend = adopt_launch_backend(accelerator)
     if backend == "fsdp1":
@@ -46,8 +50,30 @@ def setup_backend(accelerator: Accelerator, micro_batch_size: int, grad_accum: i
     if backend.startswith("zero"):
         ds = accelerator.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = int(micro_batch_size)
-        ds["gradient_accumulation_steps"] = int(grad_accum)
+        ds["gradient_accumulation_steps"] = 1
+        ds["train_batch_size"] = int(micro_batch_size) * accelerator.num_processes
+        ds["gradient_clipping"] = float(max_grad_norm or 0.0)
     return backend
+
+
+def micro_step(accelerator: Accelerator, prepared: torch.nn.Module, last: bool):
+    """The context of one micro-batch's forward and backward in an optimizer step of several: DDP skips the
+    gradient all-reduce except on the ``last`` (``accelerator.no_sync``); DeepSpeed is told whether this is the
+    accumulation boundary (accelerate's ``backward`` hands ``accelerator.sync_gradients`` to
+    ``engine.set_gradient_accumulation_boundary`` and steps the engine only there); FSDP2 reduce-scatters every
+    backward (accelerate's ``no_sync`` is a no-op for it), which sums the same."""
+    if backend_name(accelerator).startswith("zero"):
+        return _deepspeed_boundary(accelerator, bool(last))
+    return contextlib.nullcontext() if last else accelerator.no_sync(prepared)
+
+
+@contextlib.contextmanager
+def _deepspeed_boundary(accelerator: Accelerator, last: bool):
+    accelerator.gradient_state._set_sync_gradients(last)
+    try:
+        yield
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)
 
 
 def shard_reference(accelerator: Accelerator, reference: DiffusionLM) -> DiffusionLM:
