@@ -10,6 +10,7 @@ from dllm_rl.config import to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
+from dllm_rl.training.backend import publishable
 from dllm_rl.training.checkpoint import checkpoint_name
 
 
@@ -30,7 +31,7 @@ class RLCheckpoints:
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
                         config=to_dict(self.cfg),
                         extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
-                        accelerator=self.accelerator, ema=self.ema,
+                        accelerator=self.accelerator, ema=self.ema, prepared=self.model.model,
                         extra_files=self.value.checkpoint_files() if self.value is not None else None)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
@@ -54,12 +55,14 @@ class RLCheckpoints:
 
     def save_final_model(self) -> Path:
         """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged; uploaded to the
-        hub repository ``push_to_hub`` when set."""
+        hub repository ``push_to_hub`` when set. Every rank calls it (the weights are gathered when sharded)."""
         path = self.out / "final"
-        if self.is_main:
-            with self.averaged():
-                unwrapped = merged_model(self._plain()) if self.cfg.lora.enabled else self.model
+        with self.averaged():
+            plain = publishable(self.accelerator, self.model.model, self._plain())  # collective when sharded
+            if self.is_main:
+                unwrapped = merged_model(plain) if self.cfg.lora.enabled else plain
                 save_model(unwrapped, path, tokenizer=self.tokenizer)
+        if self.is_main:
             if self.cfg.push_to_hub:
                 print(f"pushed {path} to {push_to_hub(path, self.cfg.push_to_hub)}")
         return path

@@ -122,6 +122,9 @@ class RLConfig(Checked):
     dtype: str = field("float32", choices=DTYPES,
                        help="model dtype: float32 | bfloat16 (log-probs and losses stay float32)")
     device: str = field("auto", help="auto | cpu | cuda; under accelerate the process's device")
+    distributed_timeout_s: float = field(
+        1800.0, gt=0, help="multi-process runs: a collective that waits longer than this ends the run with an "
+        "error (a rank that died or hangs); torch's default is 1800 s")
 
     # task
     task: str = field("countdown", help="task name (gsm8k | math | countdown | sudoku | code) or a data file")

@@ -58,9 +58,17 @@ from dllm_rl.training import (
     make_accelerator,
 )
 from dllm_rl.training.accel import runs_on_cpu
+from dllm_rl.training.backend import (
+    grad_norm_value,
+    micro_step,
+    refuse_unsharded_features,
+    setup_backend,
+    shard_reference,
+)
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks, micro_batches, skip_together, zero_loss
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
+from dllm_rl.training.sharding import gathered_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +106,9 @@ class RLTrainer(RLCheckpoints):
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
         self.accelerator = make_accelerator(
-            cpu=runs_on_cpu(cfg.device), kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            cpu=runs_on_cpu(cfg.device), timeout_s=cfg.distributed_timeout_s,
+            kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        setup_backend(self.accelerator, cfg.micro_batch_size, cfg.optim.max_grad_norm)
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
@@ -139,8 +149,13 @@ class RLTrainer(RLCheckpoints):
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
-        self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        if self.reference is not None:
+            shard_reference(self.accelerator, self.reference)
         decode_dtype, self.rollout_note = rollout_dtype(cfg.rollout.dtype, self.model.dtype, self.accelerator.device)
+        refuse_unsharded_features(self.accelerator, ema_decay=cfg.ema_decay > 0,
+                                  **{"rollout.dtype / rollout.compile": decode_dtype != self.model.dtype
+                                     or cfg.rollout.compile, "value_model.enabled": cfg.value_model.enabled})
+        self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
@@ -272,7 +287,7 @@ class RLTrainer(RLCheckpoints):
         seeds = [derive_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j)
                  for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
-        with torch.no_grad(), block_size_as([policy], self.rollout_block):
+        with torch.no_grad(), self._gathered(policy), block_size_as([policy], self.rollout_block):
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
         self.model.train()
@@ -338,7 +353,9 @@ class RLTrainer(RLCheckpoints):
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
-        with torch.no_grad():
+        policy_scored = need_old or (cfg.beta > 0 and self.reference is None)
+        with torch.no_grad(), self._gathered(self.model if policy_scored else None), \
+                self._gathered(self.reference if cfg.beta > 0 else None):
             old = [self._scores(self.model, batch.select(mb), est_seed) if mb else None for mb in mbs] \
                 if need_old else None
             ref = None
@@ -360,7 +377,7 @@ class RLTrainer(RLCheckpoints):
             for j, mb in enumerate(mbs):
                 sub = batch.select(mb)
                 last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
-                ctx = acc.no_sync(self.model.model) if not last_in_group else contextlib.nullcontext()
+                ctx = micro_step(acc, self.model.model, last_in_group)
                 if not mb:  # padding (see above)
                     with ctx:
                         acc.backward(zero_loss(self.model))
@@ -432,7 +449,7 @@ class RLTrainer(RLCheckpoints):
             return
         if self.cfg.optim.max_grad_norm:
             norm = self.accelerator.clip_grad_norm_(self.model.model.parameters(), self.cfg.optim.max_grad_norm)
-            self.grad_norms.append(float(norm))  # before clipping
+            self.grad_norms.append(grad_norm_value(norm))  # before clipping
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -451,7 +468,8 @@ class RLTrainer(RLCheckpoints):
         examples = self.eval_task.examples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
-        with self.averaged(live), block_size_as([self.model], self.eval_block):
+        gathered = self._gathered(self.model)
+        with self.averaged(live), torch.no_grad(), gathered, block_size_as([self.model], self.eval_block):
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)
@@ -463,6 +481,14 @@ class RLTrainer(RLCheckpoints):
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
                               reward=vals["reward"] * world / total, n=int(round(total)))
         return res
+
+    def _gathered(self, dlm: DiffusionLM | None):
+        """Full parameters of ``dlm`` (the policy or the reference) for no-grad forwards whose number may
+        differ between ranks (rollouts, evaluation, old / reference scores); a no-op unless FSDP2 / ZeRO-3.
+        Rollouts and evaluation decode with the gathered policy, not a rollout copy, under those backends."""
+        if dlm is None or dlm is not self.model and dlm is not self.reference:
+            return contextlib.nullcontext()  # a rollout copy: plain tensors already
+        return gathered_parameters(self.accelerator, dlm.model)
 
     def close(self) -> None:
         """Finish the trackers and release the run directory (its lock) for another run."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,10 +45,11 @@ from dllm_rl.training import (
     load_checkpoint,
     make_accelerator,
     merged_model,
-    prepare_model,
     prune_checkpoints,
     save_checkpoint,
 )
+from dllm_rl.training.accel import PreparedModel
+from dllm_rl.training.backend import grad_norm_value, micro_step, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 from dllm_rl.training.trackers import check_report_to
 
@@ -116,6 +116,9 @@ class TrainConfig(Checked):
     report_to: list[str] = field(default_factory=list, check=check_report_to,
                                  help="experiment trackers for the metrics and the config: tensorboard | wandb | "
                                  "trackio | mlflow | none (a list; tensorboard writes output_dir/tensorboard)")
+    distributed_timeout_s: float = field(
+        1800.0, gt=0, help="multi-process runs: a collective that waits longer than this ends the run with an "
+        "error (a rank that died or hangs); torch's default is 1800 s")
 
 
 @dataclass
@@ -194,8 +197,10 @@ class SFTTrainer:
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
         self.accelerator = make_accelerator(
-            t.mixed_precision, cpu=t.cpu, kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+            t.mixed_precision, cpu=t.cpu, timeout_s=t.distributed_timeout_s,
+            kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
+        setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
@@ -238,8 +243,9 @@ class SFTTrainer:
             self.max_steps = t.max_steps
         self.optimizer = build_optimizer(self.dlm, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
-        self.model = prepare_model(acc, self.dlm)
-        self.optimizer = acc.prepare_optimizer(self.optimizer)
+        # one prepare call: under FSDP2 accelerate re-points the optimizer at the sharded parameters
+        prepared, self.optimizer = acc.prepare(self.dlm, self.optimizer)
+        self.model = PreparedModel(prepared, self.dlm)
         self.stream = IndexStream(len(self.examples), seed=t.seed)
         self.generator = torch.Generator().manual_seed(t.seed * 1_000_003 + 17 + acc.process_index)
         self.step = 0
@@ -287,7 +293,7 @@ class SFTTrainer:
         for micro in range(accum):
             _, batch = self.next_micro_batch()
             tokens += int(batch.valid().sum().item())
-            ctx = acc.no_sync(self.model.prepared) if micro < accum - 1 else nullcontext()
+            ctx = micro_step(acc, self.model.prepared, micro == accum - 1)
             with ctx:
                 out = compute_objective(cfg.objective.name, self.model, batch, self.generator,
                                         **cfg.objective.options())
@@ -296,7 +302,7 @@ class SFTTrainer:
             scored += out.scored_tokens
         grad_norm = None
         if cfg.optim.max_grad_norm is not None:
-            grad_norm = acc.clip_grad_norm_(self.dlm.parameters(), cfg.optim.max_grad_norm)
+            grad_norm = grad_norm_value(acc.clip_grad_norm_(self.dlm.parameters(), cfg.optim.max_grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -315,7 +321,8 @@ class SFTTrainer:
         save_checkpoint(path, self.dlm, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step,
                         data_state={"stream": self.stream.state_dict()}, generators={"mask": self.generator},
                         extra={"tokens": self.tokens_seen},
-                        tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator)
+                        tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator,
+                        prepared=self.model.prepared)
         if self.accelerator.is_main_process:
             prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
         return path
@@ -329,8 +336,9 @@ class SFTTrainer:
 
     def save_final_model(self) -> Path:
         path = self.out / "model"
+        plain = publishable(self.accelerator, self.model.prepared, self.dlm)  # collective when sharded
         if self.accelerator.is_main_process:
-            model = merged_model(self.dlm) if has_lora(self.dlm) else self.dlm
+            model = merged_model(plain) if has_lora(plain) else plain
             save_model(model, path, tokenizer=self.tokenizer)
             if self.cfg.train.push_to_hub:  # train.push_to_hub: upload model/ to that hub repository
                 print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.train.push_to_hub)}")

@@ -35,7 +35,10 @@ LoRA (peft)
 
 Checkpoints (exact resume)
     ``save_checkpoint(dir, dlm, *, optimizer=None, scheduler=None, step=0, data_state=None,
-        generators=None, tokenizer=None, config=None, extra=None, accelerator=None, ema=None) -> Path``
+        generators=None, tokenizer=None, config=None, extra=None, accelerator=None, ema=None, prepared=None) -> Path``
+        Under FSDP2 / DeepSpeed (``prepared``: what ``accelerator.prepare`` returned) model + optimizer shards go
+        through ``accelerator.save_state`` into ``sharded/`` (no ``optimizer.pt``) and ``model/`` is gathered to
+        rank 0; ``load_checkpoint`` then calls ``accelerator.load_state`` (same backend and world size).
     ``load_checkpoint(dir, dlm, *, optimizer=None, scheduler=None, generators=None, accelerator=None,
         restore_rng_state=True, ema=None) -> TrainerState(step, data_state, extra, path)``
         A checkpoint dir holds ``model/`` (published layout via ``save_model``; LoRA merged into a copy),
@@ -51,6 +54,11 @@ Checkpoints (exact resume)
         locked). ``ema=WeightEMA`` on both saves / restores a weight average as ``ema.pt`` (a checkpoint without
         one starts the average afresh).
     ``capture_rng(generators) / restore_rng(state, generators)``
+
+Sharded backends (``dllm_rl.training.backend``)
+    ``setup_backend(acc, micro_batch_size, grad_accum)`` after building the Accelerator; ``shard_reference``;
+        ``publishable(acc, prepared, dlm)`` (full weights as a plain model on rank 0); ``is_sharded``;
+        ``grad_norm_value``; ``gathered_parameters`` (``training.sharding``) around rollouts and no-grad scoring.
 
 Run directory
     ``open_run_dir(path, run_files, *, resume, overwrite, key="output_dir", resume_hint="resume=latest",

@@ -3,8 +3,12 @@ dtype a run resolves `auto` to."""
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
+
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 
 
 def bf16_supported() -> bool:
@@ -51,7 +55,8 @@ def prepare_model(accelerator: Accelerator, dlm: torch.nn.Module) -> PreparedMod
     return PreparedModel(accelerator.prepare(dlm), dlm)
 
 
-def make_accelerator(mixed_precision: str = "auto", cpu: bool = False, **kwargs) -> Accelerator:
+def make_accelerator(mixed_precision: str = "auto", cpu: bool = False, timeout_s: float | None = None,
+                     **kwargs) -> Accelerator:
     """An :class:`accelerate.Accelerator` with ``mixed_precision`` resolved (see above).
 
     Gradient accumulation is done by the trainers themselves (``accelerator.no_sync`` on the
@@ -59,8 +64,17 @@ def make_accelerator(mixed_precision: str = "auto", cpu: bool = False, **kwargs)
     Extra ``kwargs`` go to ``Accelerator``. On a machine without an accelerator device, ``cpu=True`` is
     implied: that is what makes ``accelerate launch --multi_gpu --num_processes N`` give N real gloo ranks
     on CPU (``accelerate`` only sets up MULTI_CPU when told ``cpu``).
+
+    Faults: ``timeout_s`` bounds every collective (``InitProcessGroupKwargs(timeout=...)``, torch's own
+    watchdog); NCCL aborts the process on such a timeout or a peer's error (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``
+    unless set), and under gloo a collective raises as soon as a dead peer's socket closes. The launcher
+    (torchrun / ``accelerate launch``) then stops the other ranks and names the failed one.
     """
     cpu = cpu or not _has_device()
+    if timeout_s is not None:
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        handlers = list(kwargs.pop("kwargs_handlers", None) or [])
+        kwargs["kwargs_handlers"] = [*handlers, InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))]
     return Accelerator(mixed_precision=resolve_mixed_precision(mixed_precision, cpu), cpu=cpu, **kwargs)
 
 

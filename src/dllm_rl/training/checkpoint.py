@@ -10,6 +10,8 @@ A checkpoint directory::
     rng_state_rank{R}.pt        python / numpy / torch / cuda RNG + named torch.Generators, one per rank
     trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
     config.yaml                 the run's resolved config (when given)
+    sharded/                    FSDP2 / DeepSpeed only: accelerator.save_state (model + optimizer shards);
+                                optimizer.pt is then not written
 
 ``model/`` loads with :func:`dllm_rl.models.load_model` like any published checkpoint.
 
@@ -43,12 +45,14 @@ from dllm_rl.config import save_config
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import fsync_path
 from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.training.backend import is_sharded, publishable
 from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
 
 logger = logging.getLogger(__name__)
 FORMAT = 1
 STATE_FILE = "trainer_state.json"
+SHARDED_DIR = "sharded"
 EMA_FILE = "ema.pt"
 CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 KILL_ENV = "DLLM_RL_TEST_KILL_IN_CHECKPOINT"
@@ -112,11 +116,14 @@ def save_checkpoint(
     accelerator: Any = None,
     ema: WeightEMA | None = None,
     extra_files: dict[str, Callable[[Path], Any]] | None = None,
+    prepared: torch.nn.Module | None = None,
 ) -> Path:
     """Write a complete checkpoint of a training run to ``directory`` (see the module docstring).
 
     ``dlm`` is the unwrapped model (``accelerator.unwrap_model``). With an ``accelerator`` every rank must
-    call this (each writes its RNG state; the main process writes the rest); data-parallel (DDP) state only.
+    call this (each writes its RNG state; the main process writes the rest). Under FSDP2 / DeepSpeed
+    (``prepared``: the module ``accelerator.prepare`` returned) the model and optimizer shards go through
+    ``accelerator.save_state`` into ``sharded/`` and ``model/`` is gathered to rank 0.
     ``extra_files`` (``{name: write}``): more files of the checkpoint (e.g. an RL value model), each written by
     ``write(path)`` on the main process into the temporary folder, so before the state file and the rename.
     """
@@ -130,26 +137,19 @@ def save_checkpoint(
     if accelerator is not None:
         accelerator.wait_for_everyone()
     lora = has_lora(dlm)
+    sharded = is_sharded(accelerator)
+    plain = publishable(accelerator, prepared if prepared is not None else dlm.model, dlm)  # collective
+    if sharded:
+        accelerator.save_state(str(tmp / SHARDED_DIR))
     if main:
-        save_model(merged_model(dlm) if lora else dlm, tmp / "model", tokenizer=tokenizer)
-        if lora:
-            save_adapter(dlm, tmp / "adapter")
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        if scheduler is not None:
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        if ema is not None:
-            ema.save(tmp / EMA_FILE)
-        if config is not None:
-            save_config(config, tmp / "config.yaml")
-        for name, write in (extra_files or {}).items():
-            write(tmp / name)
+        _write_main_files(tmp, plain, lora, tokenizer, None if sharded else optimizer, scheduler, ema, config,
+                          extra_files)
     torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
     if accelerator is not None:
         accelerator.wait_for_everyone()
     if main:  # the state file last: a folder with it holds everything else
         meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
-                "world_size": world, "lora": lora}
+                "world_size": world, "lora": lora, "sharded": sharded}
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         _fsync_tree(tmp)
         if os.environ.get(KILL_ENV) == str(int(step)):
@@ -158,6 +158,24 @@ def save_checkpoint(
     if accelerator is not None:
         accelerator.wait_for_everyone()
     return directory
+
+
+def _write_main_files(tmp: Path, plain: DiffusionLM, lora: bool, tokenizer: Any, optimizer: Any, scheduler: Any,
+                      ema: WeightEMA | None, config: Any, extra_files: dict[str, Callable[[Path], Any]] | None) -> None:
+    """What the main process writes into the temporary folder (``optimizer`` None: sharded, in ``sharded/``)."""
+    save_model(merged_model(plain) if lora else plain, tmp / "model", tokenizer=tokenizer)
+    if lora:
+        save_adapter(plain, tmp / "adapter")
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if scheduler is not None:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    if ema is not None:
+        ema.save(tmp / EMA_FILE)
+    if config is not None:
+        save_config(config, tmp / "config.yaml")
+    for name, write in (extra_files or {}).items():
+        write(tmp / name)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -233,11 +251,18 @@ def load_checkpoint(
         raise UserError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
     if not meta.get("lora") and has_lora(dlm):
         raise UserError(f"{directory}: checkpoint is a full fine-tune but the model has LoRA adapters")
-    if meta.get("lora"):
+    sharded = is_sharded(accelerator)
+    if bool(meta.get("sharded")) != sharded:
+        raise UserError(f"{directory}: saved {'with' if meta.get('sharded') else 'without'} a sharded backend "
+                        f"(FSDP2 / DeepSpeed), resuming {'with' if sharded else 'without'} one; resume with the "
+                        "accelerate config it was trained with")
+    if sharded:  # model + optimizer shards; RNG states are restored below from our own files
+        accelerator.load_state(str(directory / SHARDED_DIR))
+    elif meta.get("lora"):
         load_adapter_weights(dlm, directory / "adapter")
     else:
         _load_published_weights(dlm, directory / "model")
-    if optimizer is not None:
+    if optimizer is not None and not sharded:
         file = directory / "optimizer.pt"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: checkpoint has no optimizer state")

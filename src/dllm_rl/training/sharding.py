@@ -1,6 +1,6 @@
 """What the trainers need from a sharded model, one way per backend (DDP, FSDP2, DeepSpeed ZeRO-2/3).
 
-Not yet used by the trainers (``docs/scale-notes.md`` has the design these helpers serve):
+Used by the trainers through :mod:`dllm_rl.training.backend` (``docs/scale-notes.md`` has the design):
 
 - :func:`adopt_launch_backend`: under ``accelerate launch`` with an FSDP or DeepSpeed config on a machine
   without GPUs, make the CPU (gloo) Accelerator run that backend instead of silently falling back to DDP.

@@ -1,0 +1,128 @@
+"""The first thing to run on a machine with a GPU: 2 RL steps of TraceRL and of ESPO in bf16 on random models
+of real shapes, through the real trainer (``dllm_rl.rl.trainer.train``), with the throughput and peak memory.
+
+    python benchmarks/gpu_smoke.py                 # SDAR-4B-shaped (+ LLaDA-8B-shaped with >= 100 GiB free)
+    python benchmarks/gpu_smoke.py --tiny          # the same on CPU at a tiny size (what CI runs)
+
+Each model is built with random weights directly on the device in bf16 (no hub, no download), written once
+to a temporary folder (the trainer reads a checkpoint folder), then trained 2 steps per algorithm on synthetic
+countdown prompts with a dense reward (no group is dropped). One line per run::
+
+    RESULT sdar-4b tracerl rollout_tokens_per_s=... update_tokens_per_s=... peak_memory_gib=...
+
+rollout tokens/s: completion tokens decoded per second of rollout (the trainer's ``rollout_tokens_per_s``);
+update tokens/s: completion tokens scored and back-propagated per second of update (``kept_samples x
+completion length / time_update``, all optimisation passes); peak memory: ``torch.cuda.max_memory_allocated``
+over the run (CPU: the process's peak resident set size). Figures of the 2nd step (the 1st warms up kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dllm_rl.config import load_config
+from dllm_rl.jsonl import write_jsonl
+from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.trainer import train
+from dllm_rl.tasks.synthetic import make_countdown
+
+# name: (family, tiny_config sizes). Shapes of the published checkpoints (SDAR-4B-Chat is Qwen3-4B-shaped,
+# LLaDA-8B-Instruct Llama-shaped); the char tokenizer covers the prompts, the rest of the vocabulary is unused.
+SHAPES = {
+    "sdar-4b": ("sdar", dict(vocab_size=151_936, hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8,
+                             intermediate_size=9728, block_size=4, max_position_embeddings=4096)),
+    "llada-8b": ("llada", dict(vocab_size=126_464, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
+                               intermediate_size=12_288, max_position_embeddings=4096)),
+    "tiny-sdar": ("sdar", dict(vocab_size=512, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                               intermediate_size=64, block_size=4)),
+}
+LLADA_8B_MIN_FREE_GIB = 100  # bf16 weights + grads + AdamW states (~64 GiB) + activations and rollouts
+
+
+def dense_reward(prompts, completions, **columns):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100 for c in completions]
+
+
+def write_model(name: str, folder: Path, device: str, dtype: str) -> Path:
+    family, sizes = SHAPES[name]
+    tok = char_tokenizer()
+    cfg = tiny_config(family, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, **sizes)
+    with torch.device(device):  # random init on the device: minutes faster than on the CPU at 4-8B
+        dlm = build_model(family, cfg, seed=0, dtype=dtype)
+    save_model(dlm.to("cpu"), folder / name, tokenizer=tok)  # safetensors writes host tensors
+    del dlm
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return folder / name
+
+
+def peak_memory_gib(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def run(model: Path, data: Path, out: Path, algorithm: str, args) -> dict[str, float]:
+    overrides = [f"algorithm={algorithm}", f"model={model}", "task=countdown", f"train_data={data}",
+                 "prompt_style=compact", f"prompts_per_step={args.prompts}", f"num_generations={args.generations}",
+                 f"rollout.gen_length={args.gen_length}", f"rollout.block_length={args.block_length}",
+                 f"rollout.batch_size={args.prompts * args.generations}", "eval.limit=0", "max_steps=2",
+                 f"micro_batch_size={args.micro_batch}", "optim.lr=1e-6", f"device={args.device}",
+                 f"dtype={args.dtype}", "progress=false", "log_samples_every=0", "save_every=0",
+                 f"output_dir={out}", "overwrite=true"]
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    train(load_config(RLConfig, None, overrides), reward_fn=dense_reward)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "time_update" in r][-1]
+    update = last["kept_samples"] * last["completion_length"] / max(last["time_update"], 1e-9)
+    return {"rollout_tokens_per_s": last["rollout_tokens_per_s"], "update_tokens_per_s": update,
+            "peak_memory_gib": peak_memory_gib(args.device)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiny", action="store_true", help="CPU, tiny model, short rollouts (CI)")
+    p.add_argument("--models", nargs="*", default=None, help=f"of {', '.join(SHAPES)}")
+    p.add_argument("--algorithms", nargs="*", default=["tracerl", "espo"])
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.tiny
+    args.device, args.dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+    args.prompts, args.generations = (4, 8) if cuda else (1, 4)
+    args.gen_length, args.block_length, args.micro_batch = (256, 32, 8) if cuda else (8, 8, 4)
+    if args.models is None:
+        args.models = ["tiny-sdar"] if not cuda else ["sdar-4b"]
+        if cuda and torch.cuda.mem_get_info()[0] / 2**30 >= LLADA_8B_MIN_FREE_GIB:
+            args.models.append("llada-8b")
+    if not cuda and not args.tiny:
+        print("gpu_smoke: no CUDA device; running the tiny CPU size (pass --tiny to silence this)")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_jsonl(tmp / "train.jsonl", make_countdown(64, seed=0, numbers=3, max_value=9))
+        for name in args.models:
+            t0 = time.perf_counter()
+            model = write_model(name, tmp, args.device, args.dtype)
+            print(f"gpu_smoke: built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
+            for algorithm in args.algorithms:
+                r = run(model, tmp / "train.jsonl", tmp / f"run-{name}-{algorithm}", algorithm, args)
+                bad = [k for k, v in r.items() if not math.isfinite(v)]
+                print(f"RESULT {name} {algorithm} " + " ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
+                if bad:
+                    print(f"gpu_smoke: {name} {algorithm}: non-finite {bad}", file=sys.stderr)
+                    return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""What the SFT and RL trainers do differently under a sharded backend (FSDP2, DeepSpeed ZeRO-2/3).
+
+The trainers call these at a handful of places and stay backend-agnostic; under DDP or one process every
+helper is a no-op (or the plain path). The design and its measurements are in ``docs/scale-notes.md``:
+
+- :func:`setup_backend` right after the Accelerator is built (before any ``prepare``);
+- rollouts, held-out evaluation and the no-grad scoring passes (old policy, reference) run inside
+  :func:`dllm_rl.training.sharding.gathered_parameters`: full parameters, no collective per forward, so
+  ranks may run different numbers of forwards (sampling that stops early, uneven shards);
+- :func:`shard_reference` shards the frozen reference copy like the policy (FSDP2);
+- :func:`publishable`: the full weights as a plain model on rank 0, for the published layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+from accelerate import Accelerator, init_empty_weights
+from transformers import AutoModelForCausalLM
+
+from dllm_rl.errors import UserError
+from dllm_rl.models import DiffusionLM
+from dllm_rl.training.lora import ADAPTER_NAME, has_lora
+from dllm_rl.training.sharding import adopt_launch_backend, backend_name, full_state_dict
+
+SHARDED = ("fsdp2", "zero2", "zero3")  # training state (parameters or optimizer states) split over ranks
+
+
+def is_sharded(accelerator: Accelerator | None) -> bool:
+    """True when the optimizer state (and under FSDP2 / ZeRO-3 the parameters) is split over the ranks:
+    checkpoints then go through ``accelerator.save_state`` and the final model through :func:`publishable`."""
+    return accelerator is not None and backend_name(accelerator) in SHARDED
+
+
+def setup_backend(accelerator: Accelerator, micro_batch_size: int, max_grad_norm: float | None = None) -> str:
+    """Adopt the launcher's FSDP2 / DeepSpeed backend (also on CPU gloo, see
+    :func:`~dllm_rl.training.sharding.adopt_launch_backend`) and give DeepSpeed the per-rank micro-batch (the
+    trainers prepare no dataloader, where accelerate would read it) and the trainer's clipping
+    (``max_grad_norm``; DeepSpeed clips inside its step, accelerate would put 1.0 there). DeepSpeed's own
+    accumulation stays 1: the trainers scale each micro-batch's loss themselves and mark the last one of an
+    optimizer step with :func:`micro_step` (RL steps have a data-dependent number of micro-batches).
+    Returns the backend name (``ddp``, ``fsdp2``, ``zero2``, ``zero3``, ``single``)."""
+    backend = adopt_launch_backend(accelerator)
+    if backend == "fsdp1":
+        raise UserError("FSDP version 1 is not supported: set fsdp_version: 2 in the accelerate config "
+                        "(configs/accelerate/fsdp2.yaml)")
+    if backend.startswith("zero"):
+        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = int(micro_batch_size)
+        ds["gradient_accumulation_steps"] = 1
+        ds["train_batch_size"] = int(micro_batch_size) * accelerator.num_processes
+        ds["gradient_clipping"] = float(max_grad_norm or 0.0)
+    return backend
+
+
+def micro_step(accelerator: Accelerator, prepared: torch.nn.Module, last: bool):
+    """The context of one micro-batch's forward and backward in an optimizer step of several: DDP skips the
+    gradient all-reduce except on the ``last`` (``accelerator.no_sync``); DeepSpeed is told whether this is the
+    accumulation boundary (accelerate's ``backward`` hands ``accelerator.sync_gradients`` to
+    ``engine.set_gradient_accumulation_boundary`` and steps the engine only there); FSDP2 reduce-scatters every
+    backward (accelerate's ``no_sync`` is a no-op for it), which sums the same."""
+    if backend_name(accelerator).startswith("zero"):
+        return _deepspeed_boundary(accelerator, bool(last))
+    return contextlib.nullcontext() if last else accelerator.no_sync(prepared)
+
+
+@contextlib.contextmanager
+def _deepspeed_boundary(accelerator: Accelerator, last: bool):
+    accelerator.gradient_state._set_sync_gradients(last)
+    try:
+        yield
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)
+
+
+def shard_reference(accelerator: Accelerator, reference: DiffusionLM) -> DiffusionLM:
+    """Shard the frozen reference copy (``beta > 0``, ``reference: copy``) like the policy, in place.
+
+    FSDP2: accelerate's own ``fsdp2_prepare_model`` (the same units and plugin settings as the policy; not
+    registered for ``save_state``: the reference is rebuilt from the start weights). Score with it inside
+    ``gathered_parameters(accelerator, reference.model)``. DDP / ZeRO-2: a full frozen copy per rank (ZeRO-2
+    shards optimizer states, not parameters). ZeRO-3: refused (a second DeepSpeed engine is not wired in):
+    use LoRA (``reference: base``) or FSDP2.
+    """
+    backend = backend_name(accelerator)
+    if backend == "fsdp2":
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        reference.model = fsdp2_prepare_model(accelerator, reference.model)
+    elif backend == "zero3":
+        raise UserError("reference: copy is not supported under DeepSpeed ZeRO-3; train LoRA adapters "
+                        "(lora.enabled=true, reference=base) or use configs/accelerate/fsdp2.yaml")
+    return reference
+
+
+def refuse_unsharded_features(accelerator: Accelerator, **features: bool) -> None:
+    """Refuse options whose code reads the live parameters as plain tensors (``ema_decay``, a rollout copy)
+    under FSDP2 / ZeRO-3, naming the key to change."""
+    if backend_name(accelerator) not in ("fsdp2", "zero3"):
+        return
+    on = [name for name, enabled in features.items() if enabled]
+    if on:
+        raise UserError(f"{', '.join(on)}: not supported with sharded parameters ({backend_name(accelerator)}); "
+                        "turn it off or launch with configs/accelerate/ddp.yaml or zero2.yaml")
+
+
+def plain_twin(dlm: DiffusionLM, state: dict[str, torch.Tensor]) -> DiffusionLM:
+    """A plain, unsharded CPU model of ``dlm``'s architecture (with the same LoRA adapters) holding ``state``
+    (a full state dict named like ``dlm.model``). Built on the meta device and filled by assignment, so it
+    costs one copy of the weights; the trainers' save paths (merge, adapter, published layout) then run on it.
+    """
+    lora = has_lora(dlm)
+    hf_config = (dlm.model.get_base_model() if lora else dlm.model).config
+    with init_empty_weights(include_buffers=False):
+        shell = AutoModelForCausalLM.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
+        if lora:
+            from peft import get_peft_model
+
+            shell = get_peft_model(shell, copy.deepcopy(dlm.model.peft_config[ADAPTER_NAME]),
+                                   adapter_name=ADAPTER_NAME)
+    shell.load_state_dict(state, strict=False, assign=True)
+    if bool(hf_config.tie_word_embeddings):
+        shell.tie_weights()
+    missing = [n for n, p in shell.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise RuntimeError(f"plain_twin: the gathered state has no value for {missing[:5]}")
+    return DiffusionLM(shell.eval(), dlm.family, dlm.published_config)
+
+
+def publishable(accelerator: Accelerator | None, prepared: torch.nn.Module, dlm: DiffusionLM) -> DiffusionLM | None:
+    """The model to write in the published layout: ``dlm`` itself unless the backend is sharded; then the
+    full weights gathered from ``prepared`` into a :func:`plain_twin` on the main process (None on the
+    others). Collective under FSDP2 / ZeRO-3: every rank calls it."""
+    if not is_sharded(accelerator):
+        return dlm
+    state = full_state_dict(accelerator, prepared)
+    if isinstance(accelerator.unwrap_model(prepared), DiffusionLM):  # SFT prepares the DiffusionLM itself
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+    return plain_twin(dlm, state) if accelerator.is_main_process else None
+
+
+def grad_norm_value(norm) -> float:
+    """``accelerator.clip_grad_norm_``'s result as a float: a DTensor under FSDP2 (its full value), None under
+    DeepSpeed (which clips inside its own step, ``gradient_clipping`` in its config) -> nan."""
+    if norm is None:
+        return math.nan
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)

@@ -1,0 +1,79 @@
+"""One rank of the 2-rank trainer tests (started by ``accelerate launch``; see test_sharded_trainers.py).
+
+Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one process group: SFT 2 steps,
+SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
+its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0). Each run writes its final
+model in the published layout under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
+
+Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 SIGKILLs itself in the middle
+of step 2 (before its first optimizer step there). Mode ``resume``: that run resumed from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from dllm_rl.config import load_config
+from dllm_rl.rl import trainer as rl_trainer
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.trainer import train as rl_train
+from dllm_rl.sft.trainer import SFTConfig
+from dllm_rl.sft.trainer import train as sft_train
+
+
+def dense_reward(prompts, completions, **columns):
+    """Varies between samples, so no group is dropped and every step updates."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100 for c in completions]
+
+
+def sft(root: Path, out: Path, *extra: str) -> None:
+    args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
+            "train.batch_size=1", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
+            "train.mixed_precision=no",
+            "optim.lr=0.01", f"train.output_dir={out}", *extra]
+    sft_train(load_config(SFTConfig, None, args), verbose=False)
+
+
+def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str) -> None:
+    args = [f"algorithm={algorithm}", f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
+            "prompt_style=compact", "prompts_per_step=1", "num_generations=4", "rollout.gen_length=8",
+            "rollout.block_length=8", "eval.limit=0", "max_steps=2", "micro_batch_size=2", "optim.lr=0.003",
+            "device=cpu", "progress=false", "log_samples_every=0", "save_every=1", "keep_checkpoints=5",
+            f"output_dir={out}", *extra]
+    rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
+
+
+def die_in_step_two() -> None:
+    """Rank 1 is killed (SIGKILL: no clean-up, no message) in the middle of step 2's update."""
+    step = rl_trainer.RLTrainer._optimizer_step
+
+    def optimizer_step(self):
+        if self.step_idx == 1 and self.accelerator.process_index == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        step(self)
+
+    rl_trainer.RLTrainer._optimizer_step = optimizer_step
+
+
+def main(root: Path, out: Path, mode: str = "all") -> None:
+    if mode == "fault":
+        die_in_step_two()
+        rl(root, out / "espo_fault", "sdar", "espo", "distributed_timeout_s=60")
+        return
+    if mode == "resume":
+        rl(root, out / "espo_fault", "sdar", "espo", "resume=latest")
+        return
+    sft(root, out / "sft")
+    sft(root, out / "sft_resumed", "train.stop_after=1")
+    sft(root, out / "sft_resumed", "train.resume=auto")
+    sft(root, out / "sft_lora", "lora.enabled=true", "lora.r=4")
+    rl(root, out / "espo", "sdar", "espo")
+    rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
+    rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:])
