@@ -33,7 +33,7 @@ from dllm_rl.config import load_config
 from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.trainer import train
+from dllm_rl.rl.loop import train
 from dllm_rl.tasks.synthetic import make_countdown
 
 # name: (family, tiny_config sizes). Shapes of the published checkpoints (SDAR-4B-Chat is Qwen3-4B-shaped,

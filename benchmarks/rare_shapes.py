@@ -21,8 +21,7 @@ from dllm_rl.jsonl import read_jsonl, write_jsonl
 from dllm_rl.models import load_model, load_tokenizer
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides
-from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.trainer import decode_config
+from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.tasks import get_task
 from dllm_rl.tasks.synthetic import make_countdown, row_key
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from dllm_rl.config import load_config
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.trainer import train as rl_train
+from dllm_rl.rl.loop import train as rl_train
 from dllm_rl.sft.trainer import SFTConfig
 from dllm_rl.sft.trainer import train as sft_train
 

@@ -213,5 +213,5 @@ def test_objective_config_passes_the_chunk_size_to_every_objective():
     for name in OBJECTIVES:
         assert ObjectiveConfig(name=name).options()["logprob_chunk_size"] == DEFAULT_CHUNK_SIZE == 128
         assert ObjectiveConfig(name=name, logprob_chunk_size=0).options()["logprob_chunk_size"] == 0
-    with pytest.raises(ValueError, match=r"objective.logprob_chunk_size must be an int >= 0 .* got -4"):
+    with pytest.raises(ValueError, match=r"logprob_chunk_size: must be >= 0, got -4"):
         ObjectiveConfig(logprob_chunk_size=-4)

@@ -49,7 +49,7 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.accel import PreparedModel
-from dllm_rl.training.backend import grad_norm_value, micro_step, publishable, setup_backend
+from dllm_rl.training.backend import chunk_size_for, grad_norm_value, micro_step, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 from dllm_rl.training.trackers import check_report_to
 
@@ -201,6 +201,8 @@ class SFTTrainer:
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
         setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
+        self.objective_options = {**cfg.objective.options(),
+                                  "logprob_chunk_size": chunk_size_for(acc, cfg.objective.logprob_chunk_size)}
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
@@ -296,7 +298,7 @@ class SFTTrainer:
             ctx = micro_step(acc, self.model.prepared, micro == accum - 1)
             with ctx:
                 out = compute_objective(cfg.objective.name, self.model, batch, self.generator,
-                                        **cfg.objective.options())
+                                        **self.objective_options)
                 acc.backward(out.loss / accum)
             total_loss += float(out.loss.detach()) / accum
             scored += out.scored_tokens
