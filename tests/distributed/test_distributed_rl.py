@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import socket
-import subprocess
 import sys
 from collections import Counter
 
 import pytest
 import torch
+from two_ranks import free_port, run_ranks
 
 from dllm_rl.config import load_config
 from dllm_rl.jsonl import write_jsonl
@@ -83,12 +81,6 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _overrides(root, out, prompts_per_step: int) -> list[str]:
     return [f"model={root / 'llada'}", "task=countdown", f"train_data={root / 'train.jsonl'}",
             f"eval.data={root / 'test.jsonl'}", "eval.limit=3", "prompt_style=compact",
@@ -137,17 +129,10 @@ def _launch_two_ranks(tmp_path, overrides: list[str]) -> None:
                PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(tmp_path / "dist_rl_driver.py"),
+           "--main_process_port", str(free_port()), str(tmp_path / "dist_rl_driver.py"),
            "rl", str(tmp_path / "rl.yaml"), *overrides]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail("2-rank run hung (a collective that only some ranks reached?)\n" + log[-4000:])
-    assert proc.returncode == 0, log[-6000:]
+    rc, log = run_ranks(cmd, env, tmp_path, 180, "2-rank run hung (a collective that only some ranks reached?)")
+    assert rc == 0, log[-6000:]
 
 
 def _calls(tmp_path) -> dict[int, list[dict]]:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
+from test_models_families import _saved_names  # tests/models is on sys.path
 
 from dllm_rl.models import build_model, load_model, save_model, tiny_config, two_stream_layout
 from dllm_rl.models.families import FAMILIES, detect_family
@@ -47,14 +47,6 @@ def _published_names(family: str, n_layers: int = 2, n_experts: int = 4) -> set[
         else:
             names |= {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight", p + "mlp.gate.weight"}
             names |= _experts(p, n_experts)
-    return names
-
-
-def _saved_names(path) -> set[str]:
-    names = set()
-    for f in path.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as h:
-            names |= set(h.keys())
     return names
 
 

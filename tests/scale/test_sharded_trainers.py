@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from two_ranks import free_port, run_ranks
 
 from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
@@ -41,12 +39,6 @@ FINAL = {"espo_fault": "final", "sft": "model", "sft_resumed": "model", "sft_lor
          "espo_resumed": "final", "tracerl": "final"}
 
 RUNS = [run for run in FINAL if run != "espo_fault"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -69,18 +61,11 @@ def run_driver(root: Path, backend: str, *mode: str, timeout: float = 400) -> tu
     config, *extra = BACKENDS[backend]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config),
-           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), *extra,
+           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()), *extra,
            str(DRIVER), str(root), str(root / backend), *mode]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"{backend}: 2-rank trainer run hung\n" + log[-4000:])
-    return proc.returncode, log, time.monotonic() - start
+    rc, log = run_ranks(cmd, env, root, timeout, f"{backend}: 2-rank trainer run hung")
+    return rc, log, time.monotonic() - start
 
 
 def launch(root: Path, backend: str) -> Path:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import sharding_driver as driver  # tests/scale is on sys.path (pytest rootdir-less test modules)
 import torch
+from two_ranks import free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -30,27 +28,14 @@ CONFIGS = ROOT / "configs" / "accelerate"
 TOLERANCE = {"ddp": 1e-5, "fsdp2": 1e-5, "zero2": 1e-3, "zero3": 1e-3}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path: Path, config: str, *extra: str) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config),
-           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()), *extra,
+           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()), *extra,
            str(Path(driver.__file__)), str(tmp_path)]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail("2-rank run hung (a collective only one rank reached?)\n" + log[-4000:])
-    assert proc.returncode == 0, log[-6000:]
+    rc, log = run_ranks(cmd, env, tmp_path, 180, "2-rank run hung (a collective only one rank reached?)")
+    assert rc == 0, log[-6000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
