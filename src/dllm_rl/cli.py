@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"dllm-rl {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if "torch.distributed" in sys.modules:  # a run under accelerate launch / torchrun: leave its ranks cleanly
+            from dllm_rl.training.accel import end_distributed
+
+            end_distributed()
     return int(rc or 0)
 
 

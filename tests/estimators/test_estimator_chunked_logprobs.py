@@ -9,7 +9,7 @@ import torch
 from conftest import FAMILIES, VOCAB, gen, make_batch, tiny
 
 from dllm_rl.estimators import estimate
-from dllm_rl.models.logprobs import selected_logprobs
+from dllm_rl.models.diffusion_lm import Selection
 
 # (family, estimator, options): every estimator on every family that runs it.
 CASES = [(f, n, {}) for f in FAMILIES for n in ("trace", "elbo", "mean_field", "random_mask", "coupled")]
@@ -48,17 +48,21 @@ def test_chunked_scores_and_gradients_equal_chunking_off(fresh, family, name, op
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_head_never_projects_more_than_one_chunk(fresh, family):
-    """A hook on the LM head records the largest output it produced in forward and backward (recomputation):
-    with chunking at most ``chunk x V``; with chunking off the same plan projects far more at once."""
+    """A wrapper of the LM head's forward records the largest output it produced in forward and backward
+    (recomputation): with chunking at most ``chunk x V``; with chunking off the same plan projects far more at
+    once."""
     model = fresh[family]
     batch = make_batch(seed=4)
     largest = {}
+    plain = model.lm_head.forward
 
-    def record(m, i, o):
-        largest["rows"] = max(largest.get("rows", 0), o.numel() // o.shape[-1])
-        assert o.shape[-1] == VOCAB
+    def record(x):
+        out = plain(x)
+        largest["rows"] = max(largest.get("rows", 0), out.numel() // out.shape[-1])
+        assert out.shape[-1] == VOCAB
+        return out
 
-    handle = model.lm_head.register_forward_hook(record)
+    model.lm_head.forward = record
     try:
         for chunk in (4, 0):
             largest.clear()
@@ -69,7 +73,7 @@ def test_the_head_never_projects_more_than_one_chunk(fresh, family):
             else:
                 assert largest["rows"] >= 2 * 8  # [rows, kept columns, V] at once
     finally:
-        handle.remove()
+        del model.lm_head.forward
     model.zero_grad(set_to_none=True)
 
 
@@ -83,9 +87,11 @@ def _block_causal(model):
     """A plain forward under the family's own block-causal rule, every completion token scored (chunked)."""
     batch = make_batch(seed=6)
     ids, valid = batch.input_ids(), batch.valid()
-    hidden = model(input_ids=ids, attention_mask=valid, return_hidden=True).hidden[:, batch.prompt_len :]
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    return selected_logprobs(flat, model.lm_head, batch.completion_ids.reshape(-1), 5).sum()
+    b, g = batch.completion_ids.shape
+    rows = torch.arange(b).repeat_interleave(g)
+    cols = torch.arange(batch.prompt_len, batch.prompt_len + g).repeat(b)
+    select = Selection(rows, cols, batch.completion_ids.reshape(-1), 5)
+    return model(input_ids=ids, attention_mask=valid, select=select).logprobs.sum()
 
 
 LAYOUTS = {

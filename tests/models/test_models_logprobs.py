@@ -1,5 +1,5 @@
 """Chunked selected log-probs: the values and gradients of ``log_softmax(head(h)).gather`` without the full
-``[N, V]`` logits, and the model's hidden-state forward that feeds them (Dream's shift included)."""
+``[N, V]`` logits, and the model's forward that returns them from inside the LM head (Dream's shift included)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from dllm_rl.models import build_model, tiny_config
-from dllm_rl.models.logprobs import selected_logprobs
+from dllm_rl.models.diffusion_lm import Selection
+from dllm_rl.models.logprobs import head_selects, selected_logprobs
 
 N, H, V = 11, 8, 40
 
@@ -70,9 +71,10 @@ def test_no_grad_does_not_recompute_and_bad_arguments_are_named():
 
 
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
-def test_hidden_states_through_the_head_equal_the_logits(family):
-    """``hidden[r, raw_columns(r, c)]`` through ``lm_head`` equals ``forward().logits[r, c]`` at every column,
-    left padding included (Dream: a row's first real token reads its own raw column)."""
+def test_a_selected_forward_equals_the_log_softmax_of_the_logits(family):
+    """``forward(select=...)`` returns ``log_softmax(logits)[r, c, target]`` at every selected (row, column),
+    left padding included (Dream: a row's first real token reads its own raw column), with gradients equal to
+    the full logits' ones; ``raw_columns`` names the column each token is read from."""
     cfg = tiny_config(family, vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                       intermediate_size=64, block_size=4)
     model = build_model(family, cfg, seed=3)
@@ -80,18 +82,62 @@ def test_hidden_states_through_the_head_equal_the_logits(family):
     valid = torch.ones(3, 9, dtype=torch.bool)
     valid[1, :3] = False
     valid[2, :1] = False
-    with torch.no_grad():
-        logits = model(ids, attention_mask=valid).logits
-        out = model(ids, attention_mask=valid, return_hidden=True)
-        assert out.logits is None and out.last_raw_logits is None and out.hidden.shape == (3, 9, 32)
-        rows, cols = torch.meshgrid(torch.arange(3), torch.arange(9), indexing="ij")
-        raw = model.raw_columns(rows, cols, valid)
-        got = model.lm_head(out.hidden[rows, raw])
-    torch.testing.assert_close(got, logits, atol=1e-6, rtol=0)
+    rows, cols = (t.reshape(-1) for t in torch.meshgrid(torch.arange(3), torch.arange(9), indexing="ij"))
+    targets = torch.randint(0, 48, (27,), generator=torch.Generator().manual_seed(5))
+
+    def grads(run):
+        model.zero_grad(set_to_none=True)
+        lp = run()
+        lp.sum().backward()
+        return lp.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    full = torch.log_softmax(model(ids, attention_mask=valid).logits.float(), -1)
+    want, g_want = grads(lambda: torch.log_softmax(model(ids, attention_mask=valid).logits.float(), -1)[
+        rows, cols, targets])
+    out = model(ids, attention_mask=valid, select=Selection(rows, cols, targets, chunk_size=4))
+    assert out.logits is None and out.last_raw_logits is None and out.logprobs.shape == (27,)
+    got, g_got = grads(lambda: model(ids, attention_mask=valid, select=Selection(rows, cols, targets, 4)).logprobs)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got, full[rows, cols, targets].detach(), atol=1e-6, rtol=0)
+    assert g_got.keys() == g_want.keys() and "model.lm_head.weight" in g_got
+    for k in g_want:
+        torch.testing.assert_close(g_got[k], g_want[k], atol=1e-6, rtol=0)
+    raw = model.raw_columns(rows.view(3, 9), cols.view(3, 9), valid)
     if family == "dream":
         assert raw[1].tolist() == [0, 1, 2, 3, 3, 4, 5, 6, 7]  # padding and the first real token (3) read their own
-        assert model.raw_columns(rows, cols)[1].tolist() == [0, 0, 1, 2, 3, 4, 5, 6, 7]
+        assert model.raw_columns(rows.view(3, 9), cols.view(3, 9))[1].tolist() == [0, 0, 1, 2, 3, 4, 5, 6, 7]
     else:
-        assert torch.equal(raw, cols)
-    with pytest.raises(ValueError, match="return_hidden returns every column; drop logits_to_keep"):
-        model(ids, attention_mask=valid, return_hidden=True, logits_to_keep=2)
+        assert torch.equal(raw, cols.view(3, 9))
+    with pytest.raises(ValueError, match="select projects its own columns; drop logits_to_keep"):
+        model(ids, attention_mask=valid, select=Selection(rows, cols, targets, 4), logits_to_keep=2)
+
+
+def test_the_head_selects_only_inside_the_block_and_its_hooks_run_once():
+    """``head_selects``: the head's module hooks (where FSDP2 / ZeRO-3 gather its parameters) run once around
+    the call, the chunks go through the head's own forward, and the head is a plain projection again after,
+    also after an error; a forward set on the instance before is kept."""
+    head, hidden, targets, _ = _inputs(2)
+    calls = []
+    head.register_forward_pre_hook(lambda m, args: calls.append(tuple(args[0].shape)))
+    batch = hidden.detach().view(1, N, H)
+    rows, cols = torch.zeros(N, dtype=torch.long), torch.arange(N).flip(0)
+    with head_selects(head, rows, cols, targets.flip(0), 4):
+        got = head(batch)
+    assert calls == [(1, N, H)]
+    torch.testing.assert_close(got, _full(hidden.detach(), head, targets).flip(0), atol=1e-6, rtol=0)
+    assert head(batch).shape == (1, N, V) and "forward" not in head.__dict__
+    with pytest.raises(IndexError):
+        with head_selects(head, rows + 5, cols, targets, 4):
+            head(batch)
+    assert head(batch).shape == (1, N, V) and "forward" not in head.__dict__
+    seen = []
+    plain = head.forward
+
+    def recording(x):
+        seen.append(tuple(x.shape))
+        return plain(x)
+
+    head.forward = recording
+    with head_selects(head, rows, cols, targets, 4):
+        head(batch)
+    assert seen == [(4, H), (4, H), (3, H)] and head.forward is recording

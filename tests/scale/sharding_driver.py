@@ -14,6 +14,7 @@ import torch
 
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.training import make_accelerator
+from dllm_rl.training.accel import end_distributed
 from dllm_rl.training.sharding import adopt_launch_backend, full_state_dict, gathered_parameters
 
 STEPS = 2
@@ -70,7 +71,8 @@ def main(out: Path) -> None:
     report = {"backend": backend, "model": type(model).__name__, "param_type": param_type,
               "forwards": len(logits), "loss_after_gather": after}
     (out / f"rank{rank}.json").write_text(json.dumps(report))
-    acc.end_training()
+    del model, optimizer  # the DDP / FSDP module first, then the process group (see end_distributed)
+    end_distributed()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
 from dllm_rl.sft.trainer import SFTConfig
 from dllm_rl.sft.trainer import train as sft_train
+from dllm_rl.training.accel import end_distributed
 
 
 def dense_reward(prompts, completions, **columns):
@@ -32,7 +33,7 @@ def dense_reward(prompts, completions, **columns):
 def sft(root: Path, out: Path, *extra: str) -> None:
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
             "train.batch_size=1", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
-            "train.mixed_precision=no",
+            "train.mixed_precision=no", "objective.logprob_chunk_size=3",
             "optim.lr=0.01", f"train.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
 
@@ -41,7 +42,8 @@ def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str) -> None:
     args = [f"algorithm={algorithm}", f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
             "prompt_style=compact", "prompts_per_step=1", "num_generations=4", "rollout.gen_length=8",
             "rollout.block_length=8", "eval.limit=0", "max_steps=2", "micro_batch_size=2", "optim.lr=0.003",
-            "device=cpu", "progress=false", "log_samples_every=0", "save_every=1", "keep_checkpoints=5",
+            "device=cpu", "progress=false", "logprob_chunk_size=3", "log_samples_every=0", "save_every=1",
+            "keep_checkpoints=5",
             f"output_dir={out}", *extra]
     rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
 
@@ -77,3 +79,4 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:])
+    end_distributed()  # as the CLI does: the process group goes after the models, not at interpreter exit

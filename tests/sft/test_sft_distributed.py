@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
+from two_ranks import free_port, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +23,16 @@ def _launch(tmp_path, *extra):
         data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "response": str(a + b)}) + "\n"
                                 for a in range(5) for b in range(4)))
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "-m", "dllm_rl.sft.cli", "model.tokenizer=char",
+           "no", "--dynamo_backend", "no", "-m", "dllm_rl", "sft", "model.tokenizer=char",
            "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=32",
            f"data.train_file={data}", "train.max_steps=4", "train.save_every=2", "train.batch_size=2",
            f"train.output_dir={tmp_path / 'run'}", "train.log_every=1", "train.num_threads=1", "train.progress=false",
            *extra]
-    env = {**os.environ, "MASTER_PORT": "29531", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
+    cmd[2:2] = ["--main_process_port", str(free_port())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rc, log = run_ranks(cmd, env, tmp_path, 240, "2-rank SFT run hung")
+    assert rc == 0, log[-5000:]
+    return log
 
 
 def test_two_cpu_ranks_train_and_checkpoint(tmp_path):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from dllm_rl.estimators.batch import MaskedRows, TokenScores
-from dllm_rl.models.diffusion_lm import DiffusionLM
-from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE, check_chunk_size, selected_logprobs
+from dllm_rl.models.diffusion_lm import DiffusionLM, Selection
+from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE, check_chunk_size
 from dllm_rl.models.masks import block_causal_bias, position_ids_from_valid, two_stream_layout
 
 
@@ -84,8 +84,8 @@ def _scored_logp(
     """Run rows ``idx`` (weights ``w`` ``[r, G]``) and return ``(logp [N], rr, gg, width)``: the float32
     log-prob of completion token ``gg[n]`` of row ``rr[n]`` for every scored token, and the model input width.
 
-    ``chunk_size > 0``: the model returns its final hidden states and the LM head projects the scored
-    positions ``chunk_size`` at a time (:func:`dllm_rl.models.logprobs.selected_logprobs`), so no
+    ``chunk_size > 0``: inside the model's forward the LM head projects the scored positions ``chunk_size``
+    at a time (:class:`~dllm_rl.models.diffusion_lm.Selection`), so no
     ``[positions, V]`` logits of the whole call ever exist. ``0``: the logits of the columns from the first
     scored one to the end (``logits_to_keep``: scored tokens always sit in the last columns of the model
     input, the completion of ``[prompt | completion]`` or the two-stream noisy copy), then one float32
@@ -100,10 +100,9 @@ def _scored_logp(
         raise RuntimeError("a scored completion token has no output column (scored a non-existent token?)")
     target = rows.targets[rows.sample[idx]].to(device)[rr, gg]
     if chunk_size:
-        hidden = model(**inputs, return_hidden=True).hidden
         # columns asked for unaligned (the shifted two-stream layout) already name the raw column
-        raw = out_col if inputs.get("align") is False else model.raw_columns(rr, out_col, inputs.get("attention_mask"))
-        return selected_logprobs(hidden[rr, raw], model.lm_head, target, chunk_size), rr, gg, width
+        select = Selection(rr, out_col, target, chunk_size, aligned=inputs.pop("align", True))
+        return model(**inputs, select=select).logprobs, rr, gg, width
     first = int(out_col.min().item()) if out_col.numel() else width - 1
     logits = model(**inputs, logits_to_keep=width - first).logits
     picked = logits[rr, out_col - first].float()

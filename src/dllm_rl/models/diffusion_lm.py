@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dllm_rl.models.families import Family
+from dllm_rl.models.logprobs import head_selects
 from dllm_rl.models.masks import block_causal_bias, full_bias, position_ids_from_valid
 
 
@@ -24,15 +25,28 @@ class DLMOutput:
     With ``logits_to_keep`` (see :meth:`DiffusionLM.forward`) ``logits`` is ``[B, K, V]`` and
     ``logits[:, k]`` scores the ``k``-th kept query position. ``last_raw_logits`` (``[B, 1, V]``) is the
     model's raw output at the last query position whatever was kept, which a Dream caller feeding the
-    next chunk through a KV cache passes back as ``prev_raw_logits``. With ``return_hidden`` both are
-    ``None`` and ``hidden`` (``[B, T, H]``) holds the final hidden states the LM head reads, unshifted:
-    :meth:`DiffusionLM.raw_columns` says which column scores which token.
+    next chunk through a KV cache passes back as ``prev_raw_logits``. With ``select`` both are ``None`` and
+    ``logprobs`` (``[N]`` float32) holds the selected log-probabilities (:class:`Selection`).
     """
 
     logits: torch.Tensor | None
     last_raw_logits: torch.Tensor | None
     past_key_values: Any = None
-    hidden: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class Selection:
+    """Which log-probabilities a forward returns instead of logits: ``log p(targets[n])`` of the token at column
+    ``cols[n]`` of row ``rows[n]``, projected through the LM head ``chunk_size`` positions at a time
+    (:func:`dllm_rl.models.logprobs.selected_logprobs`). ``aligned=False``: ``cols`` already name the raw
+    output columns (a shifted family's two-stream layout), so Dream's shift is not applied to them."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+    chunk_size: int
+    aligned: bool = True
 
 
 class DiffusionLM(nn.Module):
@@ -151,7 +165,7 @@ class DiffusionLM(nn.Module):
         prev_raw_logits: torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor | None = None,
         align: bool = True,
-        return_hidden: bool = False,
+        select: Selection | None = None,
     ) -> DLMOutput:
         """Run the model.
 
@@ -170,12 +184,11 @@ class DiffusionLM(nn.Module):
         shifted family's raw logits (position ``i`` scoring token ``i + 1``), for layouts whose previous
         column is not the previous position (the two-stream layout).
 
-        ``return_hidden`` returns the final hidden states instead of logits (``hidden``; ``logits`` and
-        ``last_raw_logits`` are ``None``): the HF module is asked for the logits of no position (an empty
-        ``logits_to_keep``, which keeps the LM head in the autograd graph of the wrapped module's output) and
-        the caller projects what it needs through :attr:`lm_head`
-        (:func:`dllm_rl.models.logprobs.selected_logprobs`). The call still goes through ``self.model``, so
-        DDP/FSDP and PEFT wrappers run as usual.
+        ``select`` (a :class:`Selection`) returns the selected log-probabilities instead of logits
+        (``logprobs``; ``logits`` and ``last_raw_logits`` are ``None``): during the HF module's forward its LM
+        head projects only the selected positions, a chunk at a time
+        (:func:`dllm_rl.models.logprobs.head_selects`), so no ``[positions, V]`` logits exist. The call still
+        goes through ``self.model``, so DDP / FSDP2 / DeepSpeed and PEFT wrappers run as usual.
         """
         shift = self.family.shift and align
         valid = attention_mask.bool() if attention_mask is not None else None
@@ -189,10 +202,11 @@ class DiffusionLM(nn.Module):
             attn_bias = self.default_bias(valid, position_ids)
         elif position_ids is None:
             raise ValueError("DiffusionLM.forward: position_ids are required with a custom attn_bias")
-        if return_hidden:
+        if select is not None:
             if logits_to_keep is not None:
-                raise ValueError("DiffusionLM.forward: return_hidden returns every column; drop logits_to_keep")
-            return self._hidden_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache)
+                raise ValueError("DiffusionLM.forward: select projects its own columns; drop logits_to_keep")
+            return self._selected_forward(select, input_ids, attn_bias, position_ids, valid, past_key_values,
+                                          use_cache)
         keep = _check_keep(logits_to_keep, input_ids.shape[1])
         hf_keep: int | torch.Tensor | None = None
         if keep is not None and shift:
@@ -224,20 +238,14 @@ class DiffusionLM(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attn_bias.to(self.dtype), position_ids=position_ids,
                           cache=past_key_values, use_cache=use_cache, **extra)
 
-    def _hidden_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache) -> DLMOutput:
-        """:meth:`forward` with ``return_hidden``: a forward hook on the backbone keeps its output."""
-        seen: list[torch.Tensor] = []
-        none = torch.zeros(0, dtype=torch.long, device=input_ids.device)
-        handle = self.causal_lm.base_model.register_forward_hook(lambda mod, args, out: seen.append(out[0]))
-        try:
-            out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, logits_to_keep=none)
-        finally:
-            handle.remove()
-        if len(seen) != 1:
-            raise RuntimeError(f"DiffusionLM: the backbone ran {len(seen)} times in one forward (expected once)")
-        return DLMOutput(
-            logits=None, last_raw_logits=None, past_key_values=out.cache if use_cache else None, hidden=seen[0]
-        )
+    def _selected_forward(self, select, input_ids, attn_bias, position_ids, valid, past_key_values, use_cache):
+        """:meth:`forward` with ``select``: the LM head returns the selected log-probs (every column is passed to
+        it as a view of the final hidden states; it projects only the selected ones)."""
+        cols = self.raw_columns(select.rows, select.cols, valid) if select.aligned else select.cols
+        with head_selects(self.lm_head, select.rows, cols, select.targets, select.chunk_size):
+            out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, logits_to_keep=0)
+        return DLMOutput(logits=None, last_raw_logits=None, past_key_values=out.cache if use_cache else None,
+                         logprobs=out.logits)
 
     @staticmethod
     def _shifted_keep(

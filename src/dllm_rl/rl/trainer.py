@@ -59,7 +59,6 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import runs_on_cpu
 from dllm_rl.training.backend import (
-    chunk_size_for,
     grad_norm_value,
     micro_step,
     refuse_unsharded_features,
@@ -110,7 +109,7 @@ class RLTrainer(RLCheckpoints):
             cpu=runs_on_cpu(cfg.device), timeout_s=cfg.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         setup_backend(self.accelerator, cfg.micro_batch_size, cfg.optim.max_grad_norm)
-        self.chunk_size = chunk_size_for(self.accelerator, cfg.logprob_chunk_size)
+        self.chunk_size = cfg.logprob_chunk_size
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute

@@ -35,21 +35,3 @@ def register(sub) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100 optim.lr=3e-4")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
     p.set_defaults(func=sft)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dllm_rl.sft.cli CONFIG.yaml [key=value ...]`` (the same as ``dllm-rl sft``)."""
-    import sys
-
-    parser = argparse.ArgumentParser(prog="dllm-rl")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["sft", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"dllm-rl sft: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -49,7 +49,7 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.accel import PreparedModel
-from dllm_rl.training.backend import chunk_size_for, grad_norm_value, micro_step, publishable, setup_backend
+from dllm_rl.training.backend import grad_norm_value, micro_step, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 from dllm_rl.training.trackers import check_report_to
 
@@ -202,7 +202,7 @@ class SFTTrainer:
         acc = self.accelerator
         setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
         self.objective_options = {**cfg.objective.options(),
-                                  "logprob_chunk_size": chunk_size_for(acc, cfg.objective.logprob_chunk_size)}
+                                  "logprob_chunk_size": cfg.objective.logprob_chunk_size}
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,

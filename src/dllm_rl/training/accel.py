@@ -3,6 +3,7 @@ dtype a run resolves `auto` to."""
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 
@@ -76,6 +77,20 @@ def make_accelerator(mixed_precision: str = "auto", cpu: bool = False, timeout_s
         handlers = list(kwargs.pop("kwargs_handlers", None) or [])
         kwargs["kwargs_handlers"] = [*handlers, InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))]
     return Accelerator(mixed_precision=resolve_mixed_precision(mixed_precision, cpu), cpu=cpu, **kwargs)
+
+
+def end_distributed() -> None:
+    """Destroy the default process group, if one was formed, after the run's models are freed.
+
+    Left to interpreter exit, a gloo group can deadlock the process: freeing the last DDP model frees the group,
+    whose destructor joins its worker threads while holding the GIL, and a worker still freeing its last
+    collective's work needs the GIL (measured: rank 0 of a 2-rank run never exited after its final all-reduce,
+    its main thread in ``~ProcessGroupGloo`` and a worker waiting for the GIL). Collecting the models first
+    leaves the group's last reference to ``destroy_process_group``, which drops it without the GIL.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.destroy_process_group()
 
 
 def _has_device() -> bool:

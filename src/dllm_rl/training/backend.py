@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import math
 
 import torch
@@ -30,23 +29,10 @@ from dllm_rl.training.sharding import adopt_launch_backend, backend_name, full_s
 SHARDED = ("fsdp2", "zero2", "zero3")  # training state (parameters or optimizer states) split over ranks
 
 
-logger = logging.getLogger(__name__)
-
 def is_sharded(accelerator: Accelerator | None) -> bool:
     """True when the optimizer state (and under FSDP2 / ZeRO-3 the parameters) is split over the ranks:
     checkpoints then go through ``accelerator.save_state`` and the final model through :func:`publishable`."""
     return accelerator is not None and backend_name(accelerator) in SHARDED
-
-
-def chunk_size_for(accelerator: Accelerator | None, chunk_size: int) -> int:
-    """The LM-head chunk size a backend can run: 0 (the model's own ``logits_to_keep`` forward) when the
-    parameters are sharded (FSDP2 / ZeRO-3), where the chunked path would call the LM head outside the wrapped
-    module's forward, on parameter shards; ``chunk_size`` otherwise."""
-    if accelerator is not None and chunk_size and backend_name(accelerator) in ("fsdp2", "zero3"):
-        logger.warning("logprob_chunk_size=%d: off under %s (the LM head's parameters are sharded); scoring uses "
-                       "the model's logits at the scored columns", chunk_size, backend_name(accelerator))
-        return 0
-    return chunk_size
 
 
 def setup_backend(accelerator: Accelerator, micro_batch_size: int, max_grad_norm: float | None = None) -> str:
