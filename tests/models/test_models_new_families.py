@@ -1,5 +1,6 @@
 """LLaDA2.x, LLaDA-MoE, SDAR-MoE and Fast-dLLM v2 on tiny published-layout checkpoints."""
 
+import dataclasses
 import json
 
 import pytest
@@ -136,6 +137,31 @@ def test_block_cache_gives_the_tokens_of_no_cache(family):
         assert int(cached.nfe.sum()) == int(plain.nfe.sum())
 
 
+def test_fast_dllm_v2_sub_blocks_finish_in_order_with_the_exact_cache():
+    """Blocks of 8 in sub-blocks of 4: in every block each sub-block's last commit precedes the next one's first,
+    and the block cache gives the tokens and steps of no cache (sampled and greedy)."""
+    model = build_model("fast_dllm_v2", tiny_config("fast_dllm_v2", block_size=8), seed=3)
+    prompts = [[5, 9, 11, 3, 7], [2, 4], [8, 1, 6, 9, 10, 12, 13, 14, 2]]
+    for config in (DecodeConfig(gen_length=16, threshold=0.02, sub_block=4, stop_on_eos=False),
+                   DecodeConfig(gen_length=16, threshold=0.02, sub_block=4, temperature=1.0, stop_on_eos=False,
+                                seed=4)):
+        cached = generate(model, prompts, config)
+        plain = generate(model, prompts, config, block_cache=False)
+        assert torch.equal(cached.completion_ids, plain.completion_ids)
+        assert torch.equal(cached.step_map, plain.step_map)
+        whole = generate(model, prompts, dataclasses.replace(config, sub_block=None))
+        assert int(whole.nfe.sum()) < int(cached.nfe.sum())  # sub-blocks allow less parallelism
+        for i, p in enumerate(prompts):
+            steps = cached.step_map[i][cached.completion_mask[i]].tolist()
+            start = len(p) % 8  # completion slots before the first block boundary
+            cols = [start + k for k in range(len(steps))]  # completion slot k sits at block column (start + k)
+            by_sub: dict[int, list[int]] = {}
+            for c, st in zip(cols, steps):
+                by_sub.setdefault(c // 4, []).append(st)
+            subs = [by_sub[k] for k in sorted(by_sub)]
+            assert all(max(a) < min(b) for a, b in zip(subs, subs[1:])), (i, subs)
+
+
 @pytest.mark.parametrize("family", BLOCK)
 def test_two_stream_scoring_equals_direct_forwards(family):
     """Noisy block j in the two-stream layout scores what a direct forward of [clean blocks < j | noisy j]
@@ -189,3 +215,6 @@ def test_generate_preset_fills_the_published_schedule(tmp_path, capsys):
     assert decode_config_from_args(args).threshold == 0.95
     args = parser.parse_args(["generate", "m", "--preset", "fast_dllm_v2", "--threshold", "0.7"])
     assert decode_config_from_args(args).threshold == 0.7  # a given flag wins
+    assert decode_config_from_args(args).sub_block == 8  # Fast-dLLM v2's sub-blocks
+    args = parser.parse_args(["generate", "m", "--preset", "fast_dllm_v2", "--sub-block", "16"])
+    assert decode_config_from_args(args).sub_block == 16

@@ -65,3 +65,25 @@ def test_freeze_router_keeps_the_gates_and_trains_the_rest(new_setup, tmp_path, 
     gates = [k for k in before if k.endswith("mlp.gate.weight")]
     assert gates and all(torch.equal(before[k], after[k]) for k in gates)
     assert any(not torch.equal(before[k], after[k]) for k in before if ".mlp.experts." in k)
+
+
+def test_fast_dllm_v2_rollouts_in_sub_blocks(new_setup, tmp_path):
+    """``rollout.sub_block`` reaches the rollouts and the evaluation; a schedule without a threshold is refused by
+    name before anything runs."""
+    from dllm_rl.config import ConfigError
+    from dllm_rl.rl.config import decode_config
+
+    model = load_model(new_setup / "fast_dllm_v2")
+    args = rl_overrides(new_setup, "fast_dllm_v2", tmp_path, "algorithm=tracerl", "max_steps=1",
+                        "drop_zero_variance=false", "rollout.sub_block=2", "rollout.threshold=0.5")
+    cfg = load_config(RLConfig, None, args)
+    assert decode_config(cfg, model).sub_block == 2
+    with pytest.raises(ConfigError, match=r"rollout.sub_block \(2\) needs the dynamic schedule here: set "
+                                          r"eval.threshold"):
+        decode_config(cfg, model, evaluation=True)
+    cfg = load_config(RLConfig, None, [*args, "eval.threshold=0.5"])
+    assert decode_config(cfg, model, evaluation=True).sub_block == 2
+    train(cfg, reward_fn=digit_reward)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [(m["step"], m["loss"]) for m in rows if "loss" in m]
+    assert [s for s, _ in losses] == [1] and all(math.isfinite(v) for _, v in losses)

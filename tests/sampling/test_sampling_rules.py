@@ -181,3 +181,38 @@ def test_progress_bar_does_not_change_the_result(fakes, capsys):
     quiet = generate(model, [[1, 2]], cfg)
     loud = generate(model, [[1, 2]], cfg, progress=True)
     assert torch.equal(quiet.step_map, loud.step_map) and torch.equal(quiet.completion_ids, loud.completion_ids)
+
+
+def test_sub_blocks_finish_left_to_right_under_the_threshold(fakes):
+    """Fast-dLLM v2's sub-blocks: only the first sub-block still holding masks commits, by the threshold rule."""
+    rows = {1: (2, 0.5), 2: (3, 0.95), 3: (4, 0.3), 4: (5, 0.92), 5: (6, 0.99), 6: (7, 0.97), 7: (8, 0.2),
+            8: (9, 0.96)}
+    model = fakes.fake_model(fakes.table_from(rows))
+    r = generate(model, [[0]], DecodeConfig(gen_length=8, block_length=8, threshold=0.9, sub_block=4))
+    # sub-block 0 (positions 1-4): step 0 commits 0.95 and 0.92, step 1 the best left (0.5), step 2 the last;
+    # sub-block 1 (5-8): step 3 commits 0.99, 0.97, 0.96, step 4 the last (0.2)
+    assert r.step_map[0].tolist() == [1, 0, 2, 0, 3, 3, 4, 3] and r.nfe.tolist() == [5]
+    assert r.completion_ids[0].tolist() == [2, 3, 4, 5, 6, 7, 8, 9]
+    whole = generate(model, [[0]], DecodeConfig(gen_length=8, block_length=8, threshold=0.9))
+    assert whole.step_map[0].tolist() == [1, 0, 2, 0, 0, 0, 3, 0] and whole.nfe.tolist() == [4]
+    same = generate(model, [[0]], DecodeConfig(gen_length=8, block_length=8, threshold=0.9, sub_block=8))
+    assert torch.equal(same.step_map, whole.step_map)
+
+
+def test_current_sub_block_keeps_each_rows_first_unfinished_sub_block():
+    from dllm_rl.sampling.confidence import current_sub_block
+
+    cand = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1], [0, 0, 0, 0, 0, 1, 0, 1], [0] * 8], dtype=torch.bool)
+    got = current_sub_block(cand, 4)
+    assert got.int().tolist() == [[0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1, 0, 1], [0] * 8]
+
+
+def test_sub_block_needs_a_threshold_and_must_divide_the_block(fakes):
+    from dllm_rl.config import FieldError
+    from dllm_rl.errors import UserError
+
+    with pytest.raises(FieldError, match="sub_block: sub-blocks need the dynamic schedule: set threshold"):
+        DecodeConfig(gen_length=8, block_length=8, steps=4, sub_block=4)
+    model = fakes.fake_model(fakes.table_from({}))
+    with pytest.raises(UserError, match=r"sub_block \(3\) must divide block_length \(8\)"):
+        generate(model, [[0]], DecodeConfig(gen_length=8, block_length=8, threshold=0.9, sub_block=3))

@@ -276,6 +276,10 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     if r.gen_length % block:
         what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
         raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
+    if r.sub_block is not None and schedule.threshold is None:
+        where = "eval.threshold" if evaluation else "rollout.threshold"
+        raise ConfigError(f"rollout.sub_block ({r.sub_block}) needs the dynamic schedule here: set {where}")
     return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
+                        sub_block=r.sub_block,
                         confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
                         top_k=r.top_k, top_p=r.top_p, cache=r.cache)

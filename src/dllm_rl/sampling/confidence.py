@@ -142,6 +142,16 @@ def transfer_counts(masked: torch.Tensor, steps: int, step: int) -> torch.Tensor
     return base + (step < masked % steps).long()
 
 
+def current_sub_block(candidates: torch.Tensor, size: int) -> torch.Tensor:
+    """``candidates`` ``[n, L]`` (bool) kept only in each row's first sub-block of ``size`` slots (from column 0)
+    that holds one: Fast-dLLM v2 (Wu et al. 2025, arXiv 2509.26328) finishes a sub-block before the next. A row
+    with no candidate stays empty."""
+    cols = torch.arange(candidates.shape[-1], device=candidates.device)
+    first = candidates.int().argmax(-1)  # the first candidate's column (0 for an empty row, which stays empty)
+    start = (first // size * size)[:, None]
+    return candidates & (cols >= start) & (cols < start + size)
+
+
 def select_commits(
     conf: torch.Tensor,
     candidates: torch.Tensor,

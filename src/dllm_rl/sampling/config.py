@@ -48,6 +48,13 @@ class DecodeOptions(Checked):
         "every masked token of the block whose confidence is > threshold, and at least the most confident one. "
         "In (0, 1].",
     )
+    sub_block: int | None = field(
+        None, ge=1,
+        help="Fast-dLLM v2's sub-blocks: inside each decoding block, commit only in the first sub-block of this many "
+        "slots (counted from the block's start) that still holds masks, so sub-blocks finish left to right; the "
+        "model still reads the whole block. Needs the dynamic schedule (threshold) and must divide the decoding "
+        "block. None: the whole block at once.",
+    )
     confidence: Confidence = field(
         "prob",
         help="Which masked tokens to commit first: prob (softmax probability of the chosen token, LLaDA "
@@ -91,3 +98,5 @@ class DecodeConfig(DecodeOptions):
         if self.threshold is not None and self.steps is not None:
             raise FieldError("threshold", "set either steps (static schedule) or threshold (dynamic schedule), "
                              "not both")
+        if self.sub_block is not None and self.threshold is None:
+            raise FieldError("sub_block", "sub-blocks need the dynamic schedule: set threshold (Fast-dLLM v2 uses 0.9)")

@@ -9,7 +9,8 @@ forward pass that commits, for each row still holding masks in the block:
   position; zero-token steps (more steps than masks) are skipped rather than spent;
 * dynamic schedule (``threshold``): every masked token with confidence > threshold, at least one
   (Fast-dLLM confidence-aware parallel decoding, Wu et al. 2025, arXiv 2505.22618; SDAR
-  ``low_confidence_dynamic``).
+  ``low_confidence_dynamic``); with ``sub_block`` only in the block's first sub-block that still holds
+  masks (Fast-dLLM v2).
 
 A row's step counter (= its NFE so far) stamps ``step_map``. A row that is not active in a step (its block
 is done while neighbours still decode) draws no random numbers and spends no NFE, so its trace is the same
@@ -25,7 +26,7 @@ import torch
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
-from dllm_rl.sampling.confidence import choose_tokens, select_commits, transfer_counts
+from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.runner import ModelRunner
@@ -52,6 +53,8 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> li
     what = f"the model's block_size ({block})" if model.is_block_causal else f"block_length ({block})"
     if config.gen_length % block:
         raise UserError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
+    if config.sub_block is not None and block % config.sub_block:
+        raise UserError(f"sub_block ({config.sub_block}) must divide {what}")
     if seeds is not None and len(seeds) != len(prompts):
         raise UserError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
     vocab, context = int(model.config.vocab_size), model.max_length
@@ -120,8 +123,11 @@ def decode(
             tokens, conf = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
                                          gens)
             del logits
+            candidates = todo[active]
+            if config.sub_block is not None:
+                candidates = current_sub_block(candidates, config.sub_block)
             if config.threshold is not None:
-                chosen = select_commits(conf, todo[active], threshold=config.threshold)
+                chosen = select_commits(conf, candidates, threshold=config.threshold)
             else:
                 chosen = select_commits(conf, todo[active], counts=transfer_counts(masked0[active], steps, t))
             r_idx, c_idx = chosen.nonzero(as_tuple=True)

@@ -5,9 +5,9 @@ path), so a preset sets the schedule only:
 
 * ``llada2``: LLaDA2.0 / 2.1 sampler, block 32 (the family's), dynamic threshold 0.95. LLaDA2.1's editing of
   committed tokens is not implemented.
-* ``fast_dllm_v2``: Fast-dLLM v2, block 32 (``bd_size``), threshold 0.9; each block's first token reads the
-  previous block's last logit (the shifted logits through the cache, as Dream's). Its sub-blocks of 8 are
-  not implemented: the threshold applies over the whole block.
+* ``fast_dllm_v2``: Fast-dLLM v2, block 32 (``bd_size``), sub-blocks of 8 finished left to right, threshold 0.9
+  within the current sub-block; each block's first token reads the previous block's last logit (the shifted
+  logits through the cache, as Dream's).
 * ``sdar``: SDAR / TraDo and SDAR-30B-A3B, block 4, dynamic threshold 0.9 (``low_confidence_dynamic``).
 """
 
@@ -19,7 +19,7 @@ from dllm_rl.errors import UserError
 
 PRESETS: dict[str, dict[str, Any]] = {
     "llada2": {"threshold": 0.95, "steps": None, "temperature": 0.0},
-    "fast_dllm_v2": {"threshold": 0.9, "steps": None, "temperature": 0.0},
+    "fast_dllm_v2": {"threshold": 0.9, "steps": None, "temperature": 0.0, "sub_block": 8},
     "sdar": {"threshold": 0.9, "steps": None, "temperature": 0.0},
 }
 
