@@ -36,7 +36,8 @@ BACKENDS = {
     "zero2": ("zero2.yaml",),
 }
 FINAL = {"espo_fault": "final", "sft": "model", "sft_resumed": "model", "sft_lora": "model", "espo": "final",
-         "espo_resumed": "final", "tracerl": "final"}
+         "espo_resumed": "final", "tracerl": "final", "value": "final", "value_resumed": "final"}
+VALUE_RUNS = ("value", "value_resumed")  # TraceRL with its value model: its gathered weights are compared too
 
 RUNS = [run for run in FINAL if run != "espo_fault"]
 
@@ -84,6 +85,11 @@ def weights(out: Path, run: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in load_model(path).hf_model.state_dict().items()}
 
 
+def value_weights(out: Path, run: str) -> dict[str, torch.Tensor]:
+    """A value-model run's final value weights, gathered by the driver."""
+    return torch.load(out / run / "value_weights.pt", weights_only=True)
+
+
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert sorted(a) == sorted(b)
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
@@ -100,6 +106,9 @@ def test_two_rank_runs_resume_exactly_and_publish(root, backend):
         assert max_diff(weights(out, run), start) > 1e-4, run  # trained
     assert max_diff(weights(out, "sft_resumed"), weights(out, "sft")) == 0.0
     assert max_diff(weights(out, "espo_resumed"), weights(out, "espo")) == 0.0
+    assert max_diff(weights(out, "value_resumed"), weights(out, "value")) == 0.0
+    straight, resumed = value_weights(out, "value"), value_weights(out, "value_resumed")
+    assert max_diff(resumed, straight) == 0.0 and float(straight["head.weight"].abs().max()) > 0  # trained
     state = json.loads((out / "espo" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text())
     assert (state["world_size"], state["sharded"]) == (2, backend != "ddp")
     assert (out / "espo" / "checkpoints" / "step-0000001" / "optimizer.pt").is_file() == (backend == "ddp")
@@ -116,6 +125,10 @@ def test_sharded_runs_equal_ddp(root, backend, tolerance):
     for run in RUNS:
         diff = max_diff(weights(sharded, run), weights(ddp, run))
         print(f"{backend} vs ddp, {run}: max |dw| = {diff:.2e}")
+        assert diff <= tolerance, run
+    for run in VALUE_RUNS:
+        diff = max_diff(value_weights(sharded, run), value_weights(ddp, run))
+        print(f"{backend} vs ddp, {run} value model: max |dw| = {diff:.2e}")
         assert diff <= tolerance, run
 
 

@@ -2,7 +2,8 @@
 
 Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one process group: SFT 2 steps,
 SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
-its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0). Each run writes its final
+its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0), TraceRL with its value model
+2 steps and resumed from step 1 (the gathered value weights in ``value_weights.pt``). Each run writes its final
 model in the published layout under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
 
 Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 SIGKILLs itself in the middle
@@ -16,6 +17,8 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
+
 from dllm_rl.config import load_config
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
@@ -23,6 +26,7 @@ from dllm_rl.rl.loop import train as rl_train
 from dllm_rl.sft.trainer import SFTConfig
 from dllm_rl.sft.trainer import train as sft_train
 from dllm_rl.training.accel import end_distributed
+from dllm_rl.training.sharding import full_state_dict
 
 
 def dense_reward(prompts, completions, **columns):
@@ -60,7 +64,23 @@ def die_in_step_two() -> None:
     rl_trainer.RLTrainer._optimizer_step = optimizer_step
 
 
+def save_value_weights() -> None:
+    """Each RL run with a value model also writes its final value weights, gathered (a collective on every rank),
+    to OUT/<run>/value_weights.pt from rank 0."""
+    save_final = rl_trainer.RLTrainer.save_final_model
+
+    def save_final_model(self):
+        if self.value is not None:
+            state = full_state_dict(self.accelerator, self.value.module)
+            if self.is_main:
+                torch.save(state, self.out / "value_weights.pt")
+        return save_final(self)
+
+    rl_trainer.RLTrainer.save_final_model = save_final_model
+
+
 def main(root: Path, out: Path, mode: str = "all") -> None:
+    save_value_weights()
     if mode == "fault":
         die_in_step_two()
         rl(root, out / "espo_fault", "sdar", "espo", "distributed_timeout_s=60")
@@ -75,6 +95,10 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     rl(root, out / "espo", "sdar", "espo")
     rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
+    value = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
+    rl(root, out / "value", "sdar", "tracerl", *value)
+    rl(root, out / "value_resumed", "sdar", "tracerl", *value,
+       f"resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
 
 
 if __name__ == "__main__":

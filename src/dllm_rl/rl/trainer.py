@@ -149,20 +149,22 @@ class RLTrainer(RLCheckpoints):
         self.model.train()
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
+        # The value model copies the policy before it is prepared (FSDP2 shards the policy in place), and is
+        # prepared with this accelerator, so that sharded checkpoints' save_state holds it too.
+        self.value = ValueLearner(cfg, self.model, self.accelerator) if cfg.value_model.enabled else None
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
         if self.reference is not None:
             shard_reference(self.accelerator, self.reference)
         decode_dtype, self.rollout_note = rollout_dtype(cfg.rollout.dtype, self.model.dtype, self.accelerator.device)
         refuse_unsharded_features(self.accelerator, ema_decay=cfg.ema_decay > 0,
                                   **{"rollout.dtype / rollout.compile": decode_dtype != self.model.dtype
-                                     or cfg.rollout.compile, "value_model.enabled": cfg.value_model.enabled})
+                                     or cfg.rollout.compile})
         self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
         # TraceRL's block-size adaptation: rollouts at one block, the training layout at a multiple of it
         self.rollout_block, self.train_block, self.eval_block = run_block_sizes(cfg, self.model.block_size)
-        self.value = ValueLearner(cfg, self._plain(), self.accelerator) if cfg.value_model.enabled else None
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0

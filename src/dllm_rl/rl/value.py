@@ -9,13 +9,15 @@ layer initialised to exactly zero (as the published value model), so every value
 :class:`ValueLearner` is what the RL trainer calls, at three points of a step: :meth:`ValueLearner.values` after
 the rollout (the values before any update), :meth:`ValueLearner.advantages` (returns and GAE token advantages,
 :mod:`dllm_rl.rl.returns`), and :meth:`ValueLearner.update` after the policy update (the clipped value loss, its
-own AdamW); plus :meth:`ValueLearner.save` / :meth:`ValueLearner.load` with the checkpoints. The policy therefore
-uses the values from before the value update, the paper's order.
+own AdamW); plus :meth:`ValueLearner.checkpoint_files` / :meth:`ValueLearner.load` with the checkpoints. The
+policy therefore uses the values from before the value update, the paper's order. Under FSDP2 / DeepSpeed the
+value model is sharded like the policy (prepared by the same accelerator; its shards ride in the checkpoint's
+``accelerator.save_state``), and every micro-batch step goes through the backend's
+:func:`~dllm_rl.training.backend.micro_step`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from collections.abc import Callable, Sequence
@@ -43,6 +45,7 @@ from dllm_rl.rl.returns import (
     whiten,
 )
 from dllm_rl.training import apply_lora, build_optimizer, merged_model
+from dllm_rl.training.backend import is_sharded, micro_step
 
 STATE_FILE = "value_model.pt"
 
@@ -139,11 +142,14 @@ class ValueLearner:
 
     @torch.no_grad()
     def values(self, batch: ScoringBatch) -> torch.Tensor:
-        """``[B, G]``: the current value model's token values (no gradient), micro-batched."""
+        """``[B, G]``: the current value model's token values (no gradient), micro-batched. Every rank runs as
+        many forwards (an empty micro-batch runs a one-token one): under FSDP2 each forward gathers shards."""
         out = torch.zeros(batch.batch_size, batch.completion_len, dtype=torch.float32, device=self.backbone.device)
         for mb in self._micro_batches(batch.batch_size):
             if mb:
                 out[mb] = token_values(self.module, self.backbone, batch.select(mb), self.shrinkage)
+            elif self.accelerator.num_processes > 1:
+                self._zero_loss()
         return out
 
     def targets(self, batch: ScoringBatch, rewards: torch.Tensor,
@@ -188,8 +194,7 @@ class ValueLearner:
             mbs = self._micro_batches(batch.batch_size)
             loss_sum = 0.0
             for j, mb in enumerate(mbs):
-                ctx = acc.no_sync(self.module) if j < len(mbs) - 1 else contextlib.nullcontext()
-                with ctx:
+                with micro_step(acc, self.module, last=j == len(mbs) - 1):
                     if not mb:
                         acc.backward(self._zero_loss())
                         continue
@@ -240,6 +245,8 @@ class ValueLearner:
         """The files this value model adds to a checkpoint: ``{name: write(path)}``, written by
         :func:`dllm_rl.training.save_checkpoint` into the checkpoint's temporary folder (main process), before
         its state file and the rename, so that a checkpoint holds its value model or does not exist."""
+        if is_sharded(self.accelerator):  # prepared with the policy: accelerator.save_state holds its shards
+            return {}
         return {STATE_FILE: self.write}
 
     def write(self, path: str | Path) -> Path:
@@ -250,15 +257,11 @@ class ValueLearner:
                     "optimizer": self.optimizer.state_dict(), "lr": self.lr}, path)
         return path
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``directory/value_model.pt`` (main process; checkpoints use :meth:`checkpoint_files`)."""
-        path = Path(directory) / STATE_FILE
-        if self.accelerator.is_main_process:
-            self.write(path)
-        return path
-
     def load(self, directory: str | Path) -> None:
-        """Restore what :meth:`save` wrote (exact resume)."""
+        """Restore what :meth:`write` wrote (exact resume). Under FSDP2 / DeepSpeed the checkpoint's
+        ``accelerator.load_state`` has restored the value model and its optimizer already."""
+        if is_sharded(self.accelerator):
+            return
         path = Path(directory) / STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path}: this checkpoint has no value model (saved with value_model.enabled="
