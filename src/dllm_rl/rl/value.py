@@ -46,6 +46,7 @@ from dllm_rl.rl.returns import (
 )
 from dllm_rl.training import apply_lora, build_optimizer, merged_model
 from dllm_rl.training.backend import is_sharded, micro_step
+from dllm_rl.training.ranks import micro_batches
 
 STATE_FILE = "value_model.pt"
 
@@ -134,11 +135,7 @@ class ValueLearner:
 
     # ------------------------------------------------------------------------------------ one step
     def _micro_batches(self, n: int) -> list[list[int]]:
-        mbs = [list(range(i, min(i + self.micro_batch_size, n))) for i in range(0, n, self.micro_batch_size)]
-        if self.accelerator.num_processes > 1:  # as many backward passes on every rank (DDP all-reduces)
-            t = torch.tensor([len(mbs)], device=self.accelerator.device)
-            mbs += [[] for _ in range(int(self.accelerator.gather(t).max()) - len(mbs))]
-        return mbs
+        return micro_batches(self.accelerator, n, self.micro_batch_size)  # as many on every rank
 
     @torch.no_grad()
     def values(self, batch: ScoringBatch) -> torch.Tensor:

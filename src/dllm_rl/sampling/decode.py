@@ -129,7 +129,7 @@ def decode(
             if config.threshold is not None:
                 chosen = select_commits(conf, candidates, threshold=config.threshold)
             else:
-                chosen = select_commits(conf, todo[active], counts=transfer_counts(masked0[active], steps, t))
+                chosen = select_commits(conf, candidates, counts=transfer_counts(masked0[active], steps, t))
             r_idx, c_idx = chosen.nonzero(as_tuple=True)
             rr, cc = rows[r_idx], c_idx + s
             canvas.x[rr, cc] = tokens[r_idx, c_idx]
