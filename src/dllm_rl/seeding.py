@@ -6,10 +6,12 @@ generator), of the in-memory held-out evaluation (item ``i``) and of ``dllm-rl e
 is the stream of (not on batching, ranks or the order of work), the same in every process and Python run (no
 ``hash()``, which is salted per process).
 
-Two older mixes are kept because measured numbers depend on them: the estimators' per-sample mask generators
+The SFT trainer's masks come from the same function: each example's from its position in the run's example
+stream (``derive_seed(seed, position)``), so neither the rank nor the world size changes them.
+
+One older mix is kept because measured numbers depend on it: the estimators' per-sample mask generators
 (:class:`dllm_rl.estimators.rows.RowRandom`, a linear mix of the step's base and the sample seed: the RL demo's
-measured gains) and the SFT mask generator (``seed * 1_000_003 + 17 + rank``: the shipped demo checkpoints'
-recipe reproduces their losses). Python ``random.Random`` streams (synthetic tasks, fuzzing) are seeded by
+measured gains). Python ``random.Random`` streams (synthetic tasks, fuzzing) are seeded by
 strings naming them.
 """
 

@@ -1,4 +1,5 @@
-"""One rank of the 2-rank trainer tests (started by ``accelerate launch``; see test_sharded_trainers.py).
+"""One rank of the 2-rank trainer tests (started by ``accelerate launch``; see test_sharded_trainers.py), or the
+one-process run they are compared with (started as a plain script).
 
 Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one process group: SFT 2 steps,
 SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
@@ -34,9 +35,14 @@ def dense_reward(prompts, completions, **columns):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100 for c in completions]
 
 
+# The global batch is the same at any world size (2 SFT examples per micro-batch, 2 RL prompts per step),
+# so a one-process run (started without a launcher) trains on what 2 ranks train on together.
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def sft(root: Path, out: Path, *extra: str) -> None:
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
-            "train.batch_size=1", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
+            f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
             "train.mixed_precision=no", "objective.logprob_chunk_size=3",
             "optim.lr=0.01", f"train.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
@@ -44,7 +50,7 @@ def sft(root: Path, out: Path, *extra: str) -> None:
 
 def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str) -> None:
     args = [f"algorithm={algorithm}", f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
-            "prompt_style=compact", "prompts_per_step=1", "num_generations=4", "rollout.gen_length=8",
+            "prompt_style=compact", f"prompts_per_step={2 // WORLD}", "num_generations=4", "rollout.gen_length=8",
             "rollout.block_length=8", "eval.limit=0", "max_steps=2", "micro_batch_size=2", "optim.lr=0.003",
             "device=cpu", "progress=false", "logprob_chunk_size=3", "log_samples_every=0", "save_every=1",
             "keep_checkpoints=5",

@@ -18,7 +18,7 @@ not be checked here, so the docstrings cite the GAE paper for the recursions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -137,14 +137,23 @@ def token_returns_advantages(token_values: torch.Tensor, rank: torch.Tensor, num
     return _at(ret, rank), torch.where(counted, adv, 0.0)
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+           total: Callable[[list[float]], list[float]] | None = None) -> torch.Tensor:
     """``(x - mean) / (std + eps)`` over the ``mask``ed entries (PPO's advantage normalisation, as in OpenAI
-    baselines' ``ppo2``); entries outside ``mask`` stay 0. The std is the population std (``unbiased=False``)."""
-    sel = values[mask]
-    if sel.numel() == 0:
+    baselines' ``ppo2``); entries outside ``mask`` stay 0. The std is the population std (``unbiased=False``).
+
+    ``total`` sums a list of numbers over the ranks (:func:`dllm_rl.training.ranks.sum_over_ranks`): the mean
+    and std are then those of every rank's entries, as one process holding them all would compute. Every rank
+    must call it (it runs two collectives)."""
+    total = total or (lambda v: v)
+    sel = values[mask].double()
+    n, s = total([float(sel.numel()), float(sel.sum())])
+    if n == 0:
         return torch.zeros_like(values)
-    mean, std = sel.mean(), sel.std(unbiased=False)
-    return torch.where(mask, (values - mean) / (std + eps), 0.0)
+    mean = s / n
+    (q,) = total([float(((sel - mean) ** 2).sum())])
+    std = (q / n) ** 0.5
+    return torch.where(mask, (values - mean) / (std + eps), 0.0).to(values.dtype)
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, gather_object
 
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
@@ -65,7 +65,14 @@ from dllm_rl.training.backend import (
     setup_backend,
     shard_reference,
 )
-from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks, micro_batches, skip_together, zero_loss
+from dllm_rl.training.ranks import (
+    max_over_ranks,
+    mean_over_ranks,
+    micro_batches,
+    skip_together,
+    sum_over_ranks,
+    zero_loss,
+)
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 from dllm_rl.training.sharding import gathered_parameters
@@ -200,11 +207,11 @@ class RLTrainer(RLCheckpoints):
         # the rollouts' weights: the policy, or its rollout.dtype/compile copy refreshed from it
         policy = self.rollout_copy.refresh() if self.rollout_copy is not None else self.model
         t_rollout = time.perf_counter() - t0
-        for _ in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+        for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             # every rank draws each round's prompts, so the ranks' prompt streams stay in step
             idx = self.stream.take(cfg.prompts_per_step * self.accelerator.num_processes)
             if signal < target:
-                rnd = self._rollout_round(policy, idx, first_sample=sum(len(x.rewards) for x in rounds))
+                rnd = self._rollout_round(policy, idx, first_sample=r * len(idx) * G)
                 rounds.append(rnd)
                 t_rollout, t_reward = t_rollout + rnd.t_rollout, t_reward + rnd.t_reward
                 signal += int(self._filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
@@ -220,7 +227,7 @@ class RLTrainer(RLCheckpoints):
 
         # 4. advantages; groups with no signal are dropped (and counted), and with dynamic_sampling the groups
         # with signal beyond `target` (the last round's surplus)
-        adv = compute_advantages(cfg.advantage, rewards, G, cfg.scale_rewards)
+        adv = self._advantages(rewards)
         filt = self._filter(rewards)
         keep_group = filt.keep.view(-1, G)[:, 0]
         surplus = 0
@@ -272,6 +279,18 @@ class RLTrainer(RLCheckpoints):
                    for i in range(min(cfg.save_rollouts, len(rewards)))]
         return StepResult(m, samples)
 
+    def _advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
+        whole step's standard deviation, as one process holding all the samples would)."""
+        acc, cfg = self.accelerator, self.cfg
+        if acc.num_processes == 1:
+            return compute_advantages(cfg.advantage, rewards, cfg.num_generations, cfg.scale_rewards)
+        parts = gather_object([rewards.tolist()])  # one list per rank, in rank order
+        every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
+        start = sum(len(part) for part in parts[:acc.process_index])
+        adv = compute_advantages(cfg.advantage, every, cfg.num_generations, cfg.scale_rewards)
+        return adv[start:start + len(rewards)]
+
     def _filter(self, rewards: torch.Tensor):
         band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
         return group_filter(rewards, self.cfg.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
@@ -279,15 +298,20 @@ class RLTrainer(RLCheckpoints):
 
     def _rollout_round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> _Round:
         """Roll out (with ``policy``'s weights) and reward this rank's share of the prompts ``idx`` (every
-        rank's, drawn together); its samples are numbered from ``first_sample`` on in the step (their rollout
-        and mask seeds)."""
+        rank's, drawn together: rank ``r`` takes ``idx[r::world]``). The round's samples are numbered over all
+        ranks from ``first_sample`` on, in the order of ``idx``; a sample's rollout and mask seeds come from its
+        number, so they do not depend on the world size (one process with ``world x prompts_per_step`` prompts
+        draws what the ranks draw together)."""
         cfg, acc = self.cfg, self.accelerator
         t0 = time.perf_counter()
-        examples = [self.train_task[i] for i in idx[acc.process_index::acc.num_processes]]
+        rank, world = acc.process_index, acc.num_processes
+        examples = [self.train_task[i] for i in idx[rank::world]]
         texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
         G = cfg.num_generations
         group_ids = [p for p in ids for _ in range(G)]
-        seeds = [derive_seed(cfg.seed, self.step_idx, acc.process_index, first_sample + j)
+        # sample j of this rank belongs to prompt idx[rank + world * (j // G)]; the 0 keeps one process's seeds
+        # those of earlier versions (which put the rank there)
+        seeds = [derive_seed(cfg.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
                  for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
         with torch.no_grad(), self._gathered(policy), block_size_as([policy], self.rollout_block):
@@ -352,6 +376,10 @@ class RLTrainer(RLCheckpoints):
         # DDP: a rank that kept fewer samples pads with empty micro-batches (as many backward passes on every rank)
         mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
         accum = cfg.gradient_accumulation_steps or len(mbs)
+        # each optimizer step's loss is the mean over the samples every rank kept for it, whatever the world
+        # size: a micro-batch weighs len(mb) * world / (samples of its step over all ranks), since the gradient
+        # all-reduce averages over the ranks
+        step_n = sum_over_ranks(acc, [sum(len(mb) for mb in mbs[k:k + accum]) for k in range(0, len(mbs), accum)])
         est_seed = derive_seed(cfg.seed, self.step_idx, 7919)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
@@ -388,11 +416,9 @@ class RLTrainer(RLCheckpoints):
                         self._optimizer_step()
                     continue
                 with ctx:
-                    group_size = min(accum, len(mbs) - (j // accum) * accum)
-                    group_n = sum(len(mbs[k]) for k in range(j - j % accum, j - j % accum + group_size))
                     out, new = self._micro_loss(loss_fn, sub, est_seed, old[j] if old is not None else None,
                                                 ref[j] if ref is not None else None, adv_k[mb], loss_cfg,
-                                                len(mb) / group_n)
+                                                len(mb) * acc.num_processes / step_n[j // accum])
                     if bool(torch.isfinite(out.loss)):
                         losses.append(float(out.loss.detach()))
                         for k, v in out.stats.items():

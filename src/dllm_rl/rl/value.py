@@ -46,7 +46,7 @@ from dllm_rl.rl.returns import (
 )
 from dllm_rl.training import apply_lora, build_optimizer, merged_model
 from dllm_rl.training.backend import is_sharded, micro_step
-from dllm_rl.training.ranks import micro_batches
+from dllm_rl.training.ranks import micro_batches, sum_over_ranks
 
 STATE_FILE = "value_model.pt"
 
@@ -172,7 +172,7 @@ class ValueLearner:
                                             self.vcfg.gamma, self.vcfg.lam)
         mask = (rank >= 0).to(device)
         if self.vcfg.whiten:
-            adv = whiten(adv, mask)
+            adv = whiten(adv, mask, total=lambda v: sum_over_ranks(self.accelerator, v))
         return ValueTargets(old, ret, adv, mask)
 
     def _zero_loss(self) -> torch.Tensor:
@@ -185,7 +185,8 @@ class ValueLearner:
         """``value_model.epochs`` passes of the clipped value loss over ``batch``, one optimiser step per pass
         (the loss is the token mean over the whole batch). Returns the value metrics of the step."""
         acc = self.accelerator
-        total = float(t.mask.sum().clamp(min=1))
+        # the token mean over every rank's batch (the gradient all-reduce averages over the ranks)
+        total = max(sum_over_ranks(acc, [float(t.mask.sum())])[0], 1.0) / acc.num_processes
         losses, fracs = [], []
         for _ in range(self.vcfg.epochs):
             mbs = self._micro_batches(batch.batch_size)

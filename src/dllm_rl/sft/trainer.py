@@ -28,6 +28,7 @@ from dllm_rl.hub import check_repo_id, push_to_hub
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
+from dllm_rl.seeding import derive_seed
 from dllm_rl.sft.data import DataConfig, DataReport, SFTExample, collate, load_sft_data
 from dllm_rl.sft.objectives import ObjectiveConfig, compute_objective
 from dllm_rl.training import (
@@ -52,6 +53,8 @@ from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import grad_norm_value, micro_step, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 from dllm_rl.training.trackers import check_report_to
+
+MASK_STREAM = 1_000_003  # names the masks' stream in derive_seed(seed, MASK_STREAM)
 
 
 @dataclass
@@ -249,13 +252,12 @@ class SFTTrainer:
         prepared, self.optimizer = acc.prepare(self.dlm, self.optimizer)
         self.model = PreparedModel(prepared, self.dlm)
         self.stream = IndexStream(len(self.examples), seed=t.seed)
-        self.generator = torch.Generator().manual_seed(t.seed * 1_000_003 + 17 + acc.process_index)
         self.step = 0
         self.tokens_seen = 0  # real tokens through the model over the whole run (all ranks)
         resume_from = self._resume_dir()
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.dlm, optimizer=self.optimizer, scheduler=self.scheduler,
-                                    generators={"mask": self.generator}, accelerator=acc)
+                                    accelerator=acc)
             self.step = state.step
             self.stream.load_state_dict(state.data_state["stream"])
             self.tokens_seen = int(state.extra.get("tokens", 0))
@@ -281,11 +283,25 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------------------------------
     def next_micro_batch(self) -> tuple[list[SFTExample], Any]:
-        """This rank's share of the next global micro-batch (every rank advances the stream alike)."""
+        """This rank's share of the next global micro-batch (every rank advances the stream alike).
+
+        Each example's masks come from its position in the run's example stream (``sample_seeds``), so they
+        depend neither on the rank nor on the world size: one process with ``world x batch_size`` examples
+        per micro-batch draws the masks the ranks draw together, and a resumed run draws those of an
+        uninterrupted one (the stream's position is in the checkpoint)."""
+        first = self.stream.consumed
         idx = self.stream.take(self.global_micro)
-        bs, rank = self.cfg.train.batch_size, self.accelerator.process_index
+        bs, rank, seed = self.cfg.train.batch_size, self.accelerator.process_index, self.cfg.train.seed
         mine = [self.examples[i] for i in idx[rank * bs : (rank + 1) * bs]]
-        return mine, collate(mine, self.dlm.pad_token_id)
+        batch = collate(mine, self.dlm.pad_token_id)
+        batch.sample_seeds = torch.tensor([derive_seed(seed, first + rank * bs + i) % (1 << 62)
+                                           for i in range(len(mine))], dtype=torch.long)
+        return mine, batch
+
+    def mask_generator(self) -> torch.Generator:
+        """The generator every micro-batch's masks are drawn from (the same for all: the examples' own
+        ``sample_seeds`` make their masks differ)."""
+        return torch.Generator().manual_seed(derive_seed(self.cfg.train.seed, MASK_STREAM))
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns this rank's metrics."""
@@ -297,7 +313,7 @@ class SFTTrainer:
             tokens += int(batch.valid().sum().item())
             ctx = micro_step(acc, self.model.prepared, micro == accum - 1)
             with ctx:
-                out = compute_objective(cfg.objective.name, self.model, batch, self.generator,
+                out = compute_objective(cfg.objective.name, self.model, batch, self.mask_generator(),
                                         **self.objective_options)
                 acc.backward(out.loss / accum)
             total_loss += float(out.loss.detach()) / accum
@@ -321,7 +337,7 @@ class SFTTrainer:
     def save(self) -> Path:
         path = self.out / "checkpoints" / checkpoint_name(self.step)
         save_checkpoint(path, self.dlm, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step,
-                        data_state={"stream": self.stream.state_dict()}, generators={"mask": self.generator},
+                        data_state={"stream": self.stream.state_dict()},
                         extra={"tokens": self.tokens_seen},
                         tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator,
                         prepared=self.model.prepared)

@@ -18,6 +18,15 @@ def max_over_ranks(accelerator, value: int) -> int:
     return int(accelerator.gather(t).max())
 
 
+def sum_over_ranks(accelerator, values: list[float]) -> list[float]:
+    """Each of ``values`` summed over all ranks (every rank passes as many): the global counts that make a
+    loss or a whitening the same at any world size."""
+    if accelerator.num_processes == 1:
+        return [float(v) for v in values]
+    t = torch.tensor([list(map(float, values))], dtype=torch.float64, device=accelerator.device)
+    return [float(v) for v in accelerator.gather(t).sum(0)]
+
+
 def skip_together(accelerator, skip: bool) -> bool:
     """True on every rank when any rank must skip its optimizer step (so the weights stay equal)."""
     return bool(max_over_ranks(accelerator, int(skip)))
