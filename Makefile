@@ -42,7 +42,14 @@ sysdeps: cxx
 	  fi; \
 	fi
 
-test: install sysdeps
+# DeepSpeed's CPU ops (shared-memory all-reduce, CPU Adam), JIT-built once into torch's extension cache
+# before the suite, so the ZeRO tests do not compile them inside the 2-rank launches.
+$(VENV)/.deepspeed-ops: $(VENV)/.installed
+	$(MAKE) --no-print-directory cxx
+	$(PY) scripts/build_deepspeed_ops.py
+	touch $@
+
+test: install sysdeps $(VENV)/.deepspeed-ops
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 lint: install

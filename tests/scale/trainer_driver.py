@@ -3,9 +3,13 @@ one-process run they are compared with (started as a plain script).
 
 Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one process group: SFT 2 steps,
 SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
-its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0), TraceRL with its value model
-2 steps and resumed from step 1 (the gathered value weights in ``value_weights.pt``). Each run writes its final
-model in the published layout under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
+its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0), TraceRL with LoRA and the
+adapter-disabled base as its reference, TraceRL with its value model 2 steps and resumed from step 1 (the
+gathered value weights in ``value_weights.pt``). Each run writes its final model in the published layout
+under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
+
+ESPO with uneven kept samples (``uneven``; also alone as mode ``uneven``) follows ESPO. Mode ``short``: SFT, ESPO,
+ESPO resumed and TraceRL with its value model only.
 
 Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 SIGKILLs itself in the middle
 of step 2 (before its first optimizer step there). Mode ``resume``: that run resumed from its latest checkpoint.
@@ -35,6 +39,13 @@ def dense_reward(prompts, completions, **columns):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) + sum(map(ord, c)) % 13 / 100 for c in completions]
 
 
+def uneven_reward(prompts, completions, **columns):
+    """:func:`dense_reward`, but one reward for every sample of some prompts: their groups have no variance and
+    are dropped, so in some steps one rank keeps samples and the other none (it pads its micro-batches)."""
+    dense = dense_reward(prompts, completions)
+    return [0.5 if sum(map(ord, p)) % 2 else r for p, r in zip(prompts, dense)]
+
+
 # The global batch is the same at any world size (2 SFT examples per micro-batch, 2 RL prompts per step),
 # so a one-process run (started without a launcher) trains on what 2 ranks train on together.
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
@@ -44,18 +55,24 @@ def sft(root: Path, out: Path, *extra: str) -> None:
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
             f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
             "train.mixed_precision=no", "objective.logprob_chunk_size=3",
-            "optim.lr=0.01", f"train.output_dir={out}", *extra]
+            "optim.lr=0.003", f"train.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
 
 
-def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str) -> None:
+def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=dense_reward) -> None:
     args = [f"algorithm={algorithm}", f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
             "prompt_style=compact", f"prompts_per_step={2 // WORLD}", "num_generations=4", "rollout.gen_length=8",
             "rollout.block_length=8", "eval.limit=0", "max_steps=2", "micro_batch_size=2", "optim.lr=0.003",
             "device=cpu", "progress=false", "logprob_chunk_size=3", "log_samples_every=0", "save_every=1",
             "keep_checkpoints=5",
             f"output_dir={out}", *extra]
-    rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
+    rl_train(load_config(RLConfig, None, args), reward_fn=reward)
+
+
+def uneven(root: Path, out: Path) -> None:
+    """ESPO where step 2 keeps one prompt's group (on one rank) and drops the other's, scoring one row per model
+    call: the ranks' micro-batches need different numbers of forwards, which FSDP2 / ZeRO-3 must agree on."""
+    rl(root, out / "espo_uneven", "sdar", "espo", "estimator_options={max_rows: 1}", reward=uneven_reward)
 
 
 def die_in_step_two() -> None:
@@ -85,25 +102,38 @@ def save_value_weights() -> None:
     rl_trainer.RLTrainer.save_final_model = save_final_model
 
 
+VALUE = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
+
+
 def main(root: Path, out: Path, mode: str = "all") -> None:
     save_value_weights()
     if mode == "fault":
         die_in_step_two()
         rl(root, out / "espo_fault", "sdar", "espo", "distributed_timeout_s=60")
         return
+    if mode == "uneven":
+        uneven(root, out)
+        return
     if mode == "resume":
         rl(root, out / "espo_fault", "sdar", "espo", "resume=latest")
+        return
+    if mode == "short":  # SFT, ESPO and its resume, TraceRL's value model
+        sft(root, out / "sft")
+        rl(root, out / "espo", "sdar", "espo")
+        rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
+        rl(root, out / "value", "sdar", "tracerl", *VALUE)
         return
     sft(root, out / "sft")
     sft(root, out / "sft_resumed", "train.stop_after=1")
     sft(root, out / "sft_resumed", "train.resume=auto")
     sft(root, out / "sft_lora", "lora.enabled=true", "lora.r=4")
     rl(root, out / "espo", "sdar", "espo")
+    uneven(root, out)
     rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
-    value = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
-    rl(root, out / "value", "sdar", "tracerl", *value)
-    rl(root, out / "value_resumed", "sdar", "tracerl", *value,
+    rl(root, out / "tracerl_lora", "sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")
+    rl(root, out / "value", "sdar", "tracerl", *VALUE)
+    rl(root, out / "value_resumed", "sdar", "tracerl", *VALUE,
        f"resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
 
 

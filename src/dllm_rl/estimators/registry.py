@@ -60,19 +60,21 @@ def _check_options(name: str, options: dict[str, Any]) -> None:
 
 
 def estimate(
-    model: DiffusionLM, name: str, batch: ScoringBatch, generator: torch.Generator | None, **options: Any
+    model: DiffusionLM, name: str, batch: ScoringBatch, generator: torch.Generator | None, *,
+    agree_calls: Callable[[int], int] | None = None, **options: Any
 ) -> TokenScores:
     """Per-token log-probs and weights of estimator ``name`` (see :data:`ESTIMATORS`) for ``batch``.
 
     Plans the rows with the registered planner (all randomness from ``generator``) and scores them,
     ``max_rows`` rows per model call, the LM head projecting ``logprob_chunk_size`` scored positions at a time
     (default :data:`dllm_rl.models.logprobs.DEFAULT_CHUNK_SIZE`; 0 = off). Unknown names or options raise
-    ``ValueError`` naming the valid ones.
+    ``ValueError`` naming the valid ones. ``agree_calls``: see :func:`~dllm_rl.estimators.scoring.score_rows`
+    (sharded training only).
     """
     planner = _lookup(name)
     _check_options(name, options)
     scorer = {k: options.pop(k) for k in SCORER_OPTIONS if k in options}
-    return score_rows(model, planner(model, batch, generator, **options), **scorer)
+    return score_rows(model, planner(model, batch, generator, **options), agree_calls=agree_calls, **scorer)
 
 
 def estimator_forwards(

@@ -6,6 +6,8 @@ the registered planner, then calls :func:`score_rows`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from dllm_rl.estimators.batch import MaskedRows, TokenScores
@@ -110,7 +112,8 @@ def _scored_logp(
 
 
 def score_rows(
-    model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None, logprob_chunk_size: int = DEFAULT_CHUNK_SIZE
+    model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None, logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
+    agree_calls: Callable[[int], int] | None = None,
 ) -> TokenScores:
     """Forward ``rows`` (``max_rows`` at a time) and gather float32 log-probs of the scored tokens.
 
@@ -120,6 +123,12 @@ def score_rows(
     model's logits). The log-softmax is float32. Gradients flow to the model through ``logp`` when called
     under grad (every call's graph is kept until backward: micro-batch the :class:`ScoringBatch` to bound
     training memory).
+
+    ``agree_calls`` (sharded parameters, :func:`dllm_rl.training.ranks.forward_agreement`; a collective, so
+    every rank must make this call): maps this call's number of model calls to the number every rank makes,
+    and the difference runs as one-token forwards whose output enters ``logp`` times 0. Under FSDP2 / ZeRO-3
+    every forward (and its backward) gathers parameters, so ranks whose rows need fewer calls (``max_rows``,
+    no scored token) would otherwise leave the others waiting.
     """
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
@@ -141,8 +150,10 @@ def score_rows(
     where: list[torch.Tensor] = []
     calls = 0
     tokens = 0
-    chunk = len(live) if max_rows is None else max_rows
-    for start in range(0, len(live), max(chunk, 1)):
+    chunk = max(len(live) if max_rows is None else max_rows, 1)
+    starts = list(range(0, len(live), chunk))
+    padding = agree_calls(len(starts)) - len(starts) if agree_calls is not None else 0
+    for start in starts:
         idx = live[start : start + chunk]
         w = weight_rows[idx].to(device)
         lp, rr, gg, width = _scored_logp(model, rows, idx, w, logprob_chunk_size)
@@ -155,6 +166,9 @@ def score_rows(
     if values:
         pos = torch.cat(where, dim=1)
         logp = logp.index_put((pos[0], pos[1], pos[2]), torch.cat(values))
+    for _ in range(padding):  # the forwards other ranks make (see agree_calls): their gradient is 0
+        ids = torch.full((1, 1), model.mask_token_id, dtype=torch.long, device=device)
+        logp = logp + model(ids).logits.float().sum() * 0.0
     return TokenScores(
         logp=logp, weight=weight, forwards=len(live), forward_tokens=tokens, calls=calls,
         info={k: v.to(device) for k, v in rows.info.items()},

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from dllm_rl.estimators import ESTIMATORS, MaskedRows, ScoringBatch, TokenScores, score_rows
+from dllm_rl.estimators.registry import SCORER_OPTIONS
 from dllm_rl.models.diffusion_lm import DiffusionLM
 from dllm_rl.rl.losses import LossConfig, LossOutput, PolicyLoss
 
@@ -36,20 +37,20 @@ def rows_of_draw(rows: MaskedRows, d: int) -> MaskedRows:
 def backward_by_draw(
     model: DiffusionLM, estimator: str, batch: ScoringBatch, seed: int, options: dict[str, Any] | None,
     loss_fn: PolicyLoss, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, config: LossConfig,
-    scale: float, backward: Callable[[torch.Tensor], None],
+    scale: float, backward: Callable[[torch.Tensor], None], agree_calls: Callable[[int], int] | None = None,
 ) -> tuple[LossOutput, TokenScores]:
     """Back-propagate ``scale * loss_fn(...)`` draw by draw (see the module docstring); ``old`` must be the
     old policy's scores of the same rows (same generator ``seed``). Returns the loss (detached) and
     statistics of all draws together, and the current policy's scores (detached). A non-finite draw loss
     stops the loop: the returned loss is then non-finite too and the caller discards the gradients."""
     opts = dict(options or {})
-    max_rows = opts.pop("max_rows", None)
+    scorer = {k: opts.pop(k) for k in SCORER_OPTIONS if k in opts}
     rows = ESTIMATORS[estimator](model, batch, torch.Generator(device="cpu").manual_seed(seed), **opts)
     base = old.logp.detach()
     logp = base.clone()
     draws = torch.arange(rows.num_draws, device=base.device)[:, None, None]
     for d in range(rows.num_draws):
-        part = score_rows(model, rows_of_draw(rows, d), max_rows)
+        part = score_rows(model, rows_of_draw(rows, d), agree_calls=agree_calls, **scorer)
         mixed = replace(old, logp=torch.where(draws == d, part.logp, base))
         out = loss_fn(mixed, old, ref, advantages, batch.lengths, config)
         if not bool(torch.isfinite(out.loss)):

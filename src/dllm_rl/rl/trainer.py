@@ -59,13 +59,15 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import runs_on_cpu
 from dllm_rl.training.backend import (
-    grad_norm_value,
+    backward,
+    clip_gradients,
     micro_step,
     refuse_unsharded_features,
     setup_backend,
     shard_reference,
 )
 from dllm_rl.training.ranks import (
+    forward_agreement,
     max_over_ranks,
     mean_over_ranks,
     micro_batches,
@@ -130,6 +132,11 @@ class RLTrainer(RLCheckpoints):
             raise
 
     def _build(self, reward_fn) -> None:
+        self._build_models(reward_fn)
+        self._prepare()
+
+    def _build_models(self, reward_fn) -> None:
+        """The policy (LoRA, routers), tasks, hook, reference copy, optimiser, schedule and value model."""
         cfg = self.cfg
         self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device,
                                 tokenizer_dir=cfg.tokenizer)
@@ -159,6 +166,10 @@ class RLTrainer(RLCheckpoints):
         # The value model copies the policy before it is prepared (FSDP2 shards the policy in place), and is
         # prepared with this accelerator, so that sharded checkpoints' save_state holds it too.
         self.value = ValueLearner(cfg, self.model, self.accelerator) if cfg.value_model.enabled else None
+
+    def _prepare(self) -> None:
+        """Shard the policy (and reference) with the launch's backend; everything that reads the prepared model."""
+        cfg = self.cfg
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
         if self.reference is not None:
             shard_reference(self.accelerator, self.reference)
@@ -354,10 +365,16 @@ class RLTrainer(RLCheckpoints):
                            tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
                            gen_length=cfg.rollout.gen_length, step=self.step_idx)
 
-    def _scores(self, model, batch: ScoringBatch, gen_seed: int) -> TokenScores:
+    def _scorer_options(self, **defaults) -> dict:
+        """The estimator's options (``estimator_options``) with the LM-head chunk (``logprob_chunk_size``)."""
+        return {"logprob_chunk_size": self.chunk_size, **defaults, **(self.cfg.estimator_options or {})}
+
+    def _scores(self, model, batch: ScoringBatch, gen_seed: int, **defaults) -> TokenScores:
+        """``model``'s scores of ``batch`` (masks from ``gen_seed``); under FSDP2 / ZeRO-3 every rank runs as many
+        forwards (``agree_calls``: every rank scores each micro-batch, padding included)."""
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
-        opts = {"logprob_chunk_size": self.chunk_size, **(self.cfg.estimator_options or {})}
-        return estimate(model, self.cfg.estimator, batch, gen, **opts)
+        return estimate(model, self.cfg.estimator, batch, gen, agree_calls=forward_agreement(self.accelerator),
+                        **self._scorer_options(**defaults))
 
     def _batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
         """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds."""
@@ -371,15 +388,21 @@ class RLTrainer(RLCheckpoints):
 
     def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
         cfg, acc = self.cfg, self.accelerator
-        batch = self._batch(rollout, keep, mask_seeds)
-        adv_k = adv[keep].to(self.model.device)
-        # DDP: a rank that kept fewer samples pads with empty micro-batches (as many backward passes on every rank)
+        # A rank that kept fewer samples pads with micro-batches, up to the most any rank has, that re-score one
+        # of its samples at weight 0: every rank then runs the same forwards, backwards and collectives (DDP's
+        # all-reduces, FSDP2 / ZeRO-3's parameter gathers, the scorer's agreement) whatever the data.
         mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
+        padding = [not mb for mb in mbs]
         accum = cfg.gradient_accumulation_steps or len(mbs)
         # each optimizer step's loss is the mean over the samples every rank kept for it, whatever the world
         # size: a micro-batch weighs len(mb) * world / (samples of its step over all ranks), since the gradient
         # all-reduce averages over the ranks
         step_n = sum_over_ranks(acc, [sum(len(mb) for mb in mbs[k:k + accum]) for k in range(0, len(mbs), accum)])
+        if any(padding):
+            keep = torch.cat([keep, keep[:1] if len(keep) else torch.zeros(1, dtype=torch.long)])
+            mbs = [mb or [len(keep) - 1] for mb in mbs]
+        batch = self._batch(rollout, keep, mask_seeds)
+        adv_k = adv[keep].to(self.model.device)
         est_seed = derive_seed(cfg.seed, self.step_idx, 7919)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
@@ -387,17 +410,14 @@ class RLTrainer(RLCheckpoints):
         policy_scored = need_old or (cfg.beta > 0 and self.reference is None)
         with torch.no_grad(), self._gathered(self.model if policy_scored else None), \
                 self._gathered(self.reference if cfg.beta > 0 else None):
-            old = [self._scores(self.model, batch.select(mb), est_seed) if mb else None for mb in mbs] \
-                if need_old else None
+            old = [self._scores(self.model, batch.select(mb), est_seed) for mb in mbs] if need_old else None
             ref = None
             if cfg.beta > 0:
                 if self.reference is not None:
-                    ref = [self._scores(self.reference, batch.select(mb), est_seed) if mb else None
-                           for mb in mbs]
+                    ref = [self._scores(self.reference, batch.select(mb), est_seed) for mb in mbs]
                 else:  # LoRA: the base weights are the reference
                     with acc.unwrap_model(self.model.model).disable_adapter():
-                        ref = [self._scores(self.model, batch.select(mb), est_seed) if mb else None
-                               for mb in mbs]
+                        ref = [self._scores(self.model, batch.select(mb), est_seed) for mb in mbs]
         loss_fn = POLICY_LOSSES[cfg.loss_type]
         loss_cfg = LossConfig.from_rl_config(cfg, max_length=max_len)
         self.grad_norms = []
@@ -409,17 +429,13 @@ class RLTrainer(RLCheckpoints):
                 sub = batch.select(mb)
                 last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
                 ctx = micro_step(acc, self.model.model, last_in_group)
-                if not mb:  # padding (see above)
-                    with ctx:
-                        acc.backward(zero_loss(self.model))
-                    if last_in_group:
-                        self._optimizer_step()
-                    continue
+                scale = 0.0 if padding[j] else len(mb) * acc.num_processes / step_n[j // accum]
                 with ctx:
                     out, new = self._micro_loss(loss_fn, sub, est_seed, old[j] if old is not None else None,
-                                                ref[j] if ref is not None else None, adv_k[mb], loss_cfg,
-                                                len(mb) * acc.num_processes / step_n[j // accum])
-                    if bool(torch.isfinite(out.loss)):
+                                                ref[j] if ref is not None else None, adv_k[mb], loss_cfg, scale)
+                    if padding[j] and bool(torch.isfinite(out.loss)):
+                        pass  # weight 0: no statistics
+                    elif bool(torch.isfinite(out.loss)):
                         losses.append(float(out.loss.detach()))
                         for k, v in out.stats.items():
                             stats.setdefault(k, []).append(v)
@@ -431,7 +447,7 @@ class RLTrainer(RLCheckpoints):
                     else:
                         self._bad_update(out.loss)
                         if acc.num_processes > 1:  # still join the other ranks' all-reduce
-                            acc.backward(zero_loss(self.model))
+                            self._backward(zero_loss(self.model))
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
@@ -449,17 +465,18 @@ class RLTrainer(RLCheckpoints):
         cfg = self.cfg
         if getattr(loss_fn, "linear_in_draws", False):
             if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
-                gen = torch.Generator(device="cpu").manual_seed(est_seed)
-                opts = {"max_rows": sub.batch_size, **(cfg.estimator_options or {})}
                 with torch.no_grad():
-                    old = estimate(self.model, cfg.estimator, sub, gen, **opts)
-            return backward_by_draw(self.model, cfg.estimator, sub, est_seed, cfg.estimator_options, loss_fn, old,
-                                    ref, adv, loss_cfg, scale, self.accelerator.backward)
+                    old = self._scores(self.model, sub, est_seed, max_rows=sub.batch_size)
+            return backward_by_draw(self.model, cfg.estimator, sub, est_seed, self._scorer_options(), loss_fn, old,
+                                    ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator))
         new = self._scores(self.model, sub, est_seed)
         out = loss_fn(new, old if old is not None else _detached(new), ref, adv, sub.lengths, loss_cfg)
         if bool(torch.isfinite(out.loss)):
-            self.accelerator.backward(out.loss * scale)
+            self._backward(out.loss * scale)
         return out, new
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        backward(self.accelerator, self.model.model, loss)
 
     def _bad_update(self, loss: torch.Tensor) -> None:
         self.bad_updates += 1
@@ -476,9 +493,8 @@ class RLTrainer(RLCheckpoints):
             self._skip_next = False
             self.optimizer.zero_grad(set_to_none=True)
             return
-        if self.cfg.optim.max_grad_norm:
-            norm = self.accelerator.clip_grad_norm_(self.model.model.parameters(), self.cfg.optim.max_grad_norm)
-            self.grad_norms.append(grad_norm_value(norm))  # before clipping
+        if self.cfg.optim.max_grad_norm:  # the norm before clipping
+            self.grad_norms.append(clip_gradients(self.accelerator, self.model.model, self.cfg.optim.max_grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -45,7 +45,7 @@ from dllm_rl.rl.returns import (
     whiten,
 )
 from dllm_rl.training import apply_lora, build_optimizer, merged_model
-from dllm_rl.training.backend import is_sharded, micro_step
+from dllm_rl.training.backend import backward, clip_gradients, deepspeed_clipping, is_sharded, micro_step
 from dllm_rl.training.ranks import micro_batches, sum_over_ranks
 
 STATE_FILE = "value_model.pt"
@@ -81,8 +81,8 @@ def token_values(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, 
     device = backbone.device
     out = torch.zeros(batch.batch_size, batch.completion_len, dtype=torch.float32, device=device)
     live = torch.nonzero(rows.weight.ne(0).any(-1), as_tuple=True)[0]
-    if live.numel() == 0:
-        return out
+    if live.numel() == 0:  # still one forward, as a rank with something to value makes (FSDP2 / ZeRO-3 gather)
+        return out + one_token_values(module, backbone).sum() * 0.0
     inputs, col = row_inputs(backbone, rows, live, device)
     if "attn_bias" not in inputs:  # plain rows: the family's own attention rule
         valid = inputs["attention_mask"].bool()
@@ -93,6 +93,14 @@ def token_values(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, 
     rr, gg = torch.nonzero(rows.weight[live].to(device).ne(0), as_tuple=True)
     picked = values[rr, col[rr, gg]]
     return out.index_put((rows.sample[live].to(device)[rr], gg), picked)
+
+
+def one_token_values(module: nn.Module, backbone: DiffusionLM) -> torch.Tensor:
+    """The value model on one mask token: the forward a rank with nothing to value makes, so that every rank
+    runs as many (each gathers the shards under FSDP2 / ZeRO-3)."""
+    ids = torch.full((1, 1), backbone.mask_token_id, dtype=torch.long, device=backbone.device)
+    bias = torch.zeros(1, 1, 1, 1, dtype=backbone.dtype, device=ids.device)
+    return module(ids, bias, torch.zeros_like(ids))
 
 
 @dataclass
@@ -117,7 +125,8 @@ class ValueLearner:
         self.model = ValueModel(self.backbone).train()
         self.lr = float(v.lr if v.lr is not None else 5.0 * cfg.optim.lr)
         self.optimizer = build_optimizer(self.model, replace(cfg.optim, lr=self.lr))
-        self.module, self.optimizer = accelerator.prepare(self.model, self.optimizer)
+        with deepspeed_clipping(accelerator, v.max_grad_norm):  # DeepSpeed clips inside its engine's step
+            self.module, self.optimizer = accelerator.prepare(self.model, self.optimizer)
         self.micro_batch_size = int(v.micro_batch_size or cfg.micro_batch_size)
 
     @staticmethod
@@ -176,10 +185,7 @@ class ValueLearner:
         return ValueTargets(old, ret, adv, mask)
 
     def _zero_loss(self) -> torch.Tensor:
-        ids = torch.full((1, 1), self.backbone.mask_token_id, dtype=torch.long, device=self.backbone.device)
-        pos = torch.zeros_like(ids)
-        bias = torch.zeros(1, 1, 1, 1, dtype=self.backbone.dtype, device=ids.device)
-        return self.module(ids, bias, pos).sum() * 0.0
+        return one_token_values(self.module, self.backbone).sum() * 0.0
 
     def update(self, batch: ScoringBatch, t: ValueTargets) -> dict[str, float]:
         """``value_model.epochs`` passes of the clipped value loss over ``batch``, one optimiser step per pass
@@ -194,17 +200,17 @@ class ValueLearner:
             for j, mb in enumerate(mbs):
                 with micro_step(acc, self.module, last=j == len(mbs) - 1):
                     if not mb:
-                        acc.backward(self._zero_loss())
+                        backward(acc, self.module, self._zero_loss())
                         continue
                     vals = token_values(self.module, self.backbone, batch.select(mb), self.shrinkage)
                     loss, frac = clipped_value_loss(vals, t.old_values[mb], t.returns[mb], t.mask[mb],
                                                     self.vcfg.epsilon)
                     share = float(t.mask[mb].sum()) / total
-                    acc.backward(loss * share)
+                    backward(acc, self.module, loss * share)
                     loss_sum += float(loss.detach()) * share
                     fracs.append(frac)
             if self.vcfg.max_grad_norm:
-                acc.clip_grad_norm_(self.module.parameters(), self.vcfg.max_grad_norm)
+                clip_gradients(acc, self.module, self.vcfg.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             losses.append(loss_sum)

@@ -50,7 +50,7 @@ from dllm_rl.training import (
     save_checkpoint,
 )
 from dllm_rl.training.accel import PreparedModel
-from dllm_rl.training.backend import grad_norm_value, micro_step, publishable, setup_backend
+from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 from dllm_rl.training.trackers import check_report_to
 
@@ -315,12 +315,12 @@ class SFTTrainer:
             with ctx:
                 out = compute_objective(cfg.objective.name, self.model, batch, self.mask_generator(),
                                         **self.objective_options)
-                acc.backward(out.loss / accum)
+                backward(acc, self.model.prepared, out.loss / accum)
             total_loss += float(out.loss.detach()) / accum
             scored += out.scored_tokens
         grad_norm = None
         if cfg.optim.max_grad_norm is not None:
-            grad_norm = grad_norm_value(acc.clip_grad_norm_(self.dlm.parameters(), cfg.optim.max_grad_norm))
+            grad_norm = clip_gradients(acc, self.model.prepared, cfg.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -58,7 +58,10 @@ Checkpoints (exact resume)
 Sharded backends (``dllm_rl.training.backend``)
     ``setup_backend(acc, micro_batch_size, grad_accum)`` after building the Accelerator; ``shard_reference``;
         ``publishable(acc, prepared, dlm)`` (full weights as a plain model on rank 0); ``is_sharded``;
-        ``grad_norm_value``; ``gathered_parameters`` (``training.sharding``) around rollouts and no-grad scoring.
+        ``micro_step(acc, prepared, last)`` around each micro-batch and ``backward(acc, prepared, loss)`` (its
+        model's own engine under DeepSpeed); ``clip_gradients(acc, prepared, max_norm) -> norm``;
+        ``deepspeed_clipping(acc, max_norm)`` around a second model's prepare; ``gathered_parameters``
+        (``training.sharding``) around rollouts and no-grad scoring.
 
 Run directory
     ``open_run_dir(path, run_files, *, resume, overwrite, key="output_dir", resume_hint="resume=latest",

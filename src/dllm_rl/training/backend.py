@@ -47,6 +47,16 @@ def setup_backend(accelerator: Accelerator, micro_batch_size: int, max_grad_norm
     if backend == "fsdp1":
         raise UserError("FSDP version 1 is not supported: set fsdp_version: 2 in the accelerate config "
                         "(configs/accelerate/fsdp2.yaml)")
+    if backend == "zero3":
+        # Models are built whole and partitioned by DeepSpeed at ``prepare``. A ZeRO-3 plugin sets
+        # transformers' global DeepSpeed config, under which every model construction runs in
+        # ``deepspeed.zero.Init``: parameters partitioned and initialised by DeepSpeed at construction, so the
+        # trainers' loading (a stock model filled with renamed tensors), seeded fresh models, LoRA adapters,
+        # the value model's copy and the final model's twin would all read or write empty partitions. Unset
+        # for the run: each rank holds the full model (in CPU memory on the way) until ``prepare``.
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
     if backend.startswith("zero"):
         ds = accelerator.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = int(micro_batch_size)
@@ -80,10 +90,11 @@ def shard_reference(accelerator: Accelerator, reference: DiffusionLM) -> Diffusi
     """Shard the frozen reference copy (``beta > 0``, ``reference: copy``) like the policy, in place.
 
     FSDP2: accelerate's own ``fsdp2_prepare_model`` (the same units and plugin settings as the policy; not
-    registered for ``save_state``: the reference is rebuilt from the start weights). Score with it inside
-    ``gathered_parameters(accelerator, reference.model)``. DDP / ZeRO-2: a full frozen copy per rank (ZeRO-2
-    shards optimizer states, not parameters). ZeRO-3: refused (a second DeepSpeed engine is not wired in):
-    use LoRA (``reference: base``) or FSDP2.
+    registered for ``save_state``: the reference is rebuilt from the start weights). ZeRO-3: an engine of its
+    own with the policy's DeepSpeed config less its optimizer and scheduler (``deepspeed.initialize`` without
+    an optimizer: partitioned parameters, forward only; not registered with accelerate either). Score with it
+    inside ``gathered_parameters(accelerator, reference.model)``. DDP / ZeRO-2: a full frozen copy per rank
+    (ZeRO-2 shards optimizer states, not parameters).
     """
     backend = backend_name(accelerator)
     if backend == "fsdp2":
@@ -91,8 +102,13 @@ def shard_reference(accelerator: Accelerator, reference: DiffusionLM) -> Diffusi
 
         reference.model = fsdp2_prepare_model(accelerator, reference.model)
     elif backend == "zero3":
-        raise UserError("reference: copy is not supported under DeepSpeed ZeRO-3; train LoRA adapters "
-                        "(lora.enabled=true, reference=base) or use configs/accelerate/fsdp2.yaml")
+        import deepspeed
+
+        config = {k: v for k, v in accelerator.state.deepspeed_plugin.deepspeed_config.items()
+                  if k not in ("optimizer", "scheduler")}
+        engine, *_ = deepspeed.initialize(model=reference.model, config=config)
+        engine.eval()  # (DeepSpeedEngine.eval returns None)
+        reference.model = engine
     return reference
 
 
@@ -142,11 +158,45 @@ def publishable(accelerator: Accelerator | None, prepared: torch.nn.Module, dlm:
     return plain_twin(dlm, state) if accelerator.is_main_process else None
 
 
-def grad_norm_value(norm) -> float:
-    """``accelerator.clip_grad_norm_``'s result as a float: a DTensor under FSDP2 (its full value), None under
-    DeepSpeed (which clips inside its own step, ``gradient_clipping`` in its config) -> nan."""
+def backward(accelerator: Accelerator, prepared: torch.nn.Module, loss: torch.Tensor) -> None:
+    """``accelerator.backward(loss)`` for the prepared model ``prepared``. Under DeepSpeed it goes through that
+    model's own engine, which steps at the accumulation boundary that :func:`micro_step` sets: accelerate
+    routes every backward to the first engine it prepared, so a second trained model (TraceRL's value model)
+    would otherwise back-propagate the policy's loss through the wrong engine."""
+    if backend_name(accelerator).startswith("zero"):
+        from accelerate.utils import DeepSpeedEngineWrapper
+
+        DeepSpeedEngineWrapper(prepared).backward(loss, sync_gradients=accelerator.sync_gradients)
+    else:
+        accelerator.backward(loss)
+
+
+def clip_gradients(accelerator: Accelerator, prepared: torch.nn.Module, max_norm: float) -> float:
+    """Clip ``prepared``'s gradients to ``max_norm``; returns their norm before clipping (nan when unknown).
+    Under DeepSpeed the engine has clipped inside its step (``gradient_clipping``, see
+    :func:`deepspeed_clipping`) and the norm is that engine's."""
+    if backend_name(accelerator).startswith("zero"):
+        norm = prepared.get_global_grad_norm()
+    else:
+        norm = accelerator.clip_grad_norm_(prepared.parameters(), max_norm)
     if norm is None:
         return math.nan
-    if hasattr(norm, "full_tensor"):
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: its full value
         norm = norm.full_tensor()
     return float(norm)
+
+
+@contextlib.contextmanager
+def deepspeed_clipping(accelerator: Accelerator, max_norm: float | None):
+    """Prepare a second model under DeepSpeed with its own ``gradient_clipping`` (the engine reads it from the
+    shared config when it is built); a no-op under other backends."""
+    if not backend_name(accelerator).startswith("zero"):
+        yield
+        return
+    ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    before = ds.get("gradient_clipping")
+    ds["gradient_clipping"] = float(max_norm or 0.0)
+    try:
+        yield
+    finally:
+        ds["gradient_clipping"] = before

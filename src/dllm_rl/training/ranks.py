@@ -5,9 +5,12 @@ gradient all-reduces. A one-process run skips every collective."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from accelerate.utils import gather_object
+
+from dllm_rl.training.sharding import backend_name
 
 
 def max_over_ranks(accelerator, value: int) -> int:
@@ -43,6 +46,16 @@ def mean_over_ranks(accelerator, m: dict) -> dict:
         vals = [float(r[k]) for r in rows if k in r and math.isfinite(r[k])]
         out[k] = sum(vals) / len(vals) if vals else float("nan")
     return out
+
+
+def forward_agreement(accelerator) -> Callable[[int], int] | None:
+    """Under FSDP2 / ZeRO-3 with several ranks (every forward gathers parameters: a collective), the function
+    that turns this rank's number of forwards into the number every rank runs (the largest): the scorer pads
+    with one-token forwards up to it (``agree_calls`` of :func:`dllm_rl.estimators.score_rows`). ``None``
+    elsewhere (DDP's collectives are in backward only)."""
+    if accelerator.num_processes == 1 or backend_name(accelerator) not in ("fsdp2", "zero3"):
+        return None
+    return lambda n: max_over_ranks(accelerator, n)
 
 
 def zero_loss(model) -> torch.Tensor:
