@@ -184,3 +184,34 @@ def test_ar_and_block_say_what_they_need(models, batch):
         estimate(models["llada"], "block", batch, gen(0))
     with pytest.raises(ValueError, match="block_size=2 but the model's block_size is 4"):
         estimate(models["sdar"], "block", batch, gen(0), block_size=2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_agreed_calls_pad_with_one_token_forwards_that_change_nothing(models, batch, family):
+    """``agree_calls`` (FSDP2 / ZeRO-3: the largest number of model calls over the ranks) makes ``score_rows``
+    run that many calls: the extra ones are one-token forwards of the mask id, and neither the log-probs nor
+    the gradients move. Asked with 2 rows per call, trace makes its own number of calls; agreed to 3 more."""
+    model = models[family]
+    asked: list[int] = []
+
+    def agree(n: int) -> int:
+        asked.append(n)
+        return n + 3
+
+    def scores(**extra):
+        model.model.zero_grad(set_to_none=True)
+        with Spy(model.model) as spy:
+            out = estimate(model, "trace", batch, gen(0), max_rows=2, **extra)
+        out.sequence_score().sum().backward()
+        grads = [p.grad.clone() for p in model.model.parameters() if p.grad is not None]
+        return out, spy.calls, grads
+
+    plain, plain_calls, plain_grads = scores()
+    padded, padded_calls, padded_grads = scores(agree_calls=agree)
+    model.model.zero_grad(set_to_none=True)  # the models are shared by the session
+    assert asked == [len(plain_calls)] and len(plain_calls) >= 2
+    assert len(padded_calls) == len(plain_calls) + 3
+    assert all(c["input_ids"].tolist() == [[MASK]] for c in padded_calls[len(plain_calls):])
+    assert torch.equal(padded.logp, plain.logp) and torch.equal(padded.weight, plain.weight)
+    assert len(padded_grads) == len(plain_grads)
+    assert all(torch.equal(a, b) for a, b in zip(padded_grads, plain_grads))

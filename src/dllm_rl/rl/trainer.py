@@ -61,6 +61,7 @@ from dllm_rl.training.accel import runs_on_cpu
 from dllm_rl.training.backend import (
     backward,
     clip_gradients,
+    discard_gradients,
     micro_step,
     refuse_unsharded_features,
     setup_backend,
@@ -73,7 +74,6 @@ from dllm_rl.training.ranks import (
     micro_batches,
     skip_together,
     sum_over_ranks,
-    zero_loss,
 )
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
@@ -444,10 +444,8 @@ class RLTrainer(RLCheckpoints):
                         scored = new.weight != 0
                         if scored.any():
                             stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
-                    else:
+                    else:  # on every rank alike: the micro-batch's loss was not finite on some rank
                         self._bad_update(out.loss)
-                        if acc.num_processes > 1:  # still join the other ranks' all-reduce
-                            self._backward(zero_loss(self.model))
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
@@ -460,27 +458,38 @@ class RLTrainer(RLCheckpoints):
 
     def _micro_loss(self, loss_fn, sub: ScoringBatch, est_seed: int, old: TokenScores | None,
                     ref: TokenScores | None, adv: torch.Tensor, loss_cfg: LossConfig, scale: float):
-        """Score ``sub``, compute the loss and back-propagate ``scale`` times it when finite; a loss that is
-        linear in the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
+        """Score ``sub``, compute the loss and back-propagate ``scale`` times it when it is finite on every rank
+        (else no rank back-propagates it, and the returned loss is NaN on every rank); a loss that is linear in
+        the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
         cfg = self.cfg
         if getattr(loss_fn, "linear_in_draws", False):
             if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
                 with torch.no_grad():
                     old = self._scores(self.model, sub, est_seed, max_rows=sub.batch_size)
             return backward_by_draw(self.model, cfg.estimator, sub, est_seed, self._scorer_options(), loss_fn, old,
-                                    ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator))
+                                    ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator),
+                                    self._all_finite)
         new = self._scores(self.model, sub, est_seed)
         out = loss_fn(new, old if old is not None else _detached(new), ref, adv, sub.lengths, loss_cfg)
-        if bool(torch.isfinite(out.loss)):
-            self._backward(out.loss * scale)
+        if not self._all_finite(out.loss):
+            return replace(out, loss=torch.full_like(out.loss.detach(), math.nan)), new
+        self._backward(out.loss * scale)
         return out, new
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        backward(self.accelerator, self.model.model, loss)
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        """Whether ``loss`` is finite on every rank (a collective: every rank asks for each micro-batch), so
+        that the ranks back-propagate, skip and count bad updates alike."""
+        return not skip_together(self.accelerator, not bool(torch.isfinite(loss)))
+
+    def _backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        """Back-propagate ``loss`` (``last=False``: a part of a micro-batch's loss with more to come); a step
+        already marked to be skipped never reaches DeepSpeed's boundary, where the engine would step."""
+        boundary = last and not getattr(self, "_skip_next", False)
+        backward(self.accelerator, self.model.model, loss, boundary=boundary)
 
     def _bad_update(self, loss: torch.Tensor) -> None:
         self.bad_updates += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        discard_gradients(self.accelerator, self.model.model, self.optimizer)
         self._skip_next = True
         logger.warning("step %d: non-finite loss (%s); update skipped (%d/%d)", self.step_idx, float(loss.detach()),
                        self.bad_updates, self.cfg.max_bad_steps)
@@ -491,7 +500,7 @@ class RLTrainer(RLCheckpoints):
     def _optimizer_step(self) -> None:
         if skip_together(self.accelerator, getattr(self, "_skip_next", False)):  # one rank skips: all do
             self._skip_next = False
-            self.optimizer.zero_grad(set_to_none=True)
+            discard_gradients(self.accelerator, self.model.model, self.optimizer)
             return
         if self.cfg.optim.max_grad_norm:  # the norm before clipping
             self.grad_norms.append(clip_gradients(self.accelerator, self.model.model, self.cfg.optim.max_grad_norm))

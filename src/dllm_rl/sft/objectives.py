@@ -20,6 +20,7 @@ the answer length, averaged over the batch). The prompt is never masked or score
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,16 +91,18 @@ class ObjectiveOutput:
 
 
 def compute_objective(
-    name: str, model: DiffusionLM, batch: ScoringBatch, generator: torch.Generator, **options: Any
+    name: str, model: DiffusionLM, batch: ScoringBatch, generator: torch.Generator, *,
+    agree_calls: Callable[[int], int] | None = None, **options: Any
 ) -> ObjectiveOutput:
     """Run objective ``name`` (its estimator, see :func:`objective_estimator`) and reduce it with
-    :func:`sequence_loss`."""
+    :func:`sequence_loss`. ``agree_calls``: the ranks' agreement on the number of forwards under FSDP2 /
+    ZeRO-3 (:func:`dllm_rl.training.ranks.forward_agreement`; every rank calls this for each micro-batch)."""
     if name not in OBJECTIVES:
         raise ValueError(f"unknown SFT objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
     if name == "trace" and batch.step_map is None:
         raise ValueError("the trace objective needs step maps (a data column from `dllm-rl generate --trace`)")
     estimator, opts = objective_estimator(name, options)
-    scores = estimate(model, estimator, batch, generator, **opts)
+    scores = estimate(model, estimator, batch, generator, agree_calls=agree_calls, **opts)
     loss = sequence_loss(scores, batch.lengths)
     if torch.is_grad_enabled() and not loss.requires_grad:
         # Nothing was masked in this micro-batch (small t, short responses), so no row was forwarded. Run the

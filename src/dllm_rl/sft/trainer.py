@@ -51,6 +51,7 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
+from dllm_rl.training.ranks import forward_agreement
 from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
 from dllm_rl.training.trackers import check_report_to
 
@@ -314,6 +315,7 @@ class SFTTrainer:
             ctx = micro_step(acc, self.model.prepared, micro == accum - 1)
             with ctx:
                 out = compute_objective(cfg.objective.name, self.model, batch, self.mask_generator(),
+                                        agree_calls=forward_agreement(acc),
                                         **self.objective_options)
                 backward(acc, self.model.prepared, out.loss / accum)
             total_loss += float(out.loss.detach()) / accum

@@ -17,7 +17,8 @@ Set-up
 
 Ranks (``dllm_rl.training.ranks``)
     ``max_over_ranks(acc, value)``, ``skip_together(acc, skip)``, ``mean_over_ranks(acc, metrics)``,
-        ``zero_loss(model)``, ``micro_batches(acc, n, size)`` (padded with empty ones to the most any rank has)
+        ``sum_over_ranks(acc, values)``, ``micro_batches(acc, n, size)`` (padded with empty ones to the most any
+        rank has), ``forward_agreement(acc)`` (FSDP2 / ZeRO-3: the scorer's agreement on its number of forwards)
 
 Optimisation
     ``OptimConfig`` (dataclass config section: lr, weight_decay, beta1, beta2, eps, scheduler
@@ -56,7 +57,7 @@ Checkpoints (exact resume)
     ``capture_rng(generators) / restore_rng(state, generators)``
 
 Sharded backends (``dllm_rl.training.backend``)
-    ``setup_backend(acc, micro_batch_size, grad_accum)`` after building the Accelerator; ``shard_reference``;
+    ``setup_backend(acc, micro_batch_size, max_grad_norm)`` after building the Accelerator; ``shard_reference``;
         ``publishable(acc, prepared, dlm)`` (full weights as a plain model on rank 0); ``is_sharded``;
         ``micro_step(acc, prepared, last)`` around each micro-batch and ``backward(acc, prepared, loss)`` (its
         model's own engine under DeepSpeed); ``clip_gradients(acc, prepared, max_norm) -> norm``;

@@ -158,17 +158,28 @@ def publishable(accelerator: Accelerator | None, prepared: torch.nn.Module, dlm:
     return plain_twin(dlm, state) if accelerator.is_main_process else None
 
 
-def backward(accelerator: Accelerator, prepared: torch.nn.Module, loss: torch.Tensor) -> None:
+def backward(accelerator: Accelerator, prepared: torch.nn.Module, loss: torch.Tensor, boundary: bool = True) -> None:
     """``accelerator.backward(loss)`` for the prepared model ``prepared``. Under DeepSpeed it goes through that
     model's own engine, which steps at the accumulation boundary that :func:`micro_step` sets: accelerate
     routes every backward to the first engine it prepared, so a second trained model (TraceRL's value model)
-    would otherwise back-propagate the policy's loss through the wrong engine."""
+    would otherwise back-propagate the policy's loss through the wrong engine. ``boundary=False`` keeps the
+    engine from stepping here even in a step's last micro-batch: a loss back-propagated in parts (all but
+    the last part), or a step that will be skipped. DDP and FSDP2 need no such flag (their reductions sum)."""
     if backend_name(accelerator).startswith("zero"):
         from accelerate.utils import DeepSpeedEngineWrapper
 
-        DeepSpeedEngineWrapper(prepared).backward(loss, sync_gradients=accelerator.sync_gradients)
+        DeepSpeedEngineWrapper(prepared).backward(loss, sync_gradients=accelerator.sync_gradients and boundary)
     else:
         accelerator.backward(loss)
+
+
+def discard_gradients(accelerator: Accelerator, prepared: torch.nn.Module, optimizer) -> None:
+    """Drop the gradients accumulated for a skipped optimizer step. DeepSpeed keeps them in its engine's
+    optimizer (accelerate's wrapper's ``zero_grad`` does nothing there)."""
+    if backend_name(accelerator).startswith("zero"):
+        prepared.optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad(set_to_none=True)
 
 
 def clip_gradients(accelerator: Accelerator, prepared: torch.nn.Module, max_norm: float) -> float:

@@ -58,15 +58,10 @@ def forward_agreement(accelerator) -> Callable[[int], int] | None:
     return lambda n: max_over_ranks(accelerator, n)
 
 
-def zero_loss(model) -> torch.Tensor:
-    """A zero loss through the whole (DDP) module: a rank with nothing to train joins the all-reduce."""
-    ids = torch.full((1, 1), model.mask_token_id, dtype=torch.long, device=model.device)
-    return model(ids).logits.float().sum() * 0.0
-
-
 def micro_batches(accelerator, n: int, size: int) -> list[list[int]]:
     """Index lists of ``n`` samples in micro-batches of ``size``, padded with empty micro-batches up to the
-    most any rank has: every rank runs as many backward passes (so as many gradient all-reduces); an empty
-    micro-batch back-propagates :func:`zero_loss`."""
+    most any rank has: every rank runs as many backward passes (so as many gradient all-reduces). The caller
+    fills an empty one with the same work at weight 0 (the RL trainer re-scores one of its samples, the value
+    model runs a one-token forward)."""
     mbs = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
     return mbs + [[] for _ in range(max_over_ranks(accelerator, len(mbs)) - len(mbs))]
