@@ -95,7 +95,7 @@ def test_draw_by_draw_backward_gives_the_full_gradient():
     want = [p.grad.clone() for p in model.model.parameters()]
     model.model.zero_grad()
     out, got_new = backward_by_draw(model, "elbo", batch, 5, opts, POLICY_LOSSES["bgpo"], old, None, adv,
-                                    LossConfig(), 1.0, lambda loss: loss.backward())
+                                    LossConfig(), 1.0, lambda loss, last: loss.backward())
     assert out.loss.item() == pytest.approx(full.loss.item(), abs=1e-6)
     assert torch.allclose(got_new.logp, new.logp.detach(), atol=1e-6)
     for p, w in zip(model.model.parameters(), want):
