@@ -77,7 +77,7 @@ from dllm_rl.training.ranks import (
 )
 from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
-from dllm_rl.training.sharding import backend_name, gathered_parameters
+from dllm_rl.training.sharding import gathered_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -478,15 +478,8 @@ class RLTrainer(RLCheckpoints):
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         """Whether ``loss`` is finite on every rank (a collective: every rank asks for each micro-batch), so
-        that the ranks back-propagate, skip and count bad updates alike. When it is not, the forward's graph
-        is closed with a backward of 0 (its gradients go with the skipped step): FSDP2 reshards the root's
-        parameters only in a backward, and would otherwise run the next forward on stale full parameters.
-        Not under DeepSpeed, whose engine would keep those gradients into the next step."""
-        if not skip_together(self.accelerator, not bool(torch.isfinite(loss))):
-            return True
-        if not backend_name(self.accelerator).startswith("zero") and loss.requires_grad:
-            backward(self.accelerator, self.model.model, torch.nan_to_num(loss * 0.0), boundary=False)
-        return False
+        that the ranks back-propagate, skip and count bad updates alike."""
+        return not skip_together(self.accelerator, not bool(torch.isfinite(loss)))
 
     def _backward(self, loss: torch.Tensor, last: bool = True) -> None:
         """Back-propagate ``loss`` (``last=False``: a part of a micro-batch's loss with more to come); a step
