@@ -5,8 +5,10 @@ Read top to bottom: :class:`RLTrainer` sets everything up, :meth:`RLTrainer.step
 start to end is :func:`dllm_rl.rl.loop.train`.
 
 Longer than the project's 400 lines on purpose: one RL step (rollout rounds, the rollout hook, the value
-model's advantages, the micro-batched update with its rank bookkeeping) reads best in one file; the run loop,
-checkpoint glue, rank helpers, value model and hooks already live in their own modules.
+model's advantages, the micro-batched update with its rank bookkeeping: samples numbered over all ranks, padding
+micro-batches, losses normalised over all ranks, non-finite losses agreed before any backward) reads best in one
+file, since every rank must take each of its branches alike; the run loop, checkpoint glue, rank and backend
+helpers, value model and hooks already live in their own modules.
 
 Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
 rollout noise (one generator per sequence) and estimator masks (one seed per sample, or per prompt group
@@ -294,9 +296,7 @@ class RLTrainer(RLCheckpoints):
         """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
         whole step's standard deviation, as one process holding all the samples would)."""
         acc, cfg = self.accelerator, self.cfg
-        if acc.num_processes == 1:
-            return compute_advantages(cfg.advantage, rewards, cfg.num_generations, cfg.scale_rewards)
-        parts = gather_object([rewards.tolist()])  # one list per rank, in rank order
+        parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])
         adv = compute_advantages(cfg.advantage, every, cfg.num_generations, cfg.scale_rewards)
@@ -433,9 +433,9 @@ class RLTrainer(RLCheckpoints):
                 with ctx:
                     out, new = self._micro_loss(loss_fn, sub, est_seed, old[j] if old is not None else None,
                                                 ref[j] if ref is not None else None, adv_k[mb], loss_cfg, scale)
-                    if padding[j] and bool(torch.isfinite(out.loss)):
-                        pass  # weight 0: no statistics
-                    elif bool(torch.isfinite(out.loss)):
+                    if not bool(torch.isfinite(out.loss)):  # on every rank alike (see _micro_loss)
+                        self._bad_update(out.loss)
+                    elif not padding[j]:  # a padding micro-batch has weight 0: no statistics
                         losses.append(float(out.loss.detach()))
                         for k, v in out.stats.items():
                             stats.setdefault(k, []).append(v)
@@ -444,8 +444,6 @@ class RLTrainer(RLCheckpoints):
                         scored = new.weight != 0
                         if scored.any():
                             stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
-                    else:  # on every rank alike: the micro-batch's loss was not finite on some rank
-                        self._bad_update(out.loss)
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}

@@ -29,6 +29,11 @@ from dllm_rl.training.sharding import adopt_launch_backend, backend_name, full_s
 SHARDED = ("fsdp2", "zero2", "zero3")  # training state (parameters or optimizer states) split over ranks
 
 
+def _deepspeed(accelerator: Accelerator) -> bool:
+    """True under DeepSpeed (any ZeRO stage): the engine, not accelerate, owns backward, clipping and the step."""
+    return backend_name(accelerator).startswith("zero")
+
+
 def is_sharded(accelerator: Accelerator | None) -> bool:
     """True when the optimizer state (and under FSDP2 / ZeRO-3 the parameters) is split over the ranks:
     checkpoints then go through ``accelerator.save_state`` and the final model through :func:`publishable`."""
@@ -72,7 +77,7 @@ def micro_step(accelerator: Accelerator, prepared: torch.nn.Module, last: bool):
     accumulation boundary (accelerate's ``backward`` hands ``accelerator.sync_gradients`` to
     ``engine.set_gradient_accumulation_boundary`` and steps the engine only there); FSDP2 reduce-scatters every
     backward (accelerate's ``no_sync`` is a no-op for it), which sums the same."""
-    if backend_name(accelerator).startswith("zero"):
+    if _deepspeed(accelerator):
         return _deepspeed_boundary(accelerator, bool(last))
     return contextlib.nullcontext() if last else accelerator.no_sync(prepared)
 
@@ -165,7 +170,7 @@ def backward(accelerator: Accelerator, prepared: torch.nn.Module, loss: torch.Te
     would otherwise back-propagate the policy's loss through the wrong engine. ``boundary=False`` keeps the
     engine from stepping here even in a step's last micro-batch: a loss back-propagated in parts (all but
     the last part), or a step that will be skipped. DDP and FSDP2 need no such flag (their reductions sum)."""
-    if backend_name(accelerator).startswith("zero"):
+    if _deepspeed(accelerator):
         from accelerate.utils import DeepSpeedEngineWrapper
 
         DeepSpeedEngineWrapper(prepared).backward(loss, sync_gradients=accelerator.sync_gradients and boundary)
@@ -176,7 +181,7 @@ def backward(accelerator: Accelerator, prepared: torch.nn.Module, loss: torch.Te
 def discard_gradients(accelerator: Accelerator, prepared: torch.nn.Module, optimizer) -> None:
     """Drop the gradients accumulated for a skipped optimizer step. DeepSpeed keeps them in its engine's
     optimizer (accelerate's wrapper's ``zero_grad`` does nothing there)."""
-    if backend_name(accelerator).startswith("zero"):
+    if _deepspeed(accelerator):
         prepared.optimizer.zero_grad(set_to_none=True)
     else:
         optimizer.zero_grad(set_to_none=True)
@@ -186,7 +191,7 @@ def clip_gradients(accelerator: Accelerator, prepared: torch.nn.Module, max_norm
     """Clip ``prepared``'s gradients to ``max_norm``; returns their norm before clipping (nan when unknown).
     Under DeepSpeed the engine has clipped inside its step (``gradient_clipping``, see
     :func:`deepspeed_clipping`) and the norm is that engine's."""
-    if backend_name(accelerator).startswith("zero"):
+    if _deepspeed(accelerator):
         norm = prepared.get_global_grad_norm()
     else:
         norm = accelerator.clip_grad_norm_(prepared.parameters(), max_norm)
@@ -201,7 +206,7 @@ def clip_gradients(accelerator: Accelerator, prepared: torch.nn.Module, max_norm
 def deepspeed_clipping(accelerator: Accelerator, max_norm: float | None):
     """Prepare a second model under DeepSpeed with its own ``gradient_clipping`` (the engine reads it from the
     shared config when it is built); a no-op under other backends."""
-    if not backend_name(accelerator).startswith("zero"):
+    if not _deepspeed(accelerator):
         yield
         return
     ds = accelerator.state.deepspeed_plugin.deepspeed_config
