@@ -127,8 +127,8 @@ def test_nested_errors_name_the_dotted_key_and_the_file(tmp_path):
 def test_sft_sections_check_their_values_when_built():
     """The SFT trainer's hand-written checks (batch_size, grad_accum, max_steps, init_std, objective.eps) are
     field declarations now: a bad value fails when the section is built, in code or from YAML."""
+    from dllm_rl.sft.config import ModelConfig, SFTConfig, TrainConfig
     from dllm_rl.sft.objectives import ObjectiveConfig
-    from dllm_rl.sft.trainer import ModelConfig, SFTConfig, TrainConfig
 
     with pytest.raises(ConfigError, match=r"^grad_accum: must be >= 1, got 0$"):
         TrainConfig(grad_accum=0)

@@ -7,7 +7,7 @@ import pytest
 from dllm_rl.config import load_config
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.sft.trainer import SFTConfig
+from dllm_rl.sft.config import SFTConfig
 
 REPO = Path(__file__).resolve().parents[2]
 YAMLS = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "src/dllm_rl/assets/demo").glob("*.yaml"))

@@ -31,7 +31,7 @@ from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
 from dllm_rl.seeding import derive_seed
-from dllm_rl.sft.trainer import SFTConfig
+from dllm_rl.sft.config import SFTConfig
 from dllm_rl.sft.trainer import train as sft_train
 from dllm_rl.training.accel import end_distributed
 from dllm_rl.training.sharding import full_state_dict

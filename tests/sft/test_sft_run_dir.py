@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from dllm_rl.config import load_config
-from dllm_rl.sft.trainer import SFTConfig, SFTTrainer
+from dllm_rl.sft.config import SFTConfig
+from dllm_rl.sft.trainer import SFTTrainer
 from dllm_rl.training import RunDirError
 from dllm_rl.training.checkpoint import KILL_ENV
 

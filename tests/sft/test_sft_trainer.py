@@ -11,9 +11,10 @@ import torch
 from dllm_rl.config import load_config
 from dllm_rl.models import load_model
 from dllm_rl.sft.cli import register
+from dllm_rl.sft.config import SFTConfig
 from dllm_rl.sft.data import collate
 from dllm_rl.sft.objectives import compute_objective
-from dllm_rl.sft.trainer import SFTConfig, SFTTrainer, train
+from dllm_rl.sft.trainer import SFTTrainer, train
 
 ROWS = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a in range(4) for b in range(3)]
 

@@ -9,7 +9,8 @@ from dllm_rl.errors import UserError
 
 def sft(args: argparse.Namespace) -> int:
     from dllm_rl.config import describe, load_config
-    from dllm_rl.sft.trainer import SFTConfig, train
+    from dllm_rl.sft.config import SFTConfig
+    from dllm_rl.sft.trainer import train
 
     if args.help_config:
         print("\n".join(describe(SFTConfig)))
