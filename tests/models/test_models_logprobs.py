@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.models.diffusion_lm import Selection
@@ -48,14 +49,82 @@ def test_values_and_gradients_equal_the_full_log_softmax(chunk):
     assert float(want[0].max()) < 0 and float(want[2].abs().sum()) > 1.0  # real values, real gradients
 
 
-def test_only_one_chunk_of_logits_exists_in_forward_and_backward():
+class _Ops(TorchDispatchMode):
+    """Records the shape of every tensor an aten op allocates (its schema gives the output no alias: not a
+    view, not an in-place result), in backward too (CPU autograd runs in this thread)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        for t, ret in zip(outs, func._schema.returns):
+            if isinstance(t, torch.Tensor) and ret.alias_info is None:
+                self.seen.append(tuple(t.shape))
+        return out
+
+
+def _wrapped(head):
+    return lambda x: head(x)  # not a plain nn.Linear: the checkpointed path, the head called as a black box
+
+
+@pytest.mark.parametrize("kind", ["linear", "wrapped"])
+def test_only_one_chunk_of_logits_exists_in_forward_and_backward(kind):
+    """Forward and backward project 4 + 4 + 3 positions, one chunk at a time, never all 11. The fused path of a
+    plain head makes exactly one ``[V, H]`` tensor in backward (the weight gradient it sums into, in place);
+    the checkpointed path makes one per chunk (autograd's per-chunk gradients), the memory it costs."""
     head, hidden, targets, upstream = _inputs(1)
-    shapes: list[tuple[int, ...]] = []
-    head.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
-    lp = selected_logprobs(hidden, head, targets, 4)
-    assert shapes == [(4, V), (4, V), (3, V)]
-    (lp * upstream).sum().backward()  # backward recomputes each chunk, one at a time
-    assert sorted(shapes[3:]) == sorted(shapes[:3])
+    fn = head if kind == "linear" else _wrapped(head)
+    with _Ops() as ops:
+        lp = selected_logprobs(hidden, fn, targets, 4)
+    logits = [shape for shape in ops.seen if shape[-1:] == (V,)]
+    assert logits and set(logits) == {(4, V), (3, V)}
+    with _Ops() as ops:
+        (lp * upstream).sum().backward()
+    logits = [shape for shape in ops.seen if shape[-1:] == (V,)]
+    assert logits and set(logits) == {(4, V), (3, V)}
+    if kind == "linear":  # one buffer per chunk: the logits become the softmax, then their gradient, in place
+        assert logits == [(4, V), (4, V), (3, V)]
+    weight_sized = ops.seen.count((V, H))
+    assert weight_sized == 1 if kind == "linear" else weight_sized >= 3, weight_sized
+
+
+@pytest.mark.parametrize("kind", ["bias", "wrapped", "bf16", "autocast"])
+def test_the_fused_head_matches_autograd_with_a_bias_in_bf16_and_under_autocast(kind):
+    """The fused path (``bias``, ``bf16``, ``autocast``) against plain autograd through the full log-softmax:
+    a head with a bias; bf16 weights and hidden states (bf16 matmuls, float32 softmax, bf16 gradients);
+    float32 weights under bf16 CPU autocast, where backward recomputes the logits in bf16 as forward did.
+    ``wrapped``: the checkpointed path with a bias."""
+    g = torch.Generator().manual_seed(7)
+    head = nn.Linear(H, V, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=g) * 0.5)
+        head.bias.copy_(torch.randn(V, generator=g))
+    hidden = torch.randn(N, H, generator=g)
+    targets = torch.randint(0, V, (N,), generator=g)
+    upstream = torch.randn(N, generator=g)
+    if kind == "bf16":
+        head.to(torch.bfloat16)
+        hidden = hidden.bfloat16()
+    hidden.requires_grad_(True)
+    tol = 1e-6 if kind in ("bias", "wrapped") else 2e-2
+
+    def run(fn):
+        head.zero_grad(set_to_none=True)
+        hidden.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=kind == "autocast"):
+            lp = fn()
+        (lp * upstream).sum().backward()
+        return lp.detach(), hidden.grad.float(), head.weight.grad.float(), head.bias.grad.float()
+
+    want = run(lambda: _full(hidden, head, targets))
+    got = run(lambda: selected_logprobs(hidden, _wrapped(head) if kind == "wrapped" else head, targets, 4))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=tol, rtol=0)
+    assert float(want[3].abs().sum()) > 0.5  # the bias gets a real gradient
 
 
 def test_no_grad_does_not_recompute_and_bad_arguments_are_named():

@@ -8,6 +8,16 @@ chunk in backward (:func:`torch.utils.checkpoint.checkpoint`), so only one chunk
 live at once in forward and in backward. ``-cross_entropy(logits, target, reduction="none")`` is exactly
 ``log_softmax(logits).gather(target)`` (PyTorch computes it as ``nll_loss(log_softmax(x))``).
 
+A plain ``nn.Linear`` head (every family's, also under FSDP2 / ZeRO-3 / DDP) goes through
+:class:`_LinearSelected`, whose backward sums the head's weight gradient chunk by chunk into one ``[V, H]``
+buffer (``addmm_``) and reuses one ``[chunk, V]`` buffer for the recomputed logits, the softmax and their
+gradient. Checkpointing each chunk instead lets autograd make a ``[V, H]`` gradient per chunk beside the
+running sum, and three ``[chunk, V]`` tensors (logits, log-softmax, gradient): measured in
+``benchmarks/memory.py``, that is ~4 x 74 MiB at a 152k vocabulary and hidden 128. Any other head (a LoRA
+wrapper of it, a custom module) keeps the checkpointed path, which calls it as a black box. Written by hand
+because no kernel in the libraries we use does this on CPU and GPU alike (fused linear cross-entropy
+kernels are CUDA-only and return a mean loss, not per-position log-probs with upstream gradients).
+
 :func:`head_selects` runs that projection inside the model's own forward: for one call the LM head returns
 the selected log-probs instead of logits. Being inside the wrapped forward is what makes it correct under
 every backend: FSDP2 and ZeRO-3 hold the head's full parameters only there (outside, they are shards), and
@@ -42,15 +52,80 @@ def _chunk_logp(head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> torc
     return -F.cross_entropy(head(hidden).float(), targets, reduction="none")
 
 
+def _plain_linear(head: Head) -> nn.Linear | None:
+    """``head`` when it computes exactly ``F.linear(x, head.weight, head.bias)``: an ``nn.Linear`` (or a
+    subclass FSDP2 makes of it) whose forward is Linear's own; ``None`` for anything else (a PEFT LoRA
+    wrapper, a forward set on the instance, a bare callable)."""
+    if (isinstance(head, nn.Linear) and type(head).forward is nn.Linear.forward
+            and "forward" not in head.__dict__):
+        return head
+    return None
+
+
+class _LinearSelected(torch.autograd.Function):
+    """``log softmax(F.linear(hidden, weight, bias))[n, targets[n]]`` chunk by chunk, backward by hand.
+
+    Forward keeps only each position's log-sum-exp (``[N]``); backward recomputes one chunk's logits at a time
+    into one buffer, turns it in place into ``g * (onehot(target) - softmax)`` (the gradient of
+    ``g * log_softmax[target]``), and adds its products into ``grad_hidden`` and one ``grad_weight``.
+    Under autocast the logits are computed in the dtype forward saw (recorded), so backward's recomputation
+    matches forward's.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, step):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        compute_dtype = hidden.dtype
+        for start in range(0, hidden.shape[0], step):
+            sl = slice(start, start + step)
+            raw = F.linear(hidden[sl], weight, bias)
+            compute_dtype = raw.dtype
+            logits = raw.float()
+            out[sl] = -F.cross_entropy(logits, targets[sl], reduction="none")  # the checkpointed path's numbers
+            lse[sl] = torch.logsumexp(logits, -1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.step, ctx.compute_dtype = step, compute_dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        cdt = ctx.compute_dtype
+        w = weight.to(cdt)  # no copy unless autocast ran forward in another dtype
+        b = None if bias is None else bias.to(cdt)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b else None
+        with torch.no_grad():
+            for start in range(0, hidden.shape[0], ctx.step):
+                sl = slice(start, start + ctx.step)
+                h, g = hidden[sl].to(cdt), grad_out[sl].float()
+                d = F.linear(h, w, b).float()
+                d.sub_(lse[sl, None]).exp_().mul_(-g[:, None])  # -g * softmax
+                d.scatter_add_(1, targets[sl, None], g[:, None])  # + g at the target
+                if need_h:
+                    grad_h[sl] = (d.to(cdt) @ w).to(hidden.dtype)
+                if need_w:
+                    grad_w.addmm_(d.t().to(weight.dtype), h.to(weight.dtype))
+                if need_b:
+                    grad_b.add_(d.sum(0).to(bias.dtype))
+                del d  # before the next chunk's logits exist
+        return grad_h, grad_w, grad_b, None, None
+
+
 def selected_logprobs(
-    hidden: torch.Tensor, head: Head, targets: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+    hidden: torch.Tensor, head: Head, targets: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    linear: nn.Linear | None = None,
 ) -> torch.Tensor:
     """``log softmax(head(hidden))[n, targets[n]]`` in float32, ``[N]``, from hidden states ``[N, H]``.
 
     ``head`` is the LM head (a module, or its forward; called on ``[chunk, H]`` slices, so LoRA wrappers of it
     apply); ``chunk_size`` positions are projected at a time (0: all at once). Under grad each
     chunk is recomputed in backward instead of keeping its logits, so the memory beyond the inputs is one
-    chunk's ``[chunk, V]`` logits and their gradient, whatever ``N``.
+    chunk's ``[chunk, V]`` logits and their gradient, whatever ``N``. A plain ``nn.Linear`` head (or
+    ``linear``, the module whose own forward ``head`` is) goes through :class:`_LinearSelected`.
     """
     check_chunk_size(chunk_size, "chunk_size")
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
@@ -60,6 +135,9 @@ def selected_logprobs(
         )
     n = hidden.shape[0]
     step = chunk_size or max(n, 1)
+    linear = linear if linear is not None else _plain_linear(head)
+    if linear is not None and n:
+        return _LinearSelected.apply(hidden, linear.weight, linear.bias, targets, step)
     recompute = torch.is_grad_enabled() and chunk_size > 0
     parts = []
     for start in range(0, n, step):
@@ -87,9 +165,10 @@ def head_selects(
     """
     own = head.__dict__.get("forward")
     original = head.forward
+    linear = _plain_linear(head)  # read before the instance's forward is replaced below
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        return selected_logprobs(hidden[rows, cols], original, targets, chunk_size)
+        return selected_logprobs(hidden[rows, cols], original, targets, chunk_size, linear=linear)
 
     head.forward = forward
     try:
