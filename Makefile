@@ -9,6 +9,9 @@ TORCH_SPEC ?= torch==2.13.0
 ALGO ?=
 MODEL ?= block
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): most tests run tiny models single-threaded, so one worker per core (at most 4)
+# nearly halves the suite on CI's 2 cores. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: install sysdeps cxx test lint demo clean
 
@@ -50,7 +53,7 @@ $(VENV)/.deepspeed-ops: $(VENV)/.installed
 	touch $@
 
 test: install sysdeps $(VENV)/.deepspeed-ops
-	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py -n $(TEST_WORKERS) --maxprocesses 4 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
