@@ -135,10 +135,10 @@ def selected_logprobs(
         )
     n = hidden.shape[0]
     step = chunk_size or max(n, 1)
-    linear = linear if linear is not None else _plain_linear(head)
-    if linear is not None and n:
-        return _LinearSelected.apply(hidden, linear.weight, linear.bias, targets, step)
     recompute = torch.is_grad_enabled() and chunk_size > 0
+    linear = linear if linear is not None else _plain_linear(head)
+    if linear is not None and n and torch.is_grad_enabled():
+        return _LinearSelected.apply(hidden, linear.weight, linear.bias, targets, step)
     parts = []
     for start in range(0, n, step):
         h, t = hidden[start : start + step], targets[start : start + step]
