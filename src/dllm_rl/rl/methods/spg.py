@@ -19,6 +19,16 @@ checked here, only its released code).
   draws of its weighted, powered probability; draws that do not mask it add 0), and a sequence's EUBO is
   ``L`` times the mean over its tokens with a positive term (the released code's reduction).
 
+When the EUBO is an upper bound: with one block each token's weights ``L / n`` over the draws that mask it
+sum to 1, so ``(1/beta) log E[p^beta] >= log E[p] >= E[log p]`` per token for every ``beta >= 1`` (the
+released Sudoku scripts use ``beta = 1``). It bounds ``log pi(y|x)`` from above when the model's conditionals
+are those of one joint distribution (every unmasking order then gives the same product, and the ELBO is
+tight). A network's conditionals need not be: on a random tiny model exact enumeration puts the EUBO at
+``beta = 1`` up to 0.15 nats below ``log pi`` (float64 gives the same numbers), and ``beta`` up to 1.39 was
+needed there (tests/estimators/test_estimator_methods.py checks 1.5 and 2). With several blocks the weights
+of a token no longer sum to 1 (two blocks of 4: 0.365 and 1.635), in the released code too, so the
+guarantee is the one-block case's. With few draws the log of a sample mean also biases the estimate down.
+
 Deviation: the released code draws the ``num_t`` blocks of a sample without replacement; here each draw
 picks its block independently (same marginal). SPG defines no KL term (``beta`` must be 0).
 """
