@@ -43,10 +43,11 @@ FINAL = {"espo_fault": "final", "sft": "model", "sft_resumed": "model", "sft_lor
 VALUE_RUNS = ("value", "value_resumed")  # TraceRL with its value model: its gathered weights are compared too
 
 RUNS = [run for run in FINAL if run != "espo_fault"]
-# The driver's mode "short" (SFT, ESPO, TraceRL with the value model's second engine, a resume), for the
+# The driver's mode "short" (SFT, ESPO, TraceRL with the value model's second engine, a resume, TraceRL with LoRA
+# and the base as reference: LoRA must hold under every backend), for the
 # backends whose code paths the full set adds nothing to beyond them (ZeRO-2 holds full parameters; ZeRO-3 with
 # offload differs from ZeRO-3 in where the optimizer runs): the suite stays within its time.
-SHORT = ("sft", "espo", "espo_nan", "espo_resumed", "value")
+SHORT = ("sft", "espo", "espo_nan", "espo_resumed", "tracerl_lora", "value")
 
 
 def runs(backend: str) -> tuple[str, ...]:

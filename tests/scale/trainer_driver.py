@@ -138,6 +138,7 @@ def save_value_weights() -> None:
 
 
 VALUE = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
+TRACERL_LORA = ("sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")
 
 
 def main(root: Path, out: Path, mode: str = "all") -> None:
@@ -152,11 +153,12 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     if mode == "resume":
         rl(root, out / "espo_fault", "sdar", "espo", "resume=latest")
         return
-    if mode == "short":  # SFT, ESPO and its resume, TraceRL's value model
+    if mode == "short":  # SFT, ESPO and its resume, TraceRL with LoRA, TraceRL's value model
         sft(root, out / "sft")
         rl(root, out / "espo", "sdar", "espo")
         nan(root, out)
         rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
+        rl(root, out / "tracerl_lora", *TRACERL_LORA)
         rl(root, out / "value", "sdar", "tracerl", *VALUE)
         return
     sft(root, out / "sft")
@@ -168,7 +170,7 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     nan(root, out)
     rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
-    rl(root, out / "tracerl_lora", "sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")
+    rl(root, out / "tracerl_lora", *TRACERL_LORA)
     rl(root, out / "value", "sdar", "tracerl", *VALUE)
     rl(root, out / "value_resumed", "sdar", "tracerl", *VALUE,
        f"resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
