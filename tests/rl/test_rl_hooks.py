@@ -79,8 +79,8 @@ def test_igpo_inpaints_only_all_fail_groups_and_replaces_up_to_the_limit(tok):
 
     ctx = HookContext(generate=generate, reward=lambda idx, roll: ([1.0, 1.0], ["ok", "ok"]),
                       reference=lambda i: None, tokenizer=tok, eos_token_id=tok.eos_token_id, gen_length=6, step=0)
-    hook = make_hook("igpo", {"max_replacements": 1, "ratio_low": 1.0, "ratio_high": 1.0, "min_chunk": 1,
-                              "max_chunk": 2})
+    hook = make_hook("igpo", {"column": "solution", "max_replacements": 1, "ratio_low": 1.0, "ratio_high": 1.0,
+                              "min_chunk": 1, "max_chunk": 2})
     out = hook(view, ctx)
     assert len(calls) == 1 and calls[0][0] == [0, 1]
     ref = tok.encode("1+2", add_special_tokens=False) + [tok.eos_token_id]
@@ -90,3 +90,31 @@ def test_igpo_inpaints_only_all_fail_groups_and_replaces_up_to_the_limit(tok):
     assert out.stats == {"igpo_groups": 1.0, "igpo_replaced": 1.0}
     with pytest.raises(ValueError, match="rollout_hook: unknown hook 'nope'; valid: igpo"):
         make_hook("nope", {})
+
+
+def test_igpo_inpaints_the_tasks_reference_completion_by_default(tok, tmp_path):
+    """Countdown's data column ``solution`` is the bare expression; the hook inpaints the task's reference
+    completion, whose tokens decode to a completion the task scores 1.0 (the bare expression scores 0)."""
+    from dllm_rl.jsonl import write_jsonl
+    from dllm_rl.tasks import get_task
+
+    write_jsonl(tmp_path / "cd.jsonl", [{"nums": [1, 2, 3], "target": 9, "solution": "(1+2)*3"}])
+    task = get_task("countdown", data=str(tmp_path / "cd.jsonl"), prompt_style="compact")
+    ex = task.examples[0]
+    view = _view(tok, [0.0, 0.0])
+    view.columns["solution"] = [ex["solution"]] * 2
+    calls = []
+
+    def generate(indices, prefill):
+        calls.append(prefill)
+        return view.rollout.select([0, 1])
+
+    ctx = HookContext(generate=generate, reward=lambda idx, roll: ([0.0, 0.0], ["no", "no"]),
+                      reference=lambda i: task.reference_completion(ex), tokenizer=tok,
+                      eos_token_id=tok.eos_token_id, gen_length=32, step=0)
+    make_hook("igpo", {"ratio_low": 1.0, "ratio_high": 1.0})(view, ctx)
+    ids = [calls[0][0][k] for k in sorted(calls[0][0])]
+    assert ids[-1] == tok.eos_token_id
+    text = tok.decode(ids[:-1])
+    assert text == "<answer>(1+2)*3</answer>"
+    assert task.score_one(text, ex) == 1.0 and task.score_one(ex["solution"], ex) == 0.0

@@ -40,14 +40,17 @@ def inpaint_positions(n_tokens: int, ratio: float, min_chunk: int, max_chunk: in
 
 @register_hook("igpo")
 def igpo_hook(
-    *, column: str | None = "solution", max_replacements: int = 4, ratio_low: float = 0.2, ratio_high: float = 0.6,
+    *, column: str | None = None, max_replacements: int = 4, ratio_low: float = 0.2, ratio_high: float = 0.6,
     min_chunk: int = 5, max_chunk: int = 10, success: float = 1.0, seed: int = 0,
 ) -> RolloutHook:
     """IGPO's inpainting (arXiv 2509.10396, method section): for each group whose rewards are all below
     ``success``, decode it again with part of the reference solution inpainted and replace up to
-    ``max_replacements`` failed rollouts by inpainted ones reaching ``success``. The reference is the
-    dataset ``column`` (its text is tokenized and ends with EOS), or the task's reference completion when
-    ``column`` is None or missing. ``stats``: ``igpo_groups`` (all-fail groups inpainted), ``igpo_replaced``."""
+    ``max_replacements`` failed rollouts by inpainted ones reaching ``success``. The reference (tokenized,
+    ending with EOS) is by default the task's reference completion: the task's own answer format, which
+    scores 1.0 (Countdown's ``<answer>expr</answer>``). ``column`` names a dataset column to inpaint instead,
+    for data whose column holds a completion in the prompt's answer format (a worked solution ending in
+    ``\\boxed{}``, as the paper's math data); a raw column such as Countdown's bare ``solution`` expression
+    would never score. ``stats``: ``igpo_groups`` (all-fail groups inpainted), ``igpo_replaced``."""
     if not 0.0 <= ratio_low <= ratio_high <= 1.0:
         raise ValueError(f"igpo: need 0 <= ratio_low <= ratio_high <= 1, got {ratio_low} and {ratio_high}")
     if not 1 <= min_chunk <= max_chunk or max_replacements < 0:
