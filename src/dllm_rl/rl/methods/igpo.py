@@ -9,8 +9,10 @@ within the group), chunks of 5-10 tokens, at most 4 replacements, on GRPO with d
 sequence ratio, ``beta = 0.01``, ``lr = 5e-7``, ``num_iterations = 4``, temperature 1.2.
 The paper's equation numbers could not be checked here.
 
-Deviations: the reference tokens keep their own offsets in the completion (the released code spaces
-chunks over the generation window); the released entropy filter on inpainted tokens (train only on the
+Deviations: the reference inpainted is the task's reference completion unless ``column`` names a data
+column (the released code inpaints the data's worked solution; ``configs/llada-igpo-math.yaml`` sets
+``column: solution``); the reference tokens keep their own offsets in the completion (the released code
+spaces chunks over the generation window); the released entropy filter on inpainted tokens (train only on the
 top 20% entropy hint tokens) is not implemented - inpainted tokens are trained like generated ones.
 """
 
