@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rare_shapes import write_rare_set
 
+from dllm_rl.rl.algorithms import PRESETS
 from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides
 from dllm_rl.training import METRICS_FILE, read_metrics
 
@@ -44,7 +45,8 @@ RARE = Path(__file__).with_name("rare_shapes.py")
 # per-method settings of the demo rows (a method-specific option cannot live in the shared demo configs):
 # BGPO's 16 draws (its preset, the paper's large-sample setting) make an update ~25 s on one CPU thread, 4 keep
 # it at ~3-9 s; its bound's memory does not depend on the draws either way (benchmarks/estimator_memory.py)
-METHOD_EXTRA = {"bgpo": ["estimator_options={num_mc: 4, coupled: false}"]}
+# (an override replaces the whole options dict, so the preset's other options are carried over from it)
+METHOD_EXTRA = {"bgpo": [f"estimator_options={json.dumps({**PRESETS['bgpo']['estimator_options'], 'num_mc': 4})}"]}
 
 
 def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) -> list[str]:

@@ -7,10 +7,12 @@ import random
 import pytest
 import torch
 
+from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, tiny_config
 from dllm_rl.rl.hooks import HookContext, RoundView, make_hook, replace_samples
 from dllm_rl.rl.methods.igpo import inpaint_positions
 from dllm_rl.sampling import DecodeConfig, generate
+from dllm_rl.tasks import get_task
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +97,6 @@ def test_igpo_inpaints_only_all_fail_groups_and_replaces_up_to_the_limit(tok):
 def test_igpo_inpaints_the_tasks_reference_completion_by_default(tok, tmp_path):
     """Countdown's data column ``solution`` is the bare expression; the hook inpaints the task's reference
     completion, whose tokens decode to a completion the task scores 1.0 (the bare expression scores 0)."""
-    from dllm_rl.jsonl import write_jsonl
-    from dllm_rl.tasks import get_task
-
     write_jsonl(tmp_path / "cd.jsonl", [{"nums": [1, 2, 3], "target": 9, "solution": "(1+2)*3"}])
     task = get_task("countdown", data=str(tmp_path / "cd.jsonl"), prompt_style="compact")
     ex = task.examples[0]
