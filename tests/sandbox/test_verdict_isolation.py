@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dllm_rl.sandbox import Sandbox, SandboxLimits
+from dllm_rl.sandbox._child.wire import PLAIN
 
 LIMITS = SandboxLimits(timeout_s=5)
 TESTS = ["assert f(1) == 2", "assert f(2) == 3"]
@@ -116,8 +117,7 @@ def test_cheat_scores_zero_with_a_wrong_f_and_one_with_a_right_f(sb, name):
 
 def test_non_plain_return_value_fails_with_a_clear_reason(sb):
     res = sb.run_function_tests(ALWAYS_EQUAL + "def f(x):\n    return Yes()\n", TESTS)
-    plain = "None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset"
-    assert res.details == [f"TypeError: f(...) returned an object of type Yes, not plain data ({plain})"] * 2
+    assert res.details == [f"TypeError: f(...) returned an object of type Yes, not plain data ({PLAIN})"] * 2
 
 
 def test_printing_does_not_corrupt_the_calls(sb):

@@ -25,8 +25,10 @@ class Job:
     """One sandboxed run: a program and its tests.
 
     ``mode="function"``: ``tests`` are Python snippets (``assert`` lines, or a ``check(candidate)``
-    definition plus its call) run after ``setup`` in a namespace holding the program's top-level names
-    (the program itself runs in its own process; see :mod:`dllm_rl.sandbox`).
+    definition plus its call) run after ``setup`` in a namespace holding the trusted ``prelude``'s names
+    (HumanEval's prompt: its helpers), then the program's ``entry_point`` and the other names of the
+    program the tests read that neither a builtin nor the prelude provides (the program itself runs in its
+    own process; see :mod:`dllm_rl.sandbox`).
     ``mode="stdio"``: ``tests`` are ``(stdin, expected_stdout)`` pairs; ``program`` runs once per pair
     as ``__main__``; ``expected_stdout=None`` only captures the output. ``tag`` appears on the sandboxed
     process's command line (``job-<tag>``), to find it in ``ps``.
@@ -37,6 +39,8 @@ class Job:
     mode: str = "function"
     setup: str = ""
     tag: str = field(default_factory=lambda: secrets.token_hex(6))
+    entry_point: str | None = None
+    prelude: str = ""
 
 
 def _count_user_processes(uid: int) -> int:
@@ -79,9 +83,11 @@ class Sandbox:
         """How this sandbox runs code here (resolved once, cached)."""
         return resolve_isolation(self._user, self._python, self._use_bwrap)
 
-    def run_function_tests(self, program: str, tests: Sequence[str], setup: str = "") -> ExecResult:
+    def run_function_tests(
+        self, program: str, tests: Sequence[str], setup: str = "", entry_point: str | None = None, prelude: str = ""
+    ) -> ExecResult:
         """Run ``program`` then each test snippet; test ``i`` passes when it completes without raising."""
-        return self.run(Job(program, list(tests), "function", setup))
+        return self.run(Job(program, list(tests), "function", setup, entry_point=entry_point, prelude=prelude))
 
     def run_stdio_tests(self, program: str, cases: Sequence[tuple[str, str | None]]) -> ExecResult:
         """Run ``program`` once per ``(stdin, expected_stdout)`` case; see :func:`outputs_match`."""
@@ -135,6 +141,7 @@ class Sandbox:
         nonce = secrets.token_hex(16)
         tests = [str(t[0]) for t in job.tests] if job.mode == "stdio" else [str(t) for t in job.tests]
         job_data = {"nonce": nonce, "program": job.program, "setup": job.setup, "tests": tests}
+        job_data.update(entry_point=job.entry_point, prelude=job.prelude)
         job_data.update(output_cap=lim.output_bytes, test_timeout=lim.test_timeout_s)
         payload = marshal.dumps(job_data, 4)
         launcher = launcher_for(iso) if self.use_launcher else None

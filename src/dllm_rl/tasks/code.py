@@ -44,11 +44,16 @@ _CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 _BUILTIN_NAMES = set(dir(__import__("builtins"))) | {"assert", "math", "set", "sorted", "isclose"}
 
 
-def mbpp_entry_point(test: str) -> str | None:
-    """The function an MBPP ``assert`` line calls (the first called name that is not a builtin)."""
-    for m in _CALL.finditer(test):
-        if m.group(1) not in _BUILTIN_NAMES:
-            return m.group(1)
+def mbpp_entry_point(test: str, reference: str | None = None) -> str | None:
+    """The function an MBPP ``assert`` line calls: the first called name that is not a builtin, else the
+    first called name the reference defines (MBPP 126's function is ``sum``)."""
+    called = [m.group(1) for m in _CALL.finditer(test)]
+    for name in called:
+        if name not in _BUILTIN_NAMES:
+            return name
+    for name in called:
+        if reference and re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", reference, re.M):
+            return name
     return None
 
 
@@ -193,7 +198,8 @@ class CodeTask(Task):
             row["test_mode"] = "function"
             row["tests"] = tests
             row["setup"] = setup
-            row["entry_point"] = row.get("entry_point") or mbpp_entry_point(tests[0])
+            ref = str(row["code"]) if row.get("code") is not None else None
+            row["entry_point"] = row.get("entry_point") or mbpp_entry_point(tests[0], ref)
             if row.get("code") is not None:
                 row["reference"] = str(row["code"])
         else:
@@ -293,7 +299,16 @@ class CodeTask(Task):
         tests = ex["tests"]
         if ex["test_mode"] == "stdio":
             tests = [(str(i), str(o)) for i, o in tests]
-        return Job(program, tests, ex["test_mode"], ex.get("setup") or "")
+        return self._job(program, tests, ex)
+
+    @staticmethod
+    def _job(program: str, tests: list, ex: Mapping[str, Any]) -> Job:
+        """The job of a program: tests see its entry point; HumanEval's prompt is the trusted prelude (its
+        helpers and imports are the test's own, whatever the program redefines)."""
+        entry = ex.get("entry_point")
+        prelude = str(ex.get("code_prompt") or "") if ex["test_mode"] == "function" else ""
+        setup = ex.get("setup") or ""
+        return Job(program, tests, ex["test_mode"], setup, entry_point=entry and str(entry), prelude=prelude)
 
     def _score(self, text: str, example: Mapping[str, Any]) -> Score:
         return self._score_batch([text], [dict(example)])[0]
@@ -321,7 +336,7 @@ class CodeTask(Task):
         """Run a full program (not a completion) against an example's tests; returns the ExecResult."""
         ex = self._prepared(example)
         tests = ex["tests"] if ex["test_mode"] == "function" else [(str(i), str(o)) for i, o in ex["tests"]]
-        return self.sandbox.run(Job(program, tests, ex["test_mode"], ex.get("setup") or ""))
+        return self.sandbox.run(self._job(program, tests, ex))
 
 
 def code_task_for(dataset: str) -> type[CodeTask]:

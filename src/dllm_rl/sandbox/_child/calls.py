@@ -1,17 +1,23 @@
-"""The test process's side of function tests: the program's top-level names as stand-ins that send each
-call to the program's process and get plain values back (:mod:`candidate`, :mod:`wire`).
+"""The test process's side of function tests: the program's names the tests reach, as stand-ins that send
+each call to the program's process and get plain values back (:mod:`candidate`, :mod:`wire`).
 
 The test code runs here, in a process that runs nothing of the program: a stand-in (:class:`Remote`) is
 defined here, compares by identity, and forwards only calls and attribute access; a reply is decoded into
-exact built-in types. Supported: functions (results must be plain data), classes (calling one returns a
-handle to the instance, whose attributes and methods are forwarded; passing a handle back passes the
-object), plain top-level values (copied) and modules (this process imports its own copy). Not supported:
-passing a function or other object of the test into the program (callbacks), seeing the program mutate an
-argument in place (arguments are copies), operators on handles other than attribute access and calls.
-As in the program's own namespace, its top-level names shadow builtins (MBPP 126's entry point is
-``sum``): a program can redefine a name the tests call, and the tests then get that function's plain
-results, as they would from any function of the program. A name of a standard-library module
-(``math``), though, is always this process's own module, so a fake ``math.isclose`` never reaches a test.
+built-in (or standard-library value) types. Supported: functions (results must be plain data, see
+:data:`wire.PLAIN`), classes (calling one returns a handle to the instance, whose attributes and methods
+are forwarded; passing a handle back passes the object), plain top-level values (copied) and modules
+(this process imports its own copy). An exception the program raises arrives as its built-in type, or as
+a class of its name made here on its first built-in base (``except ValueError`` catches the program's
+``ValueError`` subclass). Not supported: passing a function or other object of the test into the
+program (callbacks), seeing the program mutate an argument in place (arguments are copies), operators on
+handles other than attribute access and calls.
+
+Which names of the program the tests see: the entry point, and every other global name the tests or the
+setup read that is not a builtin and that the trusted *prelude* (HumanEval's prompt, run here first:
+its helpers such as ``poly``) does not define. So a program that redefines ``abs``, ``poly`` or any
+other name with a trusted meaning changes nothing the tests call; a name of a standard-library module
+(``math``) is always this process's own module. The entry point may carry a builtin's name (MBPP 126's
+is ``sum``).
 """
 
 import builtins
@@ -19,8 +25,10 @@ import sys
 
 from . import wire
 
-PLAIN = "None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset"
+PLAIN = wire.PLAIN
 _STDLIB = getattr(sys, "stdlib_module_names", None)
+_BUILTIN_NAMES = frozenset(dir(builtins))
+_EXCEPTIONS = {}
 
 
 class ProgramError(Exception):
@@ -57,11 +65,25 @@ class Remote:
         return "<program {} {}>".format({"cls": "class", "fn": "function"}.get(self._kind, "object"), self._name)
 
 
-def _exception_type(name):
-    cls = getattr(builtins, name, None) if isinstance(name, str) else None
+def _builtin_exception(name):
+    cls = getattr(builtins, name, None) if type(name) is str else None
     if isinstance(cls, type) and issubclass(cls, Exception):
         return cls
     return None
+
+
+def _exception_type(name, base):
+    """The class to raise for the program's exception ``name`` whose first built-in base is ``base``: the
+    built-in class itself, else a class of that name made here on that base (None: neither is usable)."""
+    cls = _builtin_exception(name)
+    if cls is not None:
+        return cls
+    base_cls = _builtin_exception(base)
+    if base_cls is None or type(name) is not str or not name.isidentifier():
+        return None
+    if (name, base_cls) not in _EXCEPTIONS:
+        _EXCEPTIONS[name, base_cls] = type(name, (base_cls,), {"__module__": "solution"})
+    return _EXCEPTIONS[name, base_cls]
 
 
 class Link:
@@ -89,12 +111,20 @@ class Link:
     def ask(self, message, handles=None):
         """Send one request; its reply, a list (raises :class:`ProgramGone` once the process is gone).
         ``handles``: a list that collects the stand-ins made for handles in the reply."""
+        self.send(message)
+        return self.receive(handles)
+
+    def send(self, message):
+        """Send one request (its reply is read by :meth:`receive`)."""
         if self.broken:
             raise ProgramGone(self.broken)
         try:
             wire.send(self.req_w, message, self._handle_id)
         except wire.NotPlain as exc:  # an argument that cannot be sent: this test fails
             raise TypeError(str(exc)) from None
+
+    def receive(self, handles=None):
+        """The reply to the last request (see :meth:`ask`)."""
 
         def stand_in(ident, type_name):
             remote = self.remote(ident, type_name, "obj")
@@ -122,9 +152,9 @@ class Link:
             if made and not handles_ok:
                 raise TypeError(_not_plain(what, f"an object of type {made[0]._name}"))
             return reply[1]
-        if tag == "raise" and len(reply) == 3:
+        if tag == "raise" and len(reply) == 4:
             name, message = str(reply[1]), str(reply[2])
-            cls = _exception_type(name)
+            cls = _exception_type(name, reply[3])
             if cls is not None:
                 raise cls(message)
             raise ProgramError(f"{name}: {message}" if message else name)
@@ -162,14 +192,38 @@ def _module(name):
     return None
 
 
-def namespace(manifest, link):
-    """The test namespace: the program's top-level names as stand-ins, copies or this process's modules."""
-    ns = {"__name__": "solution", "__builtins__": builtins}
-    for entry in manifest if type(manifest) is list else []:
-        if type(entry) is not list or len(entry) != 3 or type(entry[0]) is not str:
+def _global_names(code):
+    """Every name ``code`` (and the functions and classes in it) may read as a global or an attribute."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, type(code)):
+            names |= _global_names(const)
+    return names
+
+
+def wanted_names(entry, codes):
+    """The program's names the tests may see: ``entry``, and every other name the compiled tests and setup
+    read that is not a builtin (the prelude's names are dropped when the reply is bound)."""
+    names = set()
+    for code in codes:
+        if not isinstance(code, BaseException):
+            names |= _global_names(code)
+    names -= _BUILTIN_NAMES
+    if type(entry) is str and entry:
+        names.add(entry)
+    return sorted(names)
+
+
+def bind(ns, manifest, link, entry):
+    """Put the program's names into the test namespace ``ns`` (which already holds the prelude's): as
+    stand-ins, copies or this process's modules. A name the prelude defined stays the prelude's, except
+    the entry point, which the program provides."""
+    trusted = set(ns)
+    for item in manifest if type(manifest) is list else []:
+        if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
             continue
-        name, kind, payload = entry
-        if name.startswith("__") and name.endswith("__"):
+        name, kind, payload = item
+        if (name.startswith("__") and name.endswith("__")) or (name in trusted and name != entry):
             continue
         if _STDLIB is not None and name in _STDLIB:  # ``math`` is this process's math, whatever the program bound
             mod = _module(name)
@@ -187,19 +241,36 @@ def namespace(manifest, link):
     return ns
 
 
+def _compiled(source, where):
+    try:
+        return compile(source, where, "exec")
+    except BaseException as exc:  # the test fails when its turn comes
+        return exc
+
+
 def run_function_tests(job, link, emit):
-    """Send the program, build the namespace, run ``setup`` then each test; ``emit(i, b"ok" | b"fail", why)``."""
-    tests = job["tests"]
+    """Send the program, run the prelude, bind the program's names, run ``setup`` then each test;
+    ``emit(i, b"ok" | b"fail", why)``."""
+    tests = [_compiled(t, f"<test {i}>") for i, t in enumerate(job["tests"])]
+    setup = _compiled(job.get("setup") or "", "<setup>")
+    entry = job.get("entry_point")
+    ns = {"__name__": "solution", "__builtins__": builtins}
     step = "program"
     try:
-        reply = link.ask(["program", job["program"]])
+        link.send(["program", job["program"], wanted_names(entry, [setup, *tests])])
+        step = "prelude"  # runs here while the program's process runs the program
+        if job.get("prelude"):
+            exec(compile(job["prelude"], "<prelude>", "exec"), ns)
+        step = "program"
+        reply = link.receive()
         if reply[0] != "ready" or len(reply) != 2:
             why = str(reply[1]) if reply[0] == "fail" and len(reply) == 2 else "malformed reply"
             raise ProgramError(why)
-        ns = namespace(reply[1], link)
+        bind(ns, reply[1], link, entry)
         step = "setup"
-        if job.get("setup"):
-            exec(compile(job["setup"], "<setup>", "exec"), ns)
+        if isinstance(setup, BaseException):
+            raise setup
+        exec(setup, ns)
     except BaseException as exc:
         why = str(exc) if isinstance(exc, (ProgramError, ProgramGone)) and step == "program" else wire.describe(exc)
         for i in range(len(tests)):
@@ -207,7 +278,9 @@ def run_function_tests(job, link, emit):
         return
     for i, test in enumerate(tests):
         try:
-            exec(compile(test, f"<test {i}>", "exec"), ns)
+            if isinstance(test, BaseException):
+                raise test
+            exec(test, ns)
         except BaseException as exc:
             emit(i, b"fail", wire.describe(exc).encode("utf-8", "replace"))
             continue

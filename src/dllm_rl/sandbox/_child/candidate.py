@@ -2,10 +2,11 @@
 values (:mod:`wire`). Nothing here decides a verdict: this process never holds the marker pipe or the
 run's nonce (it is forked before the job is read), and whatever it sends is decoded as plain data.
 
-Requests (test process -> here): ``["program", source]`` once, then ``["call", id, [args], [[k, v]]]``,
-``["getattr", id, name]``, ``["setattr", id, name, value]``. Replies: ``["ready", manifest]`` /
-``["fail", why]`` for the program, then ``["ok", value]``, ``["raise", type name, message]`` (the call
-raised), or ``["bad", why]`` (the result is not plain data). A call returns a handle only when it calls
+Requests (test process -> here): ``["program", source, [names]]`` once (the names the tests may reach),
+then ``["call", id, [args], [[k, v]]]``, ``["getattr", id, name]``, ``["setattr", id, name, value]``.
+Replies: ``["ready", manifest]`` / ``["fail", why]`` for the program, then ``["ok", value]``, ``["raise",
+type name, message, built-in base]`` (the call raised; the base is the first built-in exception class of
+its type's MRO), or ``["bad", why]`` (the result is not plain data). A call returns a handle only when it calls
 a class (a constructor); attributes may be handles (``node.left``).
 """
 
@@ -64,22 +65,25 @@ class _Objects:
         return self.by_id[i]
 
 
-def manifest(ns, objects):
-    """What the program defined at top level: ``[name, "val", value]`` (plain data), ``[name, "mod",
-    module name]``, or ``[name, "fn" | "cls" | "obj", id]`` (called through handles)."""
+def manifest(ns, objects, wanted):
+    """What the program defined at top level under the ``wanted`` names (only those are copied, so a large
+    table no test reads costs nothing): ``[name, "val", value]`` (plain data), ``[name, "mod", module
+    name]``, or ``[name, "fn" | "cls" | "obj", id]`` (called through handles)."""
     out = []
-    for name, obj in list(ns.items()):
-        if not isinstance(name, str) or (name.startswith("__") and name.endswith("__")):
+    for name in wanted:
+        if type(name) is not str or (name.startswith("__") and name.endswith("__")) or name not in ns:
             continue
+        obj = ns[name]
         if isinstance(obj, types.ModuleType):
             out.append([name, "mod", str(getattr(obj, "__name__", ""))])
             continue
-        try:
-            wire.dumps(obj)
-            out.append([name, "val", obj])
-            continue
-        except wire.NotPlain:
-            pass
+        if not isinstance(obj, wire.Iterator):  # copying would consume it: the tests get a handle
+            try:
+                wire.dumps(obj)
+                out.append([name, "val", obj])
+                continue
+            except wire.NotPlain:
+                pass
         kind = "cls" if isinstance(obj, type) else "fn" if callable(obj) else "obj"
         out.append([name, kind, objects.add(obj)])
     return out
@@ -100,8 +104,17 @@ def _answer(req, objects):
             return ["ok", None], None
     except BaseException as exc:
         name, _, message = wire.describe(exc).partition(": ")
-        return ["raise", name, message], None
+        return ["raise", name, message, _builtin_base(type(exc))], None
     raise wire.ProtocolError(f"unknown request {op!r}")
+
+
+def _builtin_base(cls):
+    """Name of the first built-in exception class in ``cls``'s MRO (``except ValueError`` in a test catches
+    the program's ``ValueError`` subclasses)."""
+    for base in getattr(cls, "__mro__", ()):
+        if isinstance(base, type) and getattr(builtins, base.__name__, None) is base:
+            return base.__name__
+    return "Exception"
 
 
 def _reply(rep_w, reply, handle):
@@ -117,7 +130,7 @@ def serve(req_r, rep_w):
     """Run the program, send its manifest, then answer requests until end of file."""
     objects = _Objects()
     msg = wire.recv(req_r)
-    if not msg or msg[0] != "program":
+    if not msg or msg[0] != "program" or len(msg) != 3 or type(msg[2]) is not list:
         return
     ns = {"__name__": "solution", "__builtins__": builtins}
     try:
@@ -125,7 +138,11 @@ def serve(req_r, rep_w):
     except BaseException as exc:
         wire.send(rep_w, ["fail", wire.describe(exc)])
         return
-    wire.send(rep_w, ["ready", manifest(ns, objects)])
+    try:
+        ready = ["ready", manifest(ns, objects, msg[2])]
+    except BaseException as exc:
+        ready = ["fail", "the program's names could not be read: " + wire.describe(exc)]
+    wire.send(rep_w, ready)
     while True:
         req = wire.recv(req_r, objects.get)
         if req is None:
