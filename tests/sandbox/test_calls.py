@@ -68,3 +68,46 @@ def test_a_program_process_that_dies_fails_the_remaining_tests(sb):
     assert res.details[1:] == ["ProgramGone: the program's process ended"] * 2
     top = sb.run_function_tests("import sys\nsys.exit(3)\n", ["pass"])
     assert top.details == ["program failed: SystemExit: 3"]
+
+
+WIDE = """import collections, decimal, fractions
+Point = collections.namedtuple("Point", "x y")
+class Negative(ValueError):
+    pass
+def f(kind, arg=None):
+    if kind == "type":
+        return [x for x in (4, 7.7, "s") if not isinstance(x, arg)]
+    if kind == "raise":
+        raise Negative("below zero")
+    return {
+        "range": range(1, 7, 2), "map": map(abs, [-1, 2]), "gen": (i * i for i in range(3)),
+        "fraction": fractions.Fraction(3, 6), "decimal": decimal.Decimal("1.10"), "bytearray": bytearray(b"ab"),
+        "point": Point(1, 2), "keys": {"a": 1}.keys(), "items": {"a": 1}.items(), "int": int,
+    }[kind]
+"""
+
+
+def test_correct_programs_returning_wider_values_pass(sb):
+    tests = [
+        "assert f('type', int) == [7.7, 's'] and f('type', str) == [4, 7.7]",
+        "try:\n    f('raise')\nexcept ValueError as e:\n"
+        "    assert str(e) == 'below zero' and type(e).__name__ == 'Negative'",
+        "assert f('range') == range(1, 7, 2) and list(f('map')) == [1, 2] and f('map') != [1, 2]",
+        "assert sum(f('gen')) == 5",
+        "import fractions, decimal\n"
+        "assert f('fraction') == fractions.Fraction(1, 2) and f('decimal') == decimal.Decimal('1.1')",
+        "assert f('bytearray') == bytearray(b'ab') and type(f('bytearray')) is bytearray",
+        "p = f('point')\nassert p.x == 1 and p.y == 2 and p == (1, 2)",
+        "assert f('keys') == {'a'} and list(f('items')) == [('a', 1)] and f('int') is int",
+        "assert f('type', range) == [4, 7.7, 's']",
+    ]
+    res = sb.run_function_tests(WIDE, tests, entry_point="f")
+    assert res.passed == [True] * 9, res.details
+
+
+def test_only_the_names_the_tests_read_are_copied(sb):
+    prog = "TABLE = ['x' * 1000] * 70000\nSMALL = {'k': 1}\ndef f(i):\n    return len(TABLE[i]) + SMALL['k']\n"
+    res = sb.run_function_tests(prog, ["assert f(0) == 1001", "assert SMALL == {'k': 1}", "len(TABLE)"])
+    # a 70 MB table is over the frame limit: a test that reads it gets a handle, the others pass
+    assert res.passed == [True, True, False], res.details
+    assert res.details[2] == "TypeError: object of type 'Remote' has no len()"

@@ -3,10 +3,12 @@ nothing but built-in types (or explicitly allowed handles) out of the bytes an u
 
 from __future__ import annotations
 
+import decimal
 import enum
+import fractions
 import math
 import os
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, namedtuple
 
 import pytest
 
@@ -42,6 +44,21 @@ def test_subclasses_travel_as_their_base_type():
     assert [type(x) for x in back] == [dict, dict, int, str]
 
 
+def test_values_rebuilt_from_plain_parts():
+    point = namedtuple("Point", "x y")(1, [2])
+    value = [int, range(1, 9, 3), bytearray(b"\x00a"), fractions.Fraction(-4, 6), decimal.Decimal("1.10"), point]
+    back = roundtrip(value)
+    assert back == value
+    assert [type(x) for x in back[:5]] == [type, range, bytearray, fractions.Fraction, decimal.Decimal]
+    assert str(back[4]) == "1.10" and back[5].x == 1 and back[5].y == [2] and type(back[5]).__name__ == "Point"
+    assert wire.dumps(int) == b"Bs3:int" and wire.dumps(range(3)) == b"Rt3:i0;i3;i1;"
+    views = roundtrip([{"a": 1}.keys(), {"a": 1}.values(), {"a": 1}.items()])
+    assert views[0] == {"a"} and list(views[1]) == [1] and views[2] == {("a", 1)}
+    lazy = roundtrip([map(abs, [-1, 2]), (i for i in "ab"), zip("ab", "cd"), filter(None, [0, 3])])
+    assert [list(x) for x in lazy] == [[1, 2], ["a", "b"], [("a", "c"), ("b", "d")], [3]]
+    assert [type(x) for x in lazy] == [type(iter([]))] * 4  # iterators, not lists: f() == [...] stays False
+
+
 def test_objects_need_a_handle_maker():
     with pytest.raises(wire.NotPlain, match="^an object of type object$"):
         wire.dumps([1, object()])
@@ -64,6 +81,13 @@ def test_objects_need_a_handle_maker():
         (b"S1:l0:", "malformed value from the other process (TypeError)"),
         (b"i12", "malformed value from the other process (ValueError)"),
         (b"l1:", "malformed value from the other process (IndexError)"),
+        (b"Bs4:open", "no built-in type 'open'"),
+        (b"Bs9:__class__", "no built-in type '__class__'"),
+        (b"Rt3:i0;i1;i0;", "malformed value from the other process (ValueError)"),
+        (b"Rt1:f0x1p+0;", "malformed value from the other process (parts)"),
+        (b"Ds3:abc", "malformed value from the other process (InvalidOperation)"),
+        (b"ns1:Pt1:s1:xl1:i1;", "malformed value from the other process (parts)"),
+        (b"ns3:P Qt1:s1:xt1:i1;", "malformed value from the other process (ValueError)"),
     ],
 )
 def test_malformed_values_are_rejected(data, message):

@@ -126,16 +126,44 @@ def test_humaneval_canonical_solutions_all_pass():
     assert all(s == 0.0 for s in wrong)
 
 
+def test_mbpp_533_reference_passes_a_builtin_type_to_the_program():
+    row = {
+        "task_id": 533,
+        "text": "Write a function to remove particular data type elements from the given tuple.",
+        "code": "def remove_datatype(tup, data_type):\n  return [e for e in tup if not isinstance(e, data_type)]",
+        "test_list": [
+            "assert remove_datatype((4, 5, 4, 7.7, 1.2), int) == [7.7, 1.2]",
+            "assert remove_datatype((7, 8, 9, 'SR'), str) == [7, 8, 9]",
+        ],
+    }
+    t = task([row])
+    s = t.score_one(t.reference_completion(t.examples[0]), t.examples[0])
+    assert s == 1.0, s.reason
+
+
+def test_mbpp_126_entry_point_is_the_builtin_name_the_reference_defines():
+    code = (
+        "def sum(a,b): \n    sum = 0\n    for i in range (1,min(a,b)): \n"
+        "        if (a % i == 0 and b % i == 0): \n            sum += i \n    return sum"
+    )  # MBPP 126's reference
+    assert mbpp_entry_point("assert sum(10,15) == 6", code) == "sum" and mbpp_entry_point("assert sum(1) == 1") is None
+    row = {"task_id": 126, "text": "Sum of common divisors.", "code": code}
+    row["test_list"] = ["assert sum(10,15) == 6", "assert sum(100,150) == 93", "assert sum(4,6) == 3"]
+    t = task([row])
+    ex = t.examples[0]
+    assert ex["entry_point"] == "sum"
+    assert t.score_one(t.reference_completion(ex), ex) == 1.0
+    assert t.score_one("def sum(a, b):\n    return 6", ex) == pytest.approx(1 / 3)
+
+
 @pytest.mark.slow
 def test_mbpp_reference_solutions_pass(mbpp_test):
-    path, rows = mbpp_test  # the test split (500) with the benchmark-data folder, else the bundled 50
-    t = get_task("mbpp", data=path, split="test", limits=SandboxLimits(timeout_s=20))
+    path, rows = mbpp_test  # every split (974) with the benchmark-data folder, else the bundled 50
+    t = get_task("mbpp", data=path, split="all", limits=SandboxLimits(timeout_s=20))
     examples = t.examples
-    assert len(examples) == rows and examples[0]["task_id"] == 11
+    assert len(examples) == (974 if rows == 500 else rows) and examples[0]["task_id"] == (1 if rows == 500 else 11)
     scores = t.score_examples([t.reference_completion(ex) for ex in examples], examples)
-    passed = sum(s == 1.0 for s in scores)
-    assert passed >= 0.95 * len(examples), [
-        (ex["task_id"], s.reason) for ex, s in zip(examples, scores) if s < 1
-    ][:5]
+    failed = [(ex["task_id"], s.reason) for ex, s in zip(examples, scores) if s != 1.0]
+    assert not failed, failed[:5]
     wrong = t.score_examples(["```python\ndef f(*a):\n    return None\n```"] * 20, examples[:20])
     assert all(s == 0.0 for s in wrong)

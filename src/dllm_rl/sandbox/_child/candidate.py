@@ -70,6 +70,7 @@ def manifest(ns, objects, wanted):
     table no test reads costs nothing): ``[name, "val", value]`` (plain data), ``[name, "mod", module
     name]``, or ``[name, "fn" | "cls" | "obj", id]`` (called through handles)."""
     out = []
+    room = wire.MAX_FRAME // 2  # values past it stay here as handles, so the manifest always fits a frame
     for name in wanted:
         if type(name) is not str or (name.startswith("__") and name.endswith("__")) or name not in ns:
             continue
@@ -79,9 +80,10 @@ def manifest(ns, objects, wanted):
             continue
         if not isinstance(obj, wire.Iterator):  # copying would consume it: the tests get a handle
             try:
-                wire.dumps(obj)
-                out.append([name, "val", obj])
-                continue
+                room -= len(wire.dumps(obj))
+                if room >= 0:
+                    out.append([name, "val", obj])
+                    continue
             except wire.NotPlain:
                 pass
         kind = "cls" if isinstance(obj, type) else "fn" if callable(obj) else "obj"
