@@ -68,8 +68,9 @@ def warn_once(key: str, message: str) -> None:
         log.warning(message)
 
 
-def _ensure_user(name: str) -> pwd.struct_passwd | None:
-    """Return the passwd entry of ``name``, creating it as a system user when root and missing."""
+def ensure_user(name: str, gid: int | None = None) -> pwd.struct_passwd | None:
+    """Return the passwd entry of ``name``, creating it as a system user (in group ``gid`` when given) when
+    root and missing."""
     try:
         return pwd.getpwnam(name)
     except KeyError:
@@ -77,6 +78,7 @@ def _ensure_user(name: str) -> pwd.struct_passwd | None:
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
     if os.path.exists(useradd):
         cmd = [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"]
+        cmd += ["--gid", str(gid)] if gid is not None else []
         subprocess.run([*cmd, name], capture_output=True, timeout=30, check=False)
     try:
         return pwd.getpwnam(name)
@@ -176,7 +178,7 @@ def _sandbox_user(user: str | None, notes: list[str]) -> tuple[int | None, int |
     """``(uid, gid, name)`` the code runs as: a dedicated user when root, else the current user (uid None)."""
     name = pwd.getpwuid(os.getuid()).pw_name if _has_pwent(os.getuid()) else str(os.getuid())
     if os.geteuid() == 0 and user:
-        entry = _ensure_user(user) or _ensure_user("nobody")
+        entry = ensure_user(user) or ensure_user("nobody")
         if entry is None:
             raise SandboxError(
                 f"cannot create or find an unprivileged user for the sandbox (tried {user!r}, 'nobody'); "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .isolation import SANDBOX_USER, Isolation, base_env, bwrap_prefix, resolve_isolation
 from .launcher import launcher_for, popen_reaper
 from .limits import SandboxError, SandboxLimits
+from .slots import run_uid
 from .verdicts import ExecResult, verdicts
 
 
@@ -101,7 +102,7 @@ class Sandbox:
         with ThreadPoolExecutor(max_workers=self.workers) as ex:
             return list(ex.map(self.run, jobs))
 
-    def _config(self, iso: Isolation, workdir: str | None) -> tuple[dict, list[str], int]:
+    def _config(self, iso: Isolation, workdir: str | None, uid: int | None) -> tuple[dict, list[str], int]:
         """The reaper's config (no argv yet), the command up to the harness, and the harness's nproc."""
         lim = self.limits
         if iso.bwrap:
@@ -110,30 +111,35 @@ class Sandbox:
         else:
             cwd, env = workdir, base_env(workdir)
             argv = [iso.python]
-        # RLIMIT_NPROC counts every process of the user. Under bwrap the harness sets the real limit
-        # inside its user namespace (per sandbox); outside it only caps all sandboxes of this user.
+        # RLIMIT_NPROC counts every process of the user. As root each run has a uid of its own (:mod:`.slots`);
+        # under bwrap the harness also sets the real limit inside its user namespace (per sandbox). Not root
+        # and without bwrap it caps all sandboxes of the current user together.
         nproc = lim.nproc
         if iso.bwrap:
             nproc = max(16 * lim.nproc, 1024)
-        elif iso.uid is None:
+        elif uid is None:
             nproc += _count_user_processes(os.getuid())
         rlimits = [(k, nproc if k == "RLIMIT_NPROC" else v) for k, v in lim.rlimits()]
-        cfg = {"env": env, "cwd": cwd, "uid": iso.uid, "gid": iso.gid, "rlimits": rlimits}
+        cfg = {"env": env, "cwd": cwd, "uid": uid, "gid": iso.gid, "rlimits": rlimits}
         cfg["timeout"] = float(lim.timeout_s)
         argv += ["-S", "-I", "-B", iso.harness()]
         return cfg, argv, lim.nproc if iso.bwrap else 0
 
-    def _private_workdir(self, iso: Isolation) -> str | None:
+    def _private_workdir(self, iso: Isolation, uid: int | None) -> str | None:
         if iso.bwrap:
             return None
         workdir = tempfile.mkdtemp(prefix="dllm-sandbox-")
-        if iso.uid is not None:
-            os.chown(workdir, iso.uid, iso.gid if iso.gid is not None else -1)
+        if uid is not None:
+            os.chown(workdir, uid, iso.gid if iso.gid is not None else -1)
         os.chmod(workdir, 0o700)
         return workdir
 
     def run(self, job: Job) -> ExecResult:
         """Run one job and return its per-test verdicts (never raises for anything the program does)."""
+        with run_uid(self.isolation) as uid:
+            return self._run(job, uid)
+
+    def _run(self, job: Job, uid: int | None) -> ExecResult:
         iso = self.isolation
         lim = self.limits
         if job.mode not in ("function", "stdio"):
@@ -145,8 +151,8 @@ class Sandbox:
         job_data.update(output_cap=lim.output_bytes, test_timeout=lim.test_timeout_s)
         payload = marshal.dumps(job_data, 4)
         launcher = launcher_for(iso) if self.use_launcher else None
-        workdir = self._private_workdir(iso)
-        base, argv, nproc = self._config(iso, workdir)
+        workdir = self._private_workdir(iso, uid)
+        base, argv, nproc = self._config(iso, workdir, uid)
         tail = [job.mode, str(nproc), f"job-{job.tag}"]
         start = time.monotonic()
         pipes = [os.pipe() for _ in range(5)]  # stdin, stdout, stderr, markers, status
