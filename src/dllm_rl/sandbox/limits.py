@@ -15,10 +15,12 @@ class SandboxLimits:
     """Resource limits for one sandboxed run (all tests of one program).
 
     ``timeout_s`` is wall-clock time for the whole run; ``cpu_s`` defaults to ``ceil(timeout_s) + 1``.
-    ``memory_mb`` caps the address space (RLIMIT_AS) of each sandboxed process, ``nproc`` the processes of
-    the sandbox user, ``fsize_mb`` any single file written, ``nofile`` open descriptors, ``output_bytes``
-    how much of stdout / stderr / each test's output is kept (the rest is read and discarded), ``tmpfs_mb``
-    the size of the private ``/tmp`` under bubblewrap. ``test_timeout_s`` bounds each stdin/stdout case.
+    ``memory_mb`` caps the address space (RLIMIT_AS) of each sandboxed process, ``nproc`` the processes of one
+    run (its own uid as root, its own user namespace under bubblewrap; not root and without bubblewrap, all
+    runs of the current user together), ``fsize_mb`` any single file written, ``nofile`` open descriptors,
+    ``output_bytes`` how much of stdout / stderr / each test's output is kept (the rest is read and
+    discarded), ``tmpfs_mb`` the size of the private ``/tmp`` under bubblewrap. ``test_timeout_s`` bounds each
+    stdin/stdout case.
     """
 
     timeout_s: float = 10.0

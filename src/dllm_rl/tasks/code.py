@@ -20,10 +20,12 @@ the function header), asking for a ```python block. Code extraction: the last fe
 defines the entry point, else the longest fenced block, else the whole completion. HumanEval
 completions that continue the function body (no ``def``) are appended to the header.
 
-Reward: passed tests / all tests; passing means the harness saw the test complete (see the sandbox
-docs: exit codes are never trusted). Default data: ``humaneval/HumanEval.jsonl.gz`` (``dataset=
-"humaneval"``) or ``mbpp/mbpp.jsonl`` (``dataset="mbpp"``; split ``test`` = task ids 11-510, ``train``
-= 511-974, ``prompt`` = 1-10, ``all``).
+Reward: passed tests / all tests; passing means the harness saw the test complete (see the sandbox docs: exit
+codes are never trusted). The tests reach the program only through its entry point (and names no builtin or
+prompt provides, such as MBPP's tree classes); HumanEval's prompt runs on the trusted side as the tests'
+prelude, so redefining ``abs`` or a prompt helper such as ``poly`` wins nothing. Default data:
+``humaneval/HumanEval.jsonl.gz`` (``dataset= "humaneval"``) or ``mbpp/mbpp.jsonl`` (``dataset="mbpp"``; split
+``test`` = task ids 11-510, ``train`` = 511-974, ``prompt`` = 1-10, ``all``).
 """
 
 from __future__ import annotations
