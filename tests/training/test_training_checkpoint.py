@@ -130,8 +130,8 @@ def test_leftovers_of_a_save_cut_short_are_ignored_and_cleaned(tmp_path, caplog)
     assert checkpoint_step(root / "step-0000002") == 2 and checkpoint_step(root / "step-0000003.tmp") is None
     with caplog.at_level("WARNING", logger="dllm_rl.training.checkpoint"):
         removed = clean_leftovers(tmp_path)
-    assert [p.name for p in removed] == ["notes.txt", "step-0000003.tmp", "step-0000005", "step-0000006", "step-7"]
-    assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
+    assert [p.name for p in removed] == ["step-0000003.tmp", "step-0000005", "step-0000006", "step-7"]
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt", "step-0000002"]  # not a checkpoint's name: kept
     assert f"{root / 'step-0000003.tmp'}: not a complete checkpoint (a save cut short?); removed" in caplog.text
 
 
