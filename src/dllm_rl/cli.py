@@ -7,7 +7,7 @@ subcommand is one module plus one line in ``SUBCOMMANDS``.
 Errors: an exception of a type in :data:`dllm_rl.errors.USER_ERRORS` (``UserError`` and its subclasses
 ``ConfigError`` / ``DataError``, or a missing file) is the user's to fix: it is printed as one line
 ``dllm-rl COMMAND: error: MESSAGE`` and the command exits with status 2. Anything else is a bug and keeps
-its traceback.
+its traceback. Ctrl-C prints one line (a training run's names the step and how to resume) and exits 130.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"dllm-rl {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (a run's says where it stopped), the shell's status 130
+        print(f"dllm-rl {args.command}: interrupted" + (f": {exc}" if str(exc) else ""), file=sys.stderr)
+        return 130
     finally:
         if "torch.distributed" in sys.modules:  # a run under accelerate launch / torchrun: leave its ranks cleanly
             from dllm_rl.training.accel import end_distributed

@@ -3,21 +3,25 @@ a busy directory or a file is refused before any compute; a resumed run keeps it
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 from rl_helpers import rl_overrides
 
+import dllm_rl.training.checkpoint as checkpoint
 from dllm_rl.cli import main
 from dllm_rl.config import load_config
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.training import RunDirError, open_run_dir
 from dllm_rl.training.checkpoint import KILL_ENV
-from dllm_rl.training.run_dir import RL_RUN_FILES
+from dllm_rl.training.run_dir import MANIFEST, RL_RUN_FILES
 
 
 def _rl(tmp_path, args, **env):
@@ -82,10 +86,94 @@ def test_overwrite_starts_afresh_in_an_old_run_directory(rl_setup, tmp_path):
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, "overwrite=true"))
     trainer = RLTrainer(cfg)
     trainer.close()
-    assert sorted(p.name for p in out.iterdir()) == [".lock", "config.yaml", "log.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, ".lock", "config.yaml", "log.txt"]
 
 
 def _yaml(tmp_path):
     config = tmp_path / "rl.yaml"
     config.write_text("algorithm: tracerl\n")
     return [str(config)]
+
+
+def test_overwrite_refuses_to_delete_the_model_the_run_starts_from(rl_setup, tmp_path, capsys):
+    """model=runs/own/final output_dir=runs/own overwrite=true: one line, exit 2, the weights still there."""
+    out = tmp_path / "own"
+    shutil.copytree(rl_setup / "llada", out / "final")
+    (out / "config.yaml").write_text("algorithm: tracerl\n")
+    args = rl_overrides(rl_setup, "llada", out, f"model={out / 'final'}", "overwrite=true")
+    assert main(["rl", *_yaml(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"dllm-rl rl: error: overwrite=true would delete {out}/final/config.json, and "
+                   f"model={out / 'final'} lies in or under it: the run would destroy what it starts from; copy model "
+                   f"out of {out} first, or choose another output_dir\n")
+    assert sorted(p.name for p in (out / "final").iterdir()) == sorted(p.name for p in (rl_setup / "llada").iterdir())
+
+
+def test_resume_refuses_changes_that_make_another_run_and_applies_the_others(rl_setup, tmp_path, capsys,
+                                                                             monkeypatch):
+    out = tmp_path / "run"
+    args = rl_overrides(rl_setup, "sdar", out, "max_steps=1")
+    assert main(["rl", *_yaml(tmp_path), *args]) == 0
+    saved = (out / "config.yaml").read_text()
+    capsys.readouterr()
+    # optim.lr would be recorded but not used (the optimizer resumes at 0.003); algorithm and seed switch runs
+    assert main(["rl", *_yaml(tmp_path), *args, "resume=latest", "optim.lr=0.005", "algorithm=espo", "seed=1"]) == 2
+    err = capsys.readouterr().err
+    ckpt = out / "checkpoints" / "step-0000001"
+    assert err.startswith(f"dllm-rl rl: error: resume from {ckpt}: seed 0 -> 1; algorithm 'tracerl' -> 'espo'; ")
+    assert "; estimator 'trace' -> 'elbo'; " in err and "; optim.lr 0.003 -> 0.005: these settings cannot change on " \
+        "resume (the run would continue as another run, and config.yaml would name values that did not run); " \
+        "resume with the checkpoint's values, or start a new run in another output_dir. Settings that may change: " \
+        "max_steps, " in err
+    assert err.count("\n") == 1
+    assert (out / "config.yaml").read_text() == saved  # still says what ran
+    assert main(["rl", *_yaml(tmp_path), *args, "resume=latest", "max_steps=2", "save_every=1"]) == 0
+    assert "resume: applied changed settings: max_steps 1 -> 2; save_every 0 -> 1\n" in capsys.readouterr().out
+    assert "max_steps: 2\n" in (out / "config.yaml").read_text()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_ctrl_c_and_a_full_disk_end_with_one_line(rl_setup, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    args = rl_overrides(rl_setup, "sdar", out, "max_steps=3", "save_every=1")
+    real_step, calls = RLTrainer.step, []
+
+    def step(self):
+        calls.append(self.step_idx)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(RLTrainer, "step", step)
+    assert main(["rl", *_yaml(tmp_path), *args]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"dllm-rl rl: interrupted: stopped during step 2 of 3; the last checkpoint is "
+                                    f"{out}/checkpoints/step-0000001: continue the run with resume=latest")
+    assert "Traceback" not in err
+    monkeypatch.setattr(RLTrainer, "step", real_step)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_main_files", full)
+    assert main(["rl", *_yaml(tmp_path), *args, "resume=latest"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"dllm-rl rl: error: no space left on device writing the checkpoint {out}/checkpoints/"
+                        r"step-0000002: it needs about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space \(or lower "
+                        r"keep_checkpoints\), then resume the run\n", err.splitlines(keepends=True)[-1])
+    assert "Traceback" not in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001"]
+
+
+def test_tilde_in_the_paths_is_the_home_directory(rl_setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("llada", "train.jsonl"):
+        (tmp_path / name).symlink_to(rl_setup / name)
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", "~/runs/x", "model=~/llada",
+                                                   "train_data=~/train.jsonl"))
+    RLTrainer(cfg).close()
+    saved = (tmp_path / "runs" / "x" / "config.yaml").read_text()
+    assert f"model: {tmp_path}/llada\n" in saved and f"output_dir: {tmp_path}/runs/x\n" in saved
+    assert f"train_data: {tmp_path}/train.jsonl\n" in saved
+    assert not (tmp_path / "~").exists()

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from dllm_rl.cli import main
 from dllm_rl.config import load_config
 from dllm_rl.sft.config import SFTConfig
 from dllm_rl.sft.trainer import SFTTrainer
@@ -60,3 +61,52 @@ def test_run_killed_while_writing_a_checkpoint_resumes_with_resume_auto(tmp_path
     again.run()
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-0000001"]
     assert (out / "notes.txt").read_text() == "kept"
+
+
+def test_tilde_paths_resume_checks_and_overwrite_that_would_delete_the_model(tmp_path, monkeypatch, capsys):
+    """~ is the home directory; a resume refuses changed settings that make another run (config.yaml still says
+    what ran) and applies train.max_steps; overwrite refuses to delete model.path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in _overrides(home) if not a.startswith(("data.train_file=", "train.output_dir="))]
+    args += ["data.train_file=~/train.jsonl", "train.output_dir=~/run", "train.max_steps=1"]
+    out = home / "run"
+    assert main(["sft", *args]) == 0
+    assert (out / "model" / "model.safetensors").is_file() and not (tmp_path / "~").exists()
+    saved = (out / "config.yaml").read_text()
+    assert f"output_dir: {out}\n" in saved and f"train_file: {home}/train.jsonl\n" in saved
+    capsys.readouterr()
+    assert main(["sft", *args, "train.resume=auto", "optim.lr=0.01", "train.seed=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dllm-rl sft: error: resume from {out}/checkpoints/step-0000001: optim.lr 1e-05 -> 0.01; "
+                          "train.seed 0 -> 3: these settings cannot change on resume")
+    assert (out / "config.yaml").read_text() == saved
+    assert main(["sft", *args, "train.resume=auto", "train.max_steps=2"]) == 0
+    assert "sft: resume: applied changed settings: train.max_steps 1 -> 2\n" in capsys.readouterr().out
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert main(["sft", *args, "model.path=~/run/model", "train.overwrite=true"]) == 2
+    assert capsys.readouterr().err == (
+        f"dllm-rl sft: error: train.overwrite=true would delete {out}/model/config.json, and model.path={out}/model "
+        f"lies in or under it: the run would destroy what it starts from; copy model.path out of {out} first, or "
+        "choose another train.output_dir\n")
+    assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_ctrl_c_prints_one_line_with_the_step_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    real, calls = SFTTrainer.train_step, []
+
+    def train_step(self):
+        calls.append(self.step)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(SFTTrainer, "train_step", train_step)
+    assert main(["sft", *_overrides(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"dllm-rl sft: interrupted: stopped during step 3 of 3; the last checkpoint is "
+                                    f"{tmp_path}/run/checkpoints/step-0000002: continue the run with "
+                                    "train.resume=auto")
+    assert "Traceback" not in err

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 import dllm_rl.training.checkpoint as ck_mod
+from dllm_rl.errors import UserError
 from dllm_rl.models import build_model, load_model, tiny_config
 from dllm_rl.training import (
     OptimConfig,
@@ -130,8 +133,8 @@ def test_leftovers_of_a_save_cut_short_are_ignored_and_cleaned(tmp_path, caplog)
     assert checkpoint_step(root / "step-0000002") == 2 and checkpoint_step(root / "step-0000003.tmp") is None
     with caplog.at_level("WARNING", logger="dllm_rl.training.checkpoint"):
         removed = clean_leftovers(tmp_path)
-    assert [p.name for p in removed] == ["notes.txt", "step-0000003.tmp", "step-0000005", "step-0000006", "step-7"]
-    assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
+    assert [p.name for p in removed] == ["step-0000003.tmp", "step-0000005", "step-0000006", "step-7"]
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt", "step-0000002"]  # not a checkpoint's name: kept
     assert f"{root / 'step-0000003.tmp'}: not a complete checkpoint (a save cut short?); removed" in caplog.text
 
 
@@ -156,3 +159,31 @@ def test_a_save_that_fails_leaves_no_state_file_and_the_old_checkpoint_whole(tmp
     save_checkpoint(path, dlm, step=4, extra={"n": 3})
     assert json.loads((path / "trainer_state.json").read_text())["extra"] == {"n": 3}
     assert sorted(p.name for p in path.parent.iterdir()) == ["step-0000004"]
+
+
+def test_a_full_disk_during_a_save_says_so_with_the_folder_and_the_size_needed(tmp_path, monkeypatch):
+    """ENOSPC while the model is written: a DiskFullError (one line: the folder, the last checkpoint's size,
+    the free space), the partial folder removed and the previous checkpoint whole."""
+    dlm, opt, sched = _setup()
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root / checkpoint_name(2), dlm, optimizer=opt, scheduler=sched, step=2)
+    need = sum(f.stat().st_size for f in (root / "step-0000002").rglob("*") if f.is_file())
+
+    def full(tmp, *args):
+        (tmp / "model").mkdir()
+        (tmp / "model" / "model.safetensors").write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck_mod, "_write_main_files", full)
+    monkeypatch.setattr(ck_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 12345, 12345))
+    with pytest.raises(ck_mod.DiskFullError) as info:
+        save_checkpoint(root / checkpoint_name(3), dlm, optimizer=opt, scheduler=sched, step=3)
+    assert str(info.value) == (f"no space left on device writing the checkpoint {root / 'step-0000003'}: it needs "
+                               f"about {need / 1e3:.1f} KB, 12.3 KB free there; free space (or lower "
+                               "keep_checkpoints), then resume the run")
+    assert 50e3 < need < 500e3  # the tiny model (~8k parameters) with its AdamW moments
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
+    assert isinstance(info.value, UserError)
+    monkeypatch.setattr(ck_mod, "_write_main_files", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    with pytest.raises(OSError, match="I/O"):  # any other OS error is no full disk
+        save_checkpoint(root / checkpoint_name(3), dlm, step=3)

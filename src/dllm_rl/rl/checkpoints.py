@@ -12,6 +12,29 @@ from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.backend import publishable
 from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.resume_check import RL_APPLICABLE, RL_IGNORED, check_resumed_config
+from dllm_rl.training.run_dir import RL_RUN_FILES, RunDir, open_run_dir
+
+# the config keys that name a path of the user's (a leading ~ is expanded)
+RL_PATHS = ("model", "tokenizer", "output_dir", "train_data", "eval.data", "task", "resume", "value_model.init_from")
+
+
+def open_rl_run_dir(cfg) -> RunDir:
+    """Check, lock and prepare the run directory (:func:`~dllm_rl.training.run_dir.open_run_dir`; ``overwrite``
+    never deletes the run's inputs) and, when resuming, compare the config with the checkpoint's: refused
+    changes end here, before any compute; applied ones are printed."""
+    run_dir = open_run_dir(cfg.output_dir, RL_RUN_FILES, resume=bool(cfg.resume), overwrite=cfg.overwrite, inputs={
+        "model": cfg.model, "tokenizer": cfg.tokenizer, "train_data": cfg.train_data, "eval.data": cfg.eval.data,
+        "task": cfg.task, "value_model.init_from": cfg.value_model.init_from})
+    try:
+        path = latest_checkpoint(run_dir.path) if cfg.resume == "latest" else Path(cfg.resume) if cfg.resume else None
+        applied = check_resumed_config(path, cfg, RL_APPLICABLE, RL_IGNORED) if path is not None else []
+        if applied:
+            print(f"resume: applied changed settings: {'; '.join(applied)}")
+    except BaseException:
+        run_dir.close()
+        raise
+    return run_dir
 
 
 class RLCheckpoints:
@@ -35,6 +58,7 @@ class RLCheckpoints:
                         extra_files=self.value.checkpoint_files() if self.value is not None else None)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.keep_checkpoints)
+            self.run_dir.record()
         return path
 
     def _resume(self, where: str) -> None:

@@ -10,6 +10,7 @@ import time
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.training import ZERO_LOSS_NOTE, Progress, loss_is_informative, rl_progress, write_dashboard
+from dllm_rl.training.run_dir import interrupted
 
 
 def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
@@ -37,6 +38,8 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     trainer = RLTrainer(cfg, reward_fn=reward_fn)
     try:  # the run directory's lock is released however the run ends
         return _run(trainer)
+    except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)
+        raise interrupted(trainer.out, trainer.step_idx, cfg.max_steps, "resume=latest", "overwrite=true") from None
     finally:
         trainer.close()
 

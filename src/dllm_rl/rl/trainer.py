@@ -39,7 +39,7 @@ from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.block_size import block_size_as, run_block_sizes
-from dllm_rl.rl.checkpoints import RLCheckpoints
+from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.draw_backward import backward_by_draw
 from dllm_rl.rl.hooks import HookContext, RoundView, make_hook
@@ -77,9 +77,9 @@ from dllm_rl.training.ranks import (
     skip_together,
     sum_over_ranks,
 )
-from dllm_rl.training.run_dir import RL_RUN_FILES, open_run_dir
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 from dllm_rl.training.sharding import gathered_parameters
+from dllm_rl.training.user_paths import expand_user
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class RLTrainer(RLCheckpoints):
     :class:`~dllm_rl.rl.checkpoints.RLCheckpoints`)."""
 
     def __init__(self, cfg: RLConfig, reward_fn=None):
+        cfg = expand_user(cfg, RL_PATHS)
         if not cfg.model:
             raise ConfigError("model: set the checkpoint directory (model=PATH)")
         family = detect_family(read_config(cfg.model), f"{cfg.model}/config.json")
@@ -124,8 +125,8 @@ class RLTrainer(RLCheckpoints):
         self.out = Path(cfg.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
-        self.run_dir = open_run_dir(self.out, RL_RUN_FILES, resume=bool(cfg.resume), overwrite=cfg.overwrite) \
-            if self.is_main else None
+        # and a resume's config compared with the checkpoint's
+        self.run_dir = open_rl_run_dir(cfg) if self.is_main else None
         self.accelerator.wait_for_everyone()
         try:
             self._build(reward_fn)

@@ -51,9 +51,12 @@ from dllm_rl.training import (
 from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
 from dllm_rl.training.ranks import forward_agreement
-from dllm_rl.training.run_dir import SFT_RUN_FILES, open_run_dir
+from dllm_rl.training.resume_check import SFT_APPLICABLE, SFT_IGNORED, check_resumed_config
+from dllm_rl.training.run_dir import SFT_RUN_FILES, interrupted, open_run_dir
+from dllm_rl.training.user_paths import expand_user
 
 MASK_STREAM = 1_000_003  # names the masks' stream in derive_seed(seed, MASK_STREAM)
+SFT_PATHS = ("model.path", "model.tokenizer", "data.train_file", "train.output_dir", "train.resume")  # ~ expanded
 
 
 @dataclass
@@ -111,7 +114,7 @@ class SFTTrainer:
     """Set-up and loop of one SFT run; :func:`train` is ``SFTTrainer(cfg).run()``."""
 
     def __init__(self, cfg: SFTConfig, verbose: bool = True):
-        self.cfg = cfg
+        self.cfg = cfg = expand_user(cfg, SFT_PATHS)
         self.verbose = verbose
         t = cfg.train
         if t.num_threads:
@@ -130,9 +133,13 @@ class SFTTrainer:
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
             key="train.output_dir", resume_hint="train.resume=auto", overwrite_hint="train.overwrite=true",
+            inputs={"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer,
+                    "data.train_file": cfg.data.train_file},
         ) if acc.is_main_process else None
-        acc.wait_for_everyone()
         try:
+            if acc.is_main_process:
+                self._check_resumed_config()
+            acc.wait_for_everyone()
             self._build()
         except BaseException:
             self.close()
@@ -189,6 +196,14 @@ class SFTTrainer:
             (self.out / "data_report.json").write_text(json.dumps(self.report.to_dict(), indent=2) + "\n")
         self.logger = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step if resume_from else None,
                                     enabled=acc.is_main_process, report_to=t.report_to, config=to_dict(cfg))
+
+    def _check_resumed_config(self) -> None:
+        """A resume's config against its checkpoint's, before any compute (:mod:`dllm_rl.training.resume_check`)."""
+        path = self._resume_dir()
+        applied = check_resumed_config(path, self.cfg, SFT_APPLICABLE, SFT_IGNORED, "train.output_dir") \
+            if path is not None else []
+        if applied:
+            print(f"sft: resume: applied changed settings: {'; '.join(applied)}")
 
     def _resume_dir(self) -> Path | None:
         r = self.cfg.train.resume
@@ -264,6 +279,7 @@ class SFTTrainer:
                         prepared=self.model.prepared)
         if self.accelerator.is_main_process:
             prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
+            self.run_dir.record()
         return path
 
     def close(self) -> None:
@@ -322,5 +338,8 @@ def train(cfg: SFTConfig, verbose: bool = True) -> SFTResult:
     trainer = SFTTrainer(cfg, verbose=verbose)
     try:  # the run directory's lock is released however the run ends
         return trainer.run()
+    except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)
+        raise interrupted(trainer.out, trainer.step, trainer.max_steps, "train.resume=auto",
+                          "train.overwrite=true") from None
     finally:
         trainer.close()

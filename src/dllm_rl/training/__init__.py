@@ -66,10 +66,13 @@ Sharded backends (``dllm_rl.training.backend``)
 
 Run directory
     ``open_run_dir(path, run_files, *, resume, overwrite, key="output_dir", resume_hint="resume=latest",
-        overwrite_hint="overwrite=true") -> RunDir``: refuses a file, locks ``path/.lock`` (``fcntl.flock``, the
-        pid written in it) or refuses a directory another run holds, refuses an existing run (any of
-        ``run_files`` present) unless ``resume``, or with ``overwrite`` deletes those files; then
-        ``clean_leftovers``. ``RunDir.close()`` releases the lock. Errors: ``RunDirError`` (a ValueError).
+        overwrite_hint="overwrite=true", inputs=None) -> RunDir``: refuses a file or a dangling link (``~``
+        expanded), locks ``path/.lock`` (``fcntl.flock``, the pid written in it) or refuses a directory another
+        run holds, refuses an existing run unless ``resume``, or with ``overwrite`` deletes the files the run
+        recorded in ``path/.dllm-rl-run.json`` (never the user's, never an ``inputs`` path); then
+        ``clean_leftovers``. ``RunDir.record()`` (at each checkpoint) and ``RunDir.close()`` record what the run
+        wrote; ``close`` releases the lock. Errors: ``RunDirError`` (a ValueError). A resume's config is compared
+        with the checkpoint's by ``dllm_rl.training.resume_check.check_resumed_config``.
         ``RL_RUN_FILES`` / ``SFT_RUN_FILES`` (in ``dllm_rl.training.run_dir``) name each trainer's files.
 
 Weight average

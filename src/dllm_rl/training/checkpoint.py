@@ -18,13 +18,16 @@ A checkpoint directory::
 Atomic: the directory is written as ``step-NNNNNNN.tmp``, ``trainer_state.json`` last, every file and the
 folder fsync'ed, then renamed to ``step-NNNNNNN``. A *complete* checkpoint is a folder whose name matches
 ``step-<digits>`` exactly and whose state file parses; :func:`list_checkpoints` / :func:`latest_checkpoint`
-see only those, and :func:`clean_leftovers` deletes everything else under ``checkpoints/`` (what a kill
-during a save leaves). Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
+see only those, and :func:`clean_leftovers` deletes the other ``step-<digits>[.old][.tmp]`` entries under
+``checkpoints/`` (what a kill during a save leaves; any other name there is not ours and stays). A disk that
+fills up during a save ends it with a :class:`DiskFullError` naming the folder and the size needed.
+Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
 environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -55,6 +58,7 @@ STATE_FILE = "trainer_state.json"
 SHARDED_DIR = "sharded"
 EMA_FILE = "ema.pt"
 CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+LEFTOVER_NAME = re.compile(r"step-\d+(\.old)?(\.tmp)?")  # what a save (or a kill during one) may leave
 KILL_ENV = "DLLM_RL_TEST_KILL_IN_CHECKPOINT"
 
 
@@ -130,34 +134,70 @@ def save_checkpoint(
     directory = Path(directory)
     rank, world, main = _rank_world(accelerator)
     tmp = directory.with_name(directory.name + ".tmp")
-    if main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    if accelerator is not None:
-        accelerator.wait_for_everyone()
-    lora = has_lora(dlm)
-    sharded = is_sharded(accelerator)
-    plain = publishable(accelerator, prepared if prepared is not None else dlm.model, dlm)  # collective
-    if sharded:
-        accelerator.save_state(str(tmp / SHARDED_DIR))
-    if main:
-        _write_main_files(tmp, plain, lora, tokenizer, None if sharded else optimizer, scheduler, ema, config,
-                          extra_files)
-    torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
-    if accelerator is not None:
-        accelerator.wait_for_everyone()
-    if main:  # the state file last: a folder with it holds everything else
-        meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
-                "world_size": world, "lora": lora, "sharded": sharded}
-        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _fsync_tree(tmp)
-        if os.environ.get(KILL_ENV) == str(int(step)):
-            os.kill(os.getpid(), signal.SIGKILL)
-        _replace_dir(tmp, directory)
-    if accelerator is not None:
-        accelerator.wait_for_everyone()
+    try:
+        if main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        if accelerator is not None:
+            accelerator.wait_for_everyone()
+        lora = has_lora(dlm)
+        sharded = is_sharded(accelerator)
+        plain = publishable(accelerator, prepared if prepared is not None else dlm.model, dlm)  # collective
+        if sharded:
+            accelerator.save_state(str(tmp / SHARDED_DIR))
+        if main:
+            _write_main_files(tmp, plain, lora, tokenizer, None if sharded else optimizer, scheduler, ema, config,
+                              extra_files)
+        torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
+        if accelerator is not None:
+            accelerator.wait_for_everyone()
+        if main:  # the state file last: a folder with it holds everything else
+            meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
+                    "world_size": world, "lora": lora, "sharded": sharded}
+            (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            _fsync_tree(tmp)
+            if os.environ.get(KILL_ENV) == str(int(step)):
+                os.kill(os.getpid(), signal.SIGKILL)
+            _replace_dir(tmp, directory)
+        if accelerator is not None:
+            accelerator.wait_for_everyone()
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise _disk_full(directory, tmp, dlm, optimizer) from None
     return directory
+
+
+class DiskFullError(UserError):
+    """The disk filled up while a checkpoint was written (the message names the folder and the size needed)."""
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _disk_full(directory: Path, tmp: Path, dlm: DiffusionLM, optimizer: Any) -> DiskFullError:
+    """Remove what was written of the checkpoint (space back, no leftover) and say how much one needs: the
+    newest complete checkpoint's size, else the model's and the optimizer's tensors."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    done = sorted((step, p) for p in directory.parent.iterdir() if (step := checkpoint_step(p)) is not None) \
+        if directory.parent.is_dir() else []
+    if done:
+        need = sum(f.stat().st_size for f in done[-1][1].rglob("*") if f.is_file())
+    else:
+        tensors = list(dlm.model.state_dict().values())
+        if optimizer is not None:
+            tensors += [t for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+        need = sum(t.numel() * t.element_size() for t in tensors)
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    return DiskFullError(f"no space left on device writing the checkpoint {directory}: it needs about {_size(need)}, "
+                         f"{_size(free)} free there; free space (or lower keep_checkpoints), then resume the run")
 
 
 def _write_main_files(tmp: Path, plain: DiffusionLM, lora: bool, tokenizer: Any, optimizer: Any, scheduler: Any,
@@ -319,13 +359,14 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def clean_leftovers(output_dir: str | Path) -> list[Path]:
-    """Delete what is not a complete checkpoint under ``output_dir/checkpoints`` (``*.tmp`` folders of a save
-    cut short, a folder without its state file); one log line each. Call it from the main rank only, with
-    the run directory locked (another run's save in progress looks like a leftover). Returns what went."""
+    """Delete the checkpoint-named entries under ``output_dir/checkpoints`` that are not complete checkpoints
+    (``*.tmp`` folders of a save cut short, a folder without its state file); one log line each. Other names
+    are not the trainer's and stay. Call it from the main rank only, with the run directory locked (another
+    run's save in progress looks like a leftover). Returns what went."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    doomed = sorted(p for p in root.iterdir() if checkpoint_step(p) is None)
+    doomed = sorted(p for p in root.iterdir() if LEFTOVER_NAME.fullmatch(p.name) and checkpoint_step(p) is None)
     for p in doomed:
         logger.warning("%s: not a complete checkpoint (a save cut short?); removed", p)
         if p.is_dir() and not p.is_symlink():
