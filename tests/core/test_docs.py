@@ -108,7 +108,7 @@ def dllm_rl_argv(words: list[str]) -> list[str] | None:
     return None
 
 
-def substituted(argv: list[str], run_dir: Path) -> tuple[list[str], list[str]]:
+def substituted(argv: list[str], run_dir: Path | None) -> tuple[list[str], list[str]]:
     """argv with its placeholders filled in, and the overrides the config placeholder brings."""
     out, extra = [], []
     for word in argv:
@@ -228,7 +228,7 @@ def test_the_docs_show_commands():
     assert any(c.words[:2] == ["accelerate", "launch"] for c in readme)
 
 
-def prepared(words: list[str], run_dir: Path) -> tuple[list[str], str | None]:
+def prepared(words: list[str], run_dir: Path | None) -> tuple[list[str], str | None]:
     """A dllm-rl command line of the docs, parsed and its config loaded: its arguments with the placeholders
     filled in, and why it cannot run here (None: it can)."""
     argv, extra = substituted(dllm_rl_argv(_without_env(words)), run_dir)
@@ -236,7 +236,7 @@ def prepared(words: list[str], run_dir: Path) -> tuple[list[str], str | None]:
     return argv + extra, needs_more_than_the_repo(argv, cfg)
 
 
-def run_doc_command(words: list[str], run_dir: Path, scratch: Path) -> int | str:
+def run_doc_command(words: list[str], run_dir: Path | None, scratch: Path) -> int | str:
     """Check a dllm-rl command line of the docs: its exit status when it ran, else why it could not run here."""
     from dllm_rl.cli import main
 
@@ -246,17 +246,18 @@ def run_doc_command(words: list[str], run_dir: Path, scratch: Path) -> int | str
 
 @pytest.mark.parametrize("command", [c for c in DISTINCT if dllm_rl_argv(c.words) is not None],
                          ids=lambda c: c.where)
-def test_a_dllm_rl_command_of_the_docs_works(command, run_dir, tmp_path, monkeypatch, capsys):
+def test_a_dllm_rl_command_of_the_docs_works(command, request, tmp_path, monkeypatch, capsys):
+    run_dir = request.getfixturevalue("run_dir") if "RUN_DIR" in command.words else None
     monkeypatch.chdir(tmp_path)  # relative outputs (runs/..., out.jsonl) go to the scratch directory
     result = run_doc_command(command.words, run_dir, tmp_path)
     assert result == 0 or isinstance(result, str), (
         f"{command.where}: {command.line}\n{capsys.readouterr().err[-2000:]}")
 
 
-def test_what_runs_and_what_is_only_parsed(run_dir):
+def test_what_runs_and_what_is_only_parsed(tmp_path):
     """The lines that need the hub (or the user's own data) stop after the parse; every other line runs. Pinned,
     so that a change of the rules (or of the docs) cannot quietly turn commands into parse-only ones."""
-    why = [prepared(c.words, run_dir)[1] for c in DISTINCT if dllm_rl_argv(c.words) is not None]
+    why = [prepared(c.words, tmp_path)[1] for c in DISTINCT if dllm_rl_argv(c.words) is not None]
     assert sorted(w for w in why if w) == [
         "Gen-Verse/TraDo-4B-Instruct is not in the repository",  # dllm-rl eval Gen-Verse/TraDo-4B-Instruct
         "model Gen-Verse/TraDo-4B-Instruct is on the hub",  # dllm-rl rl configs/trado-tracerl-math.yaml
@@ -271,23 +272,23 @@ def test_what_runs_and_what_is_only_parsed(run_dir):
     ("dllm-rl sampl MODEL_DIR", "does not parse"),
     ("dllm-rl rl CONFIG.yaml optim.lrr=1e-4", "optim.lrr"),
 ])
-def test_a_broken_doc_command_fails(line, error, run_dir, tmp_path):
+def test_a_broken_doc_command_fails(line, error, tmp_path):
     with pytest.raises(Exception, match=error):
-        run_doc_command(shlex.split(line), run_dir, tmp_path)
+        run_doc_command(shlex.split(line), None, tmp_path)
 
 
-def test_a_doc_command_that_fails_when_run_is_caught(run_dir, tmp_path, monkeypatch, capsys):
+def test_a_doc_command_that_fails_when_run_is_caught(tmp_path, monkeypatch, capsys):
     """The old README line: the demo YAML names its model relative to the demo folder, which only
     `dllm-rl demo` resolves, so from the repository root it ends with a one-line error."""
     monkeypatch.chdir(tmp_path)
     line = "dllm-rl rl src/dllm_rl/assets/demo/rl-block.yaml algorithm=espo optim.lr=1e-4"
-    assert run_doc_command(shlex.split(line), run_dir, tmp_path) == 2
+    assert run_doc_command(shlex.split(line), None, tmp_path) == 2
     assert "sdar-countdown/config.json: no config.json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [c for c in DISTINCT if c.words[:2] == ["accelerate", "launch"]],
                          ids=lambda c: c.where)
-def test_an_accelerate_launch_of_the_docs_parses(command, run_dir):
+def test_an_accelerate_launch_of_the_docs_parses(command, tmp_path):
     from accelerate.commands.launch import launch_command_parser
 
     words = [PLACEHOLDERS.get(w, w) for w in _without_env(command.words)]
@@ -295,7 +296,7 @@ def test_an_accelerate_launch_of_the_docs_parses(command, run_dir):
     if args.config_file:
         assert (ROOT / args.config_file).is_file(), f"{command.where}: no {args.config_file}"
     assert args.module and args.training_script == "dllm_rl", f"{command.where}: not a -m dllm_rl launch"
-    argv, extra = substituted(args.training_script_args, run_dir)
+    argv, extra = substituted(args.training_script_args, tmp_path)
     checked_config(argv, extra)
 
 
@@ -316,3 +317,16 @@ def test_every_command_of_the_docs_is_checked():
     unknown = [f"{c.where}: {c.line}" for c in COMMANDS if _without_env(c.words)[0] not in checked]
     pythons = [c for c in COMMANDS if c.words[0] == "python" and dllm_rl_argv(c.words) is None]
     assert unknown == [] and pythons == []
+
+
+def _table_rows(text: str, header: str) -> list[str]:
+    start = text.index(header)
+    return re.findall(r"^\|.*\|$", text[start:].split("\n\n", 1)[0], flags=re.M)
+
+
+def test_the_readme_results_table_is_the_one_in_docs_results():
+    """The README shows one measured table; docs/results.md keeps it with its command: the two stay the same."""
+    header = "| method | model | before | after (per seed) | gain (mean ± sd) | steps |"
+    readme = _table_rows((ROOT / "README.md").read_text(), header)
+    assert len(readme) == 8
+    assert readme == _table_rows((ROOT / "docs" / "results.md").read_text(), header)
