@@ -52,7 +52,8 @@ $(VENV)/.deepspeed-ops: $(VENV)/.installed
 	$(PY) scripts/build_deepspeed_ops.py
 	touch $@
 
-test: install sysdeps $(VENV)/.deepspeed-ops
+# ruff (with the C90 complexity gate of pyproject.toml) runs first: a lint failure stops `make test` before the suite.
+test: lint sysdeps $(VENV)/.deepspeed-ops
 	$(PY) scripts/run_tests.py -n $(TEST_WORKERS) --maxprocesses 4 $(PYTEST_ARGS)
 
 lint: install

@@ -4,7 +4,7 @@
     python benchmarks/learning.py --runs full:espo --seeds 0 --minutes 3   # one quick run
     python benchmarks/learning.py --runs full:espo --seeds 0 1 --steps 250 # equal updates, any machine speed
     python benchmarks/learning.py --runs full:espo --seeds 0 1 2 --report  # the table of finished runs only
-    python benchmarks/learning.py --steps 40 --out runs/learning-40        # every method at 40 updates (README)
+    python benchmarks/learning.py --steps 40 --out runs/learning-40  # every method at 40 updates (docs/results.md)
 
 Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation

@@ -2,7 +2,9 @@
 
 A family is small: it reads a published ``config.json`` into a stock HF config, converts tensors in both
 directions, and declares the mask id, the logit shift and the attention rule. No modeling code is copied;
-the maths is HF's (see ``shared/LAYOUTS.md`` for the layout facts). One module per family:
+the maths is HF's. Each family's module states the layout facts it relies on (tensor names, config keys, mask
+id) and the published files they were read from; its tests check them on tiny published-layout checkpoints.
+One module per family:
 
 | family | published | stock class | attention | mask id | logits |
 |--------|-----------|-------------|-----------|---------|--------|
@@ -90,7 +92,7 @@ def _tokenizer_mask_id(tokenizer_dir: str | Path, fam: Family) -> int | None:
 def resolve_mask_token_id(pub: dict[str, Any], fam: Family, source: str | Path,
                           tokenizer_dir: str | Path | None = None) -> int:
     """The mask id of a published config: its ``mask_token_id``; else (configs of several published
-    families lack it, see LAYOUTS.md) the tokenizer's mask token; else the family's published id. An id
+    families lack it) the tokenizer's mask token; else the family's published id. An id
     outside the embedding (``vocab_size`` rows) is refused, naming ``source`` (the config.json)."""
     if "mask_token_id" in pub:
         mask_id, origin = int(pub["mask_token_id"]), f"{source}: mask_token_id {pub['mask_token_id']}"
