@@ -182,7 +182,7 @@ def test_ar_and_block_say_what_they_need(models, batch):
         estimate(models["sdar"], "ar", batch, None)
     with pytest.raises(ValueError, match="block estimator on a full-attention model needs block_size"):
         estimate(models["llada"], "block", batch, gen(0))
-    with pytest.raises(ValueError, match="block_size=2 but the model's block_size is 4"):
+    with pytest.raises(ValueError, match="block_size=2 but the batch is laid out at block 4"):
         estimate(models["sdar"], "block", batch, gen(0), block_size=2)
 
 

@@ -127,17 +127,23 @@ def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path
     real_gen, real_est = trainer_mod.generate_batched, trainer_mod.estimate
     real_heldout = trainer_mod.heldout_accuracy
 
-    def gen(model, *a, **k):
-        blocks["rollout"].add(model.block_size)
-        return real_gen(model, *a, **k)
+    own = set()  # the model's own block: never changed to run at another (the block travels as data)
 
-    def est(model, *a, **k):
-        blocks["train"].add(model.block_size)
-        return real_est(model, *a, **k)
+    def gen(model, prompts, config, *a, **k):
+        own.add(model.block_size)
+        out = real_gen(model, prompts, config, *a, **k)
+        blocks["rollout"].add((config.block_size, out.block_size))
+        return out
 
-    def heldout(model, *a, **k):
-        blocks["eval"].add(model.block_size)
-        return real_heldout(model, *a, **k)
+    def est(model, name, batch, *a, **k):
+        own.add(model.block_size)
+        blocks["train"].add(batch.block_size)
+        return real_est(model, name, batch, *a, **k)
+
+    def heldout(model, tokenizer, task, examples, config, *a, **k):
+        own.add(model.block_size)
+        blocks["eval"].add(config.block_size)
+        return real_heldout(model, tokenizer, task, examples, config, *a, **k)
 
     monkeypatch.setattr(trainer_mod, "generate_batched", gen)
     monkeypatch.setattr(trainer_mod, "estimate", est)
@@ -146,7 +152,7 @@ def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path
                                                    "train_block_size=8", "eval.block_size=8", "eval.limit=2",
                                                    "drop_zero_variance=false"))
     summary = train(cfg, reward_fn=digit_reward)
-    assert blocks == {"rollout": {4}, "train": {8}, "eval": {8}}
+    assert blocks == {"rollout": {(4, 4)}, "train": {8}, "eval": {8}} and own == {4}
     assert math.isfinite([m for m in _metrics(tmp_path) if "loss" in m][0]["loss"])
     assert json.loads((tmp_path / "final" / "config.json").read_text())["block_size"] == 4 and summary["steps"] == 1
     for bad, msg in (("train_block_size=6", "train_block_size: 6 must be a multiple of the rollout block \\(4\\)"),

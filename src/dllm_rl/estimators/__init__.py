@@ -19,12 +19,20 @@ from dllm_rl.estimators.coupled import plan_coupled
 from dllm_rl.estimators.elbo import plan_elbo
 from dllm_rl.estimators.mean_field import plan_mean_field
 from dllm_rl.estimators.random_mask import plan_random_mask
-from dllm_rl.estimators.registry import ESTIMATORS, Planner, estimate, estimator_forwards, estimator_options, register
+from dllm_rl.estimators.registry import (
+    ESTIMATORS,
+    Planner,
+    estimate,
+    estimator_forwards,
+    estimator_options,
+    plan_rows,
+    register,
+)
 from dllm_rl.estimators.scoring import score_rows
 from dllm_rl.estimators.trace import merged_steps, plan_trace
 
 __all__ = [
     "ESTIMATORS", "MaskedRows", "Planner", "ScoringBatch", "TokenScores", "estimate", "estimator_forwards",
     "estimator_options", "merged_steps", "plan_ar", "plan_block", "plan_coupled", "plan_elbo", "plan_mean_field",
-    "plan_random_mask", "plan_trace", "register", "score_rows",
+    "plan_random_mask", "plan_rows", "plan_trace", "register", "score_rows",
 ]

@@ -33,7 +33,10 @@ class ScoringBatch:
     at all; False columns are right padding that nothing attends to. ``sample_seeds`` (optional, ``[B]``)
     makes each sample's random masks depend only on the caller's generator and its own seed, not on
     which other samples share the batch — use it when old / reference / current log-probs are computed
-    over differently split micro-batches.
+    over differently split micro-batches. ``block_size`` (block models) is the block of the layout the tokens
+    are scored in: the blocks of the two-stream layout and of the trace, and the block-causal rule of every
+    row (``None``: the model's own block; TraceRL's block-size adaptation scores at a larger block than the
+    rollout's). Full-attention models ignore it.
     """
 
     prompt_ids: torch.Tensor
@@ -43,6 +46,7 @@ class ScoringBatch:
     step_map: torch.Tensor | None = None
     completion_valid: torch.Tensor | None = None
     sample_seeds: torch.Tensor | None = None
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
@@ -68,6 +72,7 @@ class ScoringBatch:
             step_map=getattr(rollout, "step_map", None),
             completion_valid=getattr(rollout, "completion_valid", None),
             sample_seeds=getattr(rollout, "sample_seeds", None),
+            block_size=getattr(rollout, "block_size", None),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -105,7 +110,7 @@ class ScoringBatch:
 
         return ScoringBatch(
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
-            pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds),
+            pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
         )
 
     def validate(self) -> None:
@@ -130,6 +135,8 @@ class ScoringBatch:
         for name, (t, shape) in checks.items():
             if tuple(t.shape) != shape:
                 raise ValueError(f"ScoringBatch: {name} has shape {tuple(t.shape)}, expected {shape}")
+        if self.block_size is not None and (isinstance(self.block_size, bool) or int(self.block_size) < 1):
+            raise ValueError(f"ScoringBatch: block_size must be None or >= 1, got {self.block_size!r}")
         if self.prompt_ids.is_floating_point() or self.completion_ids.is_floating_point():
             raise ValueError("ScoringBatch: token ids must be integer tensors")
         if self.step_map is not None and self.step_map.is_floating_point():
@@ -185,7 +192,8 @@ class MaskedRows:
     ``g`` is read from the logits that predict the next token at the column before it.
     ``draw``/``sample`` (``[R]``) say where the row's scores go; ``weight`` (``[R, G]``, float32) is each
     completion token's weight in that row (0 = not scored); ``targets`` (``[B, G]``) are the clean
-    completion tokens the scored positions must predict.
+    completion tokens the scored positions must predict. ``block_size``: the block of a block model's layout
+    (the scored batch's, resolved: :meth:`~dllm_rl.models.DiffusionLM.layout_block`); ``None`` for full attention.
     """
 
     input_ids: torch.Tensor
@@ -201,6 +209,7 @@ class MaskedRows:
     prompt_lengths: torch.Tensor | None = None
     causal: bool = False
     info: dict[str, torch.Tensor] = field(default_factory=dict)
+    block_size: int | None = None
 
     @property
     def num_rows(self) -> int:

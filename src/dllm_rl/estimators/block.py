@@ -27,9 +27,9 @@ def _two_stream_rows(
     mask_ratio: float | None,
 ) -> MaskedRows:
     """Block models: every block holding response tokens draws its own ``t_k``; one two-stream row per sample."""
-    bs = int(model.block_size)
+    bs = model.layout_block(batch.block_size)
     if block_size is not None and block_size != bs:
-        raise ValueError(f"block estimator: block_size={block_size} but the model's block_size is {bs}; leave "
+        raise ValueError(f"block estimator: block_size={block_size} but the batch is laid out at block {bs}; leave "
                          "block_size unset (SFT: objective.block_size: null)")
     b_n, g_n, p = batch.batch_size, batch.completion_len, batch.prompt_len
     counted = batch.completion_mask

@@ -3,7 +3,8 @@
 A planner ``plan(model, batch, generator, *, option=...) -> MaskedRows`` draws every random number it needs
 from the caller's generator and returns the masked rows to forward with each completion token's weight
 (:mod:`dllm_rl.estimators.rows`). Scoring is shared: :func:`estimate` plans the rows with the registered
-planner and scores them with :func:`dllm_rl.estimators.scoring.score_rows`. A new estimator is one planner
+planner (:func:`plan_rows`, which also resolves the rows' layout block) and scores them with
+:func:`dllm_rl.estimators.scoring.score_rows`. A new estimator is one planner
 function plus ``@register("name")``.
 
 :func:`estimator_forwards` runs only the planner, so a cost benchmark can count forwards without running the
@@ -71,10 +72,18 @@ def estimate(
     ``ValueError`` naming the valid ones. ``agree_calls``: see :func:`~dllm_rl.estimators.scoring.score_rows`
     (sharded training only).
     """
-    planner = _lookup(name)
     _check_options(name, options)
     scorer = {k: options.pop(k) for k in SCORER_OPTIONS if k in options}
-    return score_rows(model, planner(model, batch, generator, **options), agree_calls=agree_calls, **scorer)
+    return score_rows(model, plan_rows(model, name, batch, generator, **options), agree_calls=agree_calls, **scorer)
+
+
+def plan_rows(model: DiffusionLM, name: str, batch: ScoringBatch, generator: torch.Generator | None,
+         **options: Any) -> MaskedRows:
+    """The rows estimator ``name``'s planner draws for ``batch`` (planner options only), laid out at the batch's
+    block (``batch.block_size``; the model's own when unset): ``rows.block_size`` is that block, resolved."""
+    rows = _lookup(name)(model, batch, generator, **options)
+    rows.block_size = model.layout_block(batch.block_size)
+    return rows
 
 
 def estimator_forwards(
@@ -89,11 +98,10 @@ def estimator_forwards(
     Random estimators skip some rows depending on the draws (e.g. ``elbo`` when ``n = L``); pass the
     generator you will use for the exact number (default: a generator seeded 0).
     """
-    planner = _lookup(name)
     _check_options(name, options)
     for k in SCORER_OPTIONS:
         options.pop(k, None)
     if generator is None:
         generator = torch.Generator().manual_seed(0)
-    rows = planner(model, batch, generator, **options)
+    rows = plan_rows(model, name, batch, generator, **options)
     return int(rows.weight.ne(0).any(-1).sum().item())

@@ -151,7 +151,7 @@ def completion_segments(model: DiffusionLM, batch: ScoringBatch) -> tuple[torch.
     dev = batch.completion_ids.device
     if not model.is_block_causal:
         return torch.zeros(b_n, g_n, dtype=torch.long, device=dev), 1
-    bs = int(model.block_size)
+    bs = model.layout_block(batch.block_size)
     blk = block_index(position_ids_from_valid(batch.valid()), bs)[:, batch.prompt_len :]
     first = torch.div(batch.prompt_mask.sum(-1), bs, rounding_mode="floor")
     seg = (blk - first[:, None]).clamp(min=0)

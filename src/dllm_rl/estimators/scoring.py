@@ -16,6 +16,11 @@ from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE, check_chunk_size
 from dllm_rl.models.masks import block_causal_bias, position_ids_from_valid, two_stream_layout
 
 
+def _block_of(model: DiffusionLM, rows: MaskedRows) -> int | None:
+    """The block of ``rows``' layout (set by :func:`dllm_rl.estimators.plan`; the model's own when unset)."""
+    return model.layout_block(rows.block_size)
+
+
 def _two_stream_inputs(
     model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -26,7 +31,7 @@ def _two_stream_inputs(
     (:func:`_shifted_columns`) and the model is asked for raw logits."""
     device = ids.device
     layout = two_stream_layout(
-        rows.clean_ids[idx].to(device), ids, valid, rows.prompt_lengths[idx].to(device), int(model.block_size),
+        rows.clean_ids[idx].to(device), ids, valid, rows.prompt_lengths[idx].to(device), _block_of(model, rows),
         pad_token_id=model.pad_token_id, dtype=model.dtype,
     )
     inputs = {"input_ids": layout.input_ids, "position_ids": layout.position_ids, "attn_bias": layout.bias}
@@ -40,7 +45,7 @@ def _two_stream_inputs(
     col = torch.where(comp_slot >= 0, seq + comp_slot, -1)
     if model.family.shift:
         inputs["align"] = False
-        raw_col = _shifted_columns(layout, int(model.block_size)).gather(1, (col - seq).clamp(min=0))
+        raw_col = _shifted_columns(layout, _block_of(model, rows)).gather(1, (col - seq).clamp(min=0))
         col = torch.where(col >= 0, raw_col, -1)
     return inputs, col
 
@@ -72,7 +77,7 @@ def row_inputs(
         return _two_stream_inputs(model, rows, idx, ids, valid)
     cols = torch.arange(p, p + g, device=device).expand(ids.shape[0], -1)
     if not rows.causal:
-        return {"input_ids": ids, "attention_mask": valid}, cols
+        return {"input_ids": ids, "attention_mask": valid, "block_size": _block_of(model, rows)}, cols
     # Causal rows: token c is predicted by the raw logits at c - 1, which a shifted family (Dream) already
     # aligns to column c.
     pos = position_ids_from_valid(valid)

@@ -110,7 +110,7 @@ def plan_trace(
     if layout == "two_stream" and not block:
         raise ValueError("layout='two_stream' needs a block model (model.is_block_causal); use 'per_step'")
     two_stream = block and layout in ("auto", "two_stream")
-    merged, blk = merged_steps(batch, s, model.block_size if block else None)
+    merged, blk = merged_steps(batch, s, model.layout_block(batch.block_size))
     committed = merged >= 0
     counted = committed & batch.completion_mask
     maskable = committed & (batch.completion_mask | mask_uncounted)

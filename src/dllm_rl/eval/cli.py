@@ -135,7 +135,8 @@ def register_eval(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the Markdown table")
-    add_decode_arguments(p, exclude=("seed",))  # per-sample seeds derive from --seed
+    # per-sample seeds derive from --seed; --block-size above also checks the model and is recorded in meta.json
+    add_decode_arguments(p, exclude=("seed", "block_size"))
     p.set_defaults(func=eval_command)
 
 
@@ -208,8 +209,8 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     model = load_model(model_dir, dtype=dtype, device=device)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     roll = generate(model, ids, decode, tokenizer=tok, block_cache=resolved.block_cache)
-    records = records_from_rollout(roll, tok, labels=labels, block_length=block_size or decode.block_length,
-                                   block_offsets=[len(x) for x in ids] if block_size else None)
+    records = records_from_rollout(roll, tok, labels=labels, block_length=roll.block_size or decode.block_length,
+                                   block_offsets=[len(x) for x in ids] if roll.block_size else None)
     if task is not None:
         for rec, sc in zip(records, task.score_examples(roll.texts[: len(examples)], examples)):
             rec.reward = float(sc)

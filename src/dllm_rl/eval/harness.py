@@ -210,7 +210,9 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"setting name {dup[0]!r} is used twice")
-    decodes = {s.name: resolve_decode(cfg.decode, s, block_size) for s in settings}
+    # --block-size reaches the sampler as DecodeConfig.block_size (only when given: earlier evaluations resume)
+    base = {**cfg.decode, "block_size": cfg.block_size} if cfg.block_size is not None else cfg.decode
+    decodes = {s.name: resolve_decode(base, s, block_size) for s in settings}
     for name, rs in decodes.items():
         if cfg.num_samples > 1 and rs.decode.temperature == 0:
             warnings.warn(f"setting {name!r}: temperature 0 (greedy) makes all {cfg.num_samples} samples of an "
@@ -272,14 +274,12 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
         model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
-    from dllm_rl.models.block_size import block_size_as
     from dllm_rl.sampling.decode import check_inputs
 
-    with block_size_as([model], cfg.block_size):
-        for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
-            check_inputs(model, prompt_ids, rs.decode, None)
-        for setting in prep.settings:
-            _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
+    for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
+        check_inputs(model, prompt_ids, rs.decode, None)
+    for setting in prep.settings:
+        _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
     summary = write_summary(prep)
     for name, s in summary["settings"].items():
         m = s["metrics"]
@@ -370,8 +370,8 @@ def _write_traces(prep: PreparedEval, model, setting: Setting, prompt_ids: list[
     roll = generate(model, prompt_ids[:n], resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
                     block_cache=resolved.block_cache)
     recs = records_from_rollout(roll, prep.tokenizer, labels=[f"item {i}" for i in range(n)],
-                                block_length=prep.block_size or resolved.decode.block_length,
-                                block_offsets=[len(p) for p in prompt_ids[:n]] if prep.block_size else None)
+                                block_length=roll.block_size or resolved.decode.block_length,
+                                block_offsets=[len(p) for p in prompt_ids[:n]] if roll.block_size else None)
     scores = prep.task.score_examples(roll.texts, prep.examples[:n])
     for r, sc in zip(recs, scores):
         r.reward = float(sc)

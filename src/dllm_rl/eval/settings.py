@@ -83,7 +83,10 @@ class ResolvedSetting:
     block_cache: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {**to_dict(self.decode), "block_cache": self.block_cache}
+        decode = to_dict(self.decode)
+        if decode.get("block_size") is None:  # unset (the model's own block): as recorded before the field existed
+            decode.pop("block_size", None)
+        return {**decode, "block_cache": self.block_cache}
 
 
 def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | None = None) -> ResolvedSetting:
@@ -92,7 +95,8 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
     Shortcuts: ``tokens_per_step=k`` = a static schedule committing k tokens per step
     (``steps = ceil(block / k)`` per block, block = the model's ``block_size`` for block models, else
     ``block_length``); ``block_cache=false`` = block models decode without their (exact) KV cache.
-    ``block_size`` is the model's own block (None for full-attention models).
+    ``block_size`` is the model's own block (None for full-attention models); a ``block_size`` key in the
+    setting decodes a block model at that block instead.
     """
     from dllm_rl.config import _coerce
     from dllm_rl.sampling import DecodeConfig
@@ -110,6 +114,8 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
             raise ValueError(f"{where}: tokens_per_step must be >= 1")
         if data.get("steps") is not None or data.get("threshold") is not None:
             raise ValueError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
+        if block_size is not None and data.get("block_size") is not None:  # a block model at another block
+            block_size = _coerce(data["block_size"], int, f"{where}: block_size")
         block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
         data["steps"] = -(-block // tps)
     try:

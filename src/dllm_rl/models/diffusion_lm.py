@@ -62,6 +62,9 @@ class DiffusionLM(nn.Module):
         self.eos_token_id: int = int(pub.get("eos_token_id", family.eos_token_id))
         pad = pub.get("pad_token_id")
         self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)
+        # The model's own block (its published config's; None for full attention). Code that runs a block model at
+        # another block passes that block explicitly (``forward(block_size=)``, ``ScoringBatch.block_size``,
+        # ``DecodeConfig.block_length``): nothing changes this attribute to run at another block.
         self.block_size: int | None = family.block_size_of(pub)
 
     # ------------------------------------------------------------------------------------------
@@ -110,10 +113,19 @@ class DiffusionLM(nn.Module):
                 total += p.numel()
         return total
 
-    def default_bias(self, valid: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """The family's own attention rule over ``valid`` tokens (full, or block-causal)."""
+    def layout_block(self, block_size: int | None = None) -> int | None:
+        """The block a block model's attention rule uses: ``block_size`` when given, else the model's own;
+        ``None`` for a full-attention model (which has no block, whatever is asked)."""
+        if not self.is_block_causal:
+            return None
+        return int(block_size if block_size is not None else self.block_size)
+
+    def default_bias(self, valid: torch.Tensor, position_ids: torch.Tensor, block_size: int | None = None
+                     ) -> torch.Tensor:
+        """The family's own attention rule over ``valid`` tokens (full, or block-causal at
+        :meth:`layout_block` ``(block_size)``)."""
         if self.is_block_causal:
-            return block_causal_bias(valid, self.block_size, position_ids, dtype=self.dtype)
+            return block_causal_bias(valid, self.layout_block(block_size), position_ids, dtype=self.dtype)
         return full_bias(valid, dtype=self.dtype)
 
     def align_logits(
@@ -166,6 +178,7 @@ class DiffusionLM(nn.Module):
         logits_to_keep: int | torch.Tensor | None = None,
         align: bool = True,
         select: Selection | None = None,
+        block_size: int | None = None,
     ) -> DLMOutput:
         """Run the model.
 
@@ -189,6 +202,9 @@ class DiffusionLM(nn.Module):
         head projects only the selected positions, a chunk at a time
         (:func:`dllm_rl.models.logprobs.head_selects`), so no ``[positions, V]`` logits exist. The call still
         goes through ``self.model``, so DDP / FSDP2 / DeepSpeed and PEFT wrappers run as usual.
+
+        ``block_size``: the block of a block model's default attention rule (``None``: the model's own); it has no
+        effect with an explicit ``attn_bias`` (which already encodes its block) or on a full-attention model.
         """
         shift = self.family.shift and align
         valid = attention_mask.bool() if attention_mask is not None else None
@@ -199,7 +215,7 @@ class DiffusionLM(nn.Module):
                 valid = torch.ones_like(input_ids, dtype=torch.bool)
             if position_ids is None:
                 position_ids = position_ids_from_valid(valid)
-            attn_bias = self.default_bias(valid, position_ids)
+            attn_bias = self.default_bias(valid, position_ids, block_size)
         elif position_ids is None:
             raise ValueError("DiffusionLM.forward: position_ids are required with a custom attn_bias")
         if select is not None:

@@ -1,11 +1,13 @@
 """Block-size adaptation (TraceRL, arXiv 2509.06949, its block-size enlargement experiment): a block model rolls
 out at block ``B`` (``rollout.block_size``) and trains at block ``B' >= B`` (``train_block_size``).
 
-Every block-model code path (the block sampler, the trace planner, the two-stream layout, the model's default
-attention rule) reads the model's ``block_size``; :func:`block_size_as` sets it for the span of a ``with``. A
-rollout decoded at block ``B`` is a valid trace at block ``B'`` when ``B'`` is a multiple of ``B``: each
-``B'`` block holds whole ``B`` blocks decoded one after the other, so the state before each of its merged steps
-is a state a block-``B'`` sampler can reach, and TraceRL's loss at ``B'`` teaches the model to decode at ``B'``.
+The block is data, never a changed model attribute: the sampler decodes at ``DecodeConfig.block_size`` (the
+rollout's block, recorded as ``Rollout.block_size``), and the trace planner, the two-stream layout and the
+model's attention rule score at ``ScoringBatch.block_size`` (the training block).
+
+A rollout decoded at block ``B`` is a valid trace at block ``B'`` when ``B'`` is a multiple of ``B``: each ``B'``
+block holds whole ``B`` blocks decoded one after the other, so the state before each of its merged steps is a
+state a block-``B'`` sampler can reach, and TraceRL's loss at ``B'`` teaches the model to decode at ``B'``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_rl.config import ConfigError
-from dllm_rl.models.block_size import block_size_as
 
-__all__ = ["block_size_as", "block_sizes", "run_block_sizes"]
+__all__ = ["block_sizes", "run_block_sizes"]
 
 
 def block_sizes(rollout_block: int | None, train_block: int | None, native: int | None) -> tuple[int | None, ...]:

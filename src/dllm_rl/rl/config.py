@@ -268,18 +268,26 @@ class RLConfig(Checked):
 
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
     """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
-    order and cache, at ``eval.temperature`` and on the evaluation's own schedule."""
+    order and cache, at ``eval.temperature`` and on the evaluation's own schedule. A block model decodes at the
+    rollout's block (``rollout.block_size``) or the evaluation's (``eval.block_size``), given to the sampler as
+    ``DecodeConfig.block_size``."""
+    from dllm_rl.rl.block_size import run_block_sizes
+
     r = cfg.rollout
     schedule = cfg.eval if evaluation else r
-    block = model.block_size if model.is_block_causal else (r.block_length or r.gen_length)
+    rollout_block, _, eval_block = run_block_sizes(cfg, model.block_size)
+    block_size = eval_block if evaluation else rollout_block  # None for full attention
+    block = block_size if model.is_block_causal else (r.block_length or r.gen_length)
     steps = None if schedule.threshold is not None else (schedule.steps or block)
     if r.gen_length % block:
-        what = f"the model's block_size ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
+        key = "the model's block_size" if block_size == model.block_size else (
+            "eval.block_size" if evaluation and cfg.eval.block_size else "rollout.block_size")
+        what = f"{key} ({block})" if model.is_block_causal else f"rollout.block_length ({block})"
         raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of {what}")
     if r.sub_block is not None and schedule.threshold is None:
         where = "eval.threshold" if evaluation else "rollout.threshold"
         raise ConfigError(f"rollout.sub_block ({r.sub_block}) needs the dynamic schedule here: set {where}")
-    return DecodeConfig(gen_length=r.gen_length, block_length=block, steps=steps, threshold=schedule.threshold,
-                        sub_block=r.sub_block,
+    return DecodeConfig(gen_length=r.gen_length, block_length=block, block_size=block_size, steps=steps,
+                        threshold=schedule.threshold, sub_block=r.sub_block,
                         confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
                         top_k=r.top_k, top_p=r.top_p, cache=r.cache)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dllm_rl.estimators import ESTIMATORS, MaskedRows, ScoringBatch, TokenScores, score_rows
+from dllm_rl.estimators import MaskedRows, ScoringBatch, TokenScores, plan_rows, score_rows
 from dllm_rl.estimators.registry import SCORER_OPTIONS
 from dllm_rl.models.diffusion_lm import DiffusionLM
 from dllm_rl.rl.losses import LossConfig, LossOutput, PolicyLoss
@@ -49,7 +49,7 @@ def backward_by_draw(
     the gradients."""
     opts = dict(options or {})
     scorer = {k: opts.pop(k) for k in SCORER_OPTIONS if k in opts}
-    rows = ESTIMATORS[estimator](model, batch, torch.Generator(device="cpu").manual_seed(seed), **opts)
+    rows = plan_rows(model, estimator, batch, torch.Generator(device="cpu").manual_seed(seed), **opts)
     base = old.logp.detach()
     logp = base.clone()
     draws = torch.arange(rows.num_draws, device=base.device)[:, None, None]

@@ -38,7 +38,7 @@ from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.algorithms import resolve
-from dllm_rl.rl.block_size import block_size_as, run_block_sizes
+from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.draw_backward import backward_by_draw
@@ -185,7 +185,7 @@ class RLTrainer(RLCheckpoints):
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
         # TraceRL's block-size adaptation: rollouts at one block, the training layout at a multiple of it
-        self.rollout_block, self.train_block, self.eval_block = run_block_sizes(cfg, self.model.block_size)
+        _, self.train_block, _ = run_block_sizes(cfg, self.model.block_size)  # checks all three
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
@@ -258,11 +258,10 @@ class RLTrainer(RLCheckpoints):
         t_update = time.perf_counter()
         batch = self._batch(rollout, keep, mask_seeds) if self.value is not None and any_kept else None
         if batch is not None:  # the values before any update; their GAE token advantages replace `adv`
-            targets, adv = self.value.token_advantages(batch, rewards, keep, step_scores, self.train_block)
-        with block_size_as([self.model, self.reference], self.train_block):
-            update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
+            targets, adv = self.value.token_advantages(batch, rewards, keep, step_scores)
+        update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
         if batch is not None:  # after the policy update, which used the values from before it
-            update.update(self.value.fit(batch, targets, self.train_block))
+            update.update(self.value.fit(batch, targets))
         if self.ema is not None:
             self.ema.update()
         t_update = time.perf_counter() - t_update
@@ -326,7 +325,7 @@ class RLTrainer(RLCheckpoints):
         seeds = [derive_seed(cfg.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
                  for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
-        with torch.no_grad(), self._gathered(policy), block_size_as([policy], self.rollout_block):
+        with torch.no_grad(), self._gathered(policy):
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
         self.model.train()
@@ -350,7 +349,7 @@ class RLTrainer(RLCheckpoints):
         def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
             seeds = [derive_seed(view.seeds[i], 104729) for i in indices]
             self.model.eval()
-            with torch.no_grad(), block_size_as([policy], self.rollout_block):
+            with torch.no_grad():
                 out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
                                        seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
                                        prefill=prefill)
@@ -378,14 +377,15 @@ class RLTrainer(RLCheckpoints):
                         **self._scorer_options(**defaults))
 
     def _batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
-        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds."""
+        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds, laid out at the
+        training block (``train_block_size``; block models)."""
         device = self.model.device
         full = ScoringBatch.from_rollout(rollout)
         full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
         batch = full.select(keep)
         return ScoringBatch(*(None if t is None else t.to(device) for t in (
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
-            batch.completion_valid)), sample_seeds=batch.sample_seeds)
+            batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block)
 
     def _update(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int]) -> dict:
         cfg, acc = self.cfg, self.accelerator
@@ -522,7 +522,7 @@ class RLTrainer(RLCheckpoints):
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = examples[rank::world]
         gathered = self._gathered(self.model)
-        with self.averaged(live), torch.no_grad(), gathered, block_size_as([self.model], self.eval_block):
+        with self.averaged(live), torch.no_grad(), gathered:
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
                                    batch_size=cfg.rollout.batch_size, seed=cfg.seed)

@@ -1,9 +1,10 @@
 """TraceRL's diffusion value model (arXiv 2509.06949): a backbone of the policy's family with a scalar head.
 
 :class:`ValueModel` reads one value per completion token at the masked state in which that token was committed:
-the rows of the trace estimator's planner (:func:`dllm_rl.estimators.plan_trace`, same merged steps), forwarded
-through the backbone, the value read at the column whose logits the trace estimator scores (for block models the
-token's noisy copy in the two-stream layout: one forward per merged block step). The head is a bias-free linear
+the rows of the trace estimator's planner (:func:`dllm_rl.estimators.plan_trace`, same merged steps and the
+batch's layout block), forwarded through the backbone, the value read at the column whose logits the trace
+estimator scores (for block models the token's noisy copy in the two-stream layout: one forward per merged block
+step). The head is a bias-free linear
 layer initialised to exactly zero (as the published value model), so every value starts at 0.
 
 :class:`ValueLearner` is what the RL trainer calls, at three points of a step: :meth:`ValueLearner.values` after
@@ -29,13 +30,12 @@ import torch
 from torch import nn
 
 from dllm_rl.config import ConfigError
-from dllm_rl.estimators import ScoringBatch, merged_steps, plan_trace
+from dllm_rl.estimators import ScoringBatch, merged_steps, plan_rows
 from dllm_rl.estimators.scoring import row_inputs
 from dllm_rl.estimators.trace import decoding_order
 from dllm_rl.models import DiffusionLM, detect_family, load_model
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.masks import position_ids_from_valid
-from dllm_rl.rl.block_size import block_size_as
 from dllm_rl.rl.returns import (
     clipped_value_loss,
     outcome_step_rewards,
@@ -77,7 +77,7 @@ def token_values(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, 
     """``[B, G]`` float32: the value of each counted completion token at the state in which it was committed
     (0 elsewhere). ``module`` is the :class:`ValueModel` (or its distributed wrapper), ``backbone`` its plain
     backbone (its family, block size and mask id plan the rows). Differentiable when called under grad."""
-    rows = plan_trace(backbone, batch, shrinkage=shrinkage)
+    rows = plan_rows(backbone, "trace", batch, None, shrinkage=shrinkage)
     device = backbone.device
     out = torch.zeros(batch.batch_size, batch.completion_len, dtype=torch.float32, device=device)
     live = torch.nonzero(rows.weight.ne(0).any(-1), as_tuple=True)[0]
@@ -87,7 +87,7 @@ def token_values(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, 
     if "attn_bias" not in inputs:  # plain rows: the family's own attention rule
         valid = inputs["attention_mask"].bool()
         pos = position_ids_from_valid(valid)
-        inputs = {"input_ids": inputs["input_ids"], "attn_bias": backbone.default_bias(valid, pos),
+        inputs = {"input_ids": inputs["input_ids"], "attn_bias": backbone.default_bias(valid, pos, rows.block_size),
                   "position_ids": pos}
     values = module(inputs["input_ids"], inputs["attn_bias"], inputs["position_ids"])
     rr, gg = torch.nonzero(rows.weight[live].to(device).ne(0), as_tuple=True)
@@ -164,7 +164,7 @@ class ValueLearner:
         last merged step, or a sample's per-step ``step_scores`` (process rewards, see
         :func:`dllm_rl.rl.returns.process_step_rewards`) where given."""
         old = self.values(batch)
-        block = self.backbone.block_size if self.backbone.is_block_causal else None
+        block = self.backbone.layout_block(batch.block_size)
         merged, blk = merged_steps(batch, self.shrinkage, block)
         counted = (merged >= 0) & batch.completion_mask.to(merged.device)
         rank, num = step_ranks(decoding_order(merged, blk), counted)
@@ -228,21 +228,19 @@ class ValueLearner:
 
     # ------------------------------------------------------------------------------ trainer glue
     def token_advantages(self, batch: ScoringBatch, rewards: torch.Tensor, keep: torch.Tensor,
-                         step_scores: Sequence[Sequence[float] | None], block: int | None
-                         ) -> tuple[ValueTargets, torch.Tensor]:
+                         step_scores: Sequence[Sequence[float] | None]) -> tuple[ValueTargets, torch.Tensor]:
         """What the RL trainer calls after the rollouts: the :meth:`targets` of the kept samples ``batch``
         (``keep``: their indices among ``rewards`` ``[N]``, ``step_scores`` per sample of the step), computed at
-        the training layout's ``block``, and ``[N, G]`` token advantages on the CPU (0 for dropped samples)."""
-        with block_size_as([self.backbone], block):
-            t = self.targets(batch, rewards[keep], [step_scores[i] for i in keep.tolist()])
+        the batch's layout block (the training layout's), and ``[N, G]`` token advantages on the CPU (0 for
+        dropped samples)."""
+        t = self.targets(batch, rewards[keep], [step_scores[i] for i in keep.tolist()])
         adv = torch.zeros(len(rewards), batch.completion_len)
         adv[keep] = t.advantages.cpu()
         return t, adv
 
-    def fit(self, batch: ScoringBatch, t: ValueTargets, block: int | None) -> dict[str, float]:
-        """:meth:`update` at the training layout's ``block`` (the trainer calls it after the policy update)."""
-        with block_size_as([self.backbone], block):
-            return self.update(batch, t)
+    def fit(self, batch: ScoringBatch, t: ValueTargets) -> dict[str, float]:
+        """:meth:`update` (the trainer calls it after the policy update)."""
+        return self.update(batch, t)
 
     # ------------------------------------------------------------------------------- checkpoints
     def checkpoint_files(self) -> dict[str, Callable[[Path], object]]:

@@ -34,7 +34,13 @@ class DecodeOptions(Checked):
     block_length: int = field(
         32, ge=1,
         help="Semi-autoregressive block length for full-attention models (LLaDA `block_length`). Block models "
-        "(SDAR/TraDo) always decode in their own `block_size` and ignore this value.",
+        "(SDAR/TraDo) decode in their attention block, `block_size`, and ignore this value.",
+    )
+    block_size: int | None = field(
+        None, ge=1,
+        help="Block models (SDAR/TraDo): the attention block to decode in, which is also the decoding block "
+        "(None: the model's own block_size; TraceRL's block-size adaptation evaluates at a larger one). "
+        "Full-attention models have no attention block and refuse it (their decoding block is block_length).",
     )
     steps: int | None = field(
         None, ge=1,

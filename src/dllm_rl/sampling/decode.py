@@ -33,8 +33,9 @@ from dllm_rl.sampling.runner import ModelRunner
 
 
 def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
-    """The decoding block: the model's ``block_size`` for block models, else ``config.block_length``."""
-    return int(model.block_size) if model.is_block_causal else config.block_length
+    """The decoding block: the attention block for block models (``config.block_size``, else the model's own),
+    ``config.block_length`` for full attention."""
+    return model.layout_block(config.block_size) if model.is_block_causal else config.block_length
 
 
 def runner_mode(model: DiffusionLM, config: DecodeConfig, block_cache: bool = True) -> str:
@@ -49,8 +50,12 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> li
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     if len(prompts) == 0:
         raise UserError("generate: no prompts given")
+    if config.block_size is not None and not model.is_block_causal:
+        raise UserError(f"block_size ({config.block_size}) is the attention block of block models (SDAR/TraDo); "
+                        "a full-attention model decodes in block_length")
     block = decode_block_length(model, config)
-    what = f"the model's block_size ({block})" if model.is_block_causal else f"block_length ({block})"
+    what = (f"block_length ({block})" if not model.is_block_causal else f"the model's block_size ({block})"
+            if config.block_size is None else f"block_size ({block})")
     if config.gen_length % block:
         raise UserError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
     if config.sub_block is not None and block % config.sub_block:
@@ -233,7 +238,9 @@ def generate(
             trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress)
     finally:
         model.train(was_training)
-    return to_rollout(canvas, trace, model, tokenizer)
+    rollout = to_rollout(canvas, trace, model, tokenizer)
+    rollout.block_size = canvas.block if model.is_block_causal else None
+    return rollout
 
 
 def generate_batched(

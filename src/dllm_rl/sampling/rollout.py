@@ -34,6 +34,7 @@ class Rollout:
     texts: list[str] | None = None  # decoded answers (up to the first EOS, special tokens skipped)
     confidence: torch.Tensor | None = None  # [B, G] float32, the rule's score at commit time (0 where -1)
     pad_token_id: int = 0
+    block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
                     "confidence")
@@ -72,6 +73,9 @@ class Rollout:
         g_w = max(r.completion_ids.shape[1] for r in rollouts)
         with_conf = all(r.confidence is not None for r in rollouts)
         with_text = all(r.texts is not None for r in rollouts)
+        blocks = {r.block_size for r in rollouts}
+        if len(blocks) > 1:
+            raise ValueError(f"Rollout.cat: rollouts decoded at different blocks ({sorted(blocks, key=str)})")
         return Rollout(
             prompt_ids=torch.cat([_pad_cols(r.prompt_ids, p_w, pad, left=True) for r in rollouts]),
             prompt_mask=torch.cat([_pad_cols(r.prompt_mask, p_w, False, left=True) for r in rollouts]),
@@ -83,6 +87,7 @@ class Rollout:
             texts=[t for r in rollouts for t in r.texts] if with_text else None,
             confidence=torch.cat([_pad_cols(r.confidence, g_w, 0.0) for r in rollouts]) if with_conf else None,
             pad_token_id=pad,
+            block_size=first.block_size,
         )
 
     def completion_lengths(self) -> torch.Tensor:

@@ -43,7 +43,7 @@ class ModelRunner:
         if mode.startswith("block") != model.is_block_causal:
             raise ValueError(f"runner mode {mode!r} does not fit a {model.family.name} model")
         self.model, self.canvas, self.mode = model, canvas, mode
-        self.blk = block_index(canvas.pos, model.block_size) if model.is_block_causal else None
+        self.blk = block_index(canvas.pos, canvas.block) if model.is_block_causal else None
         self.rows: torch.Tensor | None = None
         self.cache: BufferCache | None = None
         self.cached = 0  # block mode: columns held by the cache (all committed)

@@ -40,7 +40,7 @@ def plan_left_to_right(
     g = torch.arange(g_n, device=dev)
     valid = batch.valid()[:, batch.prompt_len :]
     if model.is_block_causal:  # offsets inside the (absolute) blocks of the library's block rule
-        n_rows = int(model.block_size)
+        n_rows = model.layout_block(batch.block_size)
         offset = position_ids_from_valid(batch.valid())[:, batch.prompt_len :] % n_rows
     else:
         n_rows, offset = g_n, g[None, :].expand(b_n, -1)

@@ -68,8 +68,9 @@ def plan_spg_block(
 ) -> MaskedRows:
     """SPG's block-wise masking (arXiv 2510.09541, section 3, block-wise masking; the released code's
     ``block_random``): see the module docstring. ``block_length``: the decoding block of a full-attention
-    model (None: the whole completion is one block); block models use ``model.block_size``. ``info``:
-    ``block`` ``[D, B]`` (the partly masked block), ``num_masked`` ``[D, B]``. One row per sample and draw."""
+    model (None: the whole completion is one block); block models use the batch's layout block
+    (``batch.block_size``, else the model's). ``info``: ``block`` ``[D, B]`` (the partly masked block),
+    ``num_masked`` ``[D, B]``. One row per sample and draw."""
     d_n = check_int("num_mc", num_mc, 1)
     if block_length is not None:
         check_int("block_length", block_length, 1)
