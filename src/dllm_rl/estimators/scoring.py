@@ -17,7 +17,7 @@ from dllm_rl.models.masks import block_causal_bias, position_ids_from_valid, two
 
 
 def _block_of(model: DiffusionLM, rows: MaskedRows) -> int | None:
-    """The block of ``rows``' layout (set by :func:`dllm_rl.estimators.plan`; the model's own when unset)."""
+    """The block of ``rows``' layout (set by :func:`dllm_rl.estimators.plan_rows`; the model's own when unset)."""
     return model.layout_block(rows.block_size)
 
 
