@@ -78,7 +78,8 @@ def test_value_model_resumes_exactly(rl_setup, tmp_path):
     bare = tmp_path / "bare"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", bare, "algorithm=tracerl", "max_steps=1")),
           reward_fn=digit_reward)
-    with pytest.raises(FileNotFoundError, match="this checkpoint has no value model"):
+    # turning the value model on at a resume makes another run: refused before the missing value model is read
+    with pytest.raises(ConfigError, match="value_model.enabled False -> True"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / "x", *VALUE,
                                                            f"resume={bare / 'checkpoints' / 'step-0000001'}")))
 
