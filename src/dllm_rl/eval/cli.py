@@ -271,8 +271,8 @@ def register_plot(sub) -> None:
                        description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/dashboard.png (several runs: "
                        "one page, -o FILE.png); --per-metric also writes RUN_DIR/plots/<metric>.png.")
     p.add_argument("run_dir", nargs="+", help="run directories holding metrics.jsonl (several: overlaid)")
-    p.add_argument("-o", "--output", default=None, help="dashboard PNG (default RUN_DIR/dashboard.png; needed "
-                   "for several runs)")
+    p.add_argument("-o", "--output", default=None, help="dashboard image FILE.png (or .pdf, .svg), or an existing "
+                   "directory, which gets dashboard.png (default RUN_DIR/dashboard.png; needed for several runs)")
     p.add_argument("--per-metric", action="store_true", help="also write one PNG per metric into RUN_DIR/plots")
     p.add_argument("--keys", nargs="+", default=None, help="with --per-metric: metrics to plot (default: all)")
     p.set_defaults(func=plot_command)
