@@ -13,7 +13,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download
-from huggingface_hub.utils import validate_repo_id
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -22,6 +21,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import validate_repo_id
 
 from dllm_rl.errors import UserError
 
