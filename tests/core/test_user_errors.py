@@ -1,6 +1,7 @@
 """Errors the user can fix: one line `dllm-rl COMMAND: error: ...` naming the file or key, exit status 2, no
-traceback. One case of each kind runs through the real command line (a subprocess); its variants run
-through ``cli.main`` in-process (the same handler, without another interpreter start)."""
+traceback. Every case of the ``cli`` fixture is a real ``python -m dllm_rl`` process, all forked from one
+interpreter that imported torch once (``cli_forks.py``); variants of a case run through ``cli.main``
+in-process (the same handler)."""
 
 from __future__ import annotations
 
