@@ -22,6 +22,12 @@ from dllm_rl.errors import UserError
 
 T = TypeVar("T")
 
+#: what one YAML document may hold once its aliases are expanded (nodes), and how deep it may nest. A config is
+#: a few hundred nodes a few levels deep; the bounds stop an alias bomb (nested anchors that expand to
+#: gigabytes) and a document too deep for the composer's recursion before anything walks the expanded value.
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 100
+
 
 def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
           ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
@@ -161,9 +167,85 @@ def _to_float(value: Any, where: str) -> float:
 _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: lambda value, where: str(value)}
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, before constructing any value, a document nested deeper than
+    :data:`YAML_MAX_DEPTH`, one whose aliases expand past :data:`YAML_MAX_NODES` nodes, and an alias to a node
+    that contains it (a self-referential value, which every walk of the config would recurse into forever)."""
+
+    def compose_node(self, parent, index):
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > YAML_MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise ConfigError(f"line {line}: nested deeper than {YAML_MAX_DEPTH} levels; a config is a few "
+                                  "levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node):
+        _check_expansion(node)
+        return super().construct_document(node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Count the nodes of ``root`` with every alias expanded (a shared node counts once per use), without
+    expanding anything: an iterative depth-first walk that sizes each distinct node once. Raises
+    :class:`ConfigError` on a cycle or past :data:`YAML_MAX_NODES`."""
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the current path: an alias to one of them is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[key] > YAML_MAX_NODES:
+                raise ConfigError(f"line {node.start_mark.line + 1}: its aliases (*name) expand to more than "
+                                  f"{YAML_MAX_NODES:,} values; write the values out instead of nesting anchors")
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise ConfigError(f"line {node.start_mark.line + 1}: an alias (*name) refers to a value that contains "
+                              "it (a self-referential value); write the value out")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node))
+
+
+def yaml_load(text: str | bytes, where: str) -> Any:
+    """Parse YAML ``text`` (a file's bytes must be UTF-8) with the bounds of :class:`_BoundedLoader`; raises
+    :class:`ConfigError` prefixed with ``where`` (a file name, or an override) on any problem. The one YAML
+    reader for what a user writes: config files, ``key=value`` overrides, eval settings files and options."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = text[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"{where}: not UTF-8 text (byte {text[exc.start]:#04x} on line {line}); save the "
+                              "file as UTF-8") from None
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+    finally:
+        loader.dispose()
+
+
 def _to_sequence(value: Any, tp: Any, where: str) -> list | tuple:
     if isinstance(value, str):
-        value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+        value = yaml_load(value, where) if value.strip().startswith("[") else [v for v in value.split(",") if v]
     if not isinstance(value, (list, tuple)):
         value = [value]
     (inner,) = typing.get_args(tp)[:1] or (Any,)
@@ -173,7 +255,7 @@ def _to_sequence(value: Any, tp: Any, where: str) -> list | tuple:
 
 def _to_mapping(value: Any, where: str) -> dict:
     if isinstance(value, str):
-        value = yaml.safe_load(value)
+        value = yaml_load(value, where)
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected a mapping, got {value!r}")
     return dict(value)
@@ -256,7 +338,7 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
             raise ConfigError(f"override {key!r}: unknown key {part!r} in {where}" + _suggest(part, sorted(types_)))
         tp, _ = _strip_optional(types_[part])
         if i == len(parts) - 1:
-            node[part] = raw if not dataclasses.is_dataclass(tp) else yaml.safe_load(raw)
+            node[part] = raw if not dataclasses.is_dataclass(tp) else yaml_load(raw, f"override {key!r}")
             if isinstance(node[part], str) and tp not in (str, typing.Any) and _origin(tp) is None:
                 node[part] = raw.strip()
         else:
@@ -273,10 +355,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"{p}: config file not found")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        loaded = yaml_load(p.read_bytes(), str(p)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping")
         data = loaded

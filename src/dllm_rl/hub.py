@@ -16,10 +16,12 @@ from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import validate_repo_id
 
 from dllm_rl.errors import UserError
 
@@ -75,6 +77,12 @@ def resolve_dataset_repo(repo_id: str, revision: str | None = None) -> Path:
 @lru_cache(maxsize=64)  # one hub look-up per id, revision, cache and mode in a process
 def _snapshot(repo_id: str, revision: str | None, repo_type: str, cache: str, is_offline: bool) -> Path:
     where = f"{repo_type} {repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    try:  # the hub's own rule for ids, checked before any look-up: "../x", "", "a/b/c", "a/b-" are refused
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        local = "directory" if repo_type == "model" else "file"
+        raise UserError(f"{where} is not a local {local} and not a hub repository id ({exc}); give an existing "
+                        f"local {local} or a hub id 'owner/name'") from None
     try:
         path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, cache_dir=cache,
                                  local_files_only=is_offline,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +47,19 @@ class JSONLError(UserError):
 def dumps(row: Any) -> str:
     """One row as a JSON line (newline included): UTF-8 text, non-JSON values (paths, ...) as strings."""
     return json.dumps(row, ensure_ascii=False, default=str) + "\n"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by the string JavaScript prints for it (``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``), recursively through dicts, lists and tuples: JSON has no such numbers, so
+    ``json.dumps`` would write bare ``NaN``, which a strict parser (a browser's ``JSON.parse``) rejects."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _parse(path: Path, n: int, raw: bytes, objects: bool) -> Any:

@@ -140,3 +140,41 @@ def test_sft_sections_check_their_values_when_built():
         load_config(SFTConfig, None, ["train.batch_size=0"])
     with pytest.raises(ConfigError, match=r"^data.max_length: must be >= 1, got 0$"):
         load_config(SFTConfig, None, ["data.max_length=0"])
+
+
+def test_yaml_aliases_are_bounded_before_anything_expands(tmp_path):
+    """Anchors and merge keys still work; an alias bomb (~1 KB, 9**9 values expanded), a self-referential value
+    and a document nested past 100 levels are refused naming the file and line, and so is a non-UTF-8 file."""
+    from dllm_rl.config import YAML_MAX_NODES, yaml_load
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("base: &b {lr: 0.5}\noptim:\n  <<: *b\n  betas: &bs [0.1, 0.2]\nband: *bs\n")
+    with pytest.raises(ConfigError, match="unknown key 'base'"):  # the anchors resolved, the extra key refused
+        load_config(Run, cfg)
+    assert yaml_load(cfg.read_bytes(), "c") == {"base": {"lr": 0.5}, "optim": {"lr": 0.5, "betas": [0.1, 0.2]},
+                                                "band": [0.1, 0.2]}
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    assert len("\n".join(levels)) < 1100
+    cfg.write_text("options:\n" + "".join(f"  {line}\n" for line in levels))
+    with pytest.raises(ConfigError, match=rf"^{cfg}: line 7: its aliases \(\*name\) expand to more than 100,000 "):
+        load_config(Run, cfg)
+    # exactly at the bound is fine: 1 (top) + 1 (key) + 1 + 99_997 scalars = YAML_MAX_NODES nodes
+    assert len(yaml_load("k: [" + ", ".join(["1"] * (YAML_MAX_NODES - 3)) + "]", "x")["k"]) == YAML_MAX_NODES - 3
+    with pytest.raises(ConfigError, match="more than 100,000 values"):
+        yaml_load("k: [" + ", ".join(["1"] * (YAML_MAX_NODES - 2)) + "]", "x")
+    cfg.write_text("options: &o {self: *o}\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: line 1: an alias \(\*name\) refers to a value that contains it"):
+        load_config(Run, cfg)
+    cfg.write_text("options: " + "[" * 100 + "]" * 100 + "\n")  # the top mapping and 100 lists: 101 levels
+    with pytest.raises(ConfigError, match=rf"^{cfg}: line 1: nested deeper than 100 levels"):
+        load_config(Run, cfg)
+    deepest = yaml_load("options: " + "[" * 99 + "]" * 99, "x")["options"]
+    for _ in range(98):
+        (deepest,) = deepest
+    assert deepest == []
+    cfg.write_bytes(b"name: x\nsteps: 3 # \xff\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: not UTF-8 text \(byte 0xff on line 2\); save the file as UTF-8$"):
+        load_config(Run, cfg)
+    with pytest.raises(ConfigError, match=r"^override 'optim': line 1: its aliases"):  # an override is bounded too
+        load_config(Run, None, ["optim={a: &a [" + ",".join(["1"] * 50) + "], b: [" + ",".join(["*a"] * 2100) + "]}"])

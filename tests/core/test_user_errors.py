@@ -1,6 +1,7 @@
 """Errors the user can fix: one line `dllm-rl COMMAND: error: ...` naming the file or key, exit status 2, no
-traceback. One case of each kind runs through the real command line (a subprocess); its variants run
-through ``cli.main`` in-process (the same handler, without another interpreter start)."""
+traceback. Every case of the ``cli`` fixture is a real ``python -m dllm_rl`` process, all forked from one
+interpreter that imported torch once (``cli_forks.py``); variants of a case run through ``cli.main``
+in-process (the same handler)."""
 
 from __future__ import annotations
 
@@ -22,16 +23,88 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "src" / "dllm_rl" / "assets" / "demo"
 
 
-def _start(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "dllm_rl", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+def _run_all(runs: dict) -> dict:
+    """Run every ``name -> (inputs, args)`` as ``python -m dllm_rl ARGS`` (a forked process each, see
+    ``cli_forks.py``); name -> (inputs, return code, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cases = {name: [str(a) for a in args] for name, (_, args) in runs.items()}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_forks.py"))], input=json.dumps(cases),
+                          capture_output=True, text=True, env=env, timeout=900, check=True)
+    results = json.loads(proc.stdout)
+    return {name: (inputs, *results[name]) for name, (inputs, _) in runs.items()}
+
+
+def _bomb(levels: int = 9, width: int = 9) -> str:
+    """A 1 KB YAML alias bomb under estimator_options: ``width ** levels`` (387 million) values once expanded."""
+    lines = ["estimator_options:", f"  l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _mistakes(root: Path) -> dict:
+    """The user's mistakes of issue 39, each a real command line that must fail with one line (name ->
+    (inputs, args)); the files they read are written under ``root``. None loads a model."""
+    model, heldout = str(DEMO / "sdar-countdown"), str(DEMO / "countdown_heldout.jsonl")
+    (root / "bad.parquet").write_bytes(b"PAR1 not really parquet PAR1")
+    (root / "latin1.csv").write_bytes("expression,answer\n1+1,2\ncaf\xe9,3\n".encode("latin-1"))
+    (root / "latin1.yaml").write_bytes("seed: 0\n# caf\xe9\n".encode("latin-1"))
+    (root / "self.yaml").write_text("loss_options: &opts {mode: *opts}\n")
+    (root / "deep.yaml").write_text("loss_options: " + "[" * 5000 + "]" * 5000 + "\n")
+    (root / "bomb.yaml").write_text(_bomb())
+    (root / "no_usable.jsonl").write_text('{"question": "1+1"}\n')
+    (root / "settings_list.yaml").write_text("- {threshold: 0.9}\n")
+    (root / "trace_null.jsonl").write_text('{"tokens": ["a", "b"], "steps": [0, null]}\n')
+    (root / "run").mkdir()
+    (root / "run" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    sft = ["sft", str(REPO / "configs" / "demo-sft-block.yaml")]  # each case its own train.output_dir (a lock)
+    ev = ["eval", model, "--task", "countdown", "--data", heldout, "-o", str(root / "ev")]
+    return {
+        "hf_parent": ("../../etc", ["data", "show", "hf:../../etc", "--task-type", "countdown"]),
+        "hf_empty": ("", ["data", "show", "hf:", "--task-type", "countdown"]),
+        "hf_nested": ("a/b/c", ["data", "show", "hf:a/b/c", "--task-type", "countdown"]),
+        "model_id": ("org/name-", ["info", "org/name-"]),
+        "parquet": (root / "bad.parquet", ["data", "show", str(root / "bad.parquet"), "--task-type", "countdown"]),
+        "csv_latin1": (root / "latin1.csv", ["data", "show", str(root / "latin1.csv"), "--task-type", "arith"]),
+        "yaml_latin1": (root / "latin1.yaml", ["rl", str(root / "latin1.yaml")]),
+        "yaml_self": (root / "self.yaml", ["rl", str(root / "self.yaml")]),
+        "yaml_deep": (root / "deep.yaml", ["rl", str(root / "deep.yaml")]),
+        "yaml_bomb": (root / "bomb.yaml", ["rl", str(root / "bomb.yaml")]),
+        "sft_parquet": (root / "bad.parquet", [*sft, f"data.train_file={root / 'bad.parquet'}",
+                                               f"train.output_dir={root / 'sft1'}"]),
+        "sft_no_usable": (root / "no_usable.jsonl", [*sft, f"data.train_file={root / 'no_usable.jsonl'}",
+                                                       "data.task=null", f"train.output_dir={root / 'sft2'}"]),
+        "tokenizer": (DEMO / "llada-countdown", [*ev, "--tokenizer", str(DEMO / "llada-countdown")]),
+        "digits": (None, ["data", "make", "arith", "--n", "2", "--digits", "10000", "--out", str(root / "a.jsonl")]),
+        "same_out": (root / "x.jsonl", ["data", "make", "arith", "--n", "20", "--out", str(root / "x.jsonl"),
+                                        "--test-out", str(root / "." / "x.jsonl")]),
+        "limit": (None, [*ev, "--limit", "0"]),
+        "batch_size": (None, [*ev, "--batch-size", "0"]),
+        "num_samples": (None, [*ev, "--num-samples", "0"]),
+        "block_size": (None, [*ev, "--block-size", "0"]),
+        "eval_trace_items": (None, [*ev, "--trace-items", "-1"]),
+        "threads": (None, [*ev, "--threads", "0"]),
+        "gen_length": (None, [*ev, "--gen-length", "0"]),
+        "setting_pair": (None, [*ev, "--setting", "dyn:threshold"]),
+        "setting_name": (None, [*ev, "--setting", "my setting"]),
+        "setting_key": (None, [*ev, "--setting", "dyn:treshold=0.9"]),
+        "setting_range": (None, [*ev, "--setting", "dyn:threshold=2"]),
+        "setting_tps": (None, [*ev, "--setting", "s:tokens_per_step=0"]),
+        "setting_twice": (None, [*ev, "--setting", "a", "--setting", "a"]),
+        "settings_file": (root / "settings_list.yaml", [*ev, "--settings-file", str(root / "settings_list.yaml")]),
+        "settings_latin1": (root / "latin1.yaml", [*ev, "--settings-file", str(root / "latin1.yaml")]),
+        "task_option": (None, [*ev, "--task-option", "foo=1"]),
+        "prompt_style": (None, [*ev, "--prompt-style", "fancy"]),
+        "device": (None, [*ev, "--device", "tpu"]),
+        "output_file": (heldout, [*ev[:-1], heldout]),
+        "plot_suffix": (root / "out.txt", ["plot", str(root / "run"), "-o", str(root / "out.txt")]),
+        "trace_null": (root / "trace_null.jsonl", ["trace", "--from-trace", str(root / "trace_null.jsonl"), "-o",
+                                                   str(root / "t.html")]),
+    }
 
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory) -> dict:
-    """One real command line per kind of error, started together (each interpreter start imports torch):
-    name -> (inputs, return code, stderr)."""
+    """The real command lines (name -> (inputs, args)), run together: name -> (inputs, return code, stderr)."""
     root = tmp_path_factory.mktemp("user_errors")
     truncated = root / "truncated"
     shutil.copytree(DEMO / "sdar-countdown", truncated)
@@ -55,12 +128,8 @@ def cli(tmp_path_factory) -> dict:
                           "-o", str(root / "ev")]),
         "temperature": (None, ["rl", config, f"model={root / 'missing'}", "rollout.temperature=-1"]),
     }
-    procs = {name: (inputs, _start(*args)) for name, (inputs, args) in runs.items()}
-    out = {}
-    for name, (inputs, proc) in procs.items():
-        _, err = proc.communicate(timeout=300)
-        out[name] = (inputs, proc.returncode, err)
-    return out
+    runs.update(_mistakes(root))
+    return _run_all(runs)
 
 
 def _one_error_line(stderr: str, command: str) -> str:
@@ -185,3 +254,61 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "build_parser", build)
     with pytest.raises(KeyError, match="layer.3"):
         cli.main(["info", "somewhere"])
+
+
+#: what each mistake of :func:`_mistakes` says ({inputs}: the file or id it names): the key part of the one line
+SAYS = {
+    "hf_parent": "dataset '{inputs}' is not a local file and not a hub repository id (",
+    "hf_empty": "dataset '{inputs}' is not a local file and not a hub repository id (",
+    "hf_nested": "dataset '{inputs}' is not a local file and not a hub repository id (",
+    "model_id": "model '{inputs}' is not a local directory and not a hub repository id (",
+    "parquet": "{inputs}: not a readable Parquet file (ArrowInvalid: ",
+    "csv_latin1": "{inputs}, line 3: not UTF-8 text; save the file as UTF-8",
+    "yaml_latin1": "{inputs}: not UTF-8 text (byte 0xe9 on line 2); save the file as UTF-8",
+    "yaml_self": "{inputs}: line 1: an alias (*name) refers to a value that contains it",
+    "yaml_deep": "{inputs}: line 1: nested deeper than 100 levels",
+    "yaml_bomb": "{inputs}: line 7: its aliases (*name) expand to more than 100,000 values",
+    "sft_parquet": "{inputs}: not a readable Parquet file (ArrowInvalid: ",
+    "sft_no_usable": "{inputs}: no usable rows ({inputs}: read 1 rows, kept 0, dropped 1 (missing_field=1))",
+    "tokenizer": "tokenizer {inputs} has 93 tokens but the model ",
+    "digits": "arith --digits 10000 with --operands 3: an answer could have 30000 digits, more than Python converts "
+              "to text (4300); use --digits <= 1433",
+    "same_out": "--out and --test-out are the same file ({inputs}): the train rows would replace the test rows",
+    "limit": "--limit: must be >= 1, got 0",
+    "batch_size": "--batch-size: must be >= 1, got 0",
+    "num_samples": "--num-samples: must be >= 1, got 0",
+    "block_size": "--block-size: must be >= 1, got 0",
+    "eval_trace_items": "--trace-items: must be >= 0, got -1",
+    "threads": "--threads: must be >= 1, got 0",
+    "gen_length": "setting 'default': gen_length: must be >= 1, got 0",
+    "setting_pair": "--setting 'dyn:threshold': 'threshold' must look like key=value",
+    "setting_name": "setting name 'my setting': use letters, digits and _ . + - only",
+    "setting_key": "setting 'dyn': unknown key 'treshold'; did you mean 'threshold'?",
+    "setting_range": "setting 'dyn': threshold: must be in (0, 1], got 2.0",
+    "setting_tps": "setting 's': tokens_per_step must be >= 1",
+    "setting_twice": "setting name 'a' is used twice",
+    "settings_file": "{inputs}: entry 0 must be a mapping with a 'name'",
+    "settings_latin1": "{inputs}: not UTF-8 text (byte 0xe9 on line 2)",
+    "task_option": "task 'countdown' takes no option foo=1; remove that --task-option",
+    "prompt_style": "task 'countdown' has no prompt_style 'fancy'; choose one of chat, plain, compact",
+    "device": "device 'tpu': not a torch device; use auto, cpu, cuda or cuda:N",
+    "output_file": "output directory {inputs} is a file; give a directory (-o)",
+    "plot_suffix": "-o {inputs}: not an image file name (.txt); give FILE.png",
+    "trace_null": "{inputs}:1: step_map[1] is null; every position needs the integer step",
+}
+
+
+#: the command of each mistake, by the first word of its name (default: eval)
+SAYS_COMMAND = {"hf": "data", "model": "info", "parquet": "data", "csv": "data", "yaml": "rl", "sft": "sft",
+                "digits": "data", "same": "data", "plot": "plot", "trace": "trace"}
+
+
+@pytest.mark.parametrize("name", sorted(SAYS))
+def test_every_mistake_is_one_line(cli, name):
+    """Each mistake of issue 39 (a traceback, a hang or a silent overwrite before) exits 2 with one line that
+    names what is wrong; none loads a model."""
+    inputs, rc, err = cli[name]
+    line = _one_error_line(err, SAYS_COMMAND.get(name.split("_")[0], "eval"))
+    assert rc == 2
+    assert SAYS[name].format(inputs=inputs) in line, line
+

@@ -177,3 +177,34 @@ def test_eval_killed_halfway_then_rerun_gives_same_numbers(workdir, monkeypatch)
     b = sorted(read_records(workdir / "unkilled" / "items" / "default.jsonl"), key=key)
     fields = ("completion", "nfe", "reward", "seed")
     assert [[r[f] for f in fields] for r in a] == [[r[f] for f in fields] for r in b]
+
+
+def test_plot_draws_a_diverged_run_and_says_where_it_writes(tmp_path, capsys):
+    """A metric of 1e308 or a null step used to be a traceback, ``-o DIR`` wrote ``DIR.png`` and ``-o out.txt``
+    failed in matplotlib after drawing: points that cannot be drawn are left out, a directory gets
+    dashboard.png, and a suffix matplotlib does not write is refused before drawing."""
+    from dllm_rl.training.plots import series
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 0, "reward": 0.1}, {"step": 1, "reward": 1e308}, {"step": None, "reward": 0.3},
+            {"step": 3, "reward": float("nan")}, {"step": 4, "reward": -1e308, "kl": 1e308}, {"step": 5, "reward": 0.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps, values = series([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()], "reward")
+    assert steps.tolist() == [0.0, 5.0] and values.tolist() == [0.1, 0.5]
+    assert _main(["plot", str(run), "--per-metric"]) == 0
+    assert (run / "dashboard.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["kl.png", "reward.png"]
+    out_dir = tmp_path / "figs"
+    out_dir.mkdir()
+    capsys.readouterr()
+    assert _main(["plot", str(run), "-o", str(out_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(out_dir / "dashboard.png")
+    assert (out_dir / "dashboard.png").is_file() and not (tmp_path / "figs.png").exists()
+    assert _main(["plot", str(run), "-o", str(tmp_path / "d.pdf")]) == 0
+    assert (tmp_path / "d.pdf").read_bytes()[:4] == b"%PDF"
+    for bad, what in (("out.txt", ".txt"), ("out", "no suffix")):
+        with pytest.raises(ValueError, match=rf"^-o {tmp_path / bad}: not an image file name \({what}\); give "
+                                             "FILE.png, FILE.pdf or FILE.svg"):
+            _main(["plot", str(run), "-o", str(tmp_path / bad)])
+        assert not (tmp_path / bad).exists() and not (tmp_path / f"{bad}.png").exists()

@@ -10,6 +10,7 @@ import torch
 
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
+from dllm_rl.errors import UserError
 from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval, sample_seed
 from dllm_rl.eval.passk import pass_at_k
 from dllm_rl.eval.settings import Setting, load_settings_file, parse_setting, resolve_decode
@@ -250,10 +251,10 @@ def no_compute(monkeypatch):
         ({"task": "/nonexistent/x.jsonl"}, FileNotFoundError, "does not exist"),
         ({"data": "/nonexistent/x.jsonl", "task": "countdown", "task_options": {}}, FileNotFoundError, "x.jsonl"),
         ({"model_dir": "/nonexistent/model"}, FileNotFoundError, "model directory"),
-        ({"model": "small_vocab"}, ValueError, "embeds only 40.*do not belong together"),
+        ({"model": "small_vocab"}, UserError, "embeds only 40.*do not belong together"),
         ({"model": "other_mask"}, ValueError, "mask token id 2 does not match the model's mask_token_id 5"),
-        ({"settings": [parse_setting("x:gen_length=0")]}, ValueError, "setting .x.: gen_length: must be >= 1, got 0"),
-        ({"num_samples": 0}, ValueError, "num-samples"),
+        ({"settings": [parse_setting("x:gen_length=0")]}, UserError, "setting .x.: gen_length: must be >= 1, got 0"),
+        ({"num_samples": 0}, UserError, "^num_samples: must be >= 1, got 0$"),
     ],
 )
 def test_bad_input_fails_before_compute(workdir, no_compute, kw, exc, match):

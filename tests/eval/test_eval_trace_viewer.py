@@ -208,3 +208,41 @@ def test_viewer_replays_a_real_rollout(browser, tmp_path):
         return tok.decode([i]).replace(" ", "\u00a0").replace("\n", "\u21b5").replace("\t", "\u21e5")
 
     assert [t for t, s in zip(shown, step_map) if s >= 0] == [display(i) for i, s in zip(ids, step_map) if s >= 0]
+
+
+def test_non_finite_values_are_strict_json_and_a_null_step_is_refused(tmp_path):
+    """NaN / Infinity used to be written as bare NaN (JSON.parse fails: a blank page) and a null step was a
+    TypeError: the page's data is strict JSON with non-finite values as strings, and a bad step names the line."""
+    page = render_html([_record(confidence=[float("nan"), float("inf"), float("-inf")] + CONF[3:],
+                                reward=float("nan"))], meta={"threshold": float("inf")})
+    data = page.split('<script id="trace-data" type="application/json">', 1)[1].split("</script>", 1)[0]
+
+    def strict(const):
+        raise AssertionError(f"bare {const} in the page's JSON")
+
+    payload = json.loads(data.replace("\\u003c", "<"), parse_constant=strict)
+    rec = payload["records"][0]
+    assert rec["confidence"][:4] == ["NaN", "Infinity", "-Infinity", 0.66] and rec["reward"] == "NaN"
+    assert payload["meta"]["threshold"] == "Infinity"
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"tokens": ["a", "b"], "step_map": [0, 1]}) + "\n"
+                 + json.dumps({"tokens": ["a", "b", "c"], "steps": [0, None, 1.5]}) + "\n")
+    with pytest.raises(ValueError, match=r"^.*t.jsonl:2: step_map\[1\] is null; every position needs the integer "
+                                         r"step at which its token was committed \(-1: never\)$"):
+        load_trace_jsonl(f)
+    with pytest.raises(ValueError, match=r"step_map\[2\] is 1.5;"):
+        _record(tokens=["a", "b", "c"], step_map=[0, 1, 1.5], confidence=None)
+    assert _record(step_map=[0.0, 0, 1, 2, 3, 4, 4, -1]).step_map[0] == 0  # an integral float is a step
+
+
+@pytest.mark.browser
+def test_viewer_shows_non_finite_values(browser, tmp_path):
+    page = tmp_path / "nan.html"
+    conf = [float("nan"), float("inf")] + CONF[2:]
+    page.write_text(render_html([_record(confidence=conf, reward=float("nan"))]), encoding="utf-8")
+    browser.goto(page.as_uri())
+    js = browser.evaluate
+    assert js("document.body.dataset.ready") == "true"
+    titles = js("[...document.querySelectorAll('#seq .tok.gen')].map(e => e.title)")
+    assert titles[0].startswith("step 0 | confidence NaN") and titles[1].startswith("step 0 | confidence Infinity")
+    assert js("document.getElementById('stats').textContent").endswith("| reward NaN")

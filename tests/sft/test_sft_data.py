@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dllm_rl.errors import UserError
 from dllm_rl.models import char_tokenizer
 from dllm_rl.models.tokenizer import CHATML_TEMPLATE
 from dllm_rl.sft.data import DataConfig, collate, load_sft_data
@@ -61,9 +62,9 @@ def test_bad_rows_are_counted_and_skipped(tmp_path, capsys):
 def test_bad_rows_refused_with_file_and_line(tmp_path):
     tok = char_tokenizer("0123456789+=")
     path = _write(tmp_path, [{"prompt": "1=", "response": "1"}, {"prompt": "1=", "response": ""}])
-    with pytest.raises(ValueError, match=r"d.jsonl:2: empty response"):
+    with pytest.raises(UserError, match=r"d.jsonl:2: empty response"):
         load_sft_data(DataConfig(train_file=str(path), on_bad_row="error"), tok, EOS, verbose=False)
-    with pytest.raises(ValueError, match="no usable rows"):
+    with pytest.raises(UserError, match="no usable rows"):
         load_sft_data(DataConfig(train_file=str(_write(tmp_path, [{"a": 1}]))), tok, EOS, verbose=False)
     with pytest.raises(FileNotFoundError, match="train_file"):
         load_sft_data(DataConfig(train_file=str(tmp_path / "missing.jsonl")), tok, EOS, verbose=False)
@@ -139,3 +140,22 @@ def test_non_utf8_row_is_skipped_and_counted_or_refused_with_file_and_line(tmp_p
     # a bad line past data.limit is never read
     ex, rep = load_sft_data(DataConfig(train_file=str(path), limit=1, on_bad_row="error"), tok, EOS, verbose=False)
     assert (len(ex), rep.read, dict(rep.dropped)) == (1, 1, {})
+
+
+def test_csv_and_parquet_tables_are_read_like_json_lines(tmp_path):
+    """SFT used to read every file as JSON lines (a CSV or Parquet file: a traceback); tables now go through the
+    task data reader, with the same tokens as the JSON-lines file and their own file and line in messages."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tok = char_tokenizer("0123456789+=")
+    rows = [{"prompt": "1+1=", "response": "2"}, {"prompt": "2+3=", "response": "5"}, {"prompt": "9=", "response": ""}]
+    jsonl = load_sft_data(DataConfig(train_file=str(_write(tmp_path, rows))), tok, EOS, verbose=False)[0]
+    (tmp_path / "d.csv").write_text("prompt,response\n1+1=,2\n2+3=,5\n9=,\n")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    for name in ("d.csv", "d.parquet"):
+        ex, rep = load_sft_data(DataConfig(train_file=str(tmp_path / name)), tok, EOS, verbose=False)
+        assert [(e.prompt_ids, e.response_ids) for e in ex] == [(e.prompt_ids, e.response_ids) for e in jsonl]
+        assert rep.read == 3 and rep.kept == 2 and dict(rep.dropped) == {"empty_response": 1}
+    with pytest.raises(UserError, match=r"d.csv, line 4: empty response \(set data.on_bad_row=skip"):
+        load_sft_data(DataConfig(train_file=str(tmp_path / "d.csv"), on_bad_row="error"), tok, EOS, verbose=False)

@@ -143,3 +143,29 @@ def test_cli_show_prints_prompts_and_rewards(tmp_path, capsys):
     assert "PROMPT:\nnums " in out and "REWARD: 1.000 (correct)" in out and '"accuracy": 1.0' in out
     with pytest.raises(ValueError, match="missing action"):
         run_cli("data")
+
+
+def test_arith_digits_bounded_by_what_python_prints(tmp_path):
+    """--digits 10000 used to be a traceback from int(); the bound is Python's int <-> text limit (4300 digits)
+    over the operands: 3 x 1433 digits is made (and written), 3 x 1434 is refused."""
+    from dllm_rl.errors import UserError
+
+    row = make("arith", 1, 0, operands=3, digits=1433, ops="*")[0]
+    assert len(str(row["answer"])) > 4200 and row["expression"].count("*") == 2
+    with pytest.raises(UserError, match=r"^arith --digits 1434 with --operands 3: an answer could have 4302 "
+                                        r"digits, more than Python converts to text \(4300\); use --digits <= 1433$"):
+        make("arith", 1, 0, operands=3, digits=1434)
+
+
+def test_out_and_test_out_the_same_file_is_refused(tmp_path):
+    from dllm_rl.errors import UserError
+
+    out = tmp_path / "x.jsonl"
+    out.write_text('{"expression": "1+1", "answer": 2}\n')
+    args = argparse.Namespace(data_command="make", kind="arith", n=20, seed=0, out=str(out), split="train",
+                              difficulty=None, exclude=[], test_out=str(tmp_path / "sub" / ".." / "x.jsonl"),
+                              test_n=None, operands=None, digits=None, ops=None)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(UserError, match=r"--out and --test-out are the same file .*: the train rows would replace"):
+        cli.run(args)
+    assert out.read_text() == '{"expression": "1+1", "answer": 2}\n'  # untouched

@@ -41,23 +41,26 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
-    import yaml
+    from dllm_rl.config import yaml_load
 
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             raise UserError(f"{flag} {item!r} must look like key=value")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = yaml_load(v, f"{flag} {item!r}")
     return out
 
 
 # ------------------------------------------------------------------------------------------------ eval
 def eval_command(args: argparse.Namespace) -> int:
+    from dllm_rl.config import FieldError
     from dllm_rl.eval.harness import EvalRunConfig, run_eval
     from dllm_rl.eval.settings import load_settings_file, parse_setting
 
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError(f"--threads: must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -80,14 +83,17 @@ def eval_command(args: argparse.Namespace) -> int:
     model_dir = Path(args.model_dir)
     default_name = f"{model_dir.resolve().name}-{Path(task).stem}-{args.split}"
     output = args.output or str(Path("runs") / "eval" / default_name)
-    cfg = EvalRunConfig(
-        model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data,
-        limit=args.limit, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
-        device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
-        task_options=task_options, decode=decode, settings=settings, block_size=args.block_size,
-        trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
-        command=_command_line(args),
-    )
+    try:  # EvalRunConfig checks its ranges; its field names are the flags' names
+        cfg = EvalRunConfig(
+            model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data, limit=args.limit,
+            num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
+            device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
+            task_options=task_options, decode=decode, settings=settings, block_size=args.block_size,
+            trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
+            command=_command_line(args),
+        )
+    except FieldError as exc:
+        raise UserError(f"--{exc.key.replace('_', '-')}: {exc.problem}") from None
     summary = run_eval(cfg)
     print((Path(output) / ("summary.json" if args.json else "summary.md")).read_text())
     return 0 if summary else 1
@@ -266,8 +272,8 @@ def register_plot(sub) -> None:
                        description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/dashboard.png (several runs: "
                        "one page, -o FILE.png); --per-metric also writes RUN_DIR/plots/<metric>.png.")
     p.add_argument("run_dir", nargs="+", help="run directories holding metrics.jsonl (several: overlaid)")
-    p.add_argument("-o", "--output", default=None, help="dashboard PNG (default RUN_DIR/dashboard.png; needed "
-                   "for several runs)")
+    p.add_argument("-o", "--output", default=None, help="dashboard image FILE.png (or .pdf, .svg), or an existing "
+                   "directory, which gets dashboard.png (default RUN_DIR/dashboard.png; needed for several runs)")
     p.add_argument("--per-metric", action="store_true", help="also write one PNG per metric into RUN_DIR/plots")
     p.add_argument("--keys", nargs="+", default=None, help="with --per-metric: metrics to plot (default: all)")
     p.set_defaults(func=plot_command)

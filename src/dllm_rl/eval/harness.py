@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllm_rl.config import field, to_dict
+from dllm_rl.config import Checked, ConfigError, field, to_dict
 from dllm_rl.errors import UserError
 from dllm_rl.eval.provenance import (
     check_resume,
@@ -56,17 +56,17 @@ SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i
 
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
-class EvalRunConfig:
-    """One ``dllm-rl eval`` call."""
+class EvalRunConfig(Checked):
+    """One ``dllm-rl eval`` call (its ranges checked at construction, so a bad flag fails before any loading)."""
 
     model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
     task: str = field(help="gsm8k | math | countdown | sudoku | code | a local data file (.jsonl/.csv/...).")
     output_dir: str = field(help="Where results go; an existing directory of the same evaluation is resumed.")
     split: str = field("test", help="Data split of the task's default files.")
     data: str | None = field(None, help="Data file to use instead of the task's default file for `split`.")
-    limit: int | None = field(None, help="Evaluate only the first N items (the same N items every time).")
-    num_samples: int = field(1, help="Samples per item (k of pass@k); needs temperature > 0 to differ.")
-    batch_size: int = field(16, help="Sequences decoded together (results do not depend on it).")
+    limit: int | None = field(None, ge=1, help="Evaluate only the first N items (the same N items every time).")
+    num_samples: int = field(1, ge=1, help="Samples per item (k of pass@k); needs temperature > 0 to differ.")
+    batch_size: int = field(16, ge=1, help="Sequences decoded together (results do not depend on it).")
     seed: int = field(0, help="Base seed; sample s of item i uses its own seed derived from (seed, i, s).")
     dtype: str = field("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.")
     device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
@@ -76,9 +76,10 @@ class EvalRunConfig:
     task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
     decode: dict[str, Any] = field(default_factory=dict, help="Base DecodeConfig overrides for every setting.")
     settings: list[Setting] = field(default_factory=list, help="Named decoding settings (default: one, 'default').")
-    block_size: int | None = field(None, help="Block models: decode in blocks of this size (default: the model's own "
-                                   "block_size; TraceRL's block-size adaptation trains a model to decode at another).")
-    trace_items: int = field(0, help="Write an HTML decoding trace of the first N items per setting.")
+    block_size: int | None = field(None, ge=1, help="Block models: decode in blocks of this size (default: the "
+                                   "model's own block_size; TraceRL's block-size adaptation trains a model to decode "
+                                   "at another).")
+    trace_items: int = field(0, ge=0, help="Write an HTML decoding trace of the first N items per setting.")
     overwrite: bool = field(False, help="Delete earlier results in output_dir instead of resuming.")
     progress: bool = field(True, help="Show a progress bar.")
     command: str | None = field(None, help="The command line, recorded in the metadata.")
@@ -137,8 +138,8 @@ def load_task(cfg: EvalRunConfig):
         m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
         if m is None:
             raise
-        raise ValueError(f"task {cfg.task!r} takes no option {m.group(1)}={kwargs.get(m.group(1))!r} "
-                         "(check --task-option)") from None
+        raise UserError(f"task {cfg.task!r} takes no option {m.group(1)}={kwargs.get(m.group(1))!r}; remove that "
+                        "--task-option") from None
     examples = task.load()
     if not examples:
         from dllm_rl.tasks.base import DataError
@@ -182,12 +183,9 @@ class PreparedEval:
 def prepare(cfg: EvalRunConfig) -> PreparedEval:
     """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
     loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
-    if cfg.num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1, got {cfg.num_samples}")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {cfg.limit}")
-    if cfg.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output directory {out} is a file; give a directory (-o)")
     from dllm_rl.hub import resolve_model_path
 
     model_dir = resolve_model_path(cfg.model_dir)  # a directory or a hub id
@@ -202,14 +200,12 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         if block_size is None:
             raise UserError(f"--block-size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
                              "model (its decoding block is --block-length)")
-        if cfg.block_size < 1:
-            raise UserError(f"--block-size must be >= 1, got {cfg.block_size}")
         block_size = cfg.block_size
     settings = list(cfg.settings) or [Setting("default")]
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"setting name {dup[0]!r} is used twice")
+        raise ConfigError(f"setting name {dup[0]!r} is used twice; give each --setting its own name")
     # --block-size reaches the sampler as DecodeConfig.block_size (only when given: earlier evaluations resume)
     base = {**cfg.decode, "block_size": cfg.block_size} if cfg.block_size is not None else cfg.decode
     decodes = {s.name: resolve_decode(base, s, block_size) for s in settings}
@@ -242,7 +238,6 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     }
     if cfg.block_size is not None:  # only when given, so that earlier evaluations still resume
         meta["block_size"] = cfg.block_size
-    out = Path(cfg.output_dir)
     check_resume(out, meta, cfg.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
 

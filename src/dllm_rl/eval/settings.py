@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllm_rl.config import ConfigError, from_dict, to_dict
+from dllm_rl.config import ConfigError, from_dict, to_dict, yaml_load
 
 SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 #: pseudo-keys a setting may use besides DecodeConfig's fields
@@ -26,7 +26,7 @@ class Setting:
 
     def __post_init__(self) -> None:
         if not SETTING_NAME.match(self.name):
-            raise ValueError(f"setting name {self.name!r}: use letters, digits and _ . + - only")
+            raise ConfigError(f"setting name {self.name!r}: use letters, digits and _ . + - only")
 
 
 def parse_setting(spec: str) -> Setting:
@@ -39,7 +39,7 @@ def parse_setting(spec: str) -> Setting:
     overrides: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         if "=" not in part:
-            raise ValueError(f"--setting {spec!r}: {part!r} must look like key=value "
+            raise ConfigError(f"--setting {spec!r}: {part!r} must look like key=value "
                              "(for example dyn:threshold=0.9 or static2:tokens_per_step=2)")
         k, v = part.split("=", 1)
         overrides[k.strip().replace("-", "_")] = v.strip()
@@ -48,29 +48,24 @@ def parse_setting(spec: str) -> Setting:
 
 def load_settings_file(path: str | Path) -> list[Setting]:
     """Settings from YAML: a mapping ``name: {key: value, ...}`` or a list of ``{name: ..., key: value}``."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: settings file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    data = yaml_load(path.read_bytes(), str(path))
     if isinstance(data, Mapping):
         items = [(str(k), v or {}) for k, v in data.items()]
     elif isinstance(data, list):
         items = []
         for i, entry in enumerate(data):
             if not isinstance(entry, Mapping) or "name" not in entry:
-                raise ValueError(f"{path}: entry {i} must be a mapping with a 'name'")
+                raise ConfigError(f"{path}: entry {i} must be a mapping with a 'name'")
             items.append((str(entry["name"]), {k: v for k, v in entry.items() if k != "name"}))
     else:
-        raise ValueError(f"{path}: expected a mapping of setting name -> options, or a list of settings")
+        raise ConfigError(f"{path}: expected a mapping of setting name -> options, or a list of settings")
     out = []
     for name, opts in items:
         if not isinstance(opts, Mapping):
-            raise ValueError(f"{path}: setting {name!r} must map option names to values")
+            raise ConfigError(f"{path}: setting {name!r} must map option names to values")
         out.append(Setting(name, {str(k).replace("-", "_"): v for k, v in opts.items()}))
     return out
 
@@ -106,14 +101,14 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
     tps = data.pop("tokens_per_step", None)
     block_cache = _coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
     if not block_cache and block_size is None:
-        raise ValueError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
+        raise ConfigError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
                          "choose their cache with cache=none|prefix|dual")
     if tps is not None:
         tps = _coerce(tps, int, f"{where}: tokens_per_step")
         if tps < 1:
-            raise ValueError(f"{where}: tokens_per_step must be >= 1")
+            raise ConfigError(f"{where}: tokens_per_step must be >= 1")
         if data.get("steps") is not None or data.get("threshold") is not None:
-            raise ValueError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
+            raise ConfigError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
         if block_size is not None and data.get("block_size") is not None:  # a block model at another block
             block_size = _coerce(data["block_size"], int, f"{where}: block_size")
         block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
@@ -122,5 +117,5 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
         decode = from_dict(DecodeConfig, data, where=where)
     except ConfigError as exc:
         msg = str(exc).replace(" valid keys: ", f" valid keys: {', '.join(SETTING_SHORTCUTS)}, ")
-        raise ValueError(msg) from None
+        raise ConfigError(msg) from None
     return ResolvedSetting(decode, bool(block_cache))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dllm_rl.errors import UserError
+
 
 def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
@@ -21,10 +23,10 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
     vocab = int(hf.vocab_size)
     if len(tok) > vocab:
-        raise ValueError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "
+        raise UserError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "
                          f"{vocab}; tokenizer and model do not belong together")
     if eos_id is not None and tok.eos_token_id != eos_id:
-        raise ValueError(f"tokenizer {tokenizer_dir} eos id {tok.eos_token_id} != model eos_token_id {eos_id} "
+        raise UserError(f"tokenizer {tokenizer_dir} eos id {tok.eos_token_id} != model eos_token_id {eos_id} "
                          f"({model_dir}/config.json); tokenizer and model do not belong together")
     block_size = int(pub.get("block_size") or fam.block_size or 4) if fam.attention == "block" else None
     return tok, fam, block_size

@@ -1,4 +1,7 @@
-"""SFT data: JSON lines with ``prompt`` / ``response`` (or chat ``messages``) -> token ids -> ScoringBatch.
+"""SFT data: rows with ``prompt`` / ``response`` (or chat ``messages``) -> token ids -> ScoringBatch.
+
+Rows come from JSON lines, or from a ``.csv`` / ``.tsv`` / ``.parquet`` file through the task data reader
+(:func:`dllm_rl.tasks.io.read_rows`, which names the file and line of a file it cannot read).
 
 Rows are never truncated. A row that cannot be used (not UTF-8, invalid JSON, missing field, empty response,
 longer than ``max_length``, a step map of the wrong length) is counted under its reason and skipped
@@ -9,23 +12,29 @@ that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from dllm_rl.config import Checked
+from dllm_rl.config import Checked, ConfigError
 from dllm_rl.config import field as cfg_field
+from dllm_rl.errors import UserError
 from dllm_rl.estimators.batch import ScoringBatch
 from dllm_rl.jsonl import JSONLError, iter_jsonl
+
+#: file names read as tables (every other file is JSON lines)
+TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
 
 
 @dataclass
 class DataConfig(Checked):
     """Where the SFT examples come from and how they become tokens."""
 
-    train_file: str = cfg_field("", help="JSON-lines training file with prompt/response (or messages) rows")
+    train_file: str = cfg_field("", help="training file with prompt/response (or messages) rows: JSON lines, or "
+                                "a .csv / .tsv / .parquet table")
     prompt_field: str = cfg_field("prompt", help="column holding the prompt text")
     response_field: str = cfg_field("response", help="column holding the target response text")
     messages_field: str = cfg_field(
@@ -97,7 +106,8 @@ class BadRow(ValueError):
 def _use_template(tokenizer: Any, mode: str) -> bool:
     has = bool(getattr(tokenizer, "chat_template", None))
     if mode == "always" and not has:
-        raise ValueError("data.chat_template=always but the tokenizer has no chat template")
+        raise ConfigError("data.chat_template=always but the tokenizer has no chat template; set "
+                          "data.chat_template=auto or never")
     return has and mode != "never"
 
 
@@ -231,7 +241,8 @@ def encode_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, eos_token_i
 
 def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str | Path | None = None,
                   verbose: bool = True) -> tuple[list[SFTExample], DataReport]:
-    """Read and tokenize a JSON-lines SFT file, counting and skipping (or refusing) unusable rows."""
+    """Read and tokenize an SFT file (JSON lines or a table, see the module docs), counting and skipping (or
+    refusing) unusable rows; a file with no usable row is a :class:`~dllm_rl.errors.UserError`."""
     path = Path(path or cfg.train_file)
     if not str(path) or not path.is_file():
         raise FileNotFoundError(f"{path}: SFT data file not found (set data.train_file)")
@@ -249,7 +260,7 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
 
     def drop(where: str, bad: BadRow) -> None:
         if cfg.on_bad_row == "error":
-            raise ValueError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
+            raise UserError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
         report.dropped[bad.reason] += 1
         if len(report.messages) < 5:
             report.messages.append(f"{where}: {bad}")
@@ -259,22 +270,34 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
             report.read += 1
             drop(f"{path}:{err.line}", BadRow("not_utf8" if err.reason == "not_utf8" else "invalid_json", err.detail))
 
-    for n, row in iter_jsonl(path, torn_last_line="error", on_error=bad_line):
+    for where, row in _rows(path, bad_line):
         if full():
             break
         report.read += 1
         try:
-            examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, f"{path}:{n}", task))
+            examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task))
         except BadRow as bad:
-            drop(f"{path}:{n}", bad)
+            drop(where, bad)
     report.kept = len(examples)
     if verbose:
         print(f"data: {report.summary()}")
         for m in report.messages:
             print(f"data: skipped {m}")
     if not examples:
-        raise ValueError(f"{path}: no usable rows ({report.summary()})")
+        raise UserError(f"{path}: no usable rows ({report.summary()}); fix the rows or the data.*_field names")
     return examples, report
+
+
+def _rows(path: Path, bad_line) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(where, row)`` of every row: JSON lines through :func:`iter_jsonl` (a bad line goes to ``bad_line``),
+    tables through the task data reader."""
+    if path.name.lower().endswith(TABLE_SUFFIXES):
+        from dllm_rl.tasks.io import read_rows
+
+        yield from read_rows(path)
+        return
+    for n, row in iter_jsonl(path, torn_last_line="error", on_error=bad_line):
+        yield f"{path}:{n}", row
 
 
 def collate(examples: list[SFTExample], pad_token_id: int) -> ScoringBatch:

@@ -141,7 +141,7 @@ class Task:
         reward_fn: str | Callable | None = None,
     ) -> None:
         if prompt_style not in self.prompt_styles:
-            raise ValueError(
+            raise UserError(
                 f"task {self.name!r} has no prompt_style {prompt_style!r}; "
                 f"choose one of {', '.join(self.prompt_styles)}"
             )

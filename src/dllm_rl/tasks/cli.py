@@ -113,6 +113,9 @@ def _make(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--exclude file {f} does not exist")
     exclude = keys_of(args.kind, args.exclude)
     knobs = {k: getattr(args, k) for k in _KNOBS[args.kind]}
+    if args.test_out and Path(args.test_out).resolve() == Path(args.out).resolve():
+        raise UserError(f"--out and --test-out are the same file ({args.out}): the train rows would replace the "
+                        "test rows; give two files")
     if args.test_out:
         test_n = args.test_n if args.test_n is not None else max(1, args.n // 10)
         train, test = make_split_pair(

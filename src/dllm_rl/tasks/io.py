@@ -99,41 +99,64 @@ def read_rows(source: str | os.PathLike, *, split: str | None = None) -> Iterato
     path = Path(text).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist")
-    suffixes = "".join(path.suffixes[-2:]).lower()
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
         yield from _read_jsonl(path)
-    elif name.endswith((".json", ".json.gz")):
-        with _open_text(path) as f:
-            head = f.read(1 << 16).lstrip()
-        if head.startswith("["):
-            with _open_text(path) as f:
-                try:
-                    data = json.load(f)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})") from exc
-            for i, row in enumerate(data):
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}, item {i}: expected a JSON object, got {type(row).__name__}")
-                yield f"{path}, item {i}", row
-        else:
-            yield from _read_jsonl(path)
-    elif name.endswith((".csv", ".csv.gz", ".tsv")):
-        with _open_text(path) as f:
-            reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
-            if not reader.fieldnames:
-                raise DataError(f"{path}, line 1: empty CSV file (no header line)")
-            for row in reader:
-                if None in row:
-                    raise DataError(f"{path}, line {reader.line_num}: more values than header columns")
-                yield f"{path}, line {reader.line_num}", dict(row)
     elif name.endswith(".parquet"):
         yield from _read_parquet(path)
+    elif name.endswith((".json", ".json.gz", ".csv", ".csv.gz", ".tsv")):
+        try:
+            yield from _read_text_rows(path, name)
+        except UnicodeDecodeError:
+            raise DataError(f"{path}, line {_first_non_utf8_line(path)}: not UTF-8 text; save the file as UTF-8") \
+                from None
     else:
+        suffixes = "".join(path.suffixes[-2:]).lower()
         raise DataError(
             f"{path}: unsupported data file type {suffixes or path.suffix!r} "
             "(use .jsonl, .jsonl.gz, .json, .csv or .parquet)"
         )
+
+
+def _read_text_rows(path: Path, name: str) -> Iterator[tuple[str, dict]]:
+    """Rows of a ``.json`` (an array, else JSON lines) or ``.csv`` / ``.tsv`` file."""
+    if name.endswith((".json", ".json.gz")):
+        with _open_text(path) as f:
+            head = f.read(1 << 16).lstrip()
+        if not head.startswith("["):
+            yield from _read_jsonl(path)
+            return
+        with _open_text(path) as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})") from exc
+        for i, row in enumerate(data):
+            if not isinstance(row, dict):
+                raise DataError(f"{path}, item {i}: expected a JSON object, got {type(row).__name__}")
+            yield f"{path}, item {i}", row
+        return
+    with _open_text(path) as f:
+        reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
+        if not reader.fieldnames:
+            raise DataError(f"{path}, line 1: empty CSV file (no header line)")
+        for row in reader:
+            if None in row:
+                raise DataError(f"{path}, line {reader.line_num}: more values than header columns")
+            yield f"{path}, line {reader.line_num}", dict(row)
+
+
+def _first_non_utf8_line(path: Path) -> int:
+    """The line of a text file holding its first byte that is not UTF-8 (read again only after a decode
+    error, so the readers stay streaming)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return n
+    return n
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
@@ -147,19 +170,33 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
 
 def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
     try:
+        import pyarrow as pa
+
+        errors: tuple[type[BaseException], ...] = (pa.ArrowException, ValueError, OSError)
+    except ImportError:
+        errors = (ValueError, OSError)
+    try:
+        rows = _parquet_rows(path)
+    except errors as exc:  # not Parquet, truncated, corrupt pages
+        detail = " ".join(str(exc).split())
+        raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {detail}); is it truncated or "
+                        "corrupt?") from None
+    for i, row in enumerate(rows):
+        yield f"{path}, row {i}", dict(row)
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    try:
         import pyarrow.parquet as pq
     except ImportError:
         pq = None
     if pq is not None:
-        rows = pq.read_table(path).to_pylist()
-    else:
-        try:
-            import pandas as pd
-        except ImportError as exc:
-            raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow) or pandas") from exc
-        rows = pd.read_parquet(path).to_dict(orient="records")
-    for i, row in enumerate(rows):
-        yield f"{path}, row {i}", dict(row)
+        return pq.read_table(path).to_pylist()
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow) or pandas") from exc
+    return pd.read_parquet(path).to_dict(orient="records")
 
 
 def _read_hf(name: str, split: str | None) -> Iterator[tuple[str, dict]]:

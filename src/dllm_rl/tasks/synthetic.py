@@ -23,6 +23,7 @@ Row formats match the tasks: countdown ``{"input": "3,5,7", "output": "22", "num
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -287,6 +288,11 @@ def make_arith(
     """``n`` distinct arithmetic expressions (see module docstring for the knobs)."""
     if operands < 2 or digits < 1:
         raise UserError("arith needs --operands >= 2 and --digits >= 1")
+    limit = sys.get_int_max_str_digits()  # Python's bound on int <-> text conversion (0: none)
+    if limit and operands * digits > limit:  # a product of the operands has up to operands * digits digits
+        raise UserError(f"arith --digits {digits} with --operands {operands}: an answer could have "
+                        f"{operands * digits} digits, more than Python converts to text ({limit}); use --digits <= "
+                        f"{limit // operands}")
     if not ops or set(ops) - set("+-*"):
         raise UserError(f"arith --ops must use only + - *, got {ops!r}")
     rng = _rng("arith", split, seed)

@@ -11,6 +11,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
+from dllm_rl.errors import UserError
+
 
 def bf16_supported() -> bool:
     """True when this process's accelerator runs bf16 natively (CUDA with bf16, or XPU)."""
@@ -110,12 +112,18 @@ def runs_on_cpu(device: str) -> bool:
 
 
 def resolve_device(device: str):
-    """``auto`` -> ``cuda`` when available, else ``cpu``; an explicit CUDA device without CUDA is an error."""
+    """``auto`` -> ``cuda`` when available, else ``cpu``; a device torch does not know, or a CUDA device this
+    machine lacks, is the user's error (:class:`~dllm_rl.errors.UserError`)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"device {device!r}: not a torch device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
+        raise UserError(f"device {device!r} requested but CUDA is not available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 

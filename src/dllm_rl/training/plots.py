@@ -25,6 +25,9 @@ from dllm_rl.training.metrics import METRICS_FILE, read_metrics
 DASHBOARD = "dashboard.png"
 PANELS = ("reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step")
 STYLES = ("-", "--", ":")
+#: values beyond this magnitude are left out of a plot: matplotlib cannot place ticks on an axis spanning
+#: ~1e308 (a diverged loss), and such a point would flatten every other one anyway
+PLOT_LIMIT = 1e150
 
 
 def _pyplot():
@@ -36,10 +39,14 @@ def _pyplot():
     return plt
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= PLOT_LIMIT
+
+
 def series(rows: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, values)`` of the rows that hold a number under ``key``."""
-    pts = [(float(r["step"]), float(r[key])) for r in rows
-           if "step" in r and isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+    """``(steps, values)`` of the rows whose step and ``key`` are numbers that can be drawn: a step that is
+    missing or null, and a value that is not finite or beyond :data:`PLOT_LIMIT`, leave the row out."""
+    pts = [(float(r["step"]), float(r[key])) for r in rows if _number(r.get("step")) and _number(r.get(key))]
     arr = np.array(pts, dtype=float).reshape(-1, 2)
     return arr[:, 0], arr[:, 1]
 
@@ -110,16 +117,33 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
 def write_dashboard(run_dirs: list[str | Path], out: str | Path | None = None,
                     smooth_window: int | None = None) -> Path:
     """Draw :func:`dashboard_figure` into ``out`` (default: ``RUN_DIR/dashboard.png`` for one run; several
-    runs need ``out``). Returns the PNG path."""
+    runs need ``out``): an image file whose suffix matplotlib writes (.png, .pdf, .svg, ...), or an existing
+    directory, which gets ``dashboard.png``. Returns the path written."""
     if not run_dirs:
         raise UserError("give at least one run directory")
     if out is None and len(run_dirs) > 1:
         raise UserError("several runs are drawn on one page: say where with -o FILE.png")
-    target = Path(out) if out is not None else Path(run_dirs[0]) / DASHBOARD
+    target = _dashboard_target(out) if out is not None else Path(run_dirs[0]) / DASHBOARD
     fig = dashboard_figure(run_dirs, smooth_window)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     _pyplot().close(fig)
+    return target
+
+
+def _dashboard_target(out: str | Path) -> Path:
+    """Where ``-o OUT`` puts the dashboard (see :func:`write_dashboard`); an unknown suffix is refused
+    before anything is drawn, where matplotlib would fail after, or append ``.png`` to a name without one."""
+    target = Path(out)
+    if target.is_dir():
+        return target / DASHBOARD
+    suffix = target.suffix.lower().lstrip(".")
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if suffix not in FigureCanvasBase.get_supported_filetypes():
+        raise UserError(f"-o {out}: not an image file name ({f'.{suffix}' if suffix else 'no suffix'}); give "
+                        "FILE.png, FILE.pdf or FILE.svg (or another suffix matplotlib writes) or an existing directory")
     return target
 
 

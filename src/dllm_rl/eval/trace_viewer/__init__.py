@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_rl.errors import UserError
-from dllm_rl.jsonl import iter_jsonl
+from dllm_rl.jsonl import iter_jsonl, json_safe
 
 __all__ = ["TraceRecord", "load_trace_jsonl", "normalize_trace", "records_from_rollout", "render_html", "write_html"]
 
@@ -47,7 +48,7 @@ class TraceRecord:
             raise UserError(f"trace: {len(self.tokens)} tokens but {len(self.step_map)} step_map entries")
         if self.confidence is not None and len(self.confidence) != len(self.tokens):
             raise UserError(f"trace: {len(self.tokens)} tokens but {len(self.confidence)} confidences")
-        self.step_map = [int(s) for s in self.step_map]
+        self.step_map = [_step(s, j) for j, s in enumerate(self.step_map)]
         if self.answer_length is None:
             self.answer_length = len(self.tokens)
         if self.num_steps is None:
@@ -55,6 +56,15 @@ class TraceRecord:
         self.num_steps = max(1, int(self.num_steps))
         if self.confidence is not None:
             self.confidence = [None if c is None else float(c) for c in self.confidence]
+
+
+def _step(value: Any, position: int) -> int:
+    """One step_map entry: an integer (``-1``: never committed); anything else is the trace file's error."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value == int(value)):
+        raise UserError(f"step_map[{position}] is {json.dumps(value)}; every position needs the integer step at "
+                        "which its token was committed (-1: never)")
+    return int(value)
 
 
 def _piece(tokenizer, token_id: int) -> str:
@@ -186,9 +196,11 @@ def render_html(records: Sequence[TraceRecord], title: str = "dllm-rl decoding t
     meta_text = "  ".join(f"{k}: {v}" for k, v in (meta or {}).items())
     payload = {"records": [asdict(r) for r in records], "meta": dict(meta or {}), "meta_text": meta_text,
                "interval_ms": int(interval_ms)}
-    # JSON inside <script>: "<" only occurs inside JSON strings, where \u003c is the same character, so no
-    # string in the data can close the element or open a comment.
-    data = json.dumps(payload, ensure_ascii=False, default=str).replace("<", "\\u003c")
+    # Strict JSON (the page parses it with JSON.parse): a NaN or infinite confidence or reward is written as the
+    # string "NaN" / "Infinity", which the page shows as such. Inside <script>, "<" only occurs inside JSON
+    # strings, where \u003c is the same character, so no string in the data can close the element or open a
+    # comment.
+    data = json.dumps(json_safe(payload), ensure_ascii=False, default=str, allow_nan=False).replace("<", "\\u003c")
     page = _template()
     page = page.replace("__TITLE__", html.escape(title))
     return page.replace("__TRACE_JSON__", data)
