@@ -15,6 +15,7 @@ One module per family:
 | llada_moe | inclusionAI/LLaDA-MoE-7B-A1B | Qwen3MoeForCausalLM | full | 156895 | same position |
 | sdar_moe | JetLM/SDAR-30B-A3B | Qwen3MoeForCausalLM | block-causal (4) | 151669 | same position |
 | fast_dllm_v2 | Efficient-Large-Model/Fast_dLLM_v2_1.5B / 7B | Qwen2ForCausalLM | block (32) | 151665 | shifted |
+| mmada  | Gen-Verse/MMaDA-8B-Base / -MixCoT (+ magvit.py codes) | LlamaForCausalLM | full | 126336 | same position |
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from dllm_rl.errors import UserError
 from dllm_rl.models.families.base import Family
 from dllm_rl.models.families.llada import LLADA
 from dllm_rl.models.families.llada2 import LLADA2
+from dllm_rl.models.families.mmada import MMADA
 from dllm_rl.models.families.qwen import DREAM, FAST_DLLM_V2, SDAR_FAMILY
 from dllm_rl.models.families.qwen_moe import LLADA_MOE, SDAR_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLADA, DREAM, SDAR_FAMILY, LLADA2, LLADA_MOE, SDAR_MOE,
-                                                     FAST_DLLM_V2)}
+                                                     FAST_DLLM_V2, MMADA)}
 
 
 def get_family(name: str) -> Family:
