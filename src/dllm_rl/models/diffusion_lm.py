@@ -7,6 +7,8 @@ unless they want a special layout (KV cache, two-stream training).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,42 @@ class Selection:
     aligned: bool = True
 
 
+@dataclass
+class EmbedSplice:
+    """Input embeddings given by the caller instead of the token embeddings at some positions: the ``n``-th
+    ``True`` entry of ``where`` (``[B, T]`` bool over the forward's ``input_ids``, row-major order) gets
+    ``vectors[n]`` (``[N, H]``). An image in a prompt is such a splice (its features sit where its
+    placeholder was, see :func:`dllm_rl.models.llava_images.image_prompts`); the ids at those positions are
+    embedded and then replaced, so any valid id may stand there."""
+
+    where: torch.Tensor
+    vectors: torch.Tensor
+
+
+@contextmanager
+def embeddings_spliced(embedding: nn.Module, splice: EmbedSplice | None) -> Iterator[None]:
+    """For the calls inside the block, ``embedding``'s output carries ``splice.vectors`` at ``splice.where``.
+
+    A forward hook on the model's own input embedding, so the splice happens inside the wrapped forward:
+    FSDP2 / ZeRO-3 hold the embedding's full weight only there, and DDP / PEFT wrappers see the usual call.
+    Gradients reach both the embedding (at the other positions) and ``splice.vectors``."""
+    if splice is None:
+        yield
+        return
+
+    def hook(module, args, out):
+        if splice.where.shape != out.shape[:-1]:
+            raise ValueError(f"EmbedSplice.where has shape {tuple(splice.where.shape)}, the input ids "
+                             f"{tuple(out.shape[:-1])}")
+        return out.masked_scatter(splice.where.to(out.device)[..., None], splice.vectors.to(out.dtype))
+
+    handle = embedding.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class DiffusionLM(nn.Module):
     """A diffusion LM of one family over a stock transformers ``*ForCausalLM`` module (``self.model``)."""
 
@@ -86,7 +124,8 @@ class DiffusionLM(nn.Module):
 
     @property
     def config(self):
-        return self.hf_model.config
+        """The language model's HF config (a multimodal model's text config; a text model's own config)."""
+        return self.hf_model.config.get_text_config()
 
     @property
     def is_block_causal(self) -> bool:
@@ -179,6 +218,7 @@ class DiffusionLM(nn.Module):
         align: bool = True,
         select: Selection | None = None,
         block_size: int | None = None,
+        splice: EmbedSplice | None = None,
     ) -> DLMOutput:
         """Run the model.
 
@@ -205,6 +245,9 @@ class DiffusionLM(nn.Module):
 
         ``block_size``: the block of a block model's default attention rule (``None``: the model's own); it has no
         effect with an explicit ``attn_bias`` (which already encodes its block) or on a full-attention model.
+
+        ``splice`` (an :class:`EmbedSplice`) gives the input embeddings of some positions (an image's features
+        in a prompt) instead of the embeddings of their ids.
         """
         shift = self.family.shift and align
         valid = attention_mask.bool() if attention_mask is not None else None
@@ -222,7 +265,7 @@ class DiffusionLM(nn.Module):
             if logits_to_keep is not None:
                 raise ValueError("DiffusionLM.forward: select projects its own columns; drop logits_to_keep")
             return self._selected_forward(select, input_ids, attn_bias, position_ids, valid, past_key_values,
-                                          use_cache)
+                                          use_cache, splice)
         keep = _check_keep(logits_to_keep, input_ids.shape[1])
         hf_keep: int | torch.Tensor | None = None
         if keep is not None and shift:
@@ -235,7 +278,7 @@ class DiffusionLM(nn.Module):
                 keep = keep.to(input_ids.device)
                 hf_keep = torch.cat([keep, keep.new_full((1,), input_ids.shape[1] - 1)])
         extra = {} if hf_keep is None else {"logits_to_keep": hf_keep}
-        out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, **extra)
+        out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice, **extra)
         raw = out.logits
         if keep is None:
             logits = self.align_logits(raw, prev_raw_logits, valid) if shift else raw
@@ -249,17 +292,20 @@ class DiffusionLM(nn.Module):
             past_key_values=out.cache if use_cache else None,
         )
 
-    def _hf_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache, **extra):
+    def _hf_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache, splice=None, **extra):
         """The (wrapped) HF module's forward with an additive 4D mask, the one call every path makes."""
-        return self.model(input_ids=input_ids, attention_mask=attn_bias.to(self.dtype), position_ids=position_ids,
-                          cache=past_key_values, use_cache=use_cache, **extra)
+        with embeddings_spliced(self.causal_lm.get_input_embeddings(), splice):
+            return self.model(input_ids=input_ids, attention_mask=attn_bias.to(self.dtype),
+                              position_ids=position_ids, cache=past_key_values, use_cache=use_cache, **extra)
 
-    def _selected_forward(self, select, input_ids, attn_bias, position_ids, valid, past_key_values, use_cache):
+    def _selected_forward(self, select, input_ids, attn_bias, position_ids, valid, past_key_values, use_cache,
+                          splice=None):
         """:meth:`forward` with ``select``: the LM head returns the selected log-probs (every column is passed to
         it as a view of the final hidden states; it projects only the selected ones)."""
         cols = self.raw_columns(select.rows, select.cols, valid) if select.aligned else select.cols
         with head_selects(self.lm_head, select.rows, cols, select.targets, select.chunk_size):
-            out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, logits_to_keep=0)
+            out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice,
+                                   logits_to_keep=0)
         return DLMOutput(logits=None, last_raw_logits=None, past_key_values=out.cache if use_cache else None,
                          logprobs=out.logits)
 

@@ -16,7 +16,6 @@ from accelerate import init_empty_weights
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
 from dllm_rl.errors import UserError
 from dllm_rl.hub import resolve_model_path
@@ -113,9 +112,9 @@ def _instantiate(fam: Family, pub: dict[str, Any], dtype: torch.dtype, attn: str
     hf_config = fam.hf_config(pub)
     if empty:  # parameters on the meta device, buffers (RoPE) real: weights are assigned from disk
         with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+            model = fam.hf_auto_class.from_config(hf_config, attn_implementation=attn, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+        model = fam.hf_auto_class.from_config(hf_config, attn_implementation=attn, dtype=dtype)
     return model
 
 

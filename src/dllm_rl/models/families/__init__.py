@@ -16,6 +16,7 @@ One module per family:
 | sdar_moe | JetLM/SDAR-30B-A3B | Qwen3MoeForCausalLM | block-causal (4) | 151669 | same position |
 | fast_dllm_v2 | Efficient-Large-Model/Fast_dLLM_v2_1.5B / 7B | Qwen2ForCausalLM | block (32) | 151665 | shifted |
 | mmada  | Gen-Verse/MMaDA-8B-Base / -MixCoT (+ magvit.py codes) | LlamaForCausalLM | full | 126336 | same position |
+| llada_v | GSAI-ML/LLaDA-V | LlavaOnevisionForConditionalGeneration (SigLIP + Llama) | full | 126336 | same |
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from dllm_rl.errors import UserError
 from dllm_rl.models.families.base import Family
 from dllm_rl.models.families.llada import LLADA
 from dllm_rl.models.families.llada2 import LLADA2
+from dllm_rl.models.families.llada_v import LLADA_V
 from dllm_rl.models.families.mmada import MMADA
 from dllm_rl.models.families.qwen import DREAM, FAST_DLLM_V2, SDAR_FAMILY
 from dllm_rl.models.families.qwen_moe import LLADA_MOE, SDAR_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLADA, DREAM, SDAR_FAMILY, LLADA2, LLADA_MOE, SDAR_MOE,
-                                                     FAST_DLLM_V2, MMADA)}
+                                                     FAST_DLLM_V2, MMADA, LLADA_V)}
 
 
 def get_family(name: str) -> Family:
@@ -106,7 +108,7 @@ def resolve_mask_token_id(pub: dict[str, Any], fam: Family, source: str | Path,
             mask_id = fam.mask_token_id
             origin = (f"{source} has no mask_token_id, {tokenizer_dir or 'the tokenizer'} has no mask token, and "
                       f"the {fam.name} default ({mask_id})")
-    vocab = int(fam.hf_config(pub).vocab_size)
+    vocab = int(fam.hf_config(pub).get_text_config().vocab_size)
     if not 0 <= mask_id < vocab:
         raise UserError(f"{origin} is outside the vocabulary (vocab_size {vocab}); set mask_token_id in {source} "
                         "to the id of the mask token")

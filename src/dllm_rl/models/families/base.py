@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from dllm_rl.errors import UserError
 
@@ -32,6 +32,9 @@ class Family:
     moe: bool = False  # mixture of experts: routers, router statistics, freeze_router
     # LoRA targets, in HF module names (what peft sees).
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # The transformers auto class that builds the stock module from :meth:`hf_config` (a multimodal family's
+    # stock class is an image-text-to-text model, not a causal LM).
+    hf_auto_class: type = AutoModelForCausalLM
 
     # -- config ---------------------------------------------------------------------------------
     def hf_config(self, pub: dict[str, Any]) -> PretrainedConfig:

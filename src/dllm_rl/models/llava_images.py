@@ -1,0 +1,133 @@
+"""Images in a LLaDA-V prompt: pixels, features, and their place in the prompt.
+
+A prompt carries one placeholder id :data:`IMAGE_TOKEN_INDEX` (-200, the published ``<image>`` id) per image;
+each is replaced by that image's features (729 patch embeddings + one ``image_newline`` for ``pad``; the base
+tile's 729, then the unpadded tile grid with a newline per row for ``anyres_max_N``). Attention is bidirectional
+over everything, image included.
+
+- :func:`preprocess`: pixels through transformers' PIL image processors (``pad``: the published gray
+  ``(127, 127, 127)`` square, then a 384 px SigLIP resize; ``anyres_max_N``: LLaVA-OneVision's tiling over the
+  config's grid pinpoints), no torchvision.
+- :func:`image_features`: the shortened SigLIP tower's last hidden state (before ``post_layernorm``), the
+  projector, and transformers' ``LlavaOnevisionModel.pack_image_features`` (unpad, anyres_max resize,
+  newlines).
+- :func:`image_prompts`: (prompt ids with placeholders, images) -> :class:`ImagePrompts`: left-padded ids with
+  each placeholder widened to its image's length, the valid mask, and the :class:`EmbedSplice` that puts the
+  features there. ``dlm(prompts.input_ids, attention_mask=prompts.valid, splice=prompts.splice)`` is the
+  published ``lm_head(model(inputs_embeds=spliced).last_hidden_state)``; a completion appended to the ids
+  (and ``True`` to the mask) keeps the same splice, whose ``where`` is padded with ``False``.
+
+Image sizes are (height, width) here, as transformers wants them; the published code passes (width, height) to
+its own functions, which read them that way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import LlavaOnevisionImageProcessorPil, SiglipImageProcessorPil
+
+from dllm_rl.errors import UserError
+from dllm_rl.models.diffusion_lm import DiffusionLM, EmbedSplice
+from dllm_rl.models.families.llada_v import aspect_ratio, grid_pinpoints, vision_config
+
+IMAGE_TOKEN_INDEX = -200
+# SigLIP's normalisation; the pad colour is int(0.5 * 255) per channel, as the published code computes it.
+_MEAN = _STD = (0.5, 0.5, 0.5)
+_GRAY = (127, 127, 127)
+
+
+@dataclass
+class ImagePrompts:
+    """A batch of prompts with their images spliced in (``[B, T]``, left-padded).
+
+    ``input_ids``: text ids, and the pad id at image positions and padding; ``valid``: real positions;
+    ``image``: positions holding image features (never masked or scored); ``splice``: the features
+    (``splice.where`` equals ``image``)."""
+
+    input_ids: torch.Tensor
+    valid: torch.Tensor
+    image: torch.Tensor
+    splice: EmbedSplice
+
+
+def preprocess(images: Sequence[Image.Image], published_config: dict) -> tuple[list[torch.Tensor], list[tuple]]:
+    """Pixels of each image (``[tiles, 3, S, S]`` float32; one tile for ``pad``) and its (height, width)."""
+    size = int(vision_config(published_config)["image_size"])
+    ratio = aspect_ratio(published_config)
+    tiler = LlavaOnevisionImageProcessorPil(image_mean=_MEAN, image_std=_STD, size={"height": size, "width": size},
+                                            image_grid_pinpoints=grid_pinpoints(published_config), do_pad=False)
+    resizer = SiglipImageProcessorPil(image_mean=_MEAN, image_std=_STD, size={"height": size, "width": size})
+    pixels, sizes = [], []
+    for img in images:
+        rgb = img.convert("RGB")
+        sizes.append((rgb.height, rgb.width))
+        if ratio == "pad":
+            square = tiler.pad_to_square(np.asarray(rgb).transpose(2, 0, 1), background_color=_GRAY)
+            out = resizer(square, input_data_format="channels_first", return_tensors="pt")["pixel_values"]
+        else:
+            out = torch.as_tensor(np.asarray(tiler(rgb)["pixel_values"][0]))
+        pixels.append(out.float())
+    return pixels, sizes
+
+
+def image_features(dlm: DiffusionLM, pixels: Sequence[torch.Tensor], sizes: Sequence[tuple]) -> list[torch.Tensor]:
+    """Each image's embeddings ``[N_i, H]`` (the model's dtype) from :func:`preprocess`'s output."""
+    core = dlm.causal_lm.model  # the stock LlavaOnevisionModel
+    tiles = torch.cat(list(pixels)).to(device=dlm.device, dtype=dlm.dtype)
+    hidden = core.vision_tower(tiles, output_hidden_states=True).hidden_states[-1]  # before post_layernorm
+    per_image = torch.split(core.multi_modal_projector(hidden), [p.shape[0] for p in pixels])
+    ratio = aspect_ratio(dlm.published_config)
+    packed, _ = core.pack_image_features(
+        list(per_image), torch.tensor(sizes, device=dlm.device), image_newline=core.image_newline,
+        vision_aspect_ratio=ratio if ratio != "pad" else "anyres_max_9")  # pad: one tile, the ratio is unused
+    return packed
+
+
+def _check_counts(prompts: Sequence[Sequence[int]], images: Sequence[Sequence[Image.Image]]) -> None:
+    if len(prompts) != len(images):
+        raise UserError(f"{len(prompts)} prompts but {len(images)} image lists: give one list of images per prompt")
+    for i, (ids, imgs) in enumerate(zip(prompts, images)):
+        n = sum(1 for t in ids if int(t) == IMAGE_TOKEN_INDEX)
+        if n != len(imgs):
+            raise UserError(f"prompt {i} has {n} image placeholder(s) ({IMAGE_TOKEN_INDEX}, '<image>') but "
+                            f"{len(imgs)} image(s) were given: give one image per placeholder, in order")
+
+
+def image_prompts(dlm: DiffusionLM, prompts: Sequence[Sequence[int]],
+                  images: Sequence[Sequence[Image.Image]]) -> ImagePrompts:
+    """Splice ``images[i]`` (in order) into the placeholders of ``prompts[i]``; see the module docstring."""
+    _check_counts(prompts, images)
+    flat = [img for imgs in images for img in imgs]
+    feats = image_features(dlm, *preprocess(flat, dlm.published_config)) if flat else []
+    rows, marks = [], []
+    k = 0
+    for ids in prompts:
+        row: list[int] = []
+        mark: list[bool] = []
+        for t in ids:
+            if int(t) == IMAGE_TOKEN_INDEX:
+                row += [dlm.pad_token_id] * feats[k].shape[0]
+                mark += [True] * feats[k].shape[0]
+                k += 1
+            else:
+                row.append(int(t))
+                mark.append(False)
+        rows.append(row)
+        marks.append(mark)
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), dlm.pad_token_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    image = torch.zeros_like(valid)
+    for i, (row, mark) in enumerate(zip(rows, marks)):
+        input_ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        valid[i, width - len(row):] = True
+        image[i, width - len(row):] = torch.tensor(mark, dtype=torch.bool)
+    vectors = torch.cat(feats) if feats else torch.zeros(0, dlm.config.hidden_size, dtype=dlm.dtype)
+    device = dlm.device
+    return ImagePrompts(input_ids.to(device), valid.to(device), image.to(device),
+                        EmbedSplice(where=image.to(device), vectors=vectors.to(device)))
