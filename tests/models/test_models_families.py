@@ -8,7 +8,7 @@ from dllm_rl.models import build_model, load_model, save_model, tiny_config
 from dllm_rl.models.families import FAMILIES, detect_family, get_family
 
 FAMS = ["llada", "dream", "sdar"]
-ALL = "llada, dream, sdar, llada2, llada_moe, sdar_moe, fast_dllm_v2, mmada"
+ALL = "llada, dream, sdar, llada2, llada_moe, sdar_moe, fast_dllm_v2, mmada, llada_v"
 
 
 def _published_names(family: str, n_layers: int) -> set[str]:
