@@ -20,6 +20,12 @@ from __future__ import annotations
 _FNV_OFFSET = 1469598103934665603
 _FNV_PRIME = 1099511628211
 
+# Named tags of streams derived inside one RL step (their values are those of earlier versions: measured runs
+# depend on them). ``derive_seed(seed, step, ESTIMATOR_MASKS)`` is the step's estimator generator;
+# ``derive_seed(sample_seed, HOOK_ROLLOUTS)`` a rollout hook's regeneration of a sample.
+ESTIMATOR_MASKS = 7919
+HOOK_ROLLOUTS = 104729
+
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers: the 64-bit FNV-1a recurrence over the parts (each its low 48 bits),

@@ -48,7 +48,7 @@ from dllm_rl.rl.rewards import safe_rewards, safe_scores
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.value import ValueLearner, steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
-from dllm_rl.seeding import derive_seed
+from dllm_rl.seeding import ESTIMATOR_MASKS, HOOK_ROLLOUTS, derive_seed
 from dllm_rl.tasks import get_task
 from dllm_rl.training import (
     IndexStream,
@@ -347,7 +347,7 @@ class RLTrainer(RLCheckpoints):
         cfg = self.cfg
 
         def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
-            seeds = [derive_seed(view.seeds[i], 104729) for i in indices]
+            seeds = [derive_seed(view.seeds[i], HOOK_ROLLOUTS) for i in indices]
             self.model.eval()
             with torch.no_grad():
                 out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
@@ -404,7 +404,7 @@ class RLTrainer(RLCheckpoints):
             mbs = [mb or [len(keep) - 1] for mb in mbs]
         batch = self._batch(rollout, keep, mask_seeds)
         adv_k = adv[keep].to(self.model.device)
-        est_seed = derive_seed(cfg.seed, self.step_idx, 7919)
+        est_seed = derive_seed(cfg.seed, self.step_idx, ESTIMATOR_MASKS)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.num_iterations > 1 or accum < len(mbs)
