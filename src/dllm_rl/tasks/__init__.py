@@ -9,8 +9,9 @@ Entry point: :func:`get_task` -> :class:`~dllm_rl.tasks.base.Task`::
 
 Built-in names: ``gsm8k``, ``math``, ``countdown``, ``sudoku``, ``arith``, ``code`` (HumanEval by
 default), ``humaneval``, ``mbpp``, and the image tasks ``shapes``, ``image_choice`` and ``image_math`` (rows carry
-images: :mod:`dllm_rl.tasks.image_task`; ``task.images(example)`` gives them as PIL images). A local file or ``hf:owner/name`` needs ``task_type=<name>``; its
-reward may be replaced by any TRL-style callable (``reward=...``).
+images: :mod:`dllm_rl.tasks.image_task`; ``task.images(example)`` gives them as PIL images). A local file or
+``hf:owner/name`` needs ``task_type=<name>``; its reward may be replaced by any TRL-style callable
+(``reward=...``).
 
 Submodules are imported lazily so that ``import dllm_rl.tasks`` stays cheap.
 """

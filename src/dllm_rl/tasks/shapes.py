@@ -117,7 +117,8 @@ def question_for(kind: str, obj: Mapping[str, Any], objects: Sequence[Mapping[st
 def random_row(rng: random.Random, *, size: int, min_objects: int, max_objects: int, kinds: Sequence[str],
                rare_weight: float, rare: bool) -> dict[str, Any] | None:
     """One row: a random scene and a question about it (see the module docstring); None when no shape of the
-    scene fits the drawn question unambiguously (the caller draws again). ``rare``: one shape is a rare pair and the question is about it."""
+    scene fits the drawn question unambiguously (the caller draws again). ``rare``: one shape is a rare pair and
+    the question is about it."""
     weights = [rare_weight if p in RARE_PAIRS else 1.0 for p in PAIRS]
     n = rng.randint(min_objects, max_objects)
     cells = sorted(rng.sample(range(9), n))
@@ -161,7 +162,8 @@ def make_shapes(n: int, seed: int = 0, *, size: int = 48, min_objects: int = 1, 
         raise UserError(f"shapes needs 1 <= --min-objects <= --max-objects <= 9, got {min_objects} and {max_objects}")
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
-        raise UserError(f"shapes --questions: unknown kind {', '.join(bad) or '(none)'}; choose from {', '.join(KINDS)}")
+        raise UserError(f"shapes --questions: unknown kind {', '.join(bad) or '(none)'}; choose from "
+                        f"{', '.join(KINDS)}")
     if not 0 < rare_weight <= 1:
         raise UserError(f"shapes --rare-weight must be in (0, 1], got {rare_weight}")
     rng = _rng("shapes", split, seed)
