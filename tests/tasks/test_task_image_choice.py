@@ -80,3 +80,10 @@ def test_image_math_uses_the_math_verifier_on_the_boxed_answer():
         assert task.images(first)[0].getpixel((0, 0)) == (0, 128, 255)
     finally:
         task.close()
+
+
+def test_default_data_of_the_image_tasks():
+    assert get_task("image_choice").default_data() == "hf:lmms-lab/SEED-Bench@test"
+    assert get_task("image_math", split="train").default_data() == "hf:FanqingM/MMK12@train"
+    with pytest.raises(FileNotFoundError, match=r"^task 'shapes' has no default data; pass data=<file>$"):
+        get_task("shapes").default_data()
