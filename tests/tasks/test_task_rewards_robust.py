@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from PIL import Image
 
 from dllm_rl.sandbox import SandboxLimits
 from dllm_rl.tasks import Score, get_task
@@ -16,6 +17,10 @@ ROWS = {
     "sudoku": [{"Puzzle": "3102200002100320", "Solution": "3142243142131324"}],
     "arith": [{"expression": "12+3*4", "answer": "24"}],
     "code": [{"text": "Add one.", "test_list": ["assert f(1) == 2", "assert f(2) == 3"]}],
+    "shapes": [{"image": Image.new("RGB", (32, 32)), "kind": "count", "query": "count red circle", "answer": "1",
+                "question": "How many red circles are in the image?"}],
+    "image_choice": [{"image": Image.new("RGB", (32, 32)), "question": "Colour?", "options": ["red", "blue"],
+                      "answer": "A"}],
 }
 
 JUNK = {

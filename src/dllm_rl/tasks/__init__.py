@@ -8,8 +8,10 @@ Entry point: :func:`get_task` -> :class:`~dllm_rl.tasks.base.Task`::
     scores[0].reason                                           # why, for logs
 
 Built-in names: ``gsm8k``, ``math``, ``countdown``, ``sudoku``, ``arith``, ``code`` (HumanEval by
-default), ``humaneval``, ``mbpp``. A local file or ``hf:owner/name`` needs ``task_type=<name>``; its
-reward may be replaced by any TRL-style callable (``reward=...``).
+default), ``humaneval``, ``mbpp``, and the image tasks ``shapes``, ``image_choice`` and ``image_math`` (rows carry
+images: :mod:`dllm_rl.tasks.image_task`; ``task.images(example)`` gives them as PIL images). A local file or
+``hf:owner/name`` needs ``task_type=<name>``; its reward may be replaced by any TRL-style callable
+(``reward=...``).
 
 Submodules are imported lazily so that ``import dllm_rl.tasks`` stays cheap.
 """
@@ -45,6 +47,9 @@ _REGISTRY: dict[str, str | Callable[..., Task]] = {
     "code": "dllm_rl.tasks.code:CodeTask",
     "humaneval": "dllm_rl.tasks.code:code_task_for:humaneval",
     "mbpp": "dllm_rl.tasks.code:code_task_for:mbpp",
+    "shapes": "dllm_rl.tasks.shapes:ShapesTask",
+    "image_choice": "dllm_rl.tasks.image_choice:ImageChoiceTask",
+    "image_math": "dllm_rl.tasks.image_math:ImageMathTask",
 }
 
 

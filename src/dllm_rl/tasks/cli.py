@@ -4,6 +4,7 @@ dllm-rl data make countdown --n 10000 --seed 0 --out data/cd_train.jsonl --diffi
 dllm-rl data make sudoku --n 500 --split test --blanks 10 --out data/sudoku_test.jsonl
 dllm-rl data make arith --n 5000 --operands 3 --digits 2 --out train.jsonl --exclude test.jsonl
 dllm-rl data make countdown --n 5000 --out train.jsonl --test-out test.jsonl --test-n 500
+dllm-rl data make shapes --n 2000 --out shapes.jsonl --test-out shapes_rare.jsonl --image-size 48
 dllm-rl data show gsm8k --n 2
 dllm-rl data show my.jsonl --task-type countdown --prompt-style compact
 dllm-rl data sandbox
@@ -31,8 +32,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="data_command", metavar="ACTION")
 
-    mk = sub.add_parser("make", help="generate a synthetic countdown / sudoku / arith dataset (jsonl)")
-    mk.add_argument("kind", choices=["countdown", "sudoku", "arith"])
+    mk = sub.add_parser("make", help="generate a synthetic countdown / sudoku / arith / shapes dataset (jsonl)")
+    mk.add_argument("kind", choices=["countdown", "sudoku", "arith", "shapes"])
     mk.add_argument("--n", type=int, required=True, help="number of distinct rows")
     mk.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     mk.add_argument("--out", required=True, help="output .jsonl file")
@@ -54,7 +55,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="never emit a row that is in FILE (repeatable): makes disjoint train/test sets",
     )
-    mk.add_argument("--test-out", help="also write a disjoint test set to this file")
+    mk.add_argument("--test-out", help="also write a disjoint test set to this file (shapes: the rare-pair set)")
     mk.add_argument("--test-n", type=int, help="rows in the --test-out set (default: n/10)")
     g = mk.add_argument_group("countdown")
     g.add_argument("--numbers", type=int, help="how many numbers per puzzle (default 3)")
@@ -67,10 +68,18 @@ def register(subparsers: Any) -> None:
     g.add_argument("--operands", type=int, help="numbers per expression (default 3)")
     g.add_argument("--digits", type=int, help="digits per number (default 2)")
     g.add_argument("--ops", help="operators to draw from (default +-*)")
+    g = mk.add_argument_group("shapes (PNG images in NAME_images/ next to the --out / --test-out file)")
+    g.add_argument("--image-size", type=int, help="image width and height in px, 32..96 (default 48)")
+    g.add_argument("--min-objects", type=int, help="fewest shapes per image (default 1)")
+    g.add_argument("--max-objects", type=int, help="most shapes per image, up to 9 (default 4)")
+    g.add_argument("--questions", help="question kinds, comma-separated: count,colour,where (default all)")
+    g.add_argument("--rare-weight", type=float,
+                   help="how often a rare shape-colour pair is drawn relative to the others (default 0.05)")
 
     sh = sub.add_parser("show", help="print a task's prompts, reference completions and their rewards")
     sh.add_argument(
-        "task", help="task name (gsm8k, math, countdown, sudoku, arith, code, humaneval, mbpp) or a data file"
+        "task", help="task name (gsm8k, math, countdown, sudoku, arith, code, humaneval, mbpp, shapes, image_choice, "
+                     "image_math) or a data file"
     )
     sh.add_argument("--task-type", help="task of a data file")
     sh.add_argument("--data", help="data file for a named task (default: its file in the shared data folder)")
@@ -85,6 +94,7 @@ _KNOBS = {
     "countdown": ("numbers", "max_value", "max_target"),
     "sudoku": ("blanks", "size"),
     "arith": ("operands", "digits", "ops"),
+    "shapes": ("image_size", "min_objects", "max_objects", "questions", "rare_weight"),
 }
 
 
@@ -111,11 +121,13 @@ def _make(args: argparse.Namespace) -> int:
     for f in args.exclude:
         if not Path(f).exists():
             raise FileNotFoundError(f"--exclude file {f} does not exist")
-    exclude = keys_of(args.kind, args.exclude)
-    knobs = {k: getattr(args, k) for k in _KNOBS[args.kind]}
     if args.test_out and Path(args.test_out).resolve() == Path(args.out).resolve():
         raise UserError(f"--out and --test-out are the same file ({args.out}): the train rows would replace the "
                         "test rows; give two files")
+    if args.kind == "shapes":
+        return _make_shapes(args)
+    exclude = keys_of(args.kind, args.exclude)
+    knobs = {k: getattr(args, k) for k in _KNOBS[args.kind]}
     if args.test_out:
         test_n = args.test_n if args.test_n is not None else max(1, args.n // 10)
         train, test = make_split_pair(
@@ -136,6 +148,29 @@ def _make(args: argparse.Namespace) -> int:
     write_jsonl(args.out, train)
     label = "train" if args.test_out else args.split
     print(f"wrote {len(train)} {args.kind} {label} rows to {args.out}")
+    return 0
+
+
+def _make_shapes(args: argparse.Namespace) -> int:
+    from . import shapes
+
+    knobs: dict[str, Any] = dict(shapes.DIFFICULTY[args.difficulty]) if args.difficulty else {}
+    given = {"size": args.image_size, "min_objects": args.min_objects, "max_objects": args.max_objects,
+             "rare_weight": args.rare_weight,
+             "kinds": [k.strip() for k in args.questions.split(",")] if args.questions else None}
+    knobs.update({k: v for k, v in given.items() if v is not None})
+    exclude = shapes.keys_of(args.exclude)
+    if args.test_out:
+        test_n = args.test_n if args.test_n is not None else max(1, args.n // 10)
+        train, test = shapes.make_shapes_pair(args.n, test_n, args.seed, exclude=exclude, **knobs)
+        shapes.write_shapes(args.test_out, test)
+        print(f"wrote {len(test)} shapes rare-pair test rows to {args.test_out} (images in "
+              f"{shapes.image_folder(args.test_out)})")
+    else:
+        train = shapes.make_shapes(args.n, args.seed, split=args.split, exclude=exclude, **knobs)
+    shapes.write_shapes(args.out, train)
+    label = "train" if args.test_out else args.split
+    print(f"wrote {len(train)} shapes {label} rows to {args.out} (images in {shapes.image_folder(args.out)})")
     return 0
 
 

@@ -80,7 +80,9 @@ def _rng(kind: str, split: str, seed: int) -> random.Random:
     return random.Random(f"dllm-rl/{kind}/{split}/{seed}")
 
 
-def _collect(kind: str, n: int, make_one, exclude: set[str], max_tries: int) -> list[dict[str, Any]]:
+def _collect(kind: str, n: int, make_one, exclude: set[str], max_tries: int, key=None) -> list[dict[str, Any]]:
+    """``n`` rows from ``make_one`` (None: draw again) whose ``key`` (default :func:`row_key`) is new."""
+    key = key or (lambda row: row_key(kind, row))
     if n < 0:
         raise UserError(f"--n must be >= 0, got {n}")
     rows: list[dict[str, Any]] = []
@@ -97,10 +99,10 @@ def _collect(kind: str, n: int, make_one, exclude: set[str], max_tries: int) -> 
         row = make_one()
         if row is None:
             continue
-        key = row_key(kind, row)
-        if key in seen:
+        k = key(row)
+        if k in seen:
             continue
-        seen.add(key)
+        seen.add(k)
         rows.append(row)
     return rows
 
