@@ -62,6 +62,15 @@ class EmbedSplice:
     where: torch.Tensor
     vectors: torch.Tensor
 
+    def take(self, rows: torch.Tensor, start: int = 0, stop: int | None = None) -> EmbedSplice | None:
+        """The splice of a forward over rows ``rows`` and columns ``[start, stop)`` of this one (a KV-cached step
+        forwards a window of the canvas), or ``None`` when no spliced position lies there."""
+        where = self.where[rows, start:stop]
+        if not bool(where.any()):
+            return None
+        order = self.where.flatten().long().cumsum(0).sub(1).view_as(self.where)  # n-th True -> n
+        return EmbedSplice(where, self.vectors[order[rows, start:stop][where]])
+
 
 @contextmanager
 def embeddings_spliced(embedding: nn.Module, splice: EmbedSplice | None) -> Iterator[None]:
