@@ -72,6 +72,9 @@ class PromptImages:
         return PromptImages(features, rows)
 
     def to(self, device) -> PromptImages:
+        """The features on ``device`` (``self`` when they are there already)."""
+        if all(f.device == torch.device(device) for f in self.features):
+            return self
         return PromptImages([f.to(device) for f in self.features], self.rows)
 
     def check(self, prompt_lengths: Sequence[int], hidden_size: int | None = None) -> None:
