@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, PretrainedConfig
 from transformers.modeling_utils import slice_logits_to_keep
 
 from dllm_rl.models import DiffusionLM, get_family
@@ -29,7 +29,7 @@ class FakeHF(nn.Module):
         self.dummy = nn.Parameter(torch.zeros(1))
         self.table = table
         self.fn = fn
-        self.config = SimpleNamespace(vocab_size=table.shape[-1], max_position_embeddings=table.shape[0])
+        self.config = PretrainedConfig(vocab_size=table.shape[-1], max_position_embeddings=table.shape[0])
         self.query_lengths: list[int] = []
         self.kept_lengths: list[int] = []  # positions projected onto the vocabulary per forward
 

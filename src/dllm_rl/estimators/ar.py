@@ -33,5 +33,5 @@ def plan_ar(model: DiffusionLM, batch: ScoringBatch, generator: torch.Generator 
     return MaskedRows(
         input_ids=batch.input_ids(), valid=valid, draw=torch.zeros(b_n, dtype=torch.long, device=dev),
         sample=torch.arange(b_n, device=dev), weight=(batch.completion_mask & prev_valid).float(),
-        targets=batch.completion_ids, num_draws=1, batch_size=b_n, prompt_len=p, causal=True,
+        targets=batch.completion_ids, num_draws=1, batch_size=b_n, prompt_len=p, causal=True, images=batch.images,
     )

@@ -10,6 +10,9 @@ Conventions shared by all estimators:
 * Tokens outside ``completion_mask`` (e.g. the EOS padding after the answer) are never scored and, unless
   ``mask_uncounted=True``, never masked: they stay as clean context. This keeps "where the answer
   ends" visible to the model, as it is in the rollout once those tokens are decoded.
+* Image positions of a prompt (``ScoringBatch.images``, LLaDA-V) get their features spliced in every row that
+  shows the sample (one per draw / merged step / complement; ``MaskedRows.sample`` says which); they are
+  never masked and never scored, and the completion columns are never spliced.
 * In every draw each ``(sample, token)`` is scored by at most one row, so ``TokenScores.logp`` is
   well defined; :func:`dllm_rl.estimators.scoring.score_rows` checks it.
 """
@@ -20,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from dllm_rl.models.prompt_images import PromptImages
 
 
 @dataclass
@@ -36,7 +41,8 @@ class ScoringBatch:
     over differently split micro-batches. ``block_size`` (block models) is the block of the layout the tokens
     are scored in: the blocks of the two-stream layout and of the trace, and the block-causal rule of every
     row (``None``: the model's own block; TraceRL's block-size adaptation scores at a larger block than the
-    rollout's). Full-attention models ignore it.
+    rollout's). Full-attention models ignore it. ``images`` (LLaDA-V, a rollout's ``images``): the image features
+    spliced into each prompt, offsets counted in the prompt's real tokens; every row of a sample splices them.
     """
 
     prompt_ids: torch.Tensor
@@ -47,6 +53,7 @@ class ScoringBatch:
     completion_valid: torch.Tensor | None = None
     sample_seeds: torch.Tensor | None = None
     block_size: int | None = None
+    images: PromptImages | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
@@ -73,6 +80,7 @@ class ScoringBatch:
             completion_valid=getattr(rollout, "completion_valid", None),
             sample_seeds=getattr(rollout, "sample_seeds", None),
             block_size=getattr(rollout, "block_size", None),
+            images=getattr(rollout, "images", None),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -102,6 +110,13 @@ class ScoringBatch:
         comp = self.completion_valid if self.completion_valid is not None else torch.ones_like(self.completion_mask)
         return torch.cat([self.prompt_mask, comp], dim=1)
 
+    def image_mask(self) -> torch.Tensor:
+        """``[B, P]`` bool: the prompt columns that hold image features (none without ``images``)."""
+        if self.images is None:
+            return torch.zeros_like(self.prompt_mask)
+        starts = self.prompt_len - self.prompt_mask.sum(-1)
+        return self.images.mask(starts, self.prompt_len).to(self.prompt_mask.device)
+
     def select(self, index: torch.Tensor | slice | list[int]) -> ScoringBatch:
         """The sub-batch of the given samples (for micro-batching)."""
 
@@ -111,6 +126,7 @@ class ScoringBatch:
         return ScoringBatch(
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
+            self.images.select(index) if self.images is not None else None,
         )
 
     def validate(self) -> None:
@@ -143,6 +159,11 @@ class ScoringBatch:
             raise ValueError("ScoringBatch: step_map must be an integer tensor")
         if self.completion_valid is not None and bool((self.completion_mask & ~self.completion_valid).any()):
             raise ValueError("ScoringBatch: completion_mask marks tokens that completion_valid says do not exist")
+        if self.images is not None:
+            try:
+                self.images.check(self.prompt_mask.sum(-1).tolist())
+            except ValueError as err:
+                raise ValueError(f"ScoringBatch: images: {err}") from None
 
 
 @dataclass
@@ -194,6 +215,8 @@ class MaskedRows:
     completion token's weight in that row (0 = not scored); ``targets`` (``[B, G]``) are the clean
     completion tokens the scored positions must predict. ``block_size``: the block of a block model's layout
     (the scored batch's, resolved: :meth:`~dllm_rl.models.DiffusionLM.layout_block`); ``None`` for full attention.
+    ``images``: the scored batch's (per sample); row ``r`` splices sample ``sample[r]``'s image features at its
+    prompt columns.
     """
 
     input_ids: torch.Tensor
@@ -210,6 +233,7 @@ class MaskedRows:
     causal: bool = False
     info: dict[str, torch.Tensor] = field(default_factory=dict)
     block_size: int | None = None
+    images: PromptImages | None = None
 
     @property
     def num_rows(self) -> int:

@@ -5,8 +5,8 @@ masked ("mean-field" decomposition of the sequence log-probability):
 
     log pi(y | x) ~= sum_k log p(y_k | x', [MASK] * L)
 
-with the prompt ``x'`` randomly perturbed: each prompt token is masked independently with probability
-``p_mask = 0.15`` (d1's default), a fresh mask per policy-gradient iteration — here one mask per draw,
+with the prompt ``x'`` randomly perturbed: each prompt token (an image position never) is masked independently
+with probability ``p_mask = 0.15`` (d1's default), a fresh mask per policy-gradient iteration — here one mask per draw,
 drawn from the caller's generator so that old / current / reference policies share it.
 
 Every counted completion token is masked and gets weight 1. Tokens outside ``completion_mask`` stay as
@@ -47,7 +47,7 @@ def plan_mean_field(
     rng = RowRandom(generator, batch)
     dev = batch.completion_ids.device
     prompt_draw = rng.rand(d_n, batch.prompt_len).to(dev) < p  # [B, D, P]
-    prompt_masked = prompt_draw & batch.prompt_mask[:, None, :]
+    prompt_masked = prompt_draw & (batch.prompt_mask & ~batch.image_mask())[:, None, :]  # images: never masked
     masked = batch.completion_mask[:, None, :].expand(-1, d_n, -1)
     return draw_rows(
         model, batch, [(masked, masked.float())], d_n, mask_uncounted=mask_uncounted, prompt_masked=prompt_masked,

@@ -81,6 +81,9 @@ def plan_rows(model: DiffusionLM, name: str, batch: ScoringBatch, generator: tor
          **options: Any) -> MaskedRows:
     """The rows estimator ``name``'s planner draws for ``batch`` (planner options only), laid out at the batch's
     block (``batch.block_size``; the model's own when unset): ``rows.block_size`` is that block, resolved."""
+    if batch.images is not None and model.is_block_causal:
+        raise ValueError(f"ScoringBatch.images: image features are spliced into full-attention models' prompts "
+                         f"(llada_v); a {model.family.name} model takes none")
     rows = _lookup(name)(model, batch, generator, **options)
     rows.block_size = model.layout_block(batch.block_size)
     return rows

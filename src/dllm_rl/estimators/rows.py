@@ -98,7 +98,7 @@ def build_rows(
         targets=batch.completion_ids, num_draws=num_draws, batch_size=batch.batch_size, prompt_len=p,
         clean_ids=clean if two_stream else None,
         prompt_lengths=batch.prompt_mask.sum(-1)[sample] if two_stream else None,
-        info=dict(info or {}),
+        info=dict(info or {}), images=batch.images,
     )
 
 

@@ -69,20 +69,26 @@ def row_inputs(
     model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, device: torch.device
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Model inputs of rows ``idx`` and ``col[r, g]``, the output column that scores completion token ``g``
-    (the value model reads its values at the same columns, :mod:`dllm_rl.rl.value`)."""
+    (the value model reads its values at the same columns, :mod:`dllm_rl.rl.value`). Rows of a batch with images
+    get the splice of their samples' features at their prompt columns (``splice``)."""
     ids = rows.input_ids[idx].to(device)
     valid = rows.valid[idx].to(device)
     p, g = rows.prompt_len, rows.completion_len
     if rows.clean_ids is not None:
         return _two_stream_inputs(model, rows, idx, ids, valid)
     cols = torch.arange(p, p + g, device=device).expand(ids.shape[0], -1)
+    extra = {}
+    if rows.images is not None:
+        starts = p - valid[:, :p].sum(-1)
+        extra["splice"] = rows.images.splice(starts, ids.shape[1], rows.sample[idx])
     if not rows.causal:
-        return {"input_ids": ids, "attention_mask": valid, "block_size": _block_of(model, rows)}, cols
+        return {"input_ids": ids, "attention_mask": valid, "block_size": _block_of(model, rows), **extra}, cols
     # Causal rows: token c is predicted by the raw logits at c - 1, which a shifted family (Dream) already
     # aligns to column c.
     pos = position_ids_from_valid(valid)
     bias = block_causal_bias(valid, 1, pos, dtype=model.dtype)  # block size 1 = causal
-    return {"input_ids": ids, "position_ids": pos, "attn_bias": bias}, cols if model.family.shift else cols - 1
+    inputs = {"input_ids": ids, "position_ids": pos, "attn_bias": bias, **extra}
+    return inputs, cols if model.family.shift else cols - 1
 
 
 def _scored_logp(

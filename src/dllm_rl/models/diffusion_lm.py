@@ -8,7 +8,7 @@ unless they want a special layout (KV cache, two-stream training).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,15 @@ class EmbedSplice:
 
     where: torch.Tensor
     vectors: torch.Tensor
+
+    def take(self, rows: torch.Tensor, start: int = 0, stop: int | None = None) -> EmbedSplice | None:
+        """The splice of a forward over rows ``rows`` and columns ``[start, stop)`` of this one (a KV-cached step
+        forwards a window of the canvas), or ``None`` when no spliced position lies there."""
+        where = self.where[rows, start:stop]
+        if not bool(where.any()):
+            return None
+        order = self.where.flatten().long().cumsum(0).sub(1).view_as(self.where)  # n-th True -> n
+        return EmbedSplice(where, self.vectors[order[rows, start:stop][where]])
 
 
 @contextmanager
@@ -293,8 +302,10 @@ class DiffusionLM(nn.Module):
         )
 
     def _hf_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache, splice=None, **extra):
-        """The (wrapped) HF module's forward with an additive 4D mask, the one call every path makes."""
-        with embeddings_spliced(self.causal_lm.get_input_embeddings(), splice):
+        """The (wrapped) HF module's forward with an additive 4D mask, the one call every path makes (a text
+        forward never looks the input embedding up)."""
+        spliced = nullcontext() if splice is None else embeddings_spliced(self.causal_lm.get_input_embeddings(), splice)
+        with spliced:
             return self.model(input_ids=input_ids, attention_mask=attn_bias.to(self.dtype),
                               position_ids=position_ids, cache=past_key_values, use_cache=use_cache, **extra)
 

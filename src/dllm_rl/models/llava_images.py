@@ -11,6 +11,9 @@ over everything, image included.
 - :func:`image_features`: the shortened SigLIP tower's last hidden state (before ``post_layernorm``), the
   projector, and transformers' ``LlavaOnevisionModel.pack_image_features`` (unpad, anyres_max resize,
   newlines).
+- :func:`prompt_images`: (prompt ids with placeholders, images) -> the prompts with each placeholder widened to
+  its image's positions and the :class:`~dllm_rl.models.prompt_images.PromptImages` saying where which features
+  go (each distinct image encoded once): what the sampler and the estimators take.
 - :func:`image_prompts`: (prompt ids with placeholders, images) -> :class:`ImagePrompts`: left-padded ids with
   each placeholder widened to its image's length, the valid mask, and the :class:`EmbedSplice` that puts the
   features there. ``dlm(prompts.input_ids, attention_mask=prompts.valid, splice=prompts.splice)`` is the
@@ -23,6 +26,7 @@ its own functions, which read them that way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +38,7 @@ from transformers import LlavaOnevisionImageProcessorPil, SiglipImageProcessorPi
 from dllm_rl.errors import UserError
 from dllm_rl.models.diffusion_lm import DiffusionLM, EmbedSplice
 from dllm_rl.models.families.llada_v import aspect_ratio, grid_pinpoints, vision_config
+from dllm_rl.models.prompt_images import PromptImages
 
 IMAGE_TOKEN_INDEX = -200
 # SigLIP's normalisation; the pad colour is int(0.5 * 255) per channel, as the published code computes it.
@@ -98,36 +103,61 @@ def _check_counts(prompts: Sequence[Sequence[int]], images: Sequence[Sequence[Im
                             f"{len(imgs)} image(s) were given: give one image per placeholder, in order")
 
 
+def _identity(image: Image.Image) -> tuple:
+    """What makes two images the same input to the tower: mode, size and pixel bytes."""
+    return image.mode, image.size, hashlib.blake2b(image.tobytes(), digest_size=16).digest()
+
+
+def prompt_images(dlm: DiffusionLM, prompts: Sequence[Sequence[int]],
+                  images: Sequence[Sequence[Image.Image]]) -> tuple[list[list[int]], PromptImages]:
+    """``prompts`` with each placeholder widened to its image's positions (the pad id there), and the
+    :class:`~dllm_rl.models.prompt_images.PromptImages` that splices the features in: what
+    :func:`dllm_rl.sampling.generate` takes (``images=``) and its :class:`~dllm_rl.sampling.Rollout` keeps.
+
+    The tower and projector run once, over the distinct images only (same mode, size and pixels = same image):
+    G samples of one prompt share one encoding. The features are data (computed without gradient), so the
+    scoring of a rollout reuses them as they were sampled with."""
+    _check_counts(prompts, images)
+    keys = [[_identity(img) for img in imgs] for imgs in images]
+    index: dict[tuple, int] = {}
+    distinct: list[Image.Image] = []
+    for imgs, ks in zip(images, keys):
+        for img, key in zip(imgs, ks):
+            if key not in index:
+                index[key] = len(distinct)
+                distinct.append(img)
+    with torch.no_grad():
+        feats = list(image_features(dlm, *preprocess(distinct, dlm.published_config))) if distinct else []
+    widened, rows = [], []
+    for ids, ks in zip(prompts, keys):
+        row: list[int] = []
+        spans = []
+        todo = iter(ks)
+        for t in ids:
+            if int(t) == IMAGE_TOKEN_INDEX:
+                k = index[next(todo)]
+                spans.append((len(row), k))
+                row += [dlm.pad_token_id] * int(feats[k].shape[0])
+            else:
+                row.append(int(t))
+        widened.append(row)
+        rows.append(tuple(spans))
+    return widened, PromptImages(feats, rows)
+
+
 def image_prompts(dlm: DiffusionLM, prompts: Sequence[Sequence[int]],
                   images: Sequence[Sequence[Image.Image]]) -> ImagePrompts:
     """Splice ``images[i]`` (in order) into the placeholders of ``prompts[i]``; see the module docstring."""
-    _check_counts(prompts, images)
-    flat = [img for imgs in images for img in imgs]
-    feats = image_features(dlm, *preprocess(flat, dlm.published_config)) if flat else []
-    rows, marks = [], []
-    k = 0
-    for ids in prompts:
-        row: list[int] = []
-        mark: list[bool] = []
-        for t in ids:
-            if int(t) == IMAGE_TOKEN_INDEX:
-                row += [dlm.pad_token_id] * feats[k].shape[0]
-                mark += [True] * feats[k].shape[0]
-                k += 1
-            else:
-                row.append(int(t))
-                mark.append(False)
-        rows.append(row)
-        marks.append(mark)
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), dlm.pad_token_id, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    image = torch.zeros_like(valid)
-    for i, (row, mark) in enumerate(zip(rows, marks)):
+    widened, pim = prompt_images(dlm, prompts, images)
+    width = max(len(r) for r in widened)
+    device = dlm.device
+    input_ids = torch.full((len(widened), width), dlm.pad_token_id, dtype=torch.long)
+    valid = torch.zeros((len(widened), width), dtype=torch.bool)
+    for i, row in enumerate(widened):
         input_ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
         valid[i, width - len(row):] = True
-        image[i, width - len(row):] = torch.tensor(mark, dtype=torch.bool)
-    vectors = torch.cat(feats) if feats else torch.zeros(0, dlm.config.hidden_size, dtype=dlm.dtype)
-    device = dlm.device
-    return ImagePrompts(input_ids.to(device), valid.to(device), image.to(device),
-                        EmbedSplice(where=image.to(device), vectors=vectors.to(device)))
+    starts = torch.tensor([width - len(r) for r in widened], device=device)
+    splice = pim.splice(starts, width)
+    if not pim.features:
+        splice.vectors = torch.zeros(0, dlm.config.hidden_size, dtype=dlm.dtype, device=device)
+    return ImagePrompts(input_ids.to(device), valid.to(device), splice.where, splice)

@@ -32,6 +32,9 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
   cache: block models fold the cache write of a finished block into the next block's first step).
 * ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.
 * ``texts``: the answers decoded by the tokenizer (before the first EOS, special tokens skipped).
+* ``images`` (LLaDA-V, ``generate(..., images=)``): the :class:`~dllm_rl.models.prompt_images.PromptImages` whose
+  features were spliced into each prompt; ``prompt_ids`` hold the pad id at those positions. Scoring the rollout
+  (``ScoringBatch.from_rollout``) splices the same features, computed once.
 
 **Determinism and batch invariance.** Sequence i draws all its randomness (Gumbel noise in float64,
 random confidence) from its own ``torch.Generator`` seeded with ``seeds[i]`` (default ``config.seed + i``),

@@ -16,6 +16,10 @@ Layout (one row per prompt, ``T`` columns)::
 
 Positions count real tokens only (``cumsum(valid) - 1``), so padding never moves a token's position or
 block: a prompt decodes the same alone or in any batch.
+
+Images (LLaDA-V): a prompt's image positions are prompt tokens whose input embeddings are the image's features;
+``splice`` (:class:`~dllm_rl.models.diffusion_lm.EmbedSplice` over the canvas) puts them at the prompt's
+columns, wherever the left padding put the prompt. They are never masked, decoded or scored.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from dllm_rl.models import position_ids_from_valid
+from dllm_rl.models.diffusion_lm import EmbedSplice
+from dllm_rl.models.prompt_images import PromptImages
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Canvas:
     prompt_len: torch.Tensor  # [B]
     comp_start: torch.Tensor  # [B] first completion column
     comp_end: torch.Tensor  # [B] one past the last completion column
+    splice: EmbedSplice | None = None  # [B, T] image features at their prompt columns (LLaDA-V); None: text only
 
     def cols(self, j: int) -> tuple[int, int]:
         """Columns ``[s, e)`` of decoded block ``j``."""
@@ -80,8 +87,10 @@ def build_canvas(
     mask_id: int,
     pad_id: int,
     device: torch.device | str = "cpu",
+    images: PromptImages | None = None,
 ) -> Canvas:
-    """Lay out ``prompts`` with their masked completion slots (see the module docstring)."""
+    """Lay out ``prompts`` with their masked completion slots (see the module docstring); ``images`` (one row per
+    prompt) are spliced at their prompts' columns."""
     spans = [span(len(p), gen_length, block, block_causal) for p in prompts]
     heads = [len(p) - tail for p, (tail, _) in zip(prompts, spans)]
     start = max(heads)
@@ -102,10 +111,13 @@ def build_canvas(
         comp_end.append(c1)
     as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
     valid = valid.to(device)
+    splice = None
+    if images is not None:
+        splice = images.splice(as_long([start - head for head in heads]), width)
     return Canvas(
         x=x.to(device), valid=valid, pos=position_ids_from_valid(valid), todo=todo.to(device), start=start,
         block=block, num_blocks=num_blocks, prompt_len=as_long([len(p) for p in prompts]),
-        comp_start=as_long(comp_start), comp_end=as_long(comp_end),
+        comp_start=as_long(comp_start), comp_end=as_long(comp_end), splice=splice,
     )
 
 

@@ -25,6 +25,7 @@ import torch
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
+from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
 from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
@@ -44,7 +45,8 @@ def runner_mode(model: DiffusionLM, config: DecodeConfig, block_cache: bool = Tr
     return config.cache
 
 
-def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> list[list[int]]:
+def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
+                 images: PromptImages | None = None) -> list[list[int]]:
     """Every user error, raised before any forward pass; returns the prompts as lists of ints."""
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
@@ -80,7 +82,20 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds) -> li
                 f"but the model's context is {context} (max_position_embeddings); shorten the prompt or gen_length"
             )
         out.append(ids)
+    if images is not None:
+        _check_images(model, images, out)
     return out
+
+
+def _check_images(model: DiffusionLM, images: PromptImages, prompts: list[list[int]]) -> None:
+    if model.is_block_causal:
+        raise UserError(f"images are spliced into full-attention models' prompts (llada_v); a {model.family.name} "
+                        "model takes none")
+    try:
+        images.check([len(p) for p in prompts], int(model.config.hidden_size))
+    except ValueError as err:
+        raise UserError(f"generate: {err}; build prompts and images with "
+                        "dllm_rl.models.llava_images.prompt_images") from None
 
 
 def decode(
@@ -213,8 +228,13 @@ def generate(
     *,
     block_cache: bool = True,
     prefill: list[dict[int, int]] | None = None,
+    images: PromptImages | None = None,
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
+
+    ``images`` (LLaDA-V; one row per prompt, :func:`dllm_rl.models.llava_images.prompt_images`) splices image
+    features at their prompt positions in every forward; the rollout keeps them (``Rollout.images``), so scoring
+    reuses the same features.
 
     ``prefill[i]`` (optional; completion offset -> token id) commits those tokens of sequence i before
     decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1.
@@ -223,11 +243,12 @@ def generate(
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
     cache of block models — the slow reference path, for tests and benchmarks.
     """
-    prompts = check_inputs(model, prompts, config, seeds)
+    prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
     device = model.device
+    images = images.to(device) if images is not None else None
     canvas = build_canvas(prompts, config.gen_length, decode_block_length(model, config), model.is_block_causal,
-                          model.mask_token_id, model.pad_token_id, device)
+                          model.mask_token_id, model.pad_token_id, device, images)
     if prefill is not None:
         apply_prefill(canvas, prefill)
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
@@ -240,6 +261,7 @@ def generate(
         model.train(was_training)
     rollout = to_rollout(canvas, trace, model, tokenizer)
     rollout.block_size = canvas.block if model.is_block_causal else None
+    rollout.images = images
     return rollout
 
 
@@ -252,18 +274,21 @@ def generate_batched(
     batch_size: int = 32,
     progress: bool = False,
     prefill: list[dict[int, int]] | None = None,
+    images: PromptImages | None = None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
-    sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in)."""
+    sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in). ``images`` are
+    encoded already: every batch reuses their features."""
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
-    prompts = check_inputs(model, prompts, config, seeds)
+    prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
     parts, t0, done = [], time.perf_counter(), 0
     for b0 in range(0, len(prompts), batch_size):
         chunk = slice(b0, b0 + batch_size)
         parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer,
-                              prefill=prefill[chunk] if prefill is not None else None))
+                              prefill=prefill[chunk] if prefill is not None else None,
+                              images=images.select(chunk) if images is not None else None))
         done += len(parts[-1])
         if progress:
             tokens = int(sum(p.completion_mask.sum() for p in parts))

@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from dllm_rl.models.prompt_images import PromptImages
+
 
 def _pad_cols(t: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
     extra = width - t.shape[1]
@@ -35,6 +37,7 @@ class Rollout:
     confidence: torch.Tensor | None = None  # [B, G] float32, the rule's score at commit time (0 where -1)
     pad_token_id: int = 0
     block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
+    images: PromptImages | None = None  # LLaDA-V: the image features spliced into each prompt (offsets in it)
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
                     "confidence")
@@ -45,6 +48,8 @@ class Rollout:
     def to(self, device) -> Rollout:
         """A copy with every tensor on ``device``."""
         moved = {n: getattr(self, n).to(device) for n in self._ROW_TENSORS if getattr(self, n) is not None}
+        if self.images is not None:
+            moved["images"] = self.images.to(device)
         return replace(self, **moved)
 
     def select(self, idx) -> Rollout:
@@ -60,6 +65,7 @@ class Rollout:
         out = {n: getattr(self, n)[index] for n in self._ROW_TENSORS if getattr(self, n) is not None}
         out["finish_reason"] = [self.finish_reason[i] for i in rows]
         out["texts"] = [self.texts[i] for i in rows] if self.texts is not None else None
+        out["images"] = self.images.select(rows) if self.images is not None else None
         return replace(self, **out)
 
     @staticmethod
@@ -88,6 +94,7 @@ class Rollout:
             confidence=torch.cat([_pad_cols(r.confidence, g_w, 0.0) for r in rollouts]) if with_conf else None,
             pad_token_id=pad,
             block_size=first.block_size,
+            images=PromptImages.cat([r.images for r in rollouts], [len(r) for r in rollouts]),
         )
 
     def completion_lengths(self) -> torch.Tensor:

@@ -21,6 +21,10 @@ Modes (``Canvas`` columns ``[s, e)`` = current block, ``T`` = width):
 The runner sees only the live rows (``set_rows``); finished rows are dropped from the batch and the cache.
 Every forward asks the model for the current block's logits only (``logits_to_keep``): the LM head never
 projects the prefix or the masked suffix onto the vocabulary.
+
+A canvas with images (``Canvas.splice``) gives every forward the splice of the columns it runs
+(:meth:`~dllm_rl.models.diffusion_lm.EmbedSplice.take`): the image's features enter wherever its prompt columns
+are forwarded, and the ``prefix`` / ``dual`` caches hold their keys/values in the prefix like text.
 """
 
 from __future__ import annotations
@@ -64,9 +68,14 @@ class ModelRunner:
         if self.mode in ("prefix", "dual"):
             self.fresh, self.cache, self.prev_raw = True, None, None
 
-    def _forward(self, ids, bias, pos, prev_raw=None, keep=None):
+    def _splice(self, start: int = 0, stop: int | None = None):
+        """The image splice of the live rows' columns ``[start, stop)`` (``None``: no image there)."""
+        splice = self.canvas.splice
+        return None if splice is None else splice.take(self.rows, start, stop)
+
+    def _forward(self, ids, bias, pos, prev_raw=None, keep=None, start=0, stop=None):
         return self.model(ids, attn_bias=bias, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                          prev_raw_logits=prev_raw, logits_to_keep=keep)
+                          prev_raw_logits=prev_raw, logits_to_keep=keep, splice=self._splice(start, stop))
 
     def _cols(self, s: int, e: int) -> torch.Tensor:
         return torch.arange(s, e, device=self.canvas.x.device)
@@ -78,15 +87,16 @@ class ModelRunner:
         x, valid, pos = c.x[rows], c.valid[rows], c.pos[rows]
         mode = self.mode
         if mode == "none":
-            return self.model(x, attention_mask=valid, logits_to_keep=self._cols(s, e)).logits
+            return self.model(x, attention_mask=valid, logits_to_keep=self._cols(s, e), splice=self._splice()).logits
         if mode == "block_none":
-            return self.model(x[:, :e], attention_mask=valid[:, :e], logits_to_keep=e - s).logits
+            return self.model(x[:, :e], attention_mask=valid[:, :e], logits_to_keep=e - s,
+                              splice=self._splice(0, e)).logits
         if mode == "block":
             q0, blk = self.cached, self.blk[rows]
             if self.cache is None:
                 self.cache = BufferCache()
             bias = attention_bias(valid[:, :e], query_block=blk[:, q0:e], key_block=blk[:, :e], dtype=dtype)
-            out = self._forward(x[:, q0:e], bias, pos[:, q0:e], self.prev_raw if q0 == s else None, e - s)
+            out = self._forward(x[:, q0:e], bias, pos[:, q0:e], self.prev_raw if q0 == s else None, e - s, q0, e)
             self.cache.truncate(s)
             self.cached = s
             if q0 < s:
@@ -105,11 +115,11 @@ class ModelRunner:
             return out.logits
         if mode == "prefix":
             bias = attention_bias(valid, num_queries=width - s, dtype=dtype)
-            out = self._forward(x[:, s:], bias, pos[:, s:], self.prev_raw, keep=self._cols(0, e - s))
+            out = self._forward(x[:, s:], bias, pos[:, s:], self.prev_raw, keep=self._cols(0, e - s), start=s)
             self.cache.truncate(s)
             return out.logits
         key_valid = torch.cat([valid[:, :s], valid[:, e:], valid[:, s:e]], dim=1)
         out = self._forward(x[:, s:e], attention_bias(key_valid, num_queries=e - s, dtype=dtype), pos[:, s:e],
-                            self.prev_raw)
+                            self.prev_raw, start=s, stop=e)
         self.cache.truncate(width - (e - s))
         return out.logits
