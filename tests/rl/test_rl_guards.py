@@ -67,6 +67,12 @@ def test_steps_without_reward_signal_stop_after_max_skipped_steps(rl_setup, tmp_
     summary = train(_cfg(rl_setup, tmp_path / "b", "rollout.temperature=0", "max_steps=2", "max_skipped_steps=0"),
                     reward_fn=digit_reward)
     assert summary["steps"] == 2  # 0: never stops
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 1: 1 steps in a row were skipped, no group had "
+                       r"reward signal \(2 of 2 groups had all-equal rewards\); check the rollouts \(rollouts.jsonl\) "
+                       r"for a reward that does not vary or a policy collapsed by too large a learning rate "
+                       r"\(optim.lr=0.003\), or set max_skipped_steps=0 to go on$"):
+        train(_cfg(rl_setup, tmp_path / "c", "max_steps=3", "max_skipped_steps=1"),
+              reward_fn=lambda prompts, completions, **columns: [1.0] * len(completions))
 
 
 def test_nan_inf_and_none_rewards_score_zero_counted_and_warned(rl_setup, tmp_path, caplog):

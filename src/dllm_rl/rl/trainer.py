@@ -350,11 +350,13 @@ class RLTrainer(RLCheckpoints):
         why = f"{filt.zero_variance_groups} of {groups} groups had all-equal rewards"
         if filt.out_of_band_groups:
             why += f", {filt.out_of_band_groups} were outside accuracy_band"
-        logger.warning("step %d: no update, no group had reward signal (%s); %d step(s) in a row, the run stops at "
-                       "max_skipped_steps=%d", self.step_idx + 1, why, self.skipped_steps, cfg.max_skipped_steps)
+        limit = f"the run stops at {cfg.max_skipped_steps}" if cfg.max_skipped_steps else "max_skipped_steps=0"
+        logger.warning("step %d: no update, no group had reward signal (%s); %d step(s) in a row (%s)",
+                       self.step_idx + 1, why, self.skipped_steps, limit)
         if cfg.max_skipped_steps and self.skipped_steps >= cfg.max_skipped_steps:
             hint = ("rollout.temperature=0 decodes every sample of a prompt alike: raise it" if cfg.rollout.temperature
-                    == 0 else "check that the reward varies between samples (rollouts.jsonl)")
+                    == 0 else "check the rollouts (rollouts.jsonl) for a reward that does not vary or a policy "
+                    f"collapsed by too large a learning rate (optim.lr={cfg.optim.lr:g})")
             raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.skipped_steps} steps in a row were "
                                   f"skipped, no group had reward signal ({why}); {hint}, or set max_skipped_steps=0 "
                                   "to go on")

@@ -38,16 +38,19 @@ def _local_shards(module: torch.nn.Module) -> list[torch.Tensor]:
 
 def nonfinite_weights(accelerator, modules: dict[str, torch.nn.Module | None]) -> list[str]:
     """The names of ``modules`` (None values skipped) that hold a NaN / inf trainable weight on any rank, the
-    same list on every rank; one host sync and, with several ranks, one collective (every rank calls it)."""
+    same list on every rank; one host sync per module (not per tensor) and, with several ranks, one collective
+    (every rank calls it)."""
     names, flags = [], []
     for name, module in modules.items():
-        shards = _local_shards(module) if module is not None else []
-        if shards:
-            device = shards[0].device
-            peaks = [torch.linalg.vector_norm(t, float("inf")).to(device, torch.float32) for t in shards]
-            names.append(name)
-            flags.append(~torch.isfinite(torch.stack(peaks)).all())
-    if not flags:
+        if module is None:
+            continue
+        shards = _local_shards(module)  # may be empty on a rank (small FSDP2 shards): it still joins the sum
+        device = shards[0].device if shards else torch.device("cpu")
+        # on the shards' device, no sync per tensor (ZeRO-3 offload may hold some on the CPU)
+        peaks = [torch.linalg.vector_norm(t, float("inf")).to(device, torch.float32) for t in shards]
+        names.append(name)
+        flags.append((~torch.isfinite(torch.stack(peaks)).all()).cpu() if peaks else torch.tensor(False))
+    if not names:
         return []
-    bad = [float(f) for f in torch.stack([f.cpu() for f in flags]).tolist()]
+    bad = [float(f) for f in torch.stack(flags).tolist()]  # the one sync
     return [name for name, n in zip(names, sum_over_ranks(accelerator, bad)) if n > 0]
