@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -70,6 +71,15 @@ def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
     return f"must be {op} {bound}, got {value}"
 
 
+def _finite_problem(value: Any) -> str | None:
+    """What is wrong when a float value (or a float in a list of them) is NaN or infinite: no option of any
+    config means anything at inf or NaN (``optim.lr=inf`` would train the weights to NaN), and NaN passes
+    every range check (each comparison with it is false)."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    bad = next((v for v in items if isinstance(v, float) and not math.isfinite(v)), None)
+    return None if bad is None else f"must be a finite number, got {bad}"
+
+
 def allowed_values(tp: Any, meta: Mapping[str, Any]) -> tuple | None:
     """The values a field may take: its ``Literal`` arguments or its ``choices`` (None: any)."""
     tp, _ = _strip_optional(tp)
@@ -93,6 +103,9 @@ def check_fields(obj: Any) -> None:
         allowed = allowed_values(types_[f.name], f.metadata)
         if allowed is not None and value not in allowed:
             raise FieldError(f.name, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+        problem = _finite_problem(value)
+        if problem:
+            raise FieldError(f.name, problem)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             problem = _range_problem(value, f.metadata)
             if problem:

@@ -178,3 +178,42 @@ def test_yaml_aliases_are_bounded_before_anything_expands(tmp_path):
         load_config(Run, cfg)
     with pytest.raises(ConfigError, match=r"^override 'optim': line 1: its aliases"):  # an override is bounded too
         load_config(Run, None, ["optim={a: &a [" + ",".join(["1"] * 50) + "], b: [" + ",".join(["*a"] * 2100) + "]}"])
+
+
+def _float_keys(cls: type, prefix: str = "") -> list[str]:
+    """The dotted keys of every float field of config ``cls`` and its sections (``list[float]`` included)."""
+    import dataclasses
+    import typing
+
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        args = typing.get_args(hints[f.name]) or (hints[f.name],)
+        section = next((a for a in args if dataclasses.is_dataclass(a)), None)
+        if section is not None:
+            keys += _float_keys(section, f"{prefix}{f.name}.")
+        elif float in args or any(typing.get_args(a) == (float,) for a in args):
+            keys.append(prefix + f.name)
+    return keys
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "1e309", "nan"])
+def test_every_float_option_of_every_config_must_be_finite(value):
+    """optim.lr=inf (or 1e309) used to pass the `> 0` check and train the weights to NaN; NaN passed every
+    unbounded field. Every float field of the RL, SFT and sampler configs refuses both, naming the key."""
+    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.sampling.config import DecodeConfig
+    from dllm_rl.sft.config import SFTConfig
+
+    checked = 0
+    for cls in (RLConfig, SFTConfig, DecodeConfig):
+        keys = _float_keys(cls)
+        assert keys, cls
+        for key in keys:
+            raw = f"[0.2, {value}]" if key.endswith("accuracy_band") else value
+            with pytest.raises(ConfigError, match=rf"^{key}: must be a finite number, got -?(inf|nan)$"):
+                load_config(cls, None, [f"{key}={raw}"])
+            checked += 1
+    assert checked >= 25  # optim.lr, beta, epsilon, the value model's, SFT's, the sampler's, ...
+    with pytest.raises(ConfigError, match=r"^beta: must be a finite number, got inf$"):
+        RLConfig(beta=float("inf"))  # built in code, too

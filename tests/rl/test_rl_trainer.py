@@ -17,6 +17,7 @@ from dllm_rl.rl.loop import train
 from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.seeding import derive_seed
+from dllm_rl.training.finite import TrainingStopped
 
 
 def _weights(path):
@@ -182,7 +183,8 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
     assert trainer.bad_updates == 1
     assert all(torch.equal(v, trainer.model.hf_model.state_dict()[k]) for k, v in start.items())
     trainer.step_idx += 1
-    with pytest.raises(RuntimeError, match="2 updates had a NaN/inf loss"):
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 updates had a NaN/inf loss \(max_bad_steps=2\); "
+                       "lower optim.lr"):
         trainer.step()
 
 

@@ -108,8 +108,8 @@ def test_process_rewards_are_summed_for_the_plain_trainer_and_stepped_for_the_va
     def per_step(prompts, completions, **cols):
         return [[0.5, 0.25] if i % 2 else 1.0 for i in range(len(completions))]
 
-    totals, _, steps = safe_scores(per_step, ["p"] * 2, ["a", "b"], {})
-    assert totals == [1.0, 0.75] and steps == [None, [0.5, 0.25]]
+    scored = safe_scores(per_step, ["p"] * 2, ["a", "b"], {})
+    assert scored.totals == [1.0, 0.75] and scored.steps == [None, [0.5, 0.25]]
     trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE,
                                                                  "max_steps=1")), reward_fn=per_step)
     seen, real = [], trainer.value.targets

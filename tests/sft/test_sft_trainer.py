@@ -136,3 +136,20 @@ def test_init_std_redraws_weight_matrices(tmp_path):
     assert torch.equal(trainer.dlm.model.model.norm.weight, torch.ones_like(trainer.dlm.model.model.norm.weight))
     again = SFTTrainer(_cfg(tmp_path, "model.init_std=0.1", "train.max_steps=1", name="again"), verbose=False)
     assert torch.equal(again.dlm.model.model.embed_tokens.weight, emb)  # seeded by train.seed
+
+
+def test_nan_weights_stop_the_run_naming_the_step_and_write_no_model(tmp_path):
+    """optim.lr=1e30 (finite, so the config takes it) overflows the weights within a few steps; the run used to
+    go on and save them as model/. It stops at that step, before its checkpoint, and model/ is never written."""
+    from dllm_rl.training.finite import TrainingStopped
+
+    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.max_grad_norm=null", "train.max_steps=8", "train.save_every=1",
+               "train.keep_checkpoints=null")
+    with pytest.raises(TrainingStopped, match=r"^sft: stopping at step \d+: the update left NaN/inf weights \(optim.lr="
+                       r"1e\+30, loss [-+.e\d]+\); model/ is not written\. Lower optim.lr") as info:
+        train(cfg, verbose=False)
+    step = int(str(info.value).split()[4].rstrip(":"))
+    run = tmp_path / "run"
+    assert 1 < step < 8 and not (run / "model").exists()
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == list(range(1, step))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{s:07d}" for s in range(1, step)]

@@ -1,7 +1,10 @@
-"""Rewards never raise on model output: junk scores 0 with a reason, for every built-in task."""
+"""Rewards never raise on model output: junk scores 0 with a reason, for every built-in task; a custom reward
+cannot end the run."""
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 
 import pytest
@@ -9,6 +12,7 @@ from PIL import Image
 
 from dllm_rl.sandbox import SandboxLimits
 from dllm_rl.tasks import Score, get_task
+from dllm_rl.tasks.base import RewardError
 
 ROWS = {
     "gsm8k": [{"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}],
@@ -72,3 +76,34 @@ def test_reference_completions_score_one(tasks):
         ref = task.reference_completion(ex)
         assert ref is not None, name
         assert task.score_one(ref, ex) == 1.0, (name, ref, task.score_one(ref, ex))
+
+
+def _exits(prompts, completions, **columns):
+    sys.exit(0)
+
+
+def _interrupted(prompts, completions, **columns):
+    raise KeyboardInterrupt
+
+
+def _partial(prompts, completions, **columns):
+    return [None, 0.5, [0.25, None]][: len(completions)]
+
+
+def test_a_custom_reward_cannot_end_the_run_but_ctrl_c_still_does():
+    """sys.exit(0) inside a reward used to end the whole run with exit status 0; it is a RewardError (a user
+    error: one line) naming the reward. Ctrl-C stays the user's: KeyboardInterrupt passes through unchanged."""
+    rows = ROWS["countdown"] * 3
+    task = get_task("countdown", data=rows, reward_fn=_exits)
+    with pytest.raises(RewardError, match=r"^reward 'test_task_rewards_robust:_exits' raised SystemExit\(0\): a reward "
+                       r"must return one score per completion and may not end the run; fix the reward$"):
+        task.score_examples(["x"], task.examples[:1])
+    with pytest.raises(KeyboardInterrupt):
+        get_task("countdown", data=rows, reward_fn=_interrupted).score_examples(["x"], task.examples[:1])
+    # None is no score: NaN with a reason (the RL trainer counts it and scores it 0), in a per-step list too
+    partial = get_task("countdown", data=rows, reward_fn=_partial)
+    scores = partial.score_examples(["a", "b", "c"], partial.examples)
+    assert math.isnan(scores[0]) and scores[0].reason == "_partial returned None" and scores[1] == 0.5
+    assert math.isnan(scores[2]) and math.isnan(scores[2].info["steps"][1])
+    assert partial.reward_name == "test_task_rewards_robust:_partial"
+    assert get_task("countdown", data=rows).reward_name == "countdown_reward"

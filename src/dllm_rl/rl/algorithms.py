@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from dllm_rl.config import ConfigError
+from dllm_rl.estimators import ScoringBatch, estimator_forwards
 from dllm_rl.rl import methods  # noqa: F401  (registers every method's parts)
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import make_hook
@@ -107,6 +110,20 @@ def check_combination(cfg: RLConfig) -> None:
         raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
                           "with drop_zero_variance=false and no accuracy_band nothing is dropped")
     check_value_model(cfg.value_model, cfg.loss_type)
+
+
+def check_estimator_options(cfg: RLConfig, model) -> None:
+    """Raise :class:`ConfigError` when ``estimator_options`` are not what the estimator takes (an unknown name, a
+    value such as ``num_mc: -4``): the estimator plans the rows of one dummy completion (no model forward),
+    which runs every check of its options, before the first rollout rather than at the first update."""
+    n = cfg.rollout.gen_length
+    token = torch.full((1, n), model.eos_token_id, dtype=torch.long)
+    batch = ScoringBatch(token[:, :1], torch.ones(1, 1, dtype=torch.bool), token, torch.ones(1, n, dtype=torch.bool),
+                         step_map=torch.arange(n)[None], sample_seeds=torch.zeros(1, dtype=torch.long))
+    try:
+        estimator_forwards(model, cfg.estimator, batch, **(cfg.estimator_options or {}))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"estimator_options: {exc}") from None
 
 
 def resolve(cfg: RLConfig, attention: str) -> RLConfig:

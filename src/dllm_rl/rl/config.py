@@ -209,7 +209,7 @@ class RLConfig(Checked):
         "needs lora.enabled)")
 
     # schedule
-    max_steps: int = field(20, ge=0, help="RL steps (each: rollouts -> rewards -> advantages -> mu passes)")
+    max_steps: int = field(20, ge=1, help="RL steps (each: rollouts -> rewards -> advantages -> mu passes)")
     prompts_per_step: int = field(16, ge=1, help="prompts sampled per step (per process)")
     num_generations: int = field(
         8, ge=1, help="completions per prompt (TRL num_generations; the group size G)")
@@ -222,6 +222,19 @@ class RLConfig(Checked):
     max_time_minutes: float | None = field(
         None, gt=0, help="stop training after this many minutes (checked per step)")
     max_bad_steps: int = field(3, ge=1, help="stop after this many updates skipped for a NaN/inf loss")
+    max_skipped_steps: int = field(
+        20, ge=0, help="stop after this many steps in a row without an update because no prompt group had reward "
+        "signal (every group's rewards equal, or outside accuracy_band: e.g. rollout.temperature=0 decodes a "
+        "group's samples alike, or a constant reward); each such step is warned about. 0 = never stop")
+    max_reward_failure_steps: int = field(
+        3, ge=0, help="stop after this many steps in a row in which the reward raised (or timed out) on every "
+        "sample, naming its last error (a failing sample scores 0 and counts in the reward_errors metric; NaN, "
+        "inf and None rewards score 0 and count in reward_nonfinite). 0 = never stop")
+    reward_timeout_s: float | None = field(
+        None, gt=0, help="seconds one call of the reward may take (all of a round's completions at once, or one "
+        "completion when a failed batch is scored one by one); past it the call's samples score 0 and count as "
+        "failed. Interrupts Python code through SIGALRM (POSIX, the main thread); a C call is interrupted when it "
+        "returns. null = no limit")
 
     ema_decay: float = field(
         0.0, ge=0, lt=1, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; "

@@ -37,7 +37,7 @@ from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenize
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.advantages import compute_advantages, group_filter
-from dllm_rl.rl.algorithms import resolve
+from dllm_rl.rl.algorithms import check_estimator_options, resolve
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.config import RLConfig, decode_config
@@ -50,6 +50,7 @@ from dllm_rl.rl.value import ValueLearner, steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
 from dllm_rl.seeding import ESTIMATOR_MASKS, HOOK_ROLLOUTS, derive_seed
 from dllm_rl.tasks import get_task
+from dllm_rl.tasks.base import RewardError
 from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
@@ -69,6 +70,7 @@ from dllm_rl.training.backend import (
     setup_backend,
     shard_reference,
 )
+from dllm_rl.training.finite import TrainingStopped, nonfinite_weights
 from dllm_rl.training.ranks import (
     forward_agreement,
     max_over_ranks,
@@ -97,6 +99,9 @@ class _Round:
     t_reward: float
     stats: dict[str, float] = field(default_factory=dict)  # the rollout hook's numbers
     step_scores: list[list[float] | None] | None = None  # per sample: process rewards per decoding step
+    reward_failed: int = 0  # samples whose reward raised or timed out (scored 0)
+    reward_nonfinite: int = 0  # NaN / inf / None rewards (scored 0)
+    reward_error: str = ""  # the reward's last failure
 
 
 @dataclass
@@ -146,6 +151,7 @@ class RLTrainer(RLCheckpoints):
         self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
         for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
             decode_config(cfg, self.model, evaluation=evaluation)
+        check_estimator_options(cfg, self.model)
         reward = reward_fn if reward_fn is not None else cfg.reward
         self.train_task = get_task(cfg.task, data=cfg.train_data, split="train", prompt_style=cfg.prompt_style,
                                    limit=cfg.train_limit, reward_fn=reward)
@@ -189,6 +195,8 @@ class RLTrainer(RLCheckpoints):
         self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
         self.step_idx = 0
         self.bad_updates = 0
+        self.skipped_steps = 0  # steps in a row without an update (no group with reward signal)
+        self.reward_failed_steps = 0  # steps in a row whose reward failed on every sample
         self.grad_norms: list[float] = []  # pre-clipping gradient norms of the current step
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
         self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
@@ -238,6 +246,7 @@ class RLTrainer(RLCheckpoints):
         prompts_rep = [p for x in rounds for p in x.prompts]
         reasons = [why for x in rounds for why in x.reasons]
         step_scores = [s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))]
+        reward_health = self._check_rewards(rounds)
 
         # 4. advantages; groups with no signal are dropped (and counted), and with dynamic_sampling the groups
         # with signal beyond `target` (the last round's surplus)
@@ -253,6 +262,7 @@ class RLTrainer(RLCheckpoints):
         # 5. optimisation passes over the kept samples
         # skipped only when no rank kept a sample (a rank with none still joins the others' all-reduces)
         any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
+        self._count_skipped(any_kept, filt)
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         t_update = time.perf_counter()
@@ -262,6 +272,8 @@ class RLTrainer(RLCheckpoints):
         update = self._update(rollout, keep, adv, mask_seeds) if any_kept else {"skipped_step": 1.0}
         if batch is not None:  # after the policy update, which used the values from before it
             update.update(self.value.fit(batch, targets))
+        if any_kept:
+            self._check_weights()
         if self.ema is not None:
             self.ema.update()
         t_update = time.perf_counter() - t_update
@@ -283,6 +295,7 @@ class RLTrainer(RLCheckpoints):
         for k in sorted({k for x in rounds for k in x.stats}):
             m[k] = sum(x.stats.get(k, 0.0) for x in rounds)
         m.update(update)
+        m.update(reward_health)
         if self.model.family.moe:  # router load and entropy over the rollouts' real tokens
             dev = self.accelerator.device
             m.update(router_stats(self._plain(), torch.cat([rollout.prompt_ids, rollout.completion_ids], 1).to(dev),
@@ -306,6 +319,60 @@ class RLTrainer(RLCheckpoints):
         band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
         return group_filter(rewards, self.cfg.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
                             accuracy_band=band)
+
+    def _check_rewards(self, rounds: list[_Round]) -> dict[str, float]:
+        """The step's reward failures as metrics (``reward_errors``, ``reward_nonfinite``: samples scored 0), a
+        warning when there are any, and the stop after ``max_reward_failure_steps`` steps in a row in which the
+        reward failed on every sample of every rank (the ranks decide together)."""
+        cfg, n = self.cfg, sum(len(x.rewards) for x in rounds)
+        failed, nonfinite = sum(x.reward_failed for x in rounds), sum(x.reward_nonfinite for x in rounds)
+        name = self.train_task.reward_name
+        if nonfinite:
+            logger.warning("step %d: reward %r gave NaN/inf/None for %d of %d samples (scored 0)", self.step_idx + 1,
+                           name, nonfinite, n)
+        all_failed = not skip_together(self.accelerator, failed < n)
+        self.reward_failed_steps = self.reward_failed_steps + 1 if all_failed else 0
+        if cfg.max_reward_failure_steps and self.reward_failed_steps >= cfg.max_reward_failure_steps:
+            error = next((x.reward_error for x in reversed(rounds) if x.reward_error), "on another rank")
+            raise RewardError(f"stopping at step {self.step_idx + 1}: reward {name!r} failed on every sample for "
+                              f"{self.reward_failed_steps} steps in a row (max_reward_failure_steps="
+                              f"{cfg.max_reward_failure_steps}; last error: {error}); fix the reward")
+        return {"reward_errors": float(failed), "reward_nonfinite": float(nonfinite)}
+
+    def _count_skipped(self, any_kept: bool, filt) -> None:
+        """Count the steps in a row without an update because no group had reward signal; warn at each, stop
+        at ``max_skipped_steps`` saying why (a run that never updates would otherwise end as a success)."""
+        cfg = self.cfg
+        self.skipped_steps = 0 if any_kept else self.skipped_steps + 1
+        if any_kept:
+            return
+        groups = len(filt.keep) // cfg.num_generations
+        why = f"{filt.zero_variance_groups} of {groups} groups had all-equal rewards"
+        if filt.out_of_band_groups:
+            why += f", {filt.out_of_band_groups} were outside accuracy_band"
+        limit = f"the run stops at {cfg.max_skipped_steps}" if cfg.max_skipped_steps else "max_skipped_steps=0"
+        logger.warning("step %d: no update, no group had reward signal (%s); %d step(s) in a row (%s)",
+                       self.step_idx + 1, why, self.skipped_steps, limit)
+        if cfg.max_skipped_steps and self.skipped_steps >= cfg.max_skipped_steps:
+            hint = ("rollout.temperature=0 decodes every sample of a prompt alike: raise it" if cfg.rollout.temperature
+                    == 0 else "check the rollouts (rollouts.jsonl) for a reward that does not vary or a policy "
+                    f"collapsed by too large a learning rate (optim.lr={cfg.optim.lr:g})")
+            raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.skipped_steps} steps in a row were "
+                                  f"skipped, no group had reward signal ({why}); {hint}, or set max_skipped_steps=0 "
+                                  "to go on")
+
+    def _check_weights(self) -> None:
+        """Stop, naming the step, when the update left a NaN / inf weight in the policy or the value model (one
+        reduction per step, agreed over the ranks: :func:`~dllm_rl.training.finite.nonfinite_weights`)."""
+        value = self.value.module if self.value is not None else None
+        bad = nonfinite_weights(self.accelerator, {"policy": self.model.model, "value model": value})
+        if not bad:
+            return
+        lrs = {"policy": f"optim.lr={self.cfg.optim.lr:g}",
+               "value model": f"value_model.lr={getattr(self.value, 'lr', 0.0):g}"}
+        raise TrainingStopped(f"stopping at step {self.step_idx + 1}: the update left NaN/inf weights in the "
+                              f"{' and the '.join(bad)} ({', '.join(lrs[b] for b in bad)}); final/ is not written. "
+                              "Lower the learning rate and start again, or resume from an earlier checkpoint")
 
     def _rollout_round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> _Round:
         """Roll out (with ``policy``'s weights) and reward this rank's share of the prompts ``idx`` (every
@@ -334,13 +401,19 @@ class RLTrainer(RLCheckpoints):
         columns: dict[str, list] = {}
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
-        rewards, reasons, steps = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns)
-        view = RoundView(group_ids, prompts_rep, rollout, list(rewards), reasons, seeds, columns, G)
+        scored = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns, **self._reward_options())
+        rewards, steps = scored.totals, scored.steps
+        view = RoundView(group_ids, prompts_rep, rollout, list(rewards), scored.reasons, seeds, columns, G)
         if self.rollout_hook is not None:  # the one call site of rollout hooks (dllm_rl.rl.hooks)
             view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)]))
             steps = steps_after_hook(steps, rollout, rewards, view.rollout, view.rewards)
         return _Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
-                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps)
+                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps,
+                      scored.failed, scored.nonfinite, scored.error)
+
+    def _reward_options(self) -> dict:
+        """How the trainer calls the reward: its name in messages and the time one call may take."""
+        return {"name": self.train_task.reward_name, "timeout_s": self.cfg.reward_timeout_s}
 
     def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
         """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
@@ -358,7 +431,8 @@ class RLTrainer(RLCheckpoints):
 
         def reward(indices: list[int], rollout: Rollout) -> tuple[list[float], list[str]]:
             cols = {k: [v[i] for i in indices] for k, v in view.columns.items()}
-            return safe_rewards(self.train_task.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols)
+            return safe_rewards(self.train_task.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols,
+                                **self._reward_options())
 
         return HookContext(generate=generate, reward=reward,
                            reference=lambda i: self.train_task.reference_completion(examples[i]),
@@ -493,8 +567,8 @@ class RLTrainer(RLCheckpoints):
         logger.warning("step %d: non-finite loss (%s); update skipped (%d/%d)", self.step_idx, float(loss.detach()),
                        self.bad_updates, self.cfg.max_bad_steps)
         if self.bad_updates >= self.cfg.max_bad_steps:
-            raise RuntimeError(f"stopping: {self.bad_updates} updates had a NaN/inf loss (max_bad_steps="
-                               f"{self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
+            raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.bad_updates} updates had a NaN/inf "
+                                  f"loss (max_bad_steps={self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
 
     def _optimizer_step(self) -> None:
         if skip_together(self.accelerator, getattr(self, "_skip_next", False)):  # one rank skips: all do

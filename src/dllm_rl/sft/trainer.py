@@ -50,6 +50,7 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
+from dllm_rl.training.finite import TrainingStopped, nonfinite_weights
 from dllm_rl.training.ranks import forward_agreement
 from dllm_rl.training.resume_check import SFT_APPLICABLE, SFT_IGNORED, check_resumed_config
 from dllm_rl.training.run_dir import SFT_RUN_FILES, interrupted, open_run_dir
@@ -261,6 +262,10 @@ class SFTTrainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        if nonfinite_weights(acc, {"model": self.model.prepared}):  # before any checkpoint or model/ holds them
+            raise TrainingStopped(f"sft: stopping at step {self.step}: the update left NaN/inf weights (optim.lr="
+                                  f"{cfg.optim.lr:g}, loss {total_loss:.4g}); model/ is not written. Lower optim.lr "
+                                  "and start again, or resume from an earlier checkpoint")
         metrics = {"loss": total_loss, "tokens": tokens, "scored_tokens": scored,
                    "lr": self.scheduler.get_last_lr()[0]}
         if grad_norm is not None:

@@ -20,6 +20,7 @@ naming the file, line and field. :class:`Score` lives in :mod:`dllm_rl.tasks.sco
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,21 +31,47 @@ from dllm_rl.errors import UserError
 from .io import DataError, data_file, default_source, find_data_dir, is_hf_name, read_rows
 from .score import Score
 
-__all__ = ["PROMPT_STYLES", "DataError", "Score", "Task", "completion_text", "data_file", "find_data_dir",
-           "is_hf_name", "load_callable", "read_rows", "require_fields"]
+__all__ = ["PROMPT_STYLES", "DataError", "RewardError", "Score", "Task", "completion_text", "data_file",
+           "find_data_dir", "is_hf_name", "load_callable", "read_rows", "require_fields", "reward_name"]
 
 PROMPT_STYLES = ("chat", "plain", "compact")
 
 
+class RewardError(UserError):
+    """A reward tried to end the run (``sys.exit`` and the like): a reward returns scores; it can neither end
+    a run nor make a failed one look finished (exit status 0 without metrics or a model)."""
+
+
+def reward_name(fn: Callable) -> str:
+    """How messages name a reward callable: ``module:qualname`` (what ``reward=`` takes), else its repr."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else repr(fn)
+
+
+def _call_custom(fn: Callable, prompts: Any, completions: Sequence[Any], columns: Mapping[str, Any]) -> Any:
+    """``fn(prompts, completions, **columns)``. An exception is the caller's to handle (the RL trainer scores
+    the samples one by one), and Ctrl-C stays the user's; anything else that is not an exception
+    (``SystemExit`` from ``sys.exit(0)``, ``GeneratorExit``) becomes one :class:`RewardError` naming the reward,
+    so that a reward cannot end the run as if it had finished."""
+    try:
+        return fn(prompts, completions, **columns)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and the like, re-raised as a user error
+        raise RewardError(f"reward {reward_name(fn)!r} raised {type(exc).__name__}({exc}): a reward must return one "
+                          "score per completion and may not end the run; fix the reward") from None
+
+
 def _custom_score(value: Any, name: str) -> Score:
     """A custom reward's value as a :class:`Score`: a number, or a sequence of per-step scores (process rewards,
-    :mod:`dllm_rl.rl.rewards`) kept in ``info["steps"]`` with their sum as the value."""
+    :mod:`dllm_rl.rl.rewards`) kept in ``info["steps"]`` with their sum as the value. ``None`` is not a
+    score: it becomes NaN, which the RL trainer counts and scores 0 (``reward_nonfinite``)."""
     if isinstance(value, Score):
         return value
     if isinstance(value, (list, tuple)):
-        steps = [float(v) for v in value]
+        steps = [math.nan if v is None else float(v) for v in value]
         return Score(sum(steps), name, steps=steps)
-    return Score(0.0 if value is None else float(value), name)
+    return Score(math.nan, f"{name} returned None") if value is None else Score(float(value), name)
 
 
 def completion_text(completion: Any) -> str:
@@ -289,7 +316,7 @@ class Task:
         """
         n = len(completions)
         if self.custom_reward is not None:
-            values = self.custom_reward(prompts, completions, **columns)
+            values = _call_custom(self.custom_reward, prompts, completions, columns)
             name = getattr(self.custom_reward, "__name__", "custom")
             return [_custom_score(v, name) for v in values]
         examples = self.rows_from_columns(prompts, n, columns)
@@ -332,6 +359,11 @@ class Task:
 
         reward.__name__ = reward.__qualname__ = f"{self.name}_reward"
         return reward
+
+    @property
+    def reward_name(self) -> str:
+        """The reward's name in messages: the custom reward's ``module:function``, else ``<task>_reward``."""
+        return reward_name(self.custom_reward) if self.custom_reward is not None else f"{self.name}_reward"
 
     def metrics(self, scores: Sequence[Score]) -> dict[str, float]:
         """Aggregate scores: mean ``reward`` and ``accuracy`` (fraction with reward 1.0)."""

@@ -15,7 +15,8 @@ import yaml
 from dllm_rl.config import ConfigError, to_dict
 
 # RL settings that may change on resume: they take effect from the resumed step and change no past step
-RL_APPLICABLE = ("max_steps", "max_time_minutes", "max_bad_steps", "save_every", "keep_checkpoints",
+RL_APPLICABLE = ("max_steps", "max_time_minutes", "max_bad_steps", "max_skipped_steps", "max_reward_failure_steps",
+                 "reward_timeout_s", "save_every", "keep_checkpoints",
                  "log_samples_every", "save_rollouts", "progress", "push_to_hub", "report_to", "device",
                  "distributed_timeout_s", "logprob_chunk_size", "rollout.batch_size", "eval.every", "output_dir")
 SFT_APPLICABLE = ("train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.save_every",

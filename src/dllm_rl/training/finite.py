@@ -1,0 +1,56 @@
+"""The guard that stops a run whose weights went NaN or infinite, before they are saved.
+
+A learning rate far too large (``optim.lr=10``) turns the weights NaN in one update; every later loss is NaN
+too, so without this guard the run skips every step, ends with exit 0 and saves NaN weights. The check is one
+reduction per step, not one host sync per tensor: each trainable tensor's largest magnitude (the inf-norm, NaN
+when the tensor holds a NaN, inf when it holds an inf, finite otherwise: it cannot overflow as a 2-norm can),
+stacked and synced once. Under FSDP2 each rank checks its own shards, under ZeRO-3 its own partitions, and the
+verdict is agreed over the ranks, so that every rank stops together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_rl.errors import UserError
+from dllm_rl.training.ranks import sum_over_ranks
+
+
+class TrainingStopped(UserError):
+    """A guard stopped the run (weights or losses NaN / inf, steps without any update); ``final/`` is not
+    written, so a broken model is never published as the run's result."""
+
+
+def _local_shards(module: torch.nn.Module) -> list[torch.Tensor]:
+    """This rank's part of every trainable parameter of ``module`` (frozen ones cannot change): the ZeRO-3
+    partition (``ds_tensor``), the FSDP2 local shard (``to_local``), else the tensor itself."""
+    out = []
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        t = getattr(p, "ds_tensor", None)
+        if t is None:
+            t = p.to_local() if hasattr(p, "to_local") else p
+        if t.numel():
+            out.append(t.detach())
+    return out
+
+
+def nonfinite_weights(accelerator, modules: dict[str, torch.nn.Module | None]) -> list[str]:
+    """The names of ``modules`` (None values skipped) that hold a NaN / inf trainable weight on any rank, the
+    same list on every rank; one host sync per module (not per tensor) and, with several ranks, one collective
+    (every rank calls it)."""
+    names, flags = [], []
+    for name, module in modules.items():
+        if module is None:
+            continue
+        shards = _local_shards(module)  # may be empty on a rank (small FSDP2 shards): it still joins the sum
+        device = shards[0].device if shards else torch.device("cpu")
+        # on the shards' device, no sync per tensor (ZeRO-3 offload may hold some on the CPU)
+        peaks = [torch.linalg.vector_norm(t, float("inf")).to(device, torch.float32) for t in shards]
+        names.append(name)
+        flags.append((~torch.isfinite(torch.stack(peaks)).all()).cpu() if peaks else torch.tensor(False))
+    if not names:
+        return []
+    bad = [float(f) for f in torch.stack(flags).tolist()]  # the one sync
+    return [name for name, n in zip(names, sum_over_ranks(accelerator, bad)) if n > 0]

@@ -1,0 +1,174 @@
+"""What keeps a broken RL run from ending as a success: NaN weights, steps without reward signal, and rewards that
+exit, overflow, fail on every sample, return NaN / inf / None or hang; and the settings that must fail in one
+line before any compute (max_steps=0, estimator_options num_mc=-4, a non-finite learning rate)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import sys
+import time
+
+import pytest
+from rl_helpers import digit_reward, rl_overrides
+
+from dllm_rl.cli import main
+from dllm_rl.config import load_config
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
+from dllm_rl.rl.rewards import safe_scores
+from dllm_rl.tasks.base import RewardError
+from dllm_rl.training.finite import TrainingStopped
+
+
+def _cfg(rl_setup, out, *extra: str) -> RLConfig:
+    return load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, "algorithm=tracerl", *extra))
+
+
+def _metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _nothing_published(out) -> bool:
+    return not any(p.exists() for p in (out / "final", out / "summary.json")) and not list(out.glob("checkpoints/*"))
+
+
+def test_nan_weights_stop_the_run_at_that_step_and_nothing_is_saved(rl_setup, tmp_path):
+    cfg = _cfg(rl_setup, tmp_path / "policy", "max_steps=3", "save_every=1")
+    cfg.optim.lr = math.inf  # past the config's check (which refuses it): an update that leaves the weights NaN
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 1: the update left NaN/inf weights in the policy "
+                       r"\(optim.lr=inf\); final/ is not written\. Lower the learning rate"):
+        train(cfg, reward_fn=digit_reward)
+    assert _nothing_published(tmp_path / "policy")
+    # the value model's weights are checked too: at value_model.lr=1e30 its second update overflows
+    out = tmp_path / "value"
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: the update left NaN/inf weights in the value "
+                       r"model \(value_model.lr=1e\+30\)"):
+        train(_cfg(rl_setup, out, "max_steps=3", "save_every=1", "value_model.enabled=true", "value_model.lr=1e30",
+                   "drop_zero_variance=false"), reward_fn=digit_reward)
+    assert [m["step"] for m in _metrics(out)] == [1] and [p.name for p in out.glob("checkpoints/*")] == ["step-0000001"]
+    assert not (out / "final").exists()
+
+
+def test_steps_without_reward_signal_stop_after_max_skipped_steps(rl_setup, tmp_path, caplog):
+    """rollout.temperature=0 decodes the samples of a prompt alike: every group has equal rewards, so no step
+    updates; the run used to end with exit 0 after max_steps of nothing."""
+    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 steps in a row were skipped, no group had "
+                       r"reward signal \(2 of 2 groups had all-equal rewards\); rollout.temperature=0 decodes every "
+                       r"sample of a prompt alike: raise it, or set max_skipped_steps=0 to go on$"):
+        train(_cfg(rl_setup, tmp_path / "a", "rollout.temperature=0", "max_steps=5", "max_skipped_steps=2"),
+              reward_fn=digit_reward)
+    assert [r.getMessage()[:47] for r in caplog.records if "no update" in r.getMessage()] == [
+        "step 1: no update, no group had reward signal (", "step 2: no update, no group had reward signal ("]
+    assert [m["skipped_step"] for m in _metrics(tmp_path / "a")] == [1.0] and _nothing_published(tmp_path / "a")
+    summary = train(_cfg(rl_setup, tmp_path / "b", "rollout.temperature=0", "max_steps=2", "max_skipped_steps=0"),
+                    reward_fn=digit_reward)
+    assert summary["steps"] == 2  # 0: never stops
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 1: 1 steps in a row were skipped, no group had "
+                       r"reward signal \(2 of 2 groups had all-equal rewards\); check the rollouts \(rollouts.jsonl\) "
+                       r"for a reward that does not vary or a policy collapsed by too large a learning rate "
+                       r"\(optim.lr=0.003\), or set max_skipped_steps=0 to go on$"):
+        train(_cfg(rl_setup, tmp_path / "c", "max_steps=3", "max_skipped_steps=1"),
+              reward_fn=lambda prompts, completions, **columns: [1.0] * len(completions))
+
+
+def test_nan_inf_and_none_rewards_score_zero_counted_and_warned(rl_setup, tmp_path, caplog):
+    def holes(prompts, completions, **columns):
+        return [(0.5, None, math.nan, -math.inf)[i % 4] for i in range(len(completions))]
+
+    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
+    train(_cfg(rl_setup, tmp_path, "max_steps=1", "save_rollouts=8"), reward_fn=holes)
+    (m,) = _metrics(tmp_path)
+    assert (m["reward_nonfinite"], m["reward_errors"], m["reward"]) == (6.0, 0.0, 0.125)  # 2 of 8 samples at 0.5
+    assert [r.getMessage() for r in caplog.records if "NaN/inf/None" in r.getMessage()] == [
+        "step 1: reward 'test_rl_guards:test_nan_inf_and_none_rewards_score_zero_counted_and_warned.<locals>.holes' "
+        "gave NaN/inf/None for 6 of 8 samples (scored 0)"]
+
+
+def test_a_reward_that_raises_on_every_sample_stops_the_run_naming_the_error(rl_setup, tmp_path):
+    def broken(prompts, completions, **columns):
+        return [1 / 0 for _ in completions]
+
+    with pytest.raises(RewardError, match=r"^stopping at step 2: reward '.*broken' failed on every sample for 2 steps "
+                       r"in a row \(max_reward_failure_steps=2; last error: ZeroDivisionError: division by zero\); "
+                       r"fix the reward$"):
+        train(_cfg(rl_setup, tmp_path, "max_steps=5", "max_reward_failure_steps=2"), reward_fn=broken)
+    assert [(m["step"], m["reward_errors"]) for m in _metrics(tmp_path)] == [(1, 8.0)]
+    assert _nothing_published(tmp_path)
+
+
+def test_a_huge_reward_fails_in_one_line(rl_setup, tmp_path):
+    def huge(prompts, completions, **columns):
+        return [1e300] + [0.0] * (len(completions) - 1)
+
+    with pytest.raises(RewardError, match=r"^reward '.*huge' returned 1e\+300: rewards must lie within ±1e\+15 \(the "
+                       r"advantages are float32 statistics of the group\); scale the reward down$"):
+        train(_cfg(rl_setup, tmp_path, "max_steps=1"), reward_fn=huge)
+
+
+def _slow(prompts, completions, **columns):
+    time.sleep(30)
+    return [1.0] * len(completions)
+
+
+def test_reward_timeout_scores_the_call_zero_and_counts_it_failed(rl_setup, tmp_path):
+    before = signal.getsignal(signal.SIGALRM)
+    start = time.perf_counter()
+    out = safe_scores(_slow, ["p"] * 3, ["a", "b", "c"], {}, name="slow", timeout_s=0.2)
+    assert time.perf_counter() - start < 5
+    assert (out.totals, out.failed) == ([0.0] * 3, 3)
+    assert out.error == "RewardTimeout: took longer than reward_timeout_s=0.2 s"
+    assert out.reasons == ["reward took longer than reward_timeout_s=0.2 s"] * 3
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    # the trainer passes reward_timeout_s on; a reward that always times out stops the run like one that raises
+    with pytest.raises(RewardError, match=r"^stopping at step 1: reward '.*_slow' failed on every sample for 1 steps "
+                       r"in a row \(max_reward_failure_steps=1; last error: RewardTimeout: took longer than "
+                       r"reward_timeout_s=0.2 s\)"):
+        train(_cfg(rl_setup, tmp_path, "max_steps=2", "reward_timeout_s=0.2", "max_reward_failure_steps=1"),
+              reward_fn=_slow)
+    with pytest.raises(ValueError, match=r"^reward_timeout_s: must be > 0, got 0.0$"):
+        _cfg(rl_setup, tmp_path, "reward_timeout_s=0")
+
+
+@pytest.fixture()
+def rl_cli(rl_setup, tmp_path, capsys):
+    """``dllm-rl rl CONFIG key=value ...`` in-process: (exit status, the error lines it printed)."""
+    config = tmp_path / "rl.yaml"
+    config.write_text("algorithm: tracerl\n")
+
+    def run(*extra: str) -> tuple[int, list[str]]:
+        capsys.readouterr()
+        status = main(["rl", str(config), *rl_overrides(rl_setup, "llada", tmp_path / "run", *extra)])
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        lines = [line for line in err.splitlines() if line.startswith("dllm-rl rl: error: ")]
+        return status, [line.replace(f"{config}: ", "CONFIG: ") for line in lines]
+    return run
+
+
+def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monkeypatch):
+    """sys.exit(0) in a reward used to end the run with exit status 0, no message, metrics, final/ or summary."""
+    (tmp_path / "exiting_reward.py").write_text("import sys\n\n\ndef score(prompts, completions, **columns):\n"
+                                                "    sys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "exiting_reward", raising=False)
+    assert rl_cli("max_steps=1", "reward=exiting_reward:score") == (2, [
+        "dllm-rl rl: error: reward 'exiting_reward:score' raised SystemExit(0): a reward must return one score per "
+        "completion and may not end the run; fix the reward"])
+    assert _nothing_published(tmp_path / "run")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("max_steps=0", "CONFIG: max_steps: must be >= 1, got 0"),
+    ("algorithm=espo;estimator_options={num_mc: -4}", "estimator_options: num_mc must be an integer >= 1, got -4"),
+    ("estimator_options={shrinkage: 1, numm_mc: 2}", "estimator_options: estimator 'trace' got unknown option(s) "
+     "numm_mc; valid options: shrinkage, layout, mask_uncounted, max_rows, logprob_chunk_size"),
+    ("optim.lr=inf", "CONFIG: optim.lr: must be a finite number, got inf"),
+    ("beta=1e309", "CONFIG: beta: must be a finite number, got inf"),
+])
+def test_settings_that_cannot_train_fail_in_one_line_before_compute(rl_cli, tmp_path, override, message):
+    assert rl_cli(*override.split(";")) == (2, [f"dllm-rl rl: error: {message}"])
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
