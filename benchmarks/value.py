@@ -57,11 +57,11 @@ def _trainer(out: Path, seed: int, value_lr: float):
 
 def _round(trainer, step: int):
     """One fresh rollout batch of the frozen policy: the kept batch (every sample), rewards, value targets."""
-    trainer.step_idx = step
+    trainer.step_idx = trainer.collector.step_idx = step
     idx = trainer.stream.take(trainer.cfg.prompts_per_step)
-    rnd = trainer._rollout_round(trainer.model, idx, first_sample=0)
+    rnd = trainer.collector.round(trainer.model, idx, first_sample=0)
     keep = torch.arange(len(rnd.rewards))
-    batch = trainer._batch(rnd.rollout, keep, rnd.seeds)
+    batch = trainer.updater.batch(rnd.rollout, keep, rnd.seeds)
     rewards = torch.tensor(rnd.rewards)
     return batch, rewards, trainer.value.targets(batch, rewards)
 
@@ -70,7 +70,7 @@ def _gradient(trainer, batch, adv: torch.Tensor) -> torch.Tensor:
     """The flattened gradient of TraceRL's token loss (first pass: ratio 1) on ``batch`` with advantages ``adv``."""
     model = trainer.model
     model.model.zero_grad(set_to_none=True)
-    new = trainer._scores(model, batch, 0)
+    new = trainer.updater.scores(model, batch, 0)
     old = replace(new, logp=new.logp.detach())
     loss_cfg = LossConfig.from_rl_config(trainer.cfg, max_length=batch.completion_len)
     POLICY_LOSSES["token"](new, old, None, adv, batch.lengths, loss_cfg).loss.backward()

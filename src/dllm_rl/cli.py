@@ -29,10 +29,19 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors: a bad flag or value prints ``dllm-rl COMMAND: error: ...``
+    (where to look for help included) and exits 2, as every other user error does, instead of the usage block
+    before the message. Subcommand parsers are of the same class (``add_subparsers`` takes the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dllm_rl import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="dllm-rl",
         description="Post-train diffusion language models with RL (TraceRL, ESPO, GRPO variants) and SFT.",
     )

@@ -99,6 +99,12 @@ def _mistakes(root: Path) -> dict:
         "plot_suffix": (root / "out.txt", ["plot", str(root / "run"), "-o", str(root / "out.txt")]),
         "trace_null": (root / "trace_null.jsonl", ["trace", "--from-trace", str(root / "trace_null.jsonl"), "-o",
                                                    str(root / "t.html")]),
+        # argparse's own errors (a bad choice, a value of the wrong type, a missing argument, an unknown flag)
+        "argparse_choice": (None, [*ev, "--confidence", "nope"]),
+        "argparse_type": (None, [*ev, "--limit", "two"]),
+        "argparse_missing": (None, ["eval"]),
+        "argparse_flag": (None, [*ev, "--no-such-flag"]),
+        "argparse_command": (None, ["evaluate"]),
     }
 
 
@@ -136,7 +142,8 @@ def _one_error_line(stderr: str, command: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert "Traceback" not in stderr, stderr
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(f"dllm-rl {command}: error: "), lines[0]
+    prefix = f"dllm-rl {command}: error: " if command else "dllm-rl: error: "  # "": the top-level parser
+    assert lines[0].startswith(prefix), lines[0]
     return lines[0]
 
 
@@ -295,11 +302,17 @@ SAYS = {
     "output_file": "output directory {inputs} is a file; give a directory (-o)",
     "plot_suffix": "-o {inputs}: not an image file name (.txt); give FILE.png",
     "trace_null": "{inputs}:1: step_map[1] is null; every position needs the integer step",
+    "argparse_choice": "argument --confidence: invalid choice: 'nope' (choose from",
+    "argparse_type": "argument --limit: invalid int value: 'two' (see dllm-rl eval --help)",
+    "argparse_missing": "the following arguments are required: model_dir (see dllm-rl eval --help)",
+    "argparse_flag": "unrecognized arguments: --no-such-flag (see dllm-rl --help)",
+    "argparse_command": "argument COMMAND: invalid choice: 'evaluate'",
 }
 
 
 #: the command of each mistake, by the first word of its name (default: eval)
-SAYS_COMMAND = {"hf": "data", "model": "info", "parquet": "data", "csv": "data", "yaml": "rl", "sft": "sft",
+SAYS_COMMAND = {"argparse_command": "", "argparse_flag": "",  # reported by the top-level parser
+                "hf": "data", "model": "info", "parquet": "data", "csv": "data", "yaml": "rl", "sft": "sft",
                 "digits": "data", "same": "data", "plot": "plot", "trace": "trace"}
 
 
@@ -308,7 +321,8 @@ def test_every_mistake_is_one_line(cli, name):
     """Each mistake of issue 39 (a traceback, a hang or a silent overwrite before) exits 2 with one line that
     names what is wrong; none loads a model."""
     inputs, rc, err = cli[name]
-    line = _one_error_line(err, SAYS_COMMAND.get(name.split("_")[0], "eval"))
+    command = SAYS_COMMAND.get(name, SAYS_COMMAND.get(name.split("_")[0], "eval"))
+    line = _one_error_line(err, command)
     assert rc == 2
     assert SAYS[name].format(inputs=inputs) in line, line
 

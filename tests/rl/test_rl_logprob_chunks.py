@@ -3,7 +3,7 @@
 import pytest
 from rl_helpers import digit_reward, rl_overrides
 
-import dllm_rl.rl.trainer as trainer_mod
+import dllm_rl.rl.update as trainer_mod
 from dllm_rl.config import load_config
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer

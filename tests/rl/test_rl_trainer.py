@@ -77,7 +77,7 @@ def test_first_update_ratio_is_exactly_one_with_common_random_numbers(rl_setup, 
 def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_path, monkeypatch, noise):
     """estimator_noise=group: the 4 samples of a prompt draw the same masks (same n, same positions where their
     counted lengths agree); sample: every sample its own."""
-    import dllm_rl.rl.trainer as trainer_mod
+    import dllm_rl.rl.update as trainer_mod
 
     seen, real = [], trainer_mod.estimate
 
@@ -251,7 +251,7 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
     """rollout.dtype=bfloat16: every step decodes with a bfloat16 copy holding the policy's current weights,
     rounded; the policy stays float32 (old log-probs too: the first-pass ratio is still exactly 1), and the
     copy's rotary buffers keep the policy's dtype."""
-    import dllm_rl.rl.trainer as trainer_mod
+    import dllm_rl.rl.collect as trainer_mod
 
     seen, real = [], trainer_mod.generate_batched
 
@@ -305,7 +305,7 @@ def test_compiled_rollout_copy_decodes_what_the_live_policy_would(rl_setup, tmp_
     """rollout.compile=true at the policy's dtype: a copy exists only to be compiled, and each step's rollouts
     (decoded by it, refreshed) are token for token those of the uncompiled policy, as are the rewards
     (tests/rl/test_rollout_copy.py checks the refresh and the shapes on the copy alone)."""
-    import dllm_rl.rl.trainer as trainer_mod
+    import dllm_rl.rl.collect as trainer_mod
 
     tokens, real = [], trainer_mod.generate_batched
 
@@ -372,7 +372,7 @@ def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup
     """dynamic_sampling: batches of prompts_per_step prompts are rolled out until prompts_per_step groups have
     signal; the update gets the first of them in stream order, the last batch's surplus is counted and dropped,
     and every rolled-out sample has its own rollout seed (numbered on across the batches)."""
-    import dllm_rl.rl.trainer as trainer_mod
+    import dllm_rl.rl.update as trainer_mod
     from dllm_rl.tasks import get_task
     from dllm_rl.training import IndexStream
 

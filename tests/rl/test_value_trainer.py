@@ -41,7 +41,7 @@ def test_tracerl_with_the_value_model_trains_both(rl_setup, tmp_path, family):
 def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_path, monkeypatch):
     """The advantages handed to the policy loss are R - V with V the values read before this step's value
     update: at step 1 exactly the returns (the head is 0), though the value model has moved by the loss."""
-    import dllm_rl.rl.trainer as trainer_mod
+    import dllm_rl.rl.update as trainer_mod
 
     seen = []
     real = trainer_mod.POLICY_LOSSES["token"]
@@ -122,10 +122,12 @@ def test_process_rewards_are_summed_for_the_plain_trainer_and_stepped_for_the_va
 
 
 def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path, monkeypatch):
+    import dllm_rl.rl.collect as collect_mod
     import dllm_rl.rl.trainer as trainer_mod
+    import dllm_rl.rl.update as update_mod
 
     blocks = {"rollout": set(), "train": set(), "eval": set()}
-    real_gen, real_est = trainer_mod.generate_batched, trainer_mod.estimate
+    real_gen, real_est = collect_mod.generate_batched, update_mod.estimate
     real_heldout = trainer_mod.heldout_accuracy
 
     own = set()  # the model's own block: never changed to run at another (the block travels as data)
@@ -146,8 +148,8 @@ def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path
         blocks["eval"].add(config.block_size)
         return real_heldout(model, tokenizer, task, examples, config, *a, **k)
 
-    monkeypatch.setattr(trainer_mod, "generate_batched", gen)
-    monkeypatch.setattr(trainer_mod, "estimate", est)
+    monkeypatch.setattr(collect_mod, "generate_batched", gen)
+    monkeypatch.setattr(update_mod, "estimate", est)
     monkeypatch.setattr(trainer_mod, "heldout_accuracy", heldout)
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "algorithm=tracerl", "max_steps=1",
                                                    "train_block_size=8", "eval.block_size=8", "eval.limit=2",

@@ -30,6 +30,7 @@ from dllm_rl.config import load_config
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
+from dllm_rl.rl.update import PolicyUpdater
 from dllm_rl.seeding import derive_seed
 from dllm_rl.sft.config import SFTConfig
 from dllm_rl.sft.trainer import train as sft_train
@@ -74,12 +75,12 @@ def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=d
 
 def nan(root: Path, out: Path) -> None:
     """ESPO whose step 1 has a NaN loss in one micro-batch (:func:`nan_in_step_one`)."""
-    micro_loss = rl_trainer.RLTrainer._micro_loss
+    micro_loss = PolicyUpdater._micro_loss
     nan_in_step_one()
     try:
         rl(root, out / "espo_nan", "sdar", "espo", "estimator_noise=sample")
     finally:
-        rl_trainer.RLTrainer._micro_loss = micro_loss
+        PolicyUpdater._micro_loss = micro_loss
 
 
 def uneven(root: Path, out: Path) -> None:
@@ -95,7 +96,7 @@ def nan_in_step_one(seed: int = 0) -> None:
     process does. The run draws masks per sample (``estimator_noise=sample``), so only that micro-batch holds
     the sample's mask seed."""
     target = derive_seed(seed, 0, 0, 0) % (1 << 62)
-    micro_loss = rl_trainer.RLTrainer._micro_loss
+    micro_loss = PolicyUpdater._micro_loss
 
     def poisoned(self, loss_fn, sub, *args):
         if self.step_idx != 0 or target not in sub.sample_seeds.tolist():
@@ -107,19 +108,19 @@ def nan_in_step_one(seed: int = 0) -> None:
 
         return micro_loss(self, nan_loss, sub, *args)
 
-    rl_trainer.RLTrainer._micro_loss = poisoned
+    PolicyUpdater._micro_loss = poisoned
 
 
 def die_in_step_two() -> None:
     """Rank 1 is killed (SIGKILL: no clean-up, no message) in the middle of step 2's update."""
-    step = rl_trainer.RLTrainer._optimizer_step
+    step = PolicyUpdater._optimizer_step
 
     def optimizer_step(self):
         if self.step_idx == 1 and self.accelerator.process_index == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         step(self)
 
-    rl_trainer.RLTrainer._optimizer_step = optimizer_step
+    PolicyUpdater._optimizer_step = optimizer_step
 
 
 def save_value_weights() -> None:

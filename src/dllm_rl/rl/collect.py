@@ -1,0 +1,237 @@
+"""The RL collect stage: prompts -> rollouts -> rewards -> advantages, handed on as a :class:`StepBatch`.
+
+:meth:`RolloutCollector.collect` draws the step's prompts (every rank draws each round's prompts, so the ranks'
+prompt streams stay in step), rolls them out with the policy's in-memory weights (or its rollout copy), rewards
+them, runs the rollout hook, repeats rounds under ``dynamic_sampling`` until enough groups carry signal, and
+computes the advantages and which samples train. The update stage (:mod:`dllm_rl.rl.update`) takes it from there.
+
+Randomness: a sample's rollout noise and estimator masks come from ``derive_seed(seed, step, 0, sample)``, its
+number over all ranks, so they do not depend on the world size; a rollout hook's regeneration of a sample from
+``derive_seed(sample_seed, HOOK_ROLLOUTS)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+
+from dllm_rl.eval.heldout import encode_prompts
+from dllm_rl.models import DiffusionLM
+from dllm_rl.rl.advantages import compute_advantages, group_filter
+from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.hooks import HookContext, RoundView
+from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
+from dllm_rl.rl.value import steps_after_hook
+from dllm_rl.sampling import Rollout, generate_batched
+from dllm_rl.seeding import HOOK_ROLLOUTS, derive_seed
+from dllm_rl.training.ranks import max_over_ranks, skip_together
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Round:
+    """One batch of prompts rolled out and rewarded (a step has one, or several with dynamic_sampling)."""
+
+    rollout: Rollout
+    rewards: list[float]
+    reasons: list[str]
+    seeds: list[int]  # per sample: its rollout noise, and its estimator masks
+    prompts: list[str]  # per sample: its prompt text
+    t_rollout: float
+    t_reward: float
+    stats: dict[str, float] = field(default_factory=dict)  # the rollout hook's numbers
+    step_scores: list[list[float] | None] | None = None  # per sample: process rewards per decoding step
+    reward_failed: int = 0  # samples whose reward raised or timed out (scored 0)
+    reward_nonfinite: int = 0  # NaN / inf / None rewards (scored 0)
+    reward_error: str = ""  # the reward's last failure
+
+
+@dataclass
+class StepBatch:
+    """What the collect stage hands to the update stage: this rank's samples of one step (``N`` of them, every
+    round's concatenated) and what trains. ``advantages`` ``[N]`` are the sequence advantages (the value model
+    replaces them with token advantages); ``keep`` the indices of the samples that train (groups with signal,
+    within ``prompts_per_step``); ``mask_seeds`` each sample's estimator mask seed (its own, or its group's)."""
+
+    rollout: Rollout
+    rewards: torch.Tensor
+    reward_values: list[float]  # the same, as the reward gave them
+    seeds: list[int]
+    prompts: list[str]
+    reasons: list[str]
+    step_scores: list[list[float] | None]
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    mask_seeds: list[int]
+    filt: Any  # the group filter's result: keep, zero_variance_groups, out_of_band_groups
+    rounds: int
+    surplus: int
+    hook_stats: dict[str, float]
+    reward_health: dict[str, float]
+    t_rollout: float
+    t_reward: float
+
+
+class RolloutCollector:
+    """Collects one RL step's samples on this rank (see the module docstring). ``gathered(dlm)`` is the
+    trainer's context for full parameters of a sharded policy (FSDP2 / ZeRO-3); ``model`` the policy, put in
+    eval mode around its rollouts. ``reward_failed_steps`` counts the steps in a row whose reward failed on every
+    sample."""
+
+    def __init__(self, cfg: RLConfig, accelerator: Any, model: DiffusionLM, tokenizer: Any, train_task: Any,
+                 rollout_hook: Any, stream: Any, gathered: Callable[[Any], Any]):
+        self.cfg, self.accelerator = cfg, accelerator
+        self.model, self.tokenizer = model, tokenizer
+        self.train_task, self.rollout_hook, self.stream = train_task, rollout_hook, stream
+        self.gathered = gathered
+        self.step_idx = 0
+        self.reward_failed_steps = 0
+
+    def collect(self, policy: DiffusionLM, step_idx: int) -> StepBatch:
+        """Step ``step_idx``'s samples, rolled out with ``policy``'s weights: one round, or (``dynamic_sampling``)
+        rounds until ``prompts_per_step`` groups have signal; then advantages, and which samples train (groups
+        with no signal are dropped, and with ``dynamic_sampling`` the groups with signal beyond the target)."""
+        cfg = self.cfg
+        self.step_idx = step_idx
+        G, target = cfg.num_generations, cfg.prompts_per_step
+        rounds: list[Round] = []
+        signal = 0
+        for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            # every rank draws each round's prompts, so the ranks' prompt streams stay in step
+            idx = self.stream.take(cfg.prompts_per_step * self.accelerator.num_processes)
+            if signal < target:
+                rnd = self.round(policy, idx, first_sample=r * len(idx) * G)
+                rounds.append(rnd)
+                signal += int(self.filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
+            if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
+                break
+        rollout = Rollout.cat([x.rollout for x in rounds]) if len(rounds) > 1 else rounds[0].rollout
+        reward_values = [v for x in rounds for v in x.rewards]
+        rewards = torch.tensor(reward_values, dtype=torch.float32)
+        seeds = [s for x in rounds for s in x.seeds]
+        reward_health = self.check_rewards(rounds)
+        filt = self.filter(rewards)
+        keep_group = filt.keep.view(-1, G)[:, 0]
+        surplus = 0
+        if cfg.dynamic_sampling:
+            within = keep_group & (keep_group.long().cumsum(0) <= target)
+            surplus, keep_group = int((keep_group & ~within).sum()), within
+        # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
+        mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
+        return StepBatch(
+            rollout=rollout, rewards=rewards, reward_values=reward_values, seeds=seeds,
+            prompts=[p for x in rounds for p in x.prompts],
+            reasons=[why for x in rounds for why in x.reasons],
+            step_scores=[s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))],
+            advantages=self.advantages(rewards), keep=torch.nonzero(keep_group.repeat_interleave(G)).flatten(),
+            mask_seeds=mask_seeds, filt=filt, rounds=len(rounds), surplus=surplus,
+            hook_stats={k: sum(x.stats.get(k, 0.0) for x in rounds) for k in sorted({k for x in rounds
+                                                                                      for k in x.stats})},
+            reward_health=reward_health, t_rollout=sum(x.t_rollout for x in rounds),
+            t_reward=sum(x.t_reward for x in rounds))
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
+        whole step's standard deviation, as one process holding all the samples would)."""
+        acc, cfg = self.accelerator, self.cfg
+        parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
+        every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
+        start = sum(len(part) for part in parts[:acc.process_index])
+        adv = compute_advantages(cfg.advantage, every, cfg.num_generations, cfg.scale_rewards)
+        return adv[start:start + len(rewards)]
+
+    def filter(self, rewards: torch.Tensor):
+        band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
+        return group_filter(rewards, self.cfg.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
+                            accuracy_band=band)
+
+    def check_rewards(self, rounds: list[Round]) -> dict[str, float]:
+        """The step's reward failures as metrics (``reward_errors``, ``reward_nonfinite``: samples scored 0), a
+        warning when there are any, and the stop after ``max_reward_failure_steps`` steps in a row in which the
+        reward failed on every sample of every rank (the ranks decide together)."""
+        cfg, n = self.cfg, sum(len(x.rewards) for x in rounds)
+        failed, nonfinite = sum(x.reward_failed for x in rounds), sum(x.reward_nonfinite for x in rounds)
+        name = self.train_task.reward_name
+        if nonfinite:
+            logger.warning("step %d: reward %r gave NaN/inf/None for %d of %d samples (scored 0)", self.step_idx + 1,
+                           name, nonfinite, n)
+        all_failed = not skip_together(self.accelerator, failed < n)
+        self.reward_failed_steps = self.reward_failed_steps + 1 if all_failed else 0
+        if cfg.max_reward_failure_steps and self.reward_failed_steps >= cfg.max_reward_failure_steps:
+            error = next((x.reward_error for x in reversed(rounds) if x.reward_error), "on another rank")
+            raise RewardError(f"stopping at step {self.step_idx + 1}: reward {name!r} failed on every sample for "
+                              f"{self.reward_failed_steps} steps in a row (max_reward_failure_steps="
+                              f"{cfg.max_reward_failure_steps}; last error: {error}); fix the reward")
+        return {"reward_errors": float(failed), "reward_nonfinite": float(nonfinite)}
+
+    def round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> Round:
+        """Roll out (with ``policy``'s weights) and reward this rank's share of the prompts ``idx`` (every
+        rank's, drawn together: rank ``r`` takes ``idx[r::world]``). The round's samples are numbered over all
+        ranks from ``first_sample`` on, in the order of ``idx``; a sample's rollout and mask seeds come from its
+        number, so they do not depend on the world size (one process with ``world x prompts_per_step`` prompts
+        draws what the ranks draw together)."""
+        cfg, acc = self.cfg, self.accelerator
+        t0 = time.perf_counter()
+        rank, world = acc.process_index, acc.num_processes
+        examples = [self.train_task[i] for i in idx[rank::world]]
+        texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
+        G = cfg.num_generations
+        group_ids = [p for p in ids for _ in range(G)]
+        # sample j of this rank belongs to prompt idx[rank + world * (j // G)]; the 0 keeps one process's seeds
+        # those of earlier versions (which put the rank there)
+        seeds = [derive_seed(cfg.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
+                 for j in range(len(group_ids))]
+        self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
+        with torch.no_grad(), self.gathered(policy):
+            rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
+                                       tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
+        self.model.train()
+        t_rollout = time.perf_counter() - t0
+        prompts_rep = [t for t in texts for _ in range(G)]
+        columns: dict[str, list] = {}
+        for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
+            columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
+        scored = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns, **self._reward_options())
+        rewards, steps = scored.totals, scored.steps
+        view = RoundView(group_ids, prompts_rep, rollout, list(rewards), scored.reasons, seeds, columns, G)
+        if self.rollout_hook is not None:  # the one call site of rollout hooks (dllm_rl.rl.hooks)
+            view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)]))
+            steps = steps_after_hook(steps, rollout, rewards, view.rollout, view.rewards)
+        return Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
+                      t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps,
+                      scored.failed, scored.nonfinite, scored.error)
+
+    def _reward_options(self) -> dict:
+        """How the trainer calls the reward: its name in messages and the time one call may take."""
+        return {"name": self.train_task.reward_name, "timeout_s": self.cfg.reward_timeout_s}
+
+    def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
+        """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
+        cfg = self.cfg
+
+        def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
+            seeds = [derive_seed(view.seeds[i], HOOK_ROLLOUTS) for i in indices]
+            self.model.eval()
+            with torch.no_grad():
+                out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
+                                       seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
+                                       prefill=prefill)
+            self.model.train()
+            return out
+
+        def reward(indices: list[int], rollout: Rollout) -> tuple[list[float], list[str]]:
+            cols = {k: [v[i] for i in indices] for k, v in view.columns.items()}
+            return safe_rewards(self.train_task.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols,
+                                **self._reward_options())
+
+        return HookContext(generate=generate, reward=reward,
+                           reference=lambda i: self.train_task.reference_completion(examples[i]),
+                           tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
+                           gen_length=cfg.rollout.gen_length, step=self.step_idx)

@@ -1,0 +1,210 @@
+"""The RL update stage: the micro-batch engine of one step's optimisation passes (:class:`PolicyUpdater`).
+
+It takes what the collect stage (:mod:`dllm_rl.rl.collect`) hands over, the step's rollouts, their advantages and
+which samples train, and runs ``num_iterations`` passes of micro-batches over them: old and reference scores,
+the policy loss, backward, gradient accumulation, clipping and the optimiser step.
+
+The rank bookkeeping lives here and only here: every rank must take each branch alike, so a rank that kept
+fewer samples pads with micro-batches that re-score one of its samples at weight 0 (the same forwards,
+backwards and collectives on every rank whatever the data: DDP's all-reduces, FSDP2 / ZeRO-3's parameter
+gathers, the scorer's agreement), losses are normalised over all ranks, and a non-finite loss is agreed by
+every rank before any backward.
+
+Randomness: the step's estimator generator is ``derive_seed(seed, step, ESTIMATOR_MASKS)``; each sample's masks
+come from its own mask seed, shared by the old, reference and current policy (common random numbers: at the
+first pass every ratio is exactly 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
+from dllm_rl.models import DiffusionLM
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.draw_backward import backward_by_draw
+from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
+from dllm_rl.sampling import Rollout
+from dllm_rl.seeding import ESTIMATOR_MASKS, derive_seed
+from dllm_rl.training.backend import backward, clip_gradients, discard_gradients, micro_step
+from dllm_rl.training.finite import TrainingStopped
+from dllm_rl.training.ranks import forward_agreement, micro_batches, skip_together, sum_over_ranks
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyUpdater:
+    """Runs the optimisation passes of RL steps over the (prepared) policy with its optimiser and schedule.
+
+    ``gathered(dlm)`` is the trainer's context for full parameters of the policy or the reference (FSDP2 /
+    ZeRO-3); ``train_block`` the training layout's block (block models; TraceRL's block-size adaptation).
+    ``bad_updates`` counts updates skipped for a non-finite loss over the run (kept in checkpoints);
+    ``grad_norms`` the pre-clipping gradient norms of the current step."""
+
+    def __init__(self, cfg: RLConfig, accelerator: Any, model: DiffusionLM, reference: DiffusionLM | None,
+                 optimizer: Any, scheduler: Any, train_block: int | None, gathered: Callable[[Any], Any]):
+        self.cfg, self.accelerator = cfg, accelerator
+        self.model, self.reference = model, reference
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.train_block = train_block
+        self.gathered = gathered
+        self.chunk_size = cfg.logprob_chunk_size
+        self.bad_updates = 0
+        self.grad_norms: list[float] = []
+        self.step_idx = 0
+        self._skip_next = False
+
+    def scorer_options(self, **defaults) -> dict:
+        """The estimator's options (``estimator_options``) with the LM-head chunk (``logprob_chunk_size``)."""
+        return {"logprob_chunk_size": self.chunk_size, **defaults, **(self.cfg.estimator_options or {})}
+
+    def scores(self, model, batch: ScoringBatch, gen_seed: int, **defaults) -> TokenScores:
+        """``model``'s scores of ``batch`` (masks from ``gen_seed``); under FSDP2 / ZeRO-3 every rank runs as many
+        forwards (``agree_calls``: every rank scores each micro-batch, padding included)."""
+        gen = torch.Generator(device="cpu").manual_seed(gen_seed)
+        return estimate(model, self.cfg.estimator, batch, gen, agree_calls=forward_agreement(self.accelerator),
+                        **self.scorer_options(**defaults))
+
+    def batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
+        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds, laid out at the
+        training block (``train_block_size``; block models)."""
+        device = self.model.device
+        full = ScoringBatch.from_rollout(rollout)
+        full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
+        batch = full.select(keep)
+        return ScoringBatch(*(None if t is None else t.to(device) for t in (
+            batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
+            batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block)
+
+    def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
+        """``num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages ``adv``,
+        estimator mask seeds ``mask_seeds``) at step ``step_idx``; returns the update's metrics."""
+        cfg, acc = self.cfg, self.accelerator
+        self.step_idx = step_idx
+        # A rank that kept fewer samples pads with micro-batches, up to the most any rank has, that re-score one
+        # of its samples at weight 0: every rank then runs the same forwards, backwards and collectives (DDP's
+        # all-reduces, FSDP2 / ZeRO-3's parameter gathers, the scorer's agreement) whatever the data.
+        mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
+        padding = [not mb for mb in mbs]
+        accum = cfg.gradient_accumulation_steps or len(mbs)
+        # each optimizer step's loss is the mean over the samples every rank kept for it, whatever the world
+        # size: a micro-batch weighs len(mb) * world / (samples of its step over all ranks), since the gradient
+        # all-reduce averages over the ranks
+        step_n = sum_over_ranks(acc, [sum(len(mb) for mb in mbs[k:k + accum]) for k in range(0, len(mbs), accum)])
+        if any(padding):
+            keep = torch.cat([keep, keep[:1] if len(keep) else torch.zeros(1, dtype=torch.long)])
+            mbs = [mb or [len(keep) - 1] for mb in mbs]
+        batch = self.batch(rollout, keep, mask_seeds)
+        adv_k = adv[keep].to(self.model.device)
+        est_seed = derive_seed(cfg.seed, self.step_idx, ESTIMATOR_MASKS)
+        max_len = batch.completion_len
+        # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
+        need_old = cfg.num_iterations > 1 or accum < len(mbs)
+        policy_scored = need_old or (cfg.beta > 0 and self.reference is None)
+        with torch.no_grad(), self.gathered(self.model if policy_scored else None), \
+                self.gathered(self.reference if cfg.beta > 0 else None):
+            old = [self.scores(self.model, batch.select(mb), est_seed) for mb in mbs] if need_old else None
+            ref = None
+            if cfg.beta > 0:
+                if self.reference is not None:
+                    ref = [self.scores(self.reference, batch.select(mb), est_seed) for mb in mbs]
+                else:  # LoRA: the base weights are the reference
+                    with acc.unwrap_model(self.model.model).disable_adapter():
+                        ref = [self.scores(self.model, batch.select(mb), est_seed) for mb in mbs]
+        loss_fn = POLICY_LOSSES[cfg.loss_type]
+        loss_cfg = LossConfig.from_rl_config(cfg, max_length=max_len)
+        self.grad_norms = []
+        stats: dict[str, list[float]] = {}
+        losses = []
+        first_dev = 0.0
+        for it in range(cfg.num_iterations):
+            for j, mb in enumerate(mbs):
+                sub = batch.select(mb)
+                last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
+                ctx = micro_step(acc, self.model.model, last_in_group)
+                scale = 0.0 if padding[j] else len(mb) * acc.num_processes / step_n[j // accum]
+                with ctx:
+                    out, new = self._micro_loss(loss_fn, sub, est_seed, old[j] if old is not None else None,
+                                                ref[j] if ref is not None else None, adv_k[mb], loss_cfg, scale)
+                    if not bool(torch.isfinite(out.loss)):  # on every rank alike (see _micro_loss)
+                        self._bad_update(out.loss)
+                    elif not padding[j]:  # a padding micro-batch has weight 0: no statistics
+                        losses.append(float(out.loss.detach()))
+                        for k, v in out.stats.items():
+                            stats.setdefault(k, []).append(v)
+                        if it == 0 and j < accum:  # before the first optimizer step: CRN make this 0
+                            first_dev = max(first_dev, out.stats.get("ratio_max_dev", 0.0))
+                        scored = new.weight != 0
+                        if scored.any():
+                            stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
+                if last_in_group:
+                    self._optimizer_step()
+        result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
+        result["ratio_dev_first_update"] = first_dev
+        if self.grad_norms:
+            result["grad_norm"] = max(self.grad_norms)
+        result["loss"] = sum(losses) / len(losses) if losses else float("nan")
+        result["bad_updates"] = float(self.bad_updates)
+        return result
+
+    def _micro_loss(self, loss_fn, sub: ScoringBatch, est_seed: int, old: TokenScores | None,
+                    ref: TokenScores | None, adv: torch.Tensor, loss_cfg: LossConfig, scale: float):
+        """Score ``sub``, compute the loss and back-propagate ``scale`` times it when it is finite on every rank
+        (else no rank back-propagates it, and the returned loss is NaN on every rank); a loss that is linear in
+        the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
+        cfg = self.cfg
+        if getattr(loss_fn, "linear_in_draws", False):
+            if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
+                with torch.no_grad():
+                    old = self.scores(self.model, sub, est_seed, max_rows=sub.batch_size)
+            return backward_by_draw(self.model, cfg.estimator, sub, est_seed, self.scorer_options(), loss_fn, old,
+                                    ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator),
+                                    self._all_finite)
+        new = self.scores(self.model, sub, est_seed)
+        out = loss_fn(new, old if old is not None else _detached(new), ref, adv, sub.lengths, loss_cfg)
+        if not self._all_finite(out.loss):
+            return replace(out, loss=torch.full_like(out.loss.detach(), math.nan)), new
+        self._backward(out.loss * scale)
+        return out, new
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        """Whether ``loss`` is finite on every rank (a collective: every rank asks for each micro-batch), so
+        that the ranks back-propagate, skip and count bad updates alike."""
+        return not skip_together(self.accelerator, not bool(torch.isfinite(loss)))
+
+    def _backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        """Back-propagate ``loss`` (``last=False``: a part of a micro-batch's loss with more to come); a step
+        already marked to be skipped never reaches DeepSpeed's boundary, where the engine would step."""
+        boundary = last and not self._skip_next
+        backward(self.accelerator, self.model.model, loss, boundary=boundary)
+
+    def _bad_update(self, loss: torch.Tensor) -> None:
+        self.bad_updates += 1
+        discard_gradients(self.accelerator, self.model.model, self.optimizer)
+        self._skip_next = True
+        logger.warning("step %d: non-finite loss (%s); update skipped (%d/%d)", self.step_idx, float(loss.detach()),
+                       self.bad_updates, self.cfg.max_bad_steps)
+        if self.bad_updates >= self.cfg.max_bad_steps:
+            raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.bad_updates} updates had a NaN/inf "
+                                  f"loss (max_bad_steps={self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
+
+    def _optimizer_step(self) -> None:
+        if skip_together(self.accelerator, self._skip_next):  # one rank skips: all do
+            self._skip_next = False
+            discard_gradients(self.accelerator, self.model.model, self.optimizer)
+            return
+        if self.cfg.optim.max_grad_norm:  # the norm before clipping
+            self.grad_norms.append(clip_gradients(self.accelerator, self.model.model, self.cfg.optim.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def _detached(s: TokenScores) -> TokenScores:
+    return replace(s, logp=s.logp.detach())
