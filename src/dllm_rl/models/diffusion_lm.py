@@ -111,7 +111,7 @@ class DiffusionLM(nn.Module):
         self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)
         # The model's own block (its published config's; None for full attention). Code that runs a block model at
         # another block passes that block explicitly (``forward(block_size=)``, ``ScoringBatch.block_size``,
-        # ``DecodeConfig.block_length``): nothing changes this attribute to run at another block.
+        # ``DecodeConfig.block_size``): nothing changes this attribute to run at another block.
         self.block_size: int | None = family.block_size_of(pub)
 
     # ------------------------------------------------------------------------------------------
