@@ -176,3 +176,17 @@ def test_a_dangling_link_or_tilde_output_dir(tmp_path, monkeypatch):
     run.close()
     assert run.path == tmp_path / "home" / "runs" / "x" and (run.path / ".lock").is_file()
     assert not (tmp_path / "~").exists()
+
+
+def test_tilde_expansion_keeps_every_key_of_one_section(monkeypatch):
+    """Two keys of one section (model.path and model.tokenizer) are both expanded, not only the last one."""
+    from dllm_rl.config import load_config
+    from dllm_rl.sft.config import SFTConfig
+    from dllm_rl.sft.trainer import SFT_PATHS
+    from dllm_rl.training.user_paths import expand_user
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    cfg = expand_user(load_config(SFTConfig, None, ["model.path=~/m", "model.tokenizer=~/t", "train.output_dir=~/o",
+                                                    "train.resume=~/r"]), SFT_PATHS)
+    assert (cfg.model.path, cfg.model.tokenizer, cfg.train.output_dir, cfg.train.resume) == (
+        "/home/someone/m", "/home/someone/t", "/home/someone/o", "/home/someone/r")

@@ -17,7 +17,7 @@ def expand_user(cfg: T, keys: tuple[str, ...]) -> T:
     changes = {}
     for key in keys:
         head, _, rest = key.partition(".")
-        value = getattr(cfg, head)
+        value = changes.get(head, getattr(cfg, head))  # a section's earlier keys stay expanded
         if rest:
             new = expand_user(value, (rest,))
         else:
