@@ -4,6 +4,11 @@ Every field is a dataclass field whose ``metadata["help"]`` says what it does (a
 the paper's name for it), following TRL's ``GRPOConfig``. Unknown keys are rejected with the closest
 valid names; the resolved config is written next to every run (``save_config``) and reloads to an equal
 object.
+
+One file on purpose (about 400 lines): field declaration and checks, coercion of YAML / override values, the
+bounded YAML reader and loading are one pipeline (a value is read, coerced and checked in one pass, and its
+errors name the same key), and every layer imports it as the ground floor. The planned single configuration
+model (issue 38, part 1) is the point at which to split it by job.
 """
 
 from __future__ import annotations
