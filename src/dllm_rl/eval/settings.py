@@ -93,24 +93,24 @@ def resolve_decode(base: Mapping[str, Any], setting: Setting, block_size: int | 
     ``block_size`` is the model's own block (None for full-attention models); a ``block_size`` key in the
     setting decodes a block model at that block instead.
     """
-    from dllm_rl.config import _coerce
+    from dllm_rl.config import coerce
     from dllm_rl.sampling import DecodeConfig
 
     where = f"setting {setting.name!r}"
     data = {**base, **setting.overrides}
     tps = data.pop("tokens_per_step", None)
-    block_cache = _coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
+    block_cache = coerce(data.pop("block_cache", True), bool, f"{where}: block_cache")
     if not block_cache and block_size is None:
         raise ConfigError(f"{where}: block_cache applies to block models (SDAR/TraDo) only; full-attention models "
                          "choose their cache with cache=none|prefix|dual")
     if tps is not None:
-        tps = _coerce(tps, int, f"{where}: tokens_per_step")
+        tps = coerce(tps, int, f"{where}: tokens_per_step")
         if tps < 1:
             raise ConfigError(f"{where}: tokens_per_step must be >= 1")
         if data.get("steps") is not None or data.get("threshold") is not None:
             raise ConfigError(f"{where}: tokens_per_step replaces steps/threshold; give only one of them")
         if block_size is not None and data.get("block_size") is not None:  # a block model at another block
-            block_size = _coerce(data["block_size"], int, f"{where}: block_size")
+            block_size = coerce(data["block_size"], int, f"{where}: block_size")
         block = block_size or int(data.get("block_length") or DecodeConfig.__dataclass_fields__["block_length"].default)
         data["steps"] = -(-block // tps)
     try:
