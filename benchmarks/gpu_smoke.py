@@ -74,13 +74,13 @@ def peak_memory_gib(device: str) -> float:
 
 
 def run(model: Path, data: Path, out: Path, algorithm: str, args) -> dict[str, float]:
-    overrides = [f"algorithm={algorithm}", f"model={model}", "task=countdown", f"train_data={data}",
-                 "prompt_style=compact", f"prompts_per_step={args.prompts}", f"num_generations={args.generations}",
+    overrides = [f"algorithm={algorithm}", f"model.path={model}", "data.task=countdown", f"data.train_file={data}",
+                 "data.prompt_style=compact", f"train.prompts_per_step={args.prompts}", f"rollout.num_generations={args.generations}",
                  f"rollout.gen_length={args.gen_length}", f"rollout.block_length={args.block_length}",
-                 f"rollout.batch_size={args.prompts * args.generations}", "eval.limit=0", "max_steps=2",
-                 f"micro_batch_size={args.micro_batch}", "optim.lr=1e-6", f"device={args.device}",
-                 f"dtype={args.dtype}", "progress=false", "log_samples_every=0", "save_every=0",
-                 f"output_dir={out}", "overwrite=true"]
+                 f"rollout.batch_size={args.prompts * args.generations}", "eval.limit=0", "train.max_steps=2",
+                 f"train.micro_batch_size={args.micro_batch}", "optim.lr=1e-6", f"model.device={args.device}",
+                 f"model.dtype={args.dtype}", "run.progress=false", "log.samples_every=0", "run.save_every=0",
+                 f"run.output_dir={out}", "run.overwrite=true"]
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     train(load_config(RLConfig, None, overrides), reward_fn=dense_reward)

@@ -43,9 +43,9 @@ def rare_accuracy(model_dir: str, kind: str, data: Path, limit: int | None = Non
     cfg = resolve(load_config(RLConfig, demo_config_path(kind), demo_overrides(kind)), kind)
     model = load_model(model_dir, dtype="float32", device="cpu")
     tok = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
-    task = get_task("countdown", data=str(data), split="test", prompt_style=cfg.prompt_style, limit=limit)
+    task = get_task("countdown", data=str(data), split="test", prompt_style=cfg.data.prompt_style, limit=limit)
     res = heldout_accuracy(model, tok, task, task.examples, decode_config(cfg, model, evaluation=True),
-                           batch_size=cfg.rollout.batch_size, seed=cfg.seed)
+                           batch_size=cfg.rollout.batch_size, seed=cfg.run.seed)
     return {"accuracy": res.accuracy, "n": res.n, "model": model_dir}
 
 

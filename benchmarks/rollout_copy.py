@@ -39,13 +39,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(RLConfig, demo_config_path(args.model), demo_overrides(args.model))
-    policy = load_model(cfg.model, dtype="float32").eval()
-    tok = load_tokenizer(cfg.model, mask_token_id=policy.mask_token_id)
+    policy = load_model(cfg.model.path, dtype="float32").eval()
+    tok = load_tokenizer(cfg.model.path, mask_token_id=policy.mask_token_id)
     copies = {"bfloat16": RolloutCopy(policy, torch.bfloat16),
               "bf16+compile": RolloutCopy(policy, torch.bfloat16, compile=True)}
-    train = get_task(cfg.task, data=cfg.train_data, split="train", prompt_style=cfg.prompt_style)
-    _, ids = encode_prompts(train, [train[i] for i in range(cfg.prompts_per_step)], tok)
-    group = [p for p in ids for _ in range(cfg.num_generations)]
+    train = get_task(cfg.data.task, data=cfg.data.train_file, split="train", prompt_style=cfg.data.prompt_style)
+    _, ids = encode_prompts(train, [train[i] for i in range(cfg.train.prompts_per_step)], tok)
+    group = [p for p in ids for _ in range(cfg.rollout.num_generations)]
     seeds = list(range(len(group)))
     dec = decode_config(cfg, policy)
 
@@ -70,7 +70,7 @@ def main() -> None:
     print(f"compiled bfloat16 copy vs bfloat16 copy: {best['bfloat16'] / best['bf16+compile']:.2f}x faster; "
           f"vs float32 policy: {best['float32'] / best['bf16+compile']:.2f}x")
 
-    held = get_task(cfg.task, data=cfg.eval.data, split="test", prompt_style=cfg.prompt_style,
+    held = get_task(cfg.data.task, data=cfg.eval.data, split="test", prompt_style=cfg.data.prompt_style,
                     limit=args.heldout)
     greedy = decode_config(cfg, policy, evaluation=True)
     models = {"float32": policy, **{k: c.refresh() for k, c in copies.items()}}

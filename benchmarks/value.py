@@ -50,7 +50,7 @@ def _trainer(out: Path, seed: int, value_lr: float):
     from dllm_rl.rl.trainer import RLTrainer
 
     cfg = load_config(RLConfig, demo_config_path("block"), demo_overrides("block") + [
-        "algorithm=tracerl", f"seed={seed}", f"output_dir={out}", "overwrite=true", "progress=false", "eval.limit=0",
+        "algorithm=tracerl", f"run.seed={seed}", f"run.output_dir={out}", "run.overwrite=true", "run.progress=false", "eval.limit=0",
         "value_model.enabled=true", f"value_model.lr={value_lr}"])
     return RLTrainer(cfg)
 
@@ -58,7 +58,7 @@ def _trainer(out: Path, seed: int, value_lr: float):
 def _round(trainer, step: int):
     """One fresh rollout batch of the frozen policy: the kept batch (every sample), rewards, value targets."""
     trainer.step_idx = trainer.collector.step_idx = step
-    idx = trainer.stream.take(trainer.cfg.prompts_per_step)
+    idx = trainer.stream.take(trainer.cfg.train.prompts_per_step)
     rnd = trainer.collector.round(trainer.model, idx, first_sample=0)
     keep = torch.arange(len(rnd.rewards))
     batch = trainer.updater.batch(rnd.rollout, keep, rnd.seeds)
@@ -90,7 +90,7 @@ def variance_part(args) -> dict:
             print(f"  value warm-up step {k}: loss {stats['value_loss']:.4f}, explained variance "
                   f"{stats['value_explained_var']:.3f}", flush=True)
     grads: dict[str, list[torch.Tensor]] = {"group z-score": [], "value R - V": [], "value R - V, whitened": []}
-    G = trainer.cfg.num_generations
+    G = trainer.cfg.rollout.num_generations
     for k in range(args.batches):
         batch, rewards, t = _round(trainer, 10_000 + k)
         z = compute_advantages("group_zscore", rewards, G, "group").to(trainer.model.device)
@@ -105,7 +105,7 @@ def variance_part(args) -> dict:
         var = float(((g - mean) ** 2).sum(-1).mean())
         rows[name] = {"variance": var, "relative_variance": var / float((mean ** 2).sum())}
     base = rows["group z-score"]
-    print(f"\nPolicy-gradient variance over {args.batches} batches of {trainer.cfg.prompts_per_step}x{G} rollouts "
+    print(f"\nPolicy-gradient variance over {args.batches} batches of {trainer.cfg.train.prompts_per_step}x{G} rollouts "
           f"(value model fitted for {args.warm_steps} steps at lr {args.value_lr}; {time.perf_counter() - t0:.0f}s)")
     print("| advantage | variance / group z-score's | relative variance / group z-score's |")
     print("|---|---|---|")
@@ -121,8 +121,8 @@ def _run(out: Path, seed: int, lr: float, value: bool, steps: int, eval_limit: i
         return json.loads(summary.read_text())
     extra = ["value_model.enabled=true", f"value_model.lr={lr * value_lr_ratio}"] if value else []
     cmd = [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path("block")), *demo_overrides("block"),
-           "algorithm=tracerl", f"seed={seed}", f"optim.lr={lr}", f"max_steps={steps}", "max_time_minutes=null",
-           f"eval.limit={eval_limit}", f"output_dir={out}", "overwrite=true", "progress=false", "log_samples_every=0",
+           "algorithm=tracerl", f"run.seed={seed}", f"optim.lr={lr}", f"train.max_steps={steps}", "train.max_time_minutes=null",
+           f"eval.limit={eval_limit}", f"run.output_dir={out}", "run.overwrite=true", "run.progress=false", "log.samples_every=0",
            *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(summary.read_text())

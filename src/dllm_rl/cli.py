@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from dllm_rl.errors import USER_ERRORS
 
@@ -52,7 +53,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_deprecations() -> None:
+    """A renamed config key's warning as one line (``dllm-rl: warning: config key 'max_steps' is deprecated: use
+    'train.max_steps' ...``) instead of Python's two-line form with a source line; other warnings keep theirs."""
+    from dllm_rl.config.renames import DeprecatedKey
+
+    plain = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if issubclass(category, DeprecatedKey):
+            return f"dllm-rl: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+
+
 def main(argv: list[str] | None = None) -> int:
+    _one_line_deprecations()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # what was asked, for reproducibility records

@@ -42,15 +42,15 @@ PLACEHOLDERS = {
 #: CONFIG.yaml stands for the demo config of each trainer, with the demo's files (its YAML names them relative
 #: to the demo folder, which only `dllm-rl demo` resolves)
 CONFIGS = {
-    "rl": (str(DEMO / "rl-block.yaml"), [f"model={DEMO / 'sdar-countdown'}",
-                                          f"train_data={DEMO / 'countdown_train.jsonl'}",
+    "rl": (str(DEMO / "rl-block.yaml"), [f"model.path={DEMO / 'sdar-countdown'}",
+                                          f"data.train_file={DEMO / 'countdown_train.jsonl'}",
                                           f"eval.data={DEMO / 'countdown_heldout.jsonl'}"]),
     "sft": (str(ROOT / "configs" / "demo-sft.yaml"), []),
 }
 #: the settings that make a run of each subcommand cost seconds; OUT is the run's scratch directory
 CHEAP = {
-    "rl": ["max_steps=1", "eval.limit=2", "prompts_per_step=2", "num_generations=2", "output_dir=OUT"],
-    "demo": ["max_steps=1", "eval.limit=2", "prompts_per_step=2", "num_generations=2"],
+    "rl": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2", "run.output_dir=OUT"],
+    "demo": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2"],
     "sft": ["train.max_steps=1", "train.batch_size=4", "train.output_dir=OUT"],
 }
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@\S+)?$")
@@ -219,7 +219,7 @@ def run_dir(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("docs_run") / "rl"
     config, extra = CONFIGS["rl"]
-    assert main(["rl", config, *extra, *CHEAP["rl"][:-1], f"output_dir={out}"]) == 0
+    assert main(["rl", config, *extra, *CHEAP["rl"][:-1], f"run.output_dir={out}"]) == 0
     return out
 
 

@@ -128,11 +128,11 @@ def cli(tmp_path_factory) -> dict:
     config = str(DEMO / "rl-block.yaml")  # names its model relative to the demo folder: never loaded here
     runs = {
         "truncated": (truncated, ["info", str(truncated)]),
-        "reward": (None, ["rl", config, "reward=no_such_module:score"]),
+        "reward": (None, ["rl", config, "reward.function=no_such_module:score"]),
         "no_mask": (no_mask, ["info", str(no_mask)]),
         "empty": (empty, ["eval", str(DEMO / "sdar-countdown"), "--task", str(empty), "--task-type", "countdown",
                           "-o", str(root / "ev")]),
-        "temperature": (None, ["rl", config, f"model={root / 'missing'}", "rollout.temperature=-1"]),
+        "temperature": (None, ["rl", config, f"model.path={root / 'missing'}", "rollout.temperature=-1"]),
     }
     runs.update(_mistakes(root))
     return _run_all(runs)
@@ -185,13 +185,13 @@ def test_custom_reward_that_does_not_import_fails_at_config_time(cli, tmp_path, 
                          "PYTHONPATH?)")
     sys.path.insert(0, str(tmp_path))
     try:
-        line = _in_process(capsys, "rl", config, "reward=good_reward:scor")
+        line = _in_process(capsys, "rl", config, "reward.function=good_reward:scor")
         assert line.endswith("reward: 'good_reward:scor': 'good_reward' has no attribute 'scor'")
-        line = _in_process(capsys, "rl", config, "reward=bad_reward:score")
+        line = _in_process(capsys, "rl", config, "reward.function=bad_reward:score")
         assert line.endswith("reward: 'bad_reward:score': importing 'bad_reward' raised RuntimeError: needs a GPU")
-        line = _in_process(capsys, "rl", config, "reward=score")
+        line = _in_process(capsys, "rl", config, "reward.function=score")
         assert line.endswith("reward: 'score': expected 'package.module:function'")
-        assert load_config(RLConfig, None, ["reward=good_reward:score"]).reward == "good_reward:score"
+        assert load_config(RLConfig, None, ["reward.function=good_reward:score"]).reward == "good_reward:score"
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("good_reward", None)
@@ -223,9 +223,9 @@ def test_empty_held_out_file_is_refused(cli, sdar_copy, tmp_path, capsys):
     line = _one_error_line(err, "eval")
     assert line == (f"dllm-rl eval: error: {empty}: no items to evaluate (task '{empty}'); give a file with at "
                     "least one item")
-    line = _in_process(capsys, "rl", str(DEMO / "rl-block.yaml"), f"model={sdar_copy}",
-                       f"train_data={DEMO / 'countdown_train.jsonl'}", f"eval.data={empty}", "device=cpu",
-                       f"output_dir={tmp_path / 'run'}")
+    line = _in_process(capsys, "rl", str(DEMO / "rl-block.yaml"), f"model.path={sdar_copy}",
+                       f"data.train_file={DEMO / 'countdown_train.jsonl'}", f"eval.data={empty}", "model.device=cpu",
+                       f"run.output_dir={tmp_path / 'run'}")
     assert line == (f"dllm-rl rl: error: {empty}: no held-out examples (eval.data); give a file with at least one "
                     "item or eval.limit=0 to turn the held-out evaluation off")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -82,11 +82,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _overrides(root, out, prompts_per_step: int) -> list[str]:
-    return [f"model={root / 'llada'}", "task=countdown", f"train_data={root / 'train.jsonl'}",
-            f"eval.data={root / 'test.jsonl'}", "eval.limit=3", "prompt_style=compact",
-            f"prompts_per_step={prompts_per_step}", f"num_generations={G}", "rollout.gen_length=8",
-            "rollout.block_length=8", f"max_steps={STEPS}", "micro_batch_size=4", "optim.lr=0.003",
-            "device=cpu", "progress=false", "log_samples_every=0", f"output_dir={out}"]
+    return [f"model.path={root / 'llada'}", "data.task=countdown", f"data.train_file={root / 'train.jsonl'}",
+            f"eval.data={root / 'test.jsonl'}", "eval.limit=3", "data.prompt_style=compact",
+            f"train.prompts_per_step={prompts_per_step}", f"rollout.num_generations={G}", "rollout.gen_length=8",
+            "rollout.block_length=8", f"train.max_steps={STEPS}", "train.micro_batch_size=4", "optim.lr=0.003",
+            "model.device=cpu", "run.progress=false", "log.samples_every=0", f"run.output_dir={out}"]
 
 
 def _rows(out) -> list[dict]:
@@ -222,7 +222,7 @@ def test_dynamic_sampling_on_two_ranks_keeps_their_prompt_streams_in_step(tmp_pa
     per_rank = {r: _training_prompts(c) for r, c in _calls(tmp_path).items()}
     seen_one: list[dict] = []
     out1 = tmp_path / "one"
-    train(load_config(RLConfig, None, [*_overrides(root, out1, 2 * P), "algorithm=espo", "max_steps=3"]),
+    train(load_config(RLConfig, None, [*_overrides(root, out1, 2 * P), "algorithm=espo", "train.max_steps=3"]),
           reward_fn=_dense_recording_reward(seen_one))
     batches = _training_prompts(seen_one)  # the stream's first three batches of 2P prompts
     assert [len(s) for s in per_rank[0]] == [P, P] and [len(s) for s in per_rank[1]] == [P, P, P]

@@ -17,7 +17,7 @@ def digit_reward(prompts, completions, **columns):
 
 
 def rl_overrides(root, family: str, out, *extra: str) -> list[str]:
-    return [f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
-            f"eval.data={root / 'test.jsonl'}", "prompt_style=compact", "prompts_per_step=2", "num_generations=4",
-            "rollout.gen_length=8", "rollout.block_length=8", "eval.limit=0", f"output_dir={out}",
-            "progress=false", "log_samples_every=0", "optim.lr=0.003", "device=cpu", *extra]
+    return [f"model.path={root / family}", "data.task=countdown", f"data.train_file={root / 'train.jsonl'}",
+            f"eval.data={root / 'test.jsonl'}", "data.prompt_style=compact", "train.prompts_per_step=2", "rollout.num_generations=4",
+            "rollout.gen_length=8", "rollout.block_length=8", "eval.limit=0", f"run.output_dir={out}",
+            "run.progress=false", "log.samples_every=0", "optim.lr=0.003", "model.device=cpu", *extra]

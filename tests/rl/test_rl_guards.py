@@ -36,7 +36,7 @@ def _nothing_published(out) -> bool:
 
 
 def test_nan_weights_stop_the_run_at_that_step_and_nothing_is_saved(rl_setup, tmp_path):
-    cfg = _cfg(rl_setup, tmp_path / "policy", "max_steps=3", "save_every=1")
+    cfg = _cfg(rl_setup, tmp_path / "policy", "train.max_steps=3", "run.save_every=1")
     cfg.optim.lr = math.inf  # past the config's check (which refuses it): an update that leaves the weights NaN
     with pytest.raises(TrainingStopped, match=r"^stopping at step 1: the update left NaN/inf weights in the policy "
                        r"\(optim.lr=inf\); final/ is not written\. Lower the learning rate"):
@@ -46,7 +46,7 @@ def test_nan_weights_stop_the_run_at_that_step_and_nothing_is_saved(rl_setup, tm
     out = tmp_path / "value"
     with pytest.raises(TrainingStopped, match=r"^stopping at step 2: the update left NaN/inf weights in the value "
                        r"model \(value_model.lr=1e\+30\)"):
-        train(_cfg(rl_setup, out, "max_steps=3", "save_every=1", "value_model.enabled=true", "value_model.lr=1e30",
+        train(_cfg(rl_setup, out, "train.max_steps=3", "run.save_every=1", "value_model.enabled=true", "value_model.lr=1e30",
                    "drop_zero_variance=false"), reward_fn=digit_reward)
     assert [m["step"] for m in _metrics(out)] == [1] and [p.name for p in out.glob("checkpoints/*")] == ["step-0000001"]
     assert not (out / "final").exists()
@@ -58,20 +58,20 @@ def test_steps_without_reward_signal_stop_after_max_skipped_steps(rl_setup, tmp_
     caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
     with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 steps in a row were skipped, no group had "
                        r"reward signal \(2 of 2 groups had all-equal rewards\); rollout.temperature=0 decodes every "
-                       r"sample of a prompt alike: raise it, or set max_skipped_steps=0 to go on$"):
-        train(_cfg(rl_setup, tmp_path / "a", "rollout.temperature=0", "max_steps=5", "max_skipped_steps=2"),
+                       r"sample of a prompt alike: raise it, or set train.max_skipped_steps=0 to go on$"):
+        train(_cfg(rl_setup, tmp_path / "a", "rollout.temperature=0", "train.max_steps=5", "train.max_skipped_steps=2"),
               reward_fn=digit_reward)
     assert [r.getMessage()[:47] for r in caplog.records if "no update" in r.getMessage()] == [
         "step 1: no update, no group had reward signal (", "step 2: no update, no group had reward signal ("]
     assert [m["skipped_step"] for m in _metrics(tmp_path / "a")] == [1.0] and _nothing_published(tmp_path / "a")
-    summary = train(_cfg(rl_setup, tmp_path / "b", "rollout.temperature=0", "max_steps=2", "max_skipped_steps=0"),
+    summary = train(_cfg(rl_setup, tmp_path / "b", "rollout.temperature=0", "train.max_steps=2", "train.max_skipped_steps=0"),
                     reward_fn=digit_reward)
     assert summary["steps"] == 2  # 0: never stops
     with pytest.raises(TrainingStopped, match=r"^stopping at step 1: 1 steps in a row were skipped, no group had "
                        r"reward signal \(2 of 2 groups had all-equal rewards\); check the rollouts \(rollouts.jsonl\) "
                        r"for a reward that does not vary or a policy collapsed by too large a learning rate "
-                       r"\(optim.lr=0.003\), or set max_skipped_steps=0 to go on$"):
-        train(_cfg(rl_setup, tmp_path / "c", "max_steps=3", "max_skipped_steps=1"),
+                       r"\(optim.lr=0.003\), or set train.max_skipped_steps=0 to go on$"):
+        train(_cfg(rl_setup, tmp_path / "c", "train.max_steps=3", "train.max_skipped_steps=1"),
               reward_fn=lambda prompts, completions, **columns: [1.0] * len(completions))
 
 
@@ -80,7 +80,7 @@ def test_nan_inf_and_none_rewards_score_zero_counted_and_warned(rl_setup, tmp_pa
         return [(0.5, None, math.nan, -math.inf)[i % 4] for i in range(len(completions))]
 
     caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
-    train(_cfg(rl_setup, tmp_path, "max_steps=1", "save_rollouts=8"), reward_fn=holes)
+    train(_cfg(rl_setup, tmp_path, "train.max_steps=1", "log.rollouts=8"), reward_fn=holes)
     (m,) = _metrics(tmp_path)
     assert (m["reward_nonfinite"], m["reward_errors"], m["reward"]) == (6.0, 0.0, 0.125)  # 2 of 8 samples at 0.5
     assert [r.getMessage() for r in caplog.records if "NaN/inf/None" in r.getMessage()] == [
@@ -93,9 +93,9 @@ def test_a_reward_that_raises_on_every_sample_stops_the_run_naming_the_error(rl_
         return [1 / 0 for _ in completions]
 
     with pytest.raises(RewardError, match=r"^stopping at step 2: reward '.*broken' failed on every sample for 2 steps "
-                       r"in a row \(max_reward_failure_steps=2; last error: ZeroDivisionError: division by zero\); "
+                       r"in a row \(reward.max_failure_steps=2; last error: ZeroDivisionError: division by zero\); "
                        r"fix the reward$"):
-        train(_cfg(rl_setup, tmp_path, "max_steps=5", "max_reward_failure_steps=2"), reward_fn=broken)
+        train(_cfg(rl_setup, tmp_path, "train.max_steps=5", "reward.max_failure_steps=2"), reward_fn=broken)
     assert [(m["step"], m["reward_errors"]) for m in _metrics(tmp_path)] == [(1, 8.0)]
     assert _nothing_published(tmp_path)
 
@@ -106,7 +106,7 @@ def test_a_huge_reward_fails_in_one_line(rl_setup, tmp_path):
 
     with pytest.raises(RewardError, match=r"^reward '.*huge' returned 1e\+300: rewards must lie within ±1e\+15 \(the "
                        r"advantages are float32 statistics of the group\); scale the reward down$"):
-        train(_cfg(rl_setup, tmp_path, "max_steps=1"), reward_fn=huge)
+        train(_cfg(rl_setup, tmp_path, "train.max_steps=1"), reward_fn=huge)
 
 
 def _slow(prompts, completions, **columns):
@@ -120,17 +120,17 @@ def test_reward_timeout_scores_the_call_zero_and_counts_it_failed(rl_setup, tmp_
     out = safe_scores(_slow, ["p"] * 3, ["a", "b", "c"], {}, name="slow", timeout_s=0.2)
     assert time.perf_counter() - start < 5
     assert (out.totals, out.failed) == ([0.0] * 3, 3)
-    assert out.error == "RewardTimeout: took longer than reward_timeout_s=0.2 s"
-    assert out.reasons == ["reward took longer than reward_timeout_s=0.2 s"] * 3
+    assert out.error == "RewardTimeout: took longer than reward.timeout_s=0.2 s"
+    assert out.reasons == ["reward took longer than reward.timeout_s=0.2 s"] * 3
     assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     # the trainer passes reward_timeout_s on; a reward that always times out stops the run like one that raises
     with pytest.raises(RewardError, match=r"^stopping at step 1: reward '.*_slow' failed on every sample for 1 steps "
-                       r"in a row \(max_reward_failure_steps=1; last error: RewardTimeout: took longer than "
-                       r"reward_timeout_s=0.2 s\)"):
-        train(_cfg(rl_setup, tmp_path, "max_steps=2", "reward_timeout_s=0.2", "max_reward_failure_steps=1"),
+                       r"in a row \(reward.max_failure_steps=1; last error: RewardTimeout: took longer than "
+                       r"reward.timeout_s=0.2 s\)"):
+        train(_cfg(rl_setup, tmp_path, "train.max_steps=2", "reward.timeout_s=0.2", "reward.max_failure_steps=1"),
               reward_fn=_slow)
     with pytest.raises(ValueError, match=r"^reward_timeout_s: must be > 0, got 0.0$"):
-        _cfg(rl_setup, tmp_path, "reward_timeout_s=0")
+        _cfg(rl_setup, tmp_path, "reward.timeout_s=0")
 
 
 @pytest.fixture()
@@ -155,14 +155,14 @@ def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monke
                                                 "    sys.exit(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "exiting_reward", raising=False)
-    assert rl_cli("max_steps=1", "reward=exiting_reward:score") == (2, [
+    assert rl_cli("train.max_steps=1", "reward.function=exiting_reward:score") == (2, [
         "dllm-rl rl: error: reward 'exiting_reward:score' raised SystemExit(0): a reward must return one score per "
         "completion and may not end the run; fix the reward"])
     assert _nothing_published(tmp_path / "run")
 
 
 @pytest.mark.parametrize("override,message", [
-    ("max_steps=0", "CONFIG: max_steps: must be >= 1, got 0"),
+    ("train.max_steps=0", "CONFIG: train.max_steps: must be >= 1, got 0"),
     ("algorithm=espo;estimator_options={num_mc: -4}", "estimator_options: num_mc must be an integer >= 1, got -4"),
     ("estimator_options={shrinkage: 1, numm_mc: 2}", "estimator_options: estimator 'trace' got unknown option(s) "
      "numm_mc; valid options: shrinkage, layout, mask_uncounted, max_rows, logprob_chunk_size"),

@@ -38,8 +38,8 @@ def matrix_setup(tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
 def test_preset_runs_two_steps_on_every_family(matrix_setup, tmp_path, family, algorithm):
-    over = rl_overrides(matrix_setup, family, tmp_path / "run", f"algorithm={algorithm}", "prompts_per_step=1",
-                        "rollout.gen_length=4", "rollout.block_length=4", "micro_batch_size=8")
+    over = rl_overrides(matrix_setup, family, tmp_path / "run", f"algorithm={algorithm}", "train.prompts_per_step=1",
+                        "rollout.gen_length=4", "rollout.block_length=4", "train.micro_batch_size=8")
     cfg = load_config(RLConfig, None, over)
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     try:

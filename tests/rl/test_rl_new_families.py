@@ -40,7 +40,7 @@ def _weights(path):
 @pytest.mark.parametrize("algorithm", ["espo", "tracerl"])
 def test_two_steps_train_every_new_family(new_setup, tmp_path, family, algorithm):
     cfg = load_config(RLConfig, None, rl_overrides(new_setup, family, tmp_path, f"algorithm={algorithm}",
-                                                   "max_steps=2", "drop_zero_variance=false"))
+                                                   "train.max_steps=2", "drop_zero_variance=false"))
     summary = train(cfg, reward_fn=digit_reward)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rows = [m for m in rows if "loss" in m]
@@ -58,8 +58,8 @@ def test_two_steps_train_every_new_family(new_setup, tmp_path, family, algorithm
 
 @pytest.mark.parametrize("family", ["llada2", "sdar_moe"])
 def test_freeze_router_keeps_the_gates_and_trains_the_rest(new_setup, tmp_path, family):
-    cfg = load_config(RLConfig, None, rl_overrides(new_setup, family, tmp_path, "algorithm=espo", "max_steps=1",
-                                                   "drop_zero_variance=false", "freeze_router=true"))
+    cfg = load_config(RLConfig, None, rl_overrides(new_setup, family, tmp_path, "algorithm=espo", "train.max_steps=1",
+                                                   "drop_zero_variance=false", "model.freeze_router=true"))
     summary = train(cfg, reward_fn=digit_reward)
     before, after = _weights(new_setup / family), _weights(summary["final_model"])
     gates = [k for k in before if k.endswith("mlp.gate.weight")]
@@ -74,7 +74,7 @@ def test_fast_dllm_v2_rollouts_in_sub_blocks(new_setup, tmp_path):
     from dllm_rl.rl.config import decode_config
 
     model = load_model(new_setup / "fast_dllm_v2")
-    args = rl_overrides(new_setup, "fast_dllm_v2", tmp_path, "algorithm=tracerl", "max_steps=1",
+    args = rl_overrides(new_setup, "fast_dllm_v2", tmp_path, "algorithm=tracerl", "train.max_steps=1",
                         "drop_zero_variance=false", "rollout.sub_block=2", "rollout.threshold=0.5")
     cfg = load_config(RLConfig, None, args)
     assert decode_config(cfg, model).sub_block == 2

@@ -138,17 +138,17 @@ def test_presets_fill_only_the_fields_left_unset():
     """Each preset fills the None fields (ESPO: masks shared by a prompt's rollouts; TraceRL's s by attention
     kind); whatever the user set stays."""
     from dllm_rl.rl.algorithms import resolve
-    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.config import RLConfig, RLModelConfig
 
-    espo = resolve(RLConfig(model="m", algorithm="espo"), "full")
+    espo = resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="espo"), "full")
     assert (espo.estimator, espo.estimator_noise, espo.advantage, espo.loss_type) == (
         "elbo", "group", "leave_one_out", "sequence")
     assert espo.estimator_options == {"num_mc": 2, "coupled": True}
-    assert resolve(RLConfig(model="m", algorithm="espo", estimator_noise="sample"), "full").estimator_noise == "sample"
+    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="espo", estimator_noise="sample"), "full").estimator_noise == "sample"
     for algo in ("tracerl", "diffu_grpo", "coupled_grpo", "random_mask_grpo"):
-        assert resolve(RLConfig(model="m", algorithm=algo), "full").estimator_noise == "sample"
-    assert resolve(RLConfig(model="m", algorithm="tracerl"), "full").estimator_options == {"shrinkage": 8}
-    assert resolve(RLConfig(model="m", algorithm="tracerl"), "block").estimator_options == {"shrinkage": 1}
+        assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm=algo), "full").estimator_noise == "sample"
+    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="tracerl"), "full").estimator_options == {"shrinkage": 8}
+    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="tracerl"), "block").estimator_options == {"shrinkage": 1}
 
 
 def test_losses_kl_and_advantages_each_share_one_signature():
@@ -169,9 +169,9 @@ def test_losses_kl_and_advantages_each_share_one_signature():
 
 def test_loss_config_is_read_from_the_resolved_rl_config_and_validated():
     from dllm_rl.rl.algorithms import resolve
-    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.config import RLConfig, RLModelConfig
 
-    espo = resolve(RLConfig(model="m", algorithm="espo", epsilon_high=0.28), "full")
+    espo = resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="espo", epsilon_high=0.28), "full")
     assert LossConfig.from_rl_config(espo, max_length=16) == LossConfig(
         epsilon=0.2, epsilon_high=0.28, aggregation="seq_mean", beta=0.01, kl_estimator="k2", max_length=16)
     assert LossConfig(epsilon=0.2).clip_high == 0.2 and LossConfig(epsilon_high=0.28).clip_high == 0.28

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -19,19 +20,21 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_PINS = {
     "full": dict(algorithm="tracerl", estimator="trace", estimator_options={"shrinkage": 8}, loss_type="token",
                  loss_aggregation="token_mean", beta=0.0, kl_estimator="k3", advantage="group_zscore",
-                 scale_rewards="group", estimator_noise="sample", epsilon=0.2, max_steps=400, prompts_per_step=16,
-                 num_generations=8, seed=0, rollout_hook=None, loss_options=None),
+                 scale_rewards="group", estimator_noise="sample", epsilon=0.2, rollout_hook=None,
+                 loss_options=None,
+                 **{"train.max_steps": 400, "train.prompts_per_step": 16, "rollout.num_generations": 8, "run.seed": 0}),
     "block": dict(algorithm="espo", estimator="elbo", estimator_options={"coupled": True, "num_mc": 2},
                   loss_type="sequence", loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2",
                   advantage="leave_one_out", scale_rewards="none", estimator_noise="group", epsilon=0.2,
-                  max_steps=200, prompts_per_step=16, num_generations=8, seed=0, rollout_hook=None, loss_options=None),
+                  rollout_hook=None, loss_options=None,
+                  **{"train.max_steps": 200, "train.prompts_per_step": 16, "rollout.num_generations": 8, "run.seed": 0}),
 }
 
 
 @pytest.mark.parametrize("kind", ["full", "block"])
 def test_demo_configs_resolve_as_before(kind):
-    cfg = resolve(load_config(RLConfig, demo_config_path(kind), ["model=m"]), kind)
-    assert {k: getattr(cfg, k) for k in DEMO_PINS[kind]} == DEMO_PINS[kind]
+    cfg = resolve(load_config(RLConfig, demo_config_path(kind), ["model.path=m"]), kind)
+    assert {k: attrgetter(k)(cfg) for k in DEMO_PINS[kind]} == DEMO_PINS[kind]
     assert cfg.optim.lr == 1e-4
     assert (cfg.rollout.gen_length, cfg.rollout.block_length) == ((16, 16) if kind == "full" else (32, 4))
 
@@ -56,7 +59,7 @@ def test_every_preset_has_a_recipe_that_loads_without_its_model(algorithm):
     path = REPO / "configs" / RECIPES[algorithm]
     cfg = load_config(RLConfig, path)  # the model named there is not here: loading must not need it
     assert cfg.algorithm == algorithm
-    assert not Path(cfg.model).exists()
+    assert not Path(cfg.model.path).exists()
     out = resolve(cfg, "block" if algorithm == "tracerl" else "full")
     assert out.estimator == PRESETS[algorithm]["estimator"]
 
@@ -81,6 +84,6 @@ def test_help_config_prints_the_preset_table():
 def test_unknown_hook_option_is_a_config_error():
     from dllm_rl.config import ConfigError
 
-    cfg = load_config(RLConfig, None, ["model=m", "algorithm=igpo", "rollout_hook_options={chunk: 3}"])
+    cfg = load_config(RLConfig, None, ["model.path=m", "algorithm=igpo", "rollout_hook_options={chunk: 3}"])
     with pytest.raises(ConfigError, match="rollout_hook_options: chunk not options of 'igpo'; valid: column, "):
         resolve(cfg, "full")

@@ -1,4 +1,4 @@
-"""The RL run directory: a real run killed while it writes a checkpoint resumes with resume=latest; an old run,
+"""The RL run directory: a real run killed while it writes a checkpoint resumes with run.resume=latest; an old run,
 a busy directory or a file is refused before any compute; a resumed run keeps its accuracy before training."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _rl(tmp_path, args, **env):
 
 def test_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(rl_setup, tmp_path):
     out = tmp_path / "run"
-    args = rl_overrides(rl_setup, "sdar", out, "max_steps=2", "save_every=1", "keep_checkpoints=3", "eval.limit=2",
-                        "save_rollouts=2")
+    args = rl_overrides(rl_setup, "sdar", out, "train.max_steps=2", "run.save_every=1", "run.keep_checkpoints=3", "eval.limit=2",
+                        "log.rollouts=2")
     killed = _rl(tmp_path, args, **{KILL_ENV: "2"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     ckpts = out / "checkpoints"
@@ -43,10 +43,10 @@ def test_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_on
     with open(out / "rollouts.jsonl", "a") as f:
         f.write('{"step": 2, "prompt": "cut sh')  # and a rollout line torn by the kill
     # a new run without resume would mix into this one: refused before any compute
-    with pytest.raises(RunDirError, match=rf"output_dir={out} already holds a run .* pass resume=latest"):
+    with pytest.raises(RunDirError, match=rf"run.output_dir={out} already holds a run .* pass run.resume=latest"):
         RLTrainer(load_config(RLConfig, None, args))
 
-    resumed = _rl(tmp_path, [*args, "resume=latest"])
+    resumed = _rl(tmp_path, [*args, "run.resume=latest"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {ckpts / 'step-0000001'} at step 1" in resumed.stdout
     assert f"{ckpts / 'step-0000002.tmp'}: not a complete checkpoint (a save cut short?); removed" in resumed.stderr
@@ -68,14 +68,14 @@ def test_busy_directory_and_a_file_are_refused_with_one_line(rl_setup, tmp_path,
     finally:
         holder.close()
     err = capsys.readouterr().err
-    assert err == (f"dllm-rl rl: error: output_dir={out} is in use by another run (pid {os.getpid()}), a trainer of "
+    assert err == (f"dllm-rl rl: error: run.output_dir={out} is in use by another run (pid {os.getpid()}), a trainer of "
                    f"this process not yet closed (call its close()), which holds {out}/.lock; wait for it to finish "
-                   "or choose another output_dir\n")
+                   "or choose another run.output_dir\n")
     afile = tmp_path / "afile"
     afile.write_text("x")
     assert main(["rl", *_yaml(tmp_path), *rl_overrides(rl_setup, "llada", afile)]) == 2
-    assert capsys.readouterr().err == (f"dllm-rl rl: error: output_dir={afile} is a file, not a directory; "
-                                       "choose another output_dir\n")
+    assert capsys.readouterr().err == (f"dllm-rl rl: error: run.output_dir={afile} is a file, not a directory; "
+                                       "choose another run.output_dir\n")
 
 
 def test_overwrite_starts_afresh_in_an_old_run_directory(rl_setup, tmp_path):
@@ -83,7 +83,7 @@ def test_overwrite_starts_afresh_in_an_old_run_directory(rl_setup, tmp_path):
     (out / "checkpoints" / "step-0000009").mkdir(parents=True)
     (out / "rollouts.jsonl").write_text('{"step": 9}\n')
     (out / "log.txt").write_text("kept")
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, "overwrite=true"))
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, "run.overwrite=true"))
     trainer = RLTrainer(cfg)
     trainer.close()
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, ".lock", "config.yaml", "log.txt"]
@@ -96,46 +96,46 @@ def _yaml(tmp_path):
 
 
 def test_overwrite_refuses_to_delete_the_model_the_run_starts_from(rl_setup, tmp_path, capsys):
-    """model=runs/own/final output_dir=runs/own overwrite=true: one line, exit 2, the weights still there."""
+    """model.path=runs/own/final output_dir=runs/own overwrite=true: one line, exit 2, the weights still there."""
     out = tmp_path / "own"
     shutil.copytree(rl_setup / "llada", out / "final")
     (out / "config.yaml").write_text("algorithm: tracerl\n")
-    args = rl_overrides(rl_setup, "llada", out, f"model={out / 'final'}", "overwrite=true")
+    args = rl_overrides(rl_setup, "llada", out, f"model.path={out / 'final'}", "run.overwrite=true")
     assert main(["rl", *_yaml(tmp_path), *args]) == 2
     err = capsys.readouterr().err
-    assert err == (f"dllm-rl rl: error: overwrite=true would delete {out}/final/config.json, and "
-                   f"model={out / 'final'} lies in or under it: the run would destroy what it starts from; copy model "
-                   f"out of {out} first, or choose another output_dir\n")
+    assert err == (f"dllm-rl rl: error: run.overwrite=true would delete {out}/final/config.json, and "
+                   f"model.path={out / 'final'} lies in or under it: the run would destroy what it starts from; copy model.path "
+                   f"out of {out} first, or choose another run.output_dir\n")
     assert sorted(p.name for p in (out / "final").iterdir()) == sorted(p.name for p in (rl_setup / "llada").iterdir())
 
 
 def test_resume_refuses_changes_that_make_another_run_and_applies_the_others(rl_setup, tmp_path, capsys,
                                                                              monkeypatch):
     out = tmp_path / "run"
-    args = rl_overrides(rl_setup, "sdar", out, "max_steps=1")
+    args = rl_overrides(rl_setup, "sdar", out, "train.max_steps=1")
     assert main(["rl", *_yaml(tmp_path), *args]) == 0
     saved = (out / "config.yaml").read_text()
     capsys.readouterr()
     # optim.lr would be recorded but not used (the optimizer resumes at 0.003); algorithm and seed switch runs
-    assert main(["rl", *_yaml(tmp_path), *args, "resume=latest", "optim.lr=0.005", "algorithm=espo", "seed=1"]) == 2
+    assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest", "optim.lr=0.005", "algorithm=espo", "run.seed=1"]) == 2
     err = capsys.readouterr().err
     ckpt = out / "checkpoints" / "step-0000001"
-    assert err.startswith(f"dllm-rl rl: error: resume from {ckpt}: seed 0 -> 1; algorithm 'tracerl' -> 'espo'; ")
+    assert err.startswith(f"dllm-rl rl: error: resume from {ckpt}: run.seed 0 -> 1; algorithm 'tracerl' -> 'espo'; ")
     assert "; estimator 'trace' -> 'elbo'; " in err and "; optim.lr 0.003 -> 0.005: these settings cannot change on " \
         "resume (the run would continue as another run, and config.yaml would name values that did not run); " \
-        "resume with the checkpoint's values, or start a new run in another output_dir. Settings that may change: " \
-        "max_steps, " in err
+        "resume with the checkpoint's values, or start a new run in another run.output_dir. Settings that may change: " \
+        "run.output_dir, " in err
     assert err.count("\n") == 1
     assert (out / "config.yaml").read_text() == saved  # still says what ran
-    assert main(["rl", *_yaml(tmp_path), *args, "resume=latest", "max_steps=2", "save_every=1"]) == 0
-    assert "resume: applied changed settings: max_steps 1 -> 2; save_every 0 -> 1\n" in capsys.readouterr().out
-    assert "max_steps: 2\n" in (out / "config.yaml").read_text()
+    assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest", "train.max_steps=2", "run.save_every=1"]) == 0
+    assert "resume: applied changed settings: run.save_every 0 -> 1; train.max_steps 1 -> 2\n" in capsys.readouterr().out
+    assert "  max_steps: 2\n" in (out / "config.yaml").read_text()
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_ctrl_c_and_a_full_disk_end_with_one_line(rl_setup, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    args = rl_overrides(rl_setup, "sdar", out, "max_steps=3", "save_every=1")
+    args = rl_overrides(rl_setup, "sdar", out, "train.max_steps=3", "run.save_every=1")
     real_step, calls = RLTrainer.step, []
 
     def step(self):
@@ -148,7 +148,7 @@ def test_ctrl_c_and_a_full_disk_end_with_one_line(rl_setup, tmp_path, capsys, mo
     assert main(["rl", *_yaml(tmp_path), *args]) == 130
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (f"dllm-rl rl: interrupted: stopped during step 2 of 3; the last checkpoint is "
-                                    f"{out}/checkpoints/step-0000001: continue the run with resume=latest")
+                                    f"{out}/checkpoints/step-0000001: continue the run with run.resume=latest")
     assert "Traceback" not in err
     monkeypatch.setattr(RLTrainer, "step", real_step)
 
@@ -156,7 +156,7 @@ def test_ctrl_c_and_a_full_disk_end_with_one_line(rl_setup, tmp_path, capsys, mo
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint, "_write_main_files", full)
-    assert main(["rl", *_yaml(tmp_path), *args, "resume=latest"]) == 2
+    assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest"]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(rf"dllm-rl rl: error: no space left on device writing the checkpoint {out}/checkpoints/"
                         r"step-0000002: it needs about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space \(or lower "
@@ -170,10 +170,10 @@ def test_tilde_in_the_paths_is_the_home_directory(rl_setup, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     for name in ("llada", "train.jsonl"):
         (tmp_path / name).symlink_to(rl_setup / name)
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", "~/runs/x", "model=~/llada",
-                                                   "train_data=~/train.jsonl"))
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", "~/runs/x", "model.path=~/llada",
+                                                   "data.train_file=~/train.jsonl"))
     RLTrainer(cfg).close()
     saved = (tmp_path / "runs" / "x" / "config.yaml").read_text()
-    assert f"model: {tmp_path}/llada\n" in saved and f"output_dir: {tmp_path}/runs/x\n" in saved
-    assert f"train_data: {tmp_path}/train.jsonl\n" in saved
+    assert f"  path: {tmp_path}/llada\n" in saved and f"  output_dir: {tmp_path}/runs/x\n" in saved
+    assert f"  train_file: {tmp_path}/train.jsonl\n" in saved
     assert not (tmp_path / "~").exists()

@@ -35,7 +35,7 @@ def _metrics(out):
 )
 def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_path, family, algorithm):
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, family, tmp_path, f"algorithm={algorithm}",
-                                                   "max_steps=2", "drop_zero_variance=false"))
+                                                   "train.max_steps=2", "drop_zero_variance=false"))
     summary = train(cfg, reward_fn=digit_reward)
     rows = [m for m in _metrics(tmp_path) if "loss" in m]
     assert len(rows) == 2 and all(math.isfinite(m["loss"]) for m in rows)
@@ -52,7 +52,7 @@ def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_p
 def test_rl_trains_with_the_estimators_sft_registered(rl_setup, tmp_path, family, estimator):
     """block and ar are registered planners like the RL ones, so an RL preset runs on them by name."""
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, family, tmp_path, "algorithm=tracerl",
-                                                   f"estimator={estimator}", "max_steps=1", "num_iterations=2",
+                                                   f"estimator={estimator}", "train.max_steps=1", "train.num_iterations=2",
                                                    "drop_zero_variance=false"))
     summary = train(cfg, reward_fn=digit_reward)
     (row,) = [m for m in _metrics(tmp_path) if "loss" in m]
@@ -65,8 +65,8 @@ def test_rl_trains_with_the_estimators_sft_registered(rl_setup, tmp_path, family
 def test_first_update_ratio_is_exactly_one_with_common_random_numbers(rl_setup, tmp_path):
     for algo in ("espo", "diffu_grpo"):
         out = tmp_path / algo
-        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, f"algorithm={algo}", "max_steps=1",
-                                                       "num_iterations=2", "micro_batch_size=4"))
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", out, f"algorithm={algo}", "train.max_steps=1",
+                                                       "train.num_iterations=2", "train.micro_batch_size=4"))
         train(cfg, reward_fn=digit_reward)
         (row,) = [m for m in _metrics(out) if "loss" in m]
         assert row["ratio_dev_first_update"] == 0.0  # old and new policy saw the same masks
@@ -87,7 +87,7 @@ def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_pa
         return out
 
     monkeypatch.setattr(trainer_mod, "estimate", spy)
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "max_steps=1",
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "train.max_steps=1",
                                                    "drop_zero_variance=false", f"estimator_noise={noise}",
                                                    "estimator_options={num_mc: 1, coupled: false}"))
     RLTrainer(cfg, reward_fn=digit_reward).step()
@@ -108,14 +108,14 @@ def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_pa
 
 def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
     """4 steps straight == 2 steps, a kill, then a resume from the step-2 checkpoint for the last 2."""
-    common = ["algorithm=tracerl", "num_iterations=2", "micro_batch_size=4", "max_steps=4", "save_every=2",
-              "keep_checkpoints=3", "ema_decay=0.5"]
+    common = ["algorithm=tracerl", "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=4", "run.save_every=2",
+              "run.keep_checkpoints=3", "train.ema_decay=0.5"]
     straight = tmp_path / "straight"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=digit_reward)
     ckpt = straight / "checkpoints" / "step-0000002"
     assert ckpt.is_dir()
     resumed = tmp_path / "resumed"
-    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *common, f"resume={ckpt}")),
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *common, f"run.resume={ckpt}")),
           reward_fn=digit_reward)
     for saved in ("final", "checkpoints/step-0000004/model"):  # the weight average, the live policy
         a, b = _weights(straight / saved), _weights(resumed / saved)
@@ -131,8 +131,8 @@ def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
 def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     """ema_decay: final/ holds the mean of the live weights after steps 1 and 2 (still in the warm-up, where the
     average is a plain mean), the live policy keeps its own weights, and both accuracies are reported."""
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl", "max_steps=2",
-                                                   "drop_zero_variance=false", "ema_decay=0.9", "eval.limit=4"))
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl", "train.max_steps=2",
+                                                   "drop_zero_variance=false", "train.ema_decay=0.9", "eval.limit=4"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     live = []
     for _ in range(2):
@@ -148,12 +148,12 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     assert trainer.evaluate().texts == averaged_eval.texts
 
     summary = train(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "max_steps=2", "ema_decay=0.9", "eval.limit=2")),
+        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "train.max_steps=2", "train.ema_decay=0.9", "eval.limit=2")),
         reward_fn=digit_reward)
     assert 0.0 <= summary["accuracy_after_live"] <= 1.0
     assert [m for m in _metrics(tmp_path / "run") if "eval_accuracy_live" in m][0]["step"] == 2
     with pytest.raises(ConfigError, match=r"ema_decay: must be in \[0, 1\), got 1.0"):
-        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "ema_decay=1.0")))
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "train.ema_decay=1.0")))
 
 
 def test_reward_that_raises_for_one_sample_scores_it_zero():
@@ -176,14 +176,14 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
 
     monkeypatch.setitem(losses_mod.POLICY_LOSSES, "token", nan_loss)
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
-                                                   "max_steps=5", "max_bad_steps=2"))
+                                                   "train.max_steps=5", "train.max_bad_steps=2"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     start = {k: v.clone() for k, v in trainer.model.hf_model.state_dict().items()}
     trainer.step()  # first bad update: skipped, weights untouched
     assert trainer.bad_updates == 1
     assert all(torch.equal(v, trainer.model.hf_model.state_dict()[k]) for k, v in start.items())
     trainer.step_idx += 1
-    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 updates had a NaN/inf loss \(max_bad_steps=2\); "
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 updates had a NaN/inf loss \(train.max_bad_steps=2\); "
                        "lower optim.lr"):
         trainer.step()
 
@@ -191,7 +191,7 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
 def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
     with pytest.raises(ConfigError, match="algorithm: 'grpo' is not allowed; choose one of espo, tracerl"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=grpo")))
-    with pytest.raises(ConfigError, match="unknown key 'num_generation' in config; did you mean 'num_generations'"):
+    with pytest.raises(ConfigError, match="unknown key 'num_generation' in config; did you mean 'rollout.num_generations'"):
         load_config(RLConfig, None, ["num_generation=4"])
     with pytest.raises(ConfigError, match="reference: 'base'"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "beta=0.1",
@@ -237,7 +237,7 @@ def test_evaluation_keeps_its_own_decoding_schedule(rl_setup, tmp_path):
 
 def test_reference_policy_gets_no_gradient_and_stays_frozen(rl_setup, tmp_path):
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=diffu_grpo",
-                                                   "beta=0.5", "max_steps=1"))
+                                                   "beta=0.5", "train.max_steps=1"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     ref_before = {k: v.clone() for k, v in trainer.reference.hf_model.state_dict().items()}
     res = trainer.step()
@@ -260,7 +260,7 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(trainer_mod, "generate_batched", spy)
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "max_steps=2",
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "train.max_steps=2",
                                                    "drop_zero_variance=false", "rollout.dtype=bfloat16"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     live = []
@@ -295,7 +295,7 @@ def test_rollout_dtype_auto_takes_bfloat16_only_where_the_device_has_it(rl_setup
     assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded by a bfloat16 copy (AMX)"
     monkeypatch.setattr(copy_mod, "native_bfloat16", lambda device: None)
     trainer.close()  # a second trainer in the same run directory: the first lets go of it
-    trainer = RLTrainer(replace(cfg, overwrite=True))
+    trainer = RLTrainer(replace(cfg, run=replace(cfg.run, overwrite=True)))
     assert trainer.rollout_copy is None
     assert trainer.rollout_note == "rollout.dtype=auto: rollouts decoded in float32 (no native bfloat16 on this device)"
 
@@ -337,7 +337,7 @@ def test_lora_rl_trains_only_the_adapters_against_the_base_as_reference(rl_setup
     base is exactly 0) are all that moves; the bfloat16 rollout copy follows them; final/ is merged."""
     cfg = load_config(RLConfig, None, rl_overrides(
         rl_setup, "llada", tmp_path, "algorithm=diffu_grpo", "beta=0.1", "reference=base", "lora.enabled=true",
-        "lora.r=4", "max_steps=2", "drop_zero_variance=false", "rollout.dtype=bfloat16"))
+        "lora.r=4", "train.max_steps=2", "drop_zero_variance=false", "rollout.dtype=bfloat16"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     assert trainer.reference is None
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
@@ -386,11 +386,11 @@ def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup
     monkeypatch.setattr(trainer_mod, "estimate", spy)
     P, G = 2, 4
     cfg = load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path, "seed=1", "algorithm=espo", "estimator_noise=sample", "dynamic_sampling=true",
-        f"max_sampling_rounds={max_rounds}", "save_rollouts=100"))
+        rl_setup, "llada", tmp_path, "run.seed=1", "algorithm=espo", "estimator_noise=sample", "dynamic_sampling=true",
+        f"max_sampling_rounds={max_rounds}", "log.rollouts=100"))
     trainer = RLTrainer(cfg, reward_fn=_even_target_reward)
     task = get_task("countdown", data=str(rl_setup / "train.jsonl"), split="train", prompt_style="compact")
-    stream = IndexStream(len(task), seed=cfg.seed)
+    stream = IndexStream(len(task), seed=cfg.run.seed)
     cases = []
     for step in range(3):
         trainer.step_idx = step
@@ -415,7 +415,7 @@ def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup
         texts, _ = encode_prompts(task, [task[i] for i in drawn], trainer.tokenizer)
         assert [s[0] for s in res.samples] == [t for t in texts for _ in range(G)]
         # the update scored exactly the kept groups' samples, with the rollouts' own seeds
-        want = [derive_seed(cfg.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
+        want = [derive_seed(cfg.run.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]
         assert scored and all(s == want for s in scored)
     assert trainer.stream.state_dict() == stream.state_dict()
     # seed 1's stream: a surplus group, then 3 batches for 2 groups, or (max 2 batches) a step left one short

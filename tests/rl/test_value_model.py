@@ -8,7 +8,7 @@ from dllm_rl.config import ConfigError
 from dllm_rl.estimators import ScoringBatch, merged_steps
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.models.masks import position_ids_from_valid
-from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.config import RLConfig, RLModelConfig, RLTrainConfig
 from dllm_rl.rl.value import ValueLearner, ValueModel, token_values
 from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.training import make_accelerator
@@ -84,7 +84,7 @@ def test_block_model_values_equal_a_direct_forward_of_each_step_state():
 
 
 def _learner(family: str = "sdar", **value) -> ValueLearner:
-    cfg = RLConfig(model="unused", estimator="trace", estimator_options={"shrinkage": 1}, micro_batch_size=1,
+    cfg = RLConfig(model=RLModelConfig(path="unused"), estimator="trace", estimator_options={"shrinkage": 1}, train=RLTrainConfig(micro_batch_size=1),
                    value_model=ValueModelConfig(enabled=True, **value))
     return ValueLearner(cfg, _model(family), make_accelerator(cpu=True))
 
@@ -119,7 +119,7 @@ def test_process_rewards_reach_the_returns_of_their_steps():
 
 
 def test_learner_default_lr_and_family_check(tmp_path):
-    cfg = RLConfig(model="unused", estimator="trace", value_model=ValueModelConfig(enabled=True))
+    cfg = RLConfig(model=RLModelConfig(path="unused"), estimator="trace", value_model=ValueModelConfig(enabled=True))
     cfg.optim.lr = 2e-4
     learner = ValueLearner(cfg, _model("llada"), make_accelerator(cpu=True))
     assert learner.lr == pytest.approx(1e-3) and learner.shrinkage == 1

@@ -27,7 +27,7 @@ def _value_state(path):
 
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_tracerl_with_the_value_model_trains_both(rl_setup, tmp_path, family):
-    train(load_config(RLConfig, None, rl_overrides(rl_setup, family, tmp_path, *VALUE, "max_steps=2")),
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, family, tmp_path, *VALUE, "train.max_steps=2")),
           reward_fn=digit_reward)
     rows = [m for m in _metrics(tmp_path) if "loss" in m]
     assert len(rows) == 2
@@ -51,7 +51,7 @@ def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_p
         return real(new, old, ref, adv, lengths, cfg)
 
     monkeypatch.setitem(trainer_mod.POLICY_LOSSES, "token", spy)
-    trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE, "max_steps=1")),
+    trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE, "train.max_steps=1")),
                         reward_fn=lambda p, c, **k: [float(i % 2) for i in range(len(c))])
     m = trainer.step().metrics
     (adv,) = seen
@@ -62,12 +62,12 @@ def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_p
 
 
 def test_value_model_resumes_exactly(rl_setup, tmp_path):
-    common = [*VALUE, "num_iterations=2", "micro_batch_size=4", "max_steps=3", "save_every=1", "keep_checkpoints=4"]
+    common = [*VALUE, "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=3", "run.save_every=1", "run.keep_checkpoints=4"]
     straight = tmp_path / "straight"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=digit_reward)
     ckpt = straight / "checkpoints" / "step-0000001"
     resumed = tmp_path / "resumed"
-    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *common, f"resume={ckpt}")),
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *common, f"run.resume={ckpt}")),
           reward_fn=digit_reward)
     a, b = (_value_state(d / "checkpoints" / "step-0000003") for d in (straight, resumed))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -76,17 +76,17 @@ def test_value_model_resumes_exactly(rl_setup, tmp_path):
     lb = [[m[k] for k in keys] for m in _metrics(resumed) if "loss" in m]
     assert la == lb and len(lb) == 2
     bare = tmp_path / "bare"
-    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", bare, "algorithm=tracerl", "max_steps=1")),
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", bare, "algorithm=tracerl", "train.max_steps=1")),
           reward_fn=digit_reward)
     # turning the value model on at a resume makes another run: refused before the missing value model is read
     with pytest.raises(ConfigError, match="value_model.enabled False -> True"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / "x", *VALUE,
-                                                           f"resume={bare / 'checkpoints' / 'step-0000001'}")))
+                                                           f"run.resume={bare / 'checkpoints' / 'step-0000001'}")))
 
 
 def test_lora_policy_value_model_is_the_base_with_its_own_adapter(rl_setup, tmp_path):
     trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path, *VALUE, "lora.enabled=true", "lora.r=2", "max_steps=1")), reward_fn=digit_reward)
+        rl_setup, "llada", tmp_path, *VALUE, "lora.enabled=true", "lora.r=2", "train.max_steps=1")), reward_fn=digit_reward)
     value_trainable = {n for n, p in trainer.value.model.named_parameters() if p.requires_grad}
     assert "head.weight" in value_trainable
     assert value_trainable - {"head.weight"} and all("lora_" in n for n in value_trainable - {"head.weight"})
@@ -111,7 +111,7 @@ def test_process_rewards_are_summed_for_the_plain_trainer_and_stepped_for_the_va
     scored = safe_scores(per_step, ["p"] * 2, ["a", "b"], {})
     assert scored.totals == [1.0, 0.75] and scored.steps == [None, [0.5, 0.25]]
     trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE,
-                                                                 "max_steps=1")), reward_fn=per_step)
+                                                                 "train.max_steps=1")), reward_fn=per_step)
     seen, real = [], trainer.value.targets
     trainer.value.targets = lambda batch, rewards, scores: seen.append((rewards.tolist(), scores)) or real(
         batch, rewards, scores)
@@ -151,20 +151,20 @@ def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path
     monkeypatch.setattr(collect_mod, "generate_batched", gen)
     monkeypatch.setattr(update_mod, "estimate", est)
     monkeypatch.setattr(trainer_mod, "heldout_accuracy", heldout)
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "algorithm=tracerl", "max_steps=1",
-                                                   "train_block_size=8", "eval.block_size=8", "eval.limit=2",
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "algorithm=tracerl", "train.max_steps=1",
+                                                   "train.block_size=8", "eval.block_size=8", "eval.limit=2",
                                                    "drop_zero_variance=false"))
     summary = train(cfg, reward_fn=digit_reward)
     assert blocks == {"rollout": {(4, 4)}, "train": {8}, "eval": {8}} and own == {4}
     assert math.isfinite([m for m in _metrics(tmp_path) if "loss" in m][0]["loss"])
     assert json.loads((tmp_path / "final" / "config.json").read_text())["block_size"] == 4 and summary["steps"] == 1
-    for bad, msg in (("train_block_size=6", "train_block_size: 6 must be a multiple of the rollout block \\(4\\)"),
-                     ("rollout.block_size=8", "train_block_size: 8 must be a multiple|at least as large")):
-        extra = [bad] if bad.startswith("train") else [bad, "train_block_size=4"]
+    for bad, msg in (("train.block_size=6", "train.block_size: 6 must be a multiple of the rollout block \\(4\\)"),
+                     ("rollout.block_size=8", "train.block_size: 8 must be a multiple|at least as large")):
+        extra = [bad] if bad.startswith("train") else [bad, "train.block_size=4"]
         with pytest.raises(ConfigError, match=msg):
             RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / "bad", *extra)))
-    with pytest.raises(ConfigError, match="rollout.block_size / train_block_size: for block models"):
-        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "bad", "train_block_size=8")))
+    with pytest.raises(ConfigError, match="rollout.block_size / train.block_size: for block models"):
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "bad", "train.block_size=8")))
 
 
 def test_help_config_documents_the_value_model_and_block_sizes(capsys):
@@ -175,7 +175,7 @@ def test_help_config_documents_the_value_model_and_block_sizes(capsys):
     for key in ("value_model.enabled (default False)", "value_model.init_from (default 'policy')",
                 "value_model.lr (default None)", "value_model.epsilon (default 0.2)", "value_model.gamma (default 1.0)",
                 "value_model.lam (default 1.0)", "value_model.whiten (default False)",
-                "rollout.block_size (default None)", "train_block_size (default None)",
+                "rollout.block_size (default None)", "train.block_size (default None)",
                 "eval.block_size (default None)"):
         assert key in out
 

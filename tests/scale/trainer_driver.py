@@ -64,12 +64,12 @@ def sft(root: Path, out: Path, *extra: str) -> None:
 
 
 def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=dense_reward) -> None:
-    args = [f"algorithm={algorithm}", f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
-            "prompt_style=compact", f"prompts_per_step={2 // WORLD}", "num_generations=4", "rollout.gen_length=8",
-            "rollout.block_length=8", "eval.limit=0", "max_steps=2", "micro_batch_size=2", "optim.lr=0.003",
-            "device=cpu", "progress=false", "logprob_chunk_size=3", "log_samples_every=0", "save_every=1",
-            "keep_checkpoints=5",
-            f"output_dir={out}", *extra]
+    args = [f"algorithm={algorithm}", f"model.path={root / family}", "data.task=countdown", f"data.train_file={root / 'train.jsonl'}",
+            "data.prompt_style=compact", f"train.prompts_per_step={2 // WORLD}", "rollout.num_generations=4", "rollout.gen_length=8",
+            "rollout.block_length=8", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2", "optim.lr=0.003",
+            "model.device=cpu", "run.progress=false", "model.logprob_chunk_size=3", "log.samples_every=0", "run.save_every=1",
+            "run.keep_checkpoints=5",
+            f"run.output_dir={out}", *extra]
     rl_train(load_config(RLConfig, None, args), reward_fn=reward)
 
 
@@ -146,19 +146,19 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     save_value_weights()
     if mode == "fault":
         die_in_step_two()
-        rl(root, out / "espo_fault", "sdar", "espo", "distributed_timeout_s=60")
+        rl(root, out / "espo_fault", "sdar", "espo", "run.distributed_timeout_s=60")
         return
     if mode == "uneven":
         uneven(root, out)
         return
     if mode == "resume":
-        rl(root, out / "espo_fault", "sdar", "espo", "resume=latest")
+        rl(root, out / "espo_fault", "sdar", "espo", "run.resume=latest")
         return
     if mode == "short":  # SFT, ESPO and its resume, TraceRL with LoRA, TraceRL's value model
         sft(root, out / "sft")
         rl(root, out / "espo", "sdar", "espo")
         nan(root, out)
-        rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
+        rl(root, out / "espo_resumed", "sdar", "espo", f"run.resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
         rl(root, out / "tracerl_lora", *TRACERL_LORA)
         rl(root, out / "value", "sdar", "tracerl", *VALUE)
         return
@@ -169,12 +169,12 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     rl(root, out / "espo", "sdar", "espo")
     uneven(root, out)
     nan(root, out)
-    rl(root, out / "espo_resumed", "sdar", "espo", f"resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
+    rl(root, out / "espo_resumed", "sdar", "espo", f"run.resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
     rl(root, out / "tracerl_lora", *TRACERL_LORA)
     rl(root, out / "value", "sdar", "tracerl", *VALUE)
     rl(root, out / "value_resumed", "sdar", "tracerl", *VALUE,
-       f"resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
+       f"run.resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
 
 
 if __name__ == "__main__":

@@ -56,14 +56,14 @@ def test_trackio_logs_locally_the_same_metrics(tmp_path):
 def test_report_to_is_checked_with_the_config(tmp_path):
     with pytest.raises(ConfigError, match=r"^report_to: unknown tracker 'tensorbord'; choose from tensorboard, "
                                           r"wandb, trackio, mlflow, none$"):
-        load_config(RLConfig, None, ["report_to=tensorbord"])
+        load_config(RLConfig, None, ["run.report_to=tensorbord"])
     with pytest.raises(ConfigError, match="^report_to: 'none' cannot be combined with trackers$"):
-        load_config(RLConfig, None, ["report_to=[none,tensorboard]"])
+        load_config(RLConfig, None, ["run.report_to=[none,tensorboard]"])
     with pytest.raises(ConfigError, match=r"^train.report_to: unknown tracker 'x'"):
         _cfg(tmp_path, "train.report_to=x")
-    assert load_config(RLConfig, None, ["report_to=tensorboard,trackio"]).report_to == ["tensorboard", "trackio"]
+    assert load_config(RLConfig, None, ["run.report_to=tensorboard,trackio"]).report_to == ["tensorboard", "trackio"]
     with pytest.raises(ConfigError, match="^push_to_hub: 'a b' is not a hub repository id"):
-        load_config(RLConfig, None, ["push_to_hub=a b"])
+        load_config(RLConfig, None, ["run.push_to_hub=a b"])
 
 
 def test_push_to_hub_uploads_the_final_model(tmp_path, monkeypatch):

@@ -109,8 +109,12 @@ class Checked:
         check_fields(self)
 
 
-def suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+def suggest(key: str, valid: list[str], renamed: Mapping[str, str] | None = None) -> str:
+    """``; did you mean ...? valid keys: ...`` for an unknown ``key``; a close old key of ``renamed`` (old -> new)
+    suggests its new name (``num_generation`` -> ``rollout.num_generations``)."""
+    names = {**{old: new for old, new in (renamed or {}).items() if "." not in old}, **{v: v for v in valid}}
+    close = difflib.get_close_matches(key, list(names), n=3, cutoff=0.5)
+    close = list(dict.fromkeys(names[c] for c in close))
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return f"{hint} valid keys: {', '.join(valid)}"
 

@@ -21,6 +21,7 @@ from dllm_rl.config.fields import (
     suggest,
     type_origin,
 )
+from dllm_rl.config.renames import carry_renamed, new_names, renamed_override
 from dllm_rl.config.yaml_io import yaml_load
 
 T = TypeVar("T")
@@ -107,7 +108,11 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     if unknown:
         valid = sorted(types_)
         prefix = "" if where == "config" else f"{where}: "
-        raise ConfigError(f"{prefix}unknown key {unknown[0]!r}" + suggest(unknown[0], valid))
+        raise ConfigError(f"{prefix}unknown key {unknown[0]!r}" + suggest(unknown[0], valid, new_names(cls)))
+    defaults = {f.name: f.default_factory() for f in dataclasses.fields(cls)
+                if f.default_factory is not dataclasses.MISSING and isinstance(data.get(f.name), dict)}
+    # a section given in part keeps the defaults of the section's default instance (RL's run.output_dir runs/rl)
+    data = {k: _over(to_dict(defaults[k]), v) if k in defaults else v for k, v in data.items()}
     kwargs = {k: coerce(v, types_[k], f"{where}.{k}" if where != "config" else k) for k, v in data.items()}
     try:
         obj = cls(**kwargs)
@@ -121,6 +126,13 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return obj
+
+
+def _over(base: Any, given: Any) -> Any:
+    """``given`` laid over ``base``, nested mappings merged key by key."""
+    if not (isinstance(base, dict) and isinstance(given, dict)):
+        return given
+    return {**base, **{k: _over(base.get(k), v) for k, v in given.items()}}
 
 
 def to_dict(obj: Any) -> Any:
@@ -141,13 +153,15 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override {override!r} must look like key=value (for example rl.beta=0.01)")
     key, raw = override.split("=", 1)
-    parts = key.strip().split(".")
+    key, raw = renamed_override(cls, key.strip(), raw)
+    parts = key.split(".")
     node, node_cls = data, cls
     for i, part in enumerate(parts):
         types_ = field_types(node_cls)
         if part not in types_:
             where = ".".join(parts[:i]) or "config"
-            raise ConfigError(f"override {key!r}: unknown key {part!r} in {where}" + suggest(part, sorted(types_)))
+            raise ConfigError(f"override {key!r}: unknown key {part!r} in {where}"
+                              + suggest(part, sorted(types_), new_names(cls) if i == 0 else None))
         tp, _ = strip_optional(types_[part])
         if i == len(parts) - 1:
             node[part] = raw if not dataclasses.is_dataclass(tp) else yaml_load(raw, f"override {key!r}")
@@ -170,7 +184,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         loaded = yaml_load(p.read_bytes(), str(p)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping")
-        data = loaded
+        data = carry_renamed(cls, loaded, str(p))
     for ov in overrides or []:
         apply_override(data, cls, ov)
     try:

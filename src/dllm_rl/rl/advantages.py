@@ -1,7 +1,7 @@
 """Advantage estimators: one function per rule, registered by name (verl's ``core_algos`` style).
 
 Every rule has one signature, ``(rewards, group_size, scale_rewards) -> advantages``: rewards ``[N]`` ordered
-group by group (``num_generations`` consecutive samples per prompt) in, advantages ``[N]`` (float32) out;
+group by group (``rollout.num_generations`` consecutive samples per prompt) in, advantages ``[N]`` (float32) out;
 :data:`ADVANTAGES` is the table of names. :func:`group_filter` decides which groups enter the update.
 """
 
@@ -55,7 +55,7 @@ def leave_one_out(rewards: torch.Tensor, group_size: int, scale_rewards: str = "
     :func:`group_zscore` optionally divides by the group or batch standard deviation.
     """
     if group_size < 2:
-        raise ValueError("leave_one_out needs num_generations >= 2")
+        raise ValueError("leave_one_out needs rollout.num_generations >= 2")
     g = _groups(rewards, group_size)
     loo = g - (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
     return _scale(loo, g, scale_rewards).reshape(-1)

@@ -21,7 +21,7 @@ from dllm_rl.rl.value_config import check_value_model
 
 # Paper defaults (paper fidelity; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo).
 # "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length
-# follows the rollout's decoding block. Settings a preset cannot hold (lr, num_iterations, lengths) are in
+# follows the rollout's decoding block. Settings a preset cannot hold (lr, train.num_iterations, lengths) are in
 # each method's recipe in configs/.
 PRESETS: dict[str, dict[str, Any]] = {
     # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL with beta 0.01 (its train.yaml; 3e-3 for
@@ -96,10 +96,10 @@ def _fill_preset(cfg: RLConfig, attention: str) -> RLConfig:
 
 def check_combination(cfg: RLConfig) -> None:
     """The rules between fields of a resolved config (single values are checked when it is built)."""
-    if not cfg.model:
-        raise ConfigError("model: set the checkpoint directory (model=PATH)")
-    if cfg.advantage == "leave_one_out" and cfg.num_generations < 2:
-        raise ConfigError("num_generations: leave_one_out needs at least 2 generations per prompt")
+    if not cfg.model.path:
+        raise ConfigError("model.path: set the checkpoint directory (model.path=PATH)")
+    if cfg.advantage == "leave_one_out" and cfg.rollout.num_generations < 2:
+        raise ConfigError("rollout.num_generations: leave_one_out needs at least 2 generations per prompt")
     if cfg.reference == "base" and not cfg.lora.enabled:
         raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
     try:

@@ -12,23 +12,26 @@ from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.backend import publishable
 from dllm_rl.training.checkpoint import checkpoint_name
-from dllm_rl.training.resume_check import RL_APPLICABLE, RL_IGNORED, check_resumed_config
+from dllm_rl.training.resume_check import RL_APPLICABLE, check_resumed_config
+from dllm_rl.training.run_config import resume_checkpoint
 from dllm_rl.training.run_dir import RL_RUN_FILES, RunDir, open_run_dir
 
 # the config keys that name a path of the user's (a leading ~ is expanded)
-RL_PATHS = ("model", "tokenizer", "output_dir", "train_data", "eval.data", "task", "resume", "value_model.init_from")
+RL_PATHS = ("model.path", "model.tokenizer", "run.output_dir", "data.train_file", "eval.data", "data.task", "run.resume",
+            "value_model.init_from")
 
 
 def open_rl_run_dir(cfg) -> RunDir:
     """Check, lock and prepare the run directory (:func:`~dllm_rl.training.run_dir.open_run_dir`; ``overwrite``
     never deletes the run's inputs) and, when resuming, compare the config with the checkpoint's: refused
     changes end here, before any compute; applied ones are printed."""
-    run_dir = open_run_dir(cfg.output_dir, RL_RUN_FILES, resume=bool(cfg.resume), overwrite=cfg.overwrite, inputs={
-        "model": cfg.model, "tokenizer": cfg.tokenizer, "train_data": cfg.train_data, "eval.data": cfg.eval.data,
-        "task": cfg.task, "value_model.init_from": cfg.value_model.init_from})
+    run_dir = open_run_dir(cfg.run.output_dir, RL_RUN_FILES, resume=bool(cfg.run.resume), overwrite=cfg.run.overwrite,
+                           inputs={"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer,
+                                   "data.train_file": cfg.data.train_file, "eval.data": cfg.eval.data,
+                                   "data.task": cfg.data.task, "value_model.init_from": cfg.value_model.init_from})
     try:
-        path = latest_checkpoint(run_dir.path) if cfg.resume == "latest" else Path(cfg.resume) if cfg.resume else None
-        applied = check_resumed_config(path, cfg, RL_APPLICABLE, RL_IGNORED) if path is not None else []
+        path = resume_checkpoint(cfg.run, run_dir.path)
+        applied = check_resumed_config(path, cfg, RL_APPLICABLE) if path is not None else []
         if applied:
             print(f"resume: applied changed settings: {'; '.join(applied)}")
     except BaseException:
@@ -57,14 +60,15 @@ class RLCheckpoints:
                         accelerator=self.accelerator, ema=self.ema, prepared=self.model.model,
                         extra_files=self.value.checkpoint_files() if self.value is not None else None)
         if self.is_main:
-            prune_checkpoints(self.out, self.cfg.keep_checkpoints)
+            prune_checkpoints(self.out, self.cfg.run.keep_checkpoints)
             self.run_dir.record()
         return path
 
-    def _resume(self, where: str) -> None:
-        path = latest_checkpoint(self.out) if where == "latest" else Path(where)
+    def _resume(self) -> None:
+        """Continue from the checkpoint ``run.resume`` names (``auto`` without one: nothing to continue)."""
+        path = resume_checkpoint(self.cfg.run, self.out)
         if path is None:
-            raise FileNotFoundError(f"resume=latest but {self.out / 'checkpoints'} holds no checkpoint")
+            return
         state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                                 accelerator=self.accelerator, ema=self.ema)
         self.step_idx = state.step
@@ -78,7 +82,7 @@ class RLCheckpoints:
             print(f"resumed from {path} at step {self.step_idx}")
 
     def save_final_model(self) -> Path:
-        """``final/``: the returned weights (the average when ``ema_decay`` is on), LoRA merged; uploaded to the
+        """``final/``: the returned weights (the average when ``train.ema_decay`` is on), LoRA merged; uploaded to the
         hub repository ``push_to_hub`` when set. Every rank calls it (the weights are gathered when sharded)."""
         path = self.out / "final"
         with self.averaged():
@@ -87,6 +91,6 @@ class RLCheckpoints:
                 unwrapped = merged_model(plain) if self.cfg.lora.enabled else plain
                 save_model(unwrapped, path, tokenizer=self.tokenizer)
         if self.is_main:
-            if self.cfg.push_to_hub:
-                print(f"pushed {path} to {push_to_hub(path, self.cfg.push_to_hub)}")
+            if self.cfg.run.push_to_hub:
+                print(f"pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")
         return path

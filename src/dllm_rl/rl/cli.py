@@ -38,7 +38,7 @@ def demo_config_path(model_kind: str) -> Path:
 def demo_overrides(model_kind: str) -> list[str]:
     """Absolute paths of the shipped demo checkpoint and data (the YAML names them relative to DEMO_DIR)."""
     ckpt = "llada-countdown" if model_kind == "full" else "sdar-countdown"
-    return [f"model={DEMO_DIR / ckpt}", f"train_data={DEMO_DIR / 'countdown_train.jsonl'}",
+    return [f"model.path={DEMO_DIR / ckpt}", f"data.train_file={DEMO_DIR / 'countdown_train.jsonl'}",
             f"eval.data={DEMO_DIR / 'countdown_heldout.jsonl'}"]
 
 
@@ -50,13 +50,13 @@ def run_demo(args: argparse.Namespace) -> int:
     path = demo_config_path(args.model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
-    # the demo starts afresh each time (`make demo` twice reruns it), unless resume=... is given
+    # the demo starts afresh each time (`make demo` twice reruns it), unless run.resume=... is given
     overrides = demo_overrides(args.model) + ([f"algorithm={args.algorithm}"] if args.algorithm else [])
-    if not any(o.startswith(("resume=", "overwrite=")) for o in args.overrides):
-        overrides.append("overwrite=true")
+    if not any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite=")) for o in args.overrides):
+        overrides.append("run.overwrite=true")
     # the run directory is named for the algorithm the config resolves to (the demo YAML's unless overridden)
     algorithm = load_config(RLConfig, path, overrides + list(args.overrides)).algorithm
-    overrides.append(f"output_dir={args.output_dir}/{args.model}-{algorithm}")
+    overrides.append(f"run.output_dir={args.output_dir}/{args.model}-{algorithm}")
     cfg = load_config(RLConfig, path, overrides + list(args.overrides))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)
@@ -87,6 +87,6 @@ def register(sub) -> None:
                    "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml)")
     d.add_argument("--output-dir", default="runs/demo",
                    help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
-                   "unless resume=latest is given)")
+                   "unless run.resume=latest is given)")
     d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
     d.set_defaults(func=run_demo)

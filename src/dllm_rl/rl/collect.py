@@ -58,7 +58,7 @@ class StepBatch:
     """What the collect stage hands to the update stage: this rank's samples of one step (``N`` of them, every
     round's concatenated) and what trains. ``advantages`` ``[N]`` are the sequence advantages (the value model
     replaces them with token advantages); ``keep`` the indices of the samples that train (groups with signal,
-    within ``prompts_per_step``); ``mask_seeds`` each sample's estimator mask seed (its own, or its group's)."""
+    within ``train.prompts_per_step``); ``mask_seeds`` each sample's estimator mask seed (its own, or its group's)."""
 
     rollout: Rollout
     rewards: torch.Tensor
@@ -96,16 +96,16 @@ class RolloutCollector:
 
     def collect(self, policy: DiffusionLM, step_idx: int) -> StepBatch:
         """Step ``step_idx``'s samples, rolled out with ``policy``'s weights: one round, or (``dynamic_sampling``)
-        rounds until ``prompts_per_step`` groups have signal; then advantages, and which samples train (groups
+        rounds until ``train.prompts_per_step`` groups have signal; then advantages, and which samples train (groups
         with no signal are dropped, and with ``dynamic_sampling`` the groups with signal beyond the target)."""
         cfg = self.cfg
         self.step_idx = step_idx
-        G, target = cfg.num_generations, cfg.prompts_per_step
+        G, target = cfg.rollout.num_generations, cfg.train.prompts_per_step
         rounds: list[Round] = []
         signal = 0
         for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             # every rank draws each round's prompts, so the ranks' prompt streams stay in step
-            idx = self.stream.take(cfg.prompts_per_step * self.accelerator.num_processes)
+            idx = self.stream.take(cfg.train.prompts_per_step * self.accelerator.num_processes)
             if signal < target:
                 rnd = self.round(policy, idx, first_sample=r * len(idx) * G)
                 rounds.append(rnd)
@@ -144,17 +144,17 @@ class RolloutCollector:
         parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])
-        adv = compute_advantages(cfg.advantage, every, cfg.num_generations, cfg.scale_rewards)
+        adv = compute_advantages(cfg.advantage, every, cfg.rollout.num_generations, cfg.scale_rewards)
         return adv[start:start + len(rewards)]
 
     def filter(self, rewards: torch.Tensor):
         band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
-        return group_filter(rewards, self.cfg.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
+        return group_filter(rewards, self.cfg.rollout.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
                             accuracy_band=band)
 
     def check_rewards(self, rounds: list[Round]) -> dict[str, float]:
         """The step's reward failures as metrics (``reward_errors``, ``reward_nonfinite``: samples scored 0), a
-        warning when there are any, and the stop after ``max_reward_failure_steps`` steps in a row in which the
+        warning when there are any, and the stop after ``reward.max_failure_steps`` steps in a row in which the
         reward failed on every sample of every rank (the ranks decide together)."""
         cfg, n = self.cfg, sum(len(x.rewards) for x in rounds)
         failed, nonfinite = sum(x.reward_failed for x in rounds), sum(x.reward_nonfinite for x in rounds)
@@ -164,29 +164,29 @@ class RolloutCollector:
                            name, nonfinite, n)
         all_failed = not skip_together(self.accelerator, failed < n)
         self.reward_failed_steps = self.reward_failed_steps + 1 if all_failed else 0
-        if cfg.max_reward_failure_steps and self.reward_failed_steps >= cfg.max_reward_failure_steps:
+        if cfg.reward.max_failure_steps and self.reward_failed_steps >= cfg.reward.max_failure_steps:
             error = next((x.reward_error for x in reversed(rounds) if x.reward_error), "on another rank")
             raise RewardError(f"stopping at step {self.step_idx + 1}: reward {name!r} failed on every sample for "
-                              f"{self.reward_failed_steps} steps in a row (max_reward_failure_steps="
-                              f"{cfg.max_reward_failure_steps}; last error: {error}); fix the reward")
+                              f"{self.reward_failed_steps} steps in a row (reward.max_failure_steps="
+                              f"{cfg.reward.max_failure_steps}; last error: {error}); fix the reward")
         return {"reward_errors": float(failed), "reward_nonfinite": float(nonfinite)}
 
     def round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> Round:
         """Roll out (with ``policy``'s weights) and reward this rank's share of the prompts ``idx`` (every
         rank's, drawn together: rank ``r`` takes ``idx[r::world]``). The round's samples are numbered over all
         ranks from ``first_sample`` on, in the order of ``idx``; a sample's rollout and mask seeds come from its
-        number, so they do not depend on the world size (one process with ``world x prompts_per_step`` prompts
+        number, so they do not depend on the world size (one process with ``world x train.prompts_per_step`` prompts
         draws what the ranks draw together)."""
         cfg, acc = self.cfg, self.accelerator
         t0 = time.perf_counter()
         rank, world = acc.process_index, acc.num_processes
         examples = [self.train_task[i] for i in idx[rank::world]]
         texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
-        G = cfg.num_generations
+        G = cfg.rollout.num_generations
         group_ids = [p for p in ids for _ in range(G)]
         # sample j of this rank belongs to prompt idx[rank + world * (j // G)]; the 0 keeps one process's seeds
         # those of earlier versions (which put the rank there)
-        seeds = [derive_seed(cfg.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
+        seeds = [derive_seed(cfg.run.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
                  for j in range(len(group_ids))]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
         with torch.no_grad(), self.gathered(policy):
@@ -210,7 +210,7 @@ class RolloutCollector:
 
     def _reward_options(self) -> dict:
         """How the trainer calls the reward: its name in messages and the time one call may take."""
-        return {"name": self.train_task.reward_name, "timeout_s": self.cfg.reward_timeout_s}
+        return {"name": self.train_task.reward_name, "timeout_s": self.cfg.reward.timeout_s}
 
     def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
         """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""

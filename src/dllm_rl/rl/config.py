@@ -16,17 +16,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.errors import UserError
-from dllm_rl.hub import check_repo_id
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
 from dllm_rl.training import LoraOptions, OptimConfig
-from dllm_rl.training.trackers import check_report_to
+from dllm_rl.training.run_config import RunConfig
 
 
 def _registry(module: str, name: str):
@@ -69,6 +68,8 @@ class RolloutConfig(DecodeOptions):
         "block); block models always use their own block_size")
     temperature: float = _decode_default("temperature", 1.0)
     cache: CacheMode = _decode_default("cache", "prefix")
+    num_generations: int = field(
+        8, ge=1, help="completions per prompt (TRL num_generations; the group size G)")
     batch_size: int = field(64, ge=1, help="sequences decoded together")
     dtype: str | None = field(
         None, choices=(*DTYPES, "auto"),
@@ -82,7 +83,7 @@ class RolloutConfig(DecodeOptions):
         "the live weights each step like the rollout.dtype copy")
     block_size: int | None = field(
         None, ge=1, help="block models: the block the rollouts decode in (default the model's block_size); with "
-        "train_block_size larger, TraceRL's block-size adaptation")
+        "train.block_size larger, TraceRL's block-size adaptation")
 
 
 @dataclass
@@ -111,32 +112,147 @@ class HeldOutConfig(Checked):
 
 
 @dataclass
-class RLConfig(Checked):
-    """Configuration of an RL run."""
+class RLModelConfig(Checked):
+    """The policy to train (the ``model:`` section of an RL config)."""
 
-    model: str = field("", help="checkpoint directory in a published layout (config.json + safetensors), or a "
+    path: str = field("", help="checkpoint directory in a published layout (config.json + safetensors), or a "
                        "hub id org/name[@revision] (HF cache; HF_HUB_OFFLINE=1 reads only the cache)")
     tokenizer: str | None = field(None, help="tokenizer directory (default: the model directory)")
-    output_dir: str = field("runs/rl", help="where metrics, checkpoints, samples and plots go")
-    seed: int = field(0, help="seed of every random stream (prompts, rollouts, estimator masks)")
     dtype: str = field("float32", choices=DTYPES,
                        help="model dtype: float32 | bfloat16 (log-probs and losses stay float32)")
     device: str = field("auto", help="auto | cpu | cuda; under accelerate the process's device")
-    distributed_timeout_s: float = field(
-        1800.0, gt=0, help="multi-process runs: a collective that waits longer than this ends the run with an "
-        "error (a rank that died or hangs); torch's default is 1800 s")
+    freeze_router: bool = field(
+        False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
+        "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")
+    logprob_chunk_size: int = field(
+        DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
+        "recomputed "
+        "in backward (memory independent of the vocabulary; 0 = all at once)")
 
-    # task
+
+@dataclass
+class RLDataConfig(Checked):
+    """The training prompts (the ``data:`` section): a task, or a data file of one."""
+
     task: str = field("countdown", help="task name (gsm8k | math | countdown | sudoku | code) or a data file")
-    train_data: str | None = field(None, help="training data file (default: the task's train file)")
+    train_file: str | None = field(None, help="training data file (default: the task's train file)")
     prompt_style: Literal["chat", "plain", "compact"] = field("chat", help="prompt format of the task")
     train_limit: int | None = field(None, ge=0, help="use only the first N training examples")
-    reward: str | None = field(
+
+
+@dataclass
+class RewardConfig(Checked):
+    """How completions are scored (the ``reward:`` section): the task's verifier unless a function replaces it,
+    and the guards around the call."""
+
+    function: str | None = field(
         None, check=_reward_problem,
         help="custom reward 'module:function' with TRL's signature (prompts, completions, **columns) -> "
         "list[float]; replaces the task's built-in reward (imported when the config is read)")
+    timeout_s: float | None = field(
+        None, gt=0, help="seconds one call of the reward may take (all of a round's completions at once, or one "
+        "completion when a failed batch is scored one by one); past it the call's samples score 0 and count as "
+        "failed. Interrupts Python code through SIGALRM (POSIX, the main thread); a C call is interrupted when it "
+        "returns. null = no limit")
+    max_failure_steps: int = field(
+        3, ge=0, help="stop after this many steps in a row in which the reward raised (or timed out) on every "
+        "sample, naming its last error (a failing sample scores 0 and counts in the reward_errors metric; NaN, "
+        "inf and None rewards score 0 and count in reward_nonfinite). 0 = never stop")
 
-    # algorithm (None: the preset's value; see rl/algorithms.py for each preset's paper)
+
+@dataclass
+class RLTrainConfig(Checked):
+    """The optimisation loop (the ``train:`` section): steps, batches, passes, guards, the weight average and
+    the training layout's block."""
+
+    max_steps: int = field(20, ge=1, help="RL steps (each: rollouts -> rewards -> advantages -> mu passes)")
+    prompts_per_step: int = field(16, ge=1, help="prompts sampled per step (per process)")
+    num_iterations: int = field(
+        1, ge=1, help="optimisation passes over each rollout batch (TRL num_iterations, GRPO's mu, arXiv "
+        "2402.03300; 1 = on-policy)")
+    micro_batch_size: int = field(16, ge=1, help="samples per forward/backward")
+    gradient_accumulation_steps: int | None = field(
+        None, ge=1, help="micro-batches per optimizer step (default: the whole rollout batch is one step per pass)")
+    max_time_minutes: float | None = field(
+        None, gt=0, help="stop training after this many minutes (checked per step)")
+    max_bad_steps: int = field(3, ge=1, help="stop after this many updates skipped for a NaN/inf loss")
+    max_skipped_steps: int = field(
+        20, ge=0, help="stop after this many steps in a row without an update because no prompt group had reward "
+        "signal (every group's rewards equal, or outside accuracy_band: e.g. rollout.temperature=0 decodes a "
+        "group's samples alike, or a constant reward); each such step is warned about. 0 = never stop")
+    ema_decay: float = field(
+        0.0, ge=0, lt=1, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; "
+        "0.93 is a half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; "
+        "rollouts and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
+    block_size: int | None = field(
+        None, ge=1, help="block models: the block of the training layout (trace rows, two-stream layout); default "
+        "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
+        "adaptation, src/dllm_rl/assets/demo/rl-block8.yaml)")
+
+
+@dataclass
+class LogConfig(Checked):
+    """What an RL run prints and keeps besides its metrics (the ``log:`` section)."""
+
+    samples_every: int = field(5, ge=0, help="print a few decoded samples every N steps (0 = never)")
+    rollouts: int = field(
+        4, ge=0, help="rollouts per step written to rollouts.jsonl (prompt, completion, reward)")
+
+
+@dataclass
+class RLConfig(Checked):
+    """Configuration of an RL run: the shared ``run:`` section, the policy (``model:``), its prompts (``data:``) and
+    their scoring (``reward:``); the method at the top level (``algorithm`` and the knobs its preset fills); then
+    ``train:`` / ``optim:`` / ``lora:`` (the update), ``rollout:`` (generation), ``eval:`` (held-out accuracy),
+    ``log:`` and ``value_model:``."""
+
+    #: keys of the flat layout of earlier releases -> their place now (dllm_rl.config.renames)
+    RENAMED: ClassVar[dict[str, str]] = {
+        "output_dir": "run.output_dir",
+        "seed": "run.seed",
+        "distributed_timeout_s": "run.distributed_timeout_s",
+        "resume": "run.resume",
+        "overwrite": "run.overwrite",
+        "progress": "run.progress",
+        "push_to_hub": "run.push_to_hub",
+        "report_to": "run.report_to",
+        "save_every": "run.save_every",
+        "keep_checkpoints": "run.keep_checkpoints",
+        "model": "model.path",
+        "tokenizer": "model.tokenizer",
+        "dtype": "model.dtype",
+        "device": "model.device",
+        "freeze_router": "model.freeze_router",
+        "logprob_chunk_size": "model.logprob_chunk_size",
+        "task": "data.task",
+        "train_data": "data.train_file",
+        "prompt_style": "data.prompt_style",
+        "train_limit": "data.train_limit",
+        "reward": "reward.function",
+        "reward_timeout_s": "reward.timeout_s",
+        "max_reward_failure_steps": "reward.max_failure_steps",
+        "max_steps": "train.max_steps",
+        "prompts_per_step": "train.prompts_per_step",
+        "num_generations": "rollout.num_generations",
+        "num_iterations": "train.num_iterations",
+        "micro_batch_size": "train.micro_batch_size",
+        "gradient_accumulation_steps": "train.gradient_accumulation_steps",
+        "max_time_minutes": "train.max_time_minutes",
+        "max_bad_steps": "train.max_bad_steps",
+        "max_skipped_steps": "train.max_skipped_steps",
+        "ema_decay": "train.ema_decay",
+        "train_block_size": "train.block_size",
+        "log_samples_every": "log.samples_every",
+        "save_rollouts": "log.rollouts",
+    }
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(output_dir="runs/rl"),
+                           help="where the run writes, its seed, resume, checkpoints, trackers, hub upload")
+    model: RLModelConfig = field(default_factory=RLModelConfig, help="the policy")
+    data: RLDataConfig = field(default_factory=RLDataConfig, help="training prompts")
+    reward: RewardConfig = field(default_factory=RewardConfig, help="scoring of completions")
+
+    # the method (None: the preset's value; see rl/algorithms.py for each preset's paper)
     algorithm: str = field(
         "espo", choices=_registry("dllm_rl.rl.algorithms", "PRESETS"),
         help="preset that fills the None fields: espo (ESPO, arXiv 2512.03759) | tracerl (TraceRL, arXiv "
@@ -200,81 +316,20 @@ class RLConfig(Checked):
         help="keep only groups with lo <= accuracy <= hi (TraceRL, arXiv 2509.06949, uses [0.2, 0.8])")
     dynamic_sampling: bool = field(
         False, help="DAPO's dynamic sampling (arXiv 2503.14476): after the groups without signal are dropped "
-        "(drop_zero_variance, accuracy_band), roll out further batches of prompts_per_step prompts until "
-        "prompts_per_step groups with signal are kept (the surplus of the last batch is dropped) or "
+        "(drop_zero_variance, accuracy_band), roll out further batches of train.prompts_per_step prompts until "
+        "train.prompts_per_step groups with signal are kept (the surplus of the last batch is dropped) or "
         "max_sampling_rounds batches were drawn")
     max_sampling_rounds: int = field(4, ge=1, help="dynamic_sampling: most prompt batches rolled out per step")
     reference: Literal["copy", "base"] = field(
         "copy", help="reference policy: copy (frozen copy of the start weights) | base (LoRA adapters disabled; "
         "needs lora.enabled)")
 
-    # schedule
-    max_steps: int = field(20, ge=1, help="RL steps (each: rollouts -> rewards -> advantages -> mu passes)")
-    prompts_per_step: int = field(16, ge=1, help="prompts sampled per step (per process)")
-    num_generations: int = field(
-        8, ge=1, help="completions per prompt (TRL num_generations; the group size G)")
-    num_iterations: int = field(
-        1, ge=1, help="optimisation passes over each rollout batch (TRL num_iterations, GRPO's mu, arXiv "
-        "2402.03300; 1 = on-policy)")
-    micro_batch_size: int = field(16, ge=1, help="samples per forward/backward")
-    gradient_accumulation_steps: int | None = field(
-        None, ge=1, help="micro-batches per optimizer step (default: the whole rollout batch is one step per pass)")
-    max_time_minutes: float | None = field(
-        None, gt=0, help="stop training after this many minutes (checked per step)")
-    max_bad_steps: int = field(3, ge=1, help="stop after this many updates skipped for a NaN/inf loss")
-    max_skipped_steps: int = field(
-        20, ge=0, help="stop after this many steps in a row without an update because no prompt group had reward "
-        "signal (every group's rewards equal, or outside accuracy_band: e.g. rollout.temperature=0 decodes a "
-        "group's samples alike, or a constant reward); each such step is warned about. 0 = never stop")
-    max_reward_failure_steps: int = field(
-        3, ge=0, help="stop after this many steps in a row in which the reward raised (or timed out) on every "
-        "sample, naming its last error (a failing sample scores 0 and counts in the reward_errors metric; NaN, "
-        "inf and None rewards score 0 and count in reward_nonfinite). 0 = never stop")
-    reward_timeout_s: float | None = field(
-        None, gt=0, help="seconds one call of the reward may take (all of a round's completions at once, or one "
-        "completion when a failed batch is scored one by one); past it the call's samples score 0 and count as "
-        "failed. Interrupts Python code through SIGALRM (POSIX, the main thread); a C call is interrupted when it "
-        "returns. null = no limit")
-
-    ema_decay: float = field(
-        0.0, ge=0, lt=1, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; "
-        "0.93 is a half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; "
-        "rollouts and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
+    train: RLTrainConfig = field(default_factory=RLTrainConfig, help="optimisation loop")
     optim: OptimConfig = field(default_factory=OptimConfig, help="optimizer and schedule")
     lora: LoraOptions = field(default_factory=LoraOptions, help="LoRA (peft) settings; full fine-tuning when off")
     rollout: RolloutConfig = field(default_factory=RolloutConfig, help="rollout decoding")
     eval: HeldOutConfig = field(default_factory=HeldOutConfig, help="held-out evaluation")
-
-    # logging and checkpoints
-    log_samples_every: int = field(5, ge=0, help="print a few decoded samples every N steps (0 = never)")
-    save_rollouts: int = field(
-        4, ge=0, help="rollouts per step written to rollouts.jsonl (prompt, completion, reward)")
-    save_every: int = field(0, ge=0, help="checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = field(2, ge=0, help="checkpoints kept on disk (0 = all)")
-    resume: str | None = field(None, help="checkpoint directory to resume from, or 'latest'")
-    overwrite: bool = field(False, help="output_dir already holds a run and resume is not given: delete that run's "
-                                        "files (config, metrics, rollouts, checkpoints, final/, plots) and start "
-                                        "afresh (false = refuse to start)")
-    progress: bool = field(True, help="show a progress bar")
-    freeze_router: bool = field(
-        False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
-        "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")
-    push_to_hub: str | None = field(None, check=check_repo_id,
-                                    help="hub repository org/name to upload final/ to at the end (created "
-                                    "if missing; needs `hf auth login` or HF_TOKEN)")
-    report_to: list[str] = field(default_factory=list, check=check_report_to,
-                                 help="experiment trackers for the metrics and the config: tensorboard | wandb | "
-                                 "trackio | mlflow | none (a list; tensorboard writes OUTPUT_DIR/tensorboard)")
-    logprob_chunk_size: int = field(
-        DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
-        "recomputed "
-        "in backward (memory independent of the vocabulary; 0 = all at once)")
-
-    # TraceRL's block-size adaptation and diffusion value model
-    train_block_size: int | None = field(
-        None, ge=1, help="block models: the block of the training layout (trace rows, two-stream layout); default "
-        "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
-        "adaptation, src/dllm_rl/assets/demo/rl-block8.yaml)")
+    log: LogConfig = field(default_factory=LogConfig, help="printed samples and saved rollouts")
     value_model: ValueModelConfig = field(
         default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")
 

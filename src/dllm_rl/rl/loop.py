@@ -21,7 +21,7 @@ def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
     trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
     summary["accuracy_after"] = after.accuracy
     say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
-        + (f", weight average (ema_decay={cfg.ema_decay})" if trainer.ema is not None else ""))
+        + (f", weight average (train.ema_decay={cfg.train.ema_decay})" if trainer.ema is not None else ""))
     if trainer.ema is not None:  # what the average bought: the last live policy on the same items
         live = trainer.evaluate(live=True)
         summary["accuracy_after_live"] = live.accuracy
@@ -39,7 +39,7 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     try:  # the run directory's lock is released however the run ends
         return _run(trainer)
     except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)
-        raise interrupted(trainer.out, trainer.step_idx, cfg.max_steps, "resume=latest", "overwrite=true") from None
+        raise interrupted(trainer.out, trainer.step_idx, cfg.train.max_steps, "run.resume=latest", "run.overwrite=true") from None
     finally:
         trainer.close()
 
@@ -49,10 +49,10 @@ def _run(trainer: RLTrainer) -> dict:
     t_start = time.perf_counter()
     say = print if trainer.is_main else (lambda *a, **k: None)
     say(f"dllm-rl rl: {cfg.algorithm} ({cfg.estimator}, {cfg.loss_type} loss, {cfg.advantage}) on "
-        f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.task}: "
+        f"{trainer.model.family.name} [{trainer.model.num_parameters():,} params], task {cfg.data.task}: "
         f"{len(trainer.train_task)} train / "
         + (f"{len(trainer.eval_task)} held-out" if trainer.eval_task is not None else "no held-out (eval.limit=0)"))
-    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model, "start_step": trainer.step_idx,
+    summary: dict = {"algorithm": cfg.algorithm, "model": cfg.model.path, "start_step": trainer.step_idx,
                      "is_main": trainer.is_main}
     if trainer.rollout_note:
         say(trainer.rollout_note)
@@ -63,20 +63,20 @@ def _run(trainer: RLTrainer) -> dict:
         say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
     if trainer.accuracy_before is not None:  # a resumed run: from its checkpoint
         summary["accuracy_before"] = trainer.accuracy_before
-    if cfg.rollout.compile and trainer.step_idx < cfg.max_steps:
+    if cfg.rollout.compile and trainer.step_idx < cfg.train.max_steps:
         say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
     show_loss, held_out = loss_is_informative(cfg.loss_type, cfg.loss_aggregation), trainer.accuracy_before
-    bar = Progress(cfg.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
-                   disable=not (cfg.progress and trainer.is_main), note=None if show_loss else ZERO_LOSS_NOTE)
-    while trainer.step_idx < cfg.max_steps:
-        if cfg.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.max_time_minutes:
-            say(f"time budget of {cfg.max_time_minutes} min reached at step {trainer.step_idx}")
+    bar = Progress(cfg.train.max_steps, initial=trainer.step_idx, desc=f"rl/{cfg.algorithm}",
+                   disable=not (cfg.run.progress and trainer.is_main), note=None if show_loss else ZERO_LOSS_NOTE)
+    while trainer.step_idx < cfg.train.max_steps:
+        if cfg.train.max_time_minutes and (time.perf_counter() - t_start) / 60 > cfg.train.max_time_minutes:
+            say(f"time budget of {cfg.train.max_time_minutes} min reached at step {trainer.step_idx}")
             break
         res = trainer.step()
         trainer.step_idx += 1
         m = res.metrics
         if (cfg.eval.every and trainer.eval_task is not None and trainer.step_idx % cfg.eval.every == 0
-                and trainer.step_idx < cfg.max_steps):
+                and trainer.step_idx < cfg.train.max_steps):
             ev = trainer.evaluate()
             m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
         trainer.metrics.log(trainer.step_idx, **m)
@@ -84,10 +84,10 @@ def _run(trainer: RLTrainer) -> dict:
         bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]),
                    **rl_progress(m, held_out=held_out, show_loss=show_loss))
         trainer.rollouts.log(trainer.step_idx, res.samples)
-        if cfg.log_samples_every and trainer.step_idx % cfg.log_samples_every == 0:
+        if cfg.log.samples_every and trainer.step_idx % cfg.log.samples_every == 0:
             for prompt, completion, reward, reason in res.samples[:2]:
                 bar.write(f"  [{reward:.2f}] {prompt.strip()[-60:]!r} -> {completion!r} ({reason})")
-        if cfg.save_every and trainer.step_idx % cfg.save_every == 0:
+        if cfg.run.save_every and trainer.step_idx % cfg.run.save_every == 0:
             trainer.save()
     bar.close()
     summary.update(steps=trainer.step_idx, minutes=(time.perf_counter() - t_start) / 60,

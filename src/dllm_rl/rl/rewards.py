@@ -11,11 +11,11 @@ metrics) uses the sum of the scores. A task wraps a custom reward's per-step lis
 What a reward can do wrong, and what happens:
 
 - it raises: the samples are scored one by one, and only the failing ones score 0 (``failed``, the exception
-  as the reason); the trainer stops after ``max_reward_failure_steps`` steps in a row failed on every sample;
+  as the reason); the trainer stops after ``reward.max_failure_steps`` steps in a row failed on every sample;
 - it returns NaN, inf or None: that value scores 0 and is counted (``nonfinite``; the trainer warns and logs
   ``reward_nonfinite``);
 - it returns a finite value beyond ±:data:`REWARD_LIMIT`: :class:`~dllm_rl.tasks.base.RewardError` (one line);
-- it takes longer than ``timeout_s`` (``reward_timeout_s``): the call's samples score 0 as failed;
+- it takes longer than ``timeout_s`` (``reward.timeout_s``): the call's samples score 0 as failed;
 - it calls ``sys.exit``: :class:`~dllm_rl.tasks.base.RewardError` naming it (raised by the task, passed on here).
 """
 
@@ -53,7 +53,7 @@ class Scored:
 
 
 class RewardTimeout(TimeoutError):
-    """A reward call took longer than ``reward_timeout_s``."""
+    """A reward call took longer than ``reward.timeout_s``."""
 
 
 @contextlib.contextmanager
@@ -64,12 +64,12 @@ def _deadline(seconds: float | None) -> Iterator[None]:
         yield
         return
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        logger.warning("reward_timeout_s=%g is not applied: it needs the main thread of a POSIX process", seconds)
+        logger.warning("reward.timeout_s=%g is not applied: it needs the main thread of a POSIX process", seconds)
         yield
         return
 
     def expire(signum, frame):
-        raise RewardTimeout(f"took longer than reward_timeout_s={seconds:g} s")
+        raise RewardTimeout(f"took longer than reward.timeout_s={seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -1,4 +1,4 @@
-"""The RL trainer: rollout -> reward -> advantages -> ``num_iterations`` optimisation passes, in one process
+"""The RL trainer: rollout -> reward -> advantages -> ``train.num_iterations`` optimisation passes, in one process
 per rank over the same in-memory weights (no subprocess per stage, no reload between stages).
 
 Read top to bottom: :class:`RLTrainer` sets everything up, and :meth:`RLTrainer.step` is one RL step in two
@@ -75,18 +75,18 @@ class RLTrainer(RLCheckpoints):
 
     def __init__(self, cfg: RLConfig, reward_fn=None):
         cfg = expand_user(cfg, RL_PATHS)
-        if not cfg.model:
-            raise ConfigError("model: set the checkpoint directory (model=PATH)")
-        family = detect_family(read_config(cfg.model), f"{cfg.model}/config.json")
+        if not cfg.model.path:
+            raise ConfigError("model.path: set the checkpoint directory (model.path=PATH)")
+        family = detect_family(read_config(cfg.model.path), f"{cfg.model.path}/config.json")
         self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
         self.accelerator = make_accelerator(
-            cpu=runs_on_cpu(cfg.device), timeout_s=cfg.distributed_timeout_s,
+            cpu=runs_on_cpu(cfg.model.device), timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-        setup_backend(self.accelerator, cfg.micro_batch_size, cfg.optim.max_grad_norm)
-        self.chunk_size = cfg.logprob_chunk_size
-        self.out = Path(cfg.output_dir)
+        setup_backend(self.accelerator, cfg.train.micro_batch_size, cfg.optim.max_grad_norm)
+        self.chunk_size = cfg.model.logprob_chunk_size
+        self.out = Path(cfg.run.output_dir)
         self.is_main = self.accelerator.is_main_process
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         # and a resume's config compared with the checkpoint's
@@ -105,19 +105,19 @@ class RLTrainer(RLCheckpoints):
     def _build_models(self, reward_fn) -> None:
         """The policy (LoRA, routers), tasks, hook, reference copy, optimiser, schedule and value model."""
         cfg = self.cfg
-        self.model = load_model(cfg.model, dtype=cfg.dtype, device=self.accelerator.device,
-                                tokenizer_dir=cfg.tokenizer)
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, mask_token_id=self.model.mask_token_id)
+        self.model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=self.accelerator.device,
+                                tokenizer_dir=cfg.model.tokenizer)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id)
         for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
             decode_config(cfg, self.model, evaluation=evaluation)
         check_estimator_options(cfg, self.model)
-        reward = reward_fn if reward_fn is not None else cfg.reward
-        self.train_task = get_task(cfg.task, data=cfg.train_data, split="train", prompt_style=cfg.prompt_style,
-                                   limit=cfg.train_limit, reward_fn=reward)
+        reward = reward_fn if reward_fn is not None else cfg.reward.function
+        self.train_task = get_task(cfg.data.task, data=cfg.data.train_file, split="train", prompt_style=cfg.data.prompt_style,
+                                   limit=cfg.data.train_limit, reward_fn=reward)
         self.eval_task = None if cfg.eval.limit == 0 else get_task(  # eval.limit=0: no held-out evaluation
-            cfg.task, data=cfg.eval.data, split=cfg.eval.split, prompt_style=cfg.prompt_style, limit=cfg.eval.limit,
+            cfg.data.task, data=cfg.eval.data, split=cfg.eval.split, prompt_style=cfg.data.prompt_style, limit=cfg.eval.limit,
             reward_fn=reward)
-        check_not_empty(self.train_task, "training", "train_data")
+        check_not_empty(self.train_task, "training", "data.train_file")
         if self.eval_task is not None:
             check_not_empty(self.eval_task, "held-out", "eval.data")
         if cfg.lora.enabled:
@@ -126,7 +126,7 @@ class RLTrainer(RLCheckpoints):
         self.reference = None
         if cfg.beta > 0 and cfg.reference == "copy":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        if cfg.freeze_router:
+        if cfg.model.freeze_router:
             freeze_routers(self.model.model)
         self.model.train()
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
@@ -142,16 +142,16 @@ class RLTrainer(RLCheckpoints):
         if self.reference is not None:
             shard_reference(self.accelerator, self.reference)
         decode_dtype, self.rollout_note = rollout_dtype(cfg.rollout.dtype, self.model.dtype, self.accelerator.device)
-        refuse_unsharded_features(self.accelerator, ema_decay=cfg.ema_decay > 0,
+        refuse_unsharded_features(self.accelerator, ema_decay=cfg.train.ema_decay > 0,
                                   **{"rollout.dtype / rollout.compile": decode_dtype != self.model.dtype
                                      or cfg.rollout.compile})
-        self.ema = WeightEMA(self._plain().model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.ema = WeightEMA(self._plain().model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
         # TraceRL's block-size adaptation: rollouts at one block, the training layout at a multiple of it
         _, self.train_block, _ = run_block_sizes(cfg, self.model.block_size)  # checks all three
-        self.stream = IndexStream(len(self.train_task), seed=cfg.seed)
+        self.stream = IndexStream(len(self.train_task), seed=cfg.run.seed)
         self.step_idx = 0
         self.skipped_steps = 0  # steps in a row without an update (no group with reward signal)
         # the step's two stages: rollouts -> rewards -> advantages, then the optimisation passes
@@ -161,22 +161,22 @@ class RLTrainer(RLCheckpoints):
                                      self.scheduler, self.train_block, self._gathered)
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
         self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
-        if cfg.resume:
-            self._resume(cfg.resume)
+        if cfg.run.resume:
+            self._resume()
         self.metrics = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step_idx, enabled=self.is_main,
-                                     report_to=cfg.report_to, config=to_dict(cfg))
+                                     report_to=cfg.run.report_to, config=to_dict(cfg))
         if self.is_main:
             save_config(cfg, self.out / "config.yaml")
 
     # ------------------------------------------------------------------------------------ sizes
     def micro_batches_per_pass(self, n: int) -> int:
-        return max(1, math.ceil(n / self.cfg.micro_batch_size))
+        return max(1, math.ceil(n / self.cfg.train.micro_batch_size))
 
     def total_optimizer_steps(self) -> int:
-        n = self.cfg.prompts_per_step * self.cfg.num_generations
+        n = self.cfg.train.prompts_per_step * self.cfg.rollout.num_generations
         per_pass = self.micro_batches_per_pass(n)
-        accum = self.cfg.gradient_accumulation_steps or per_pass
-        return self.cfg.max_steps * self.cfg.num_iterations * math.ceil(per_pass / accum)
+        accum = self.cfg.train.gradient_accumulation_steps or per_pass
+        return self.cfg.train.max_steps * self.cfg.train.num_iterations * math.ceil(per_pass / accum)
 
     # --------------------------------------------------------------------------------- one step
     def step(self) -> StepResult:
@@ -252,31 +252,31 @@ class RLTrainer(RLCheckpoints):
         return mean_over_ranks(self.accelerator, m)
 
     def _samples(self, batch: StepBatch) -> list[tuple[str, str, float, str]]:
-        """The first ``save_rollouts`` samples as (prompt, completion, reward, reason)."""
-        n = min(self.cfg.save_rollouts, len(batch.rewards))
+        """The first ``log.rollouts`` samples as (prompt, completion, reward, reason)."""
+        n = min(self.cfg.log.rollouts, len(batch.rewards))
         return [(batch.prompts[i], batch.rollout.texts[i], batch.reward_values[i], batch.reasons[i])
                 for i in range(n)]
 
     def _count_skipped(self, any_kept: bool, filt) -> None:
         """Count the steps in a row without an update because no group had reward signal; warn at each, stop
-        at ``max_skipped_steps`` saying why (a run that never updates would otherwise end as a success)."""
+        at ``train.max_skipped_steps`` saying why (a run that never updates would otherwise end as a success)."""
         cfg = self.cfg
         self.skipped_steps = 0 if any_kept else self.skipped_steps + 1
         if any_kept:
             return
-        groups = len(filt.keep) // cfg.num_generations
+        groups = len(filt.keep) // cfg.rollout.num_generations
         why = f"{filt.zero_variance_groups} of {groups} groups had all-equal rewards"
         if filt.out_of_band_groups:
             why += f", {filt.out_of_band_groups} were outside accuracy_band"
-        limit = f"the run stops at {cfg.max_skipped_steps}" if cfg.max_skipped_steps else "max_skipped_steps=0"
+        limit = f"the run stops at {cfg.train.max_skipped_steps}" if cfg.train.max_skipped_steps else "train.max_skipped_steps=0"
         logger.warning("step %d: no update, no group had reward signal (%s); %d step(s) in a row (%s)",
                        self.step_idx + 1, why, self.skipped_steps, limit)
-        if cfg.max_skipped_steps and self.skipped_steps >= cfg.max_skipped_steps:
+        if cfg.train.max_skipped_steps and self.skipped_steps >= cfg.train.max_skipped_steps:
             hint = ("rollout.temperature=0 decodes every sample of a prompt alike: raise it" if cfg.rollout.temperature
                     == 0 else "check the rollouts (rollouts.jsonl) for a reward that does not vary or a policy "
                     f"collapsed by too large a learning rate (optim.lr={cfg.optim.lr:g})")
             raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.skipped_steps} steps in a row were "
-                                  f"skipped, no group had reward signal ({why}); {hint}, or set max_skipped_steps=0 "
+                                  f"skipped, no group had reward signal ({why}); {hint}, or set train.max_skipped_steps=0 "
                                   "to go on")
 
     def _check_weights(self) -> None:
@@ -294,7 +294,7 @@ class RLTrainer(RLCheckpoints):
 
     # ----------------------------------------------------------------------------- evaluation
     def averaged(self, live: bool = False):
-        """A context in which the policy holds the returned weights: the weight average when ``ema_decay``
+        """A context in which the policy holds the returned weights: the weight average when ``train.ema_decay``
         is on (unless ``live``), else the live weights."""
         return self.ema.applied() if self.ema is not None and not live else contextlib.nullcontext()
 
@@ -310,7 +310,7 @@ class RLTrainer(RLCheckpoints):
         with self.averaged(live), torch.no_grad(), gathered:
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
-                                   batch_size=cfg.rollout.batch_size, seed=cfg.seed)
+                                   batch_size=cfg.rollout.batch_size, seed=cfg.run.seed)
         if world > 1:
             vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
                                                       "n": float(res.n)})

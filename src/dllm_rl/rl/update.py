@@ -1,7 +1,7 @@
 """The RL update stage: the micro-batch engine of one step's optimisation passes (:class:`PolicyUpdater`).
 
 It takes what the collect stage (:mod:`dllm_rl.rl.collect`) hands over, the step's rollouts, their advantages and
-which samples train, and runs ``num_iterations`` passes of micro-batches over them: old and reference scores,
+which samples train, and runs ``train.num_iterations`` passes of micro-batches over them: old and reference scores,
 the policy loss, backward, gradient accumulation, clipping and the optimiser step.
 
 The rank bookkeeping lives here and only here: every rank must take each branch alike, so a rank that kept
@@ -54,14 +54,14 @@ class PolicyUpdater:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.train_block = train_block
         self.gathered = gathered
-        self.chunk_size = cfg.logprob_chunk_size
+        self.chunk_size = cfg.model.logprob_chunk_size
         self.bad_updates = 0
         self.grad_norms: list[float] = []
         self.step_idx = 0
         self._skip_next = False
 
     def scorer_options(self, **defaults) -> dict:
-        """The estimator's options (``estimator_options``) with the LM-head chunk (``logprob_chunk_size``)."""
+        """The estimator's options (``estimator_options``) with the LM-head chunk (``model.logprob_chunk_size``)."""
         return {"logprob_chunk_size": self.chunk_size, **defaults, **(self.cfg.estimator_options or {})}
 
     def scores(self, model, batch: ScoringBatch, gen_seed: int, **defaults) -> TokenScores:
@@ -73,7 +73,7 @@ class PolicyUpdater:
 
     def batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
         """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds, laid out at the
-        training block (``train_block_size``; block models)."""
+        training block (``train.block_size``; block models)."""
         device = self.model.device
         full = ScoringBatch.from_rollout(rollout)
         full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
@@ -83,16 +83,16 @@ class PolicyUpdater:
             batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block)
 
     def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
-        """``num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages ``adv``,
+        """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages ``adv``,
         estimator mask seeds ``mask_seeds``) at step ``step_idx``; returns the update's metrics."""
         cfg, acc = self.cfg, self.accelerator
         self.step_idx = step_idx
         # A rank that kept fewer samples pads with micro-batches, up to the most any rank has, that re-score one
         # of its samples at weight 0: every rank then runs the same forwards, backwards and collectives (DDP's
         # all-reduces, FSDP2 / ZeRO-3's parameter gathers, the scorer's agreement) whatever the data.
-        mbs = micro_batches(acc, len(keep), cfg.micro_batch_size)
+        mbs = micro_batches(acc, len(keep), cfg.train.micro_batch_size)
         padding = [not mb for mb in mbs]
-        accum = cfg.gradient_accumulation_steps or len(mbs)
+        accum = cfg.train.gradient_accumulation_steps or len(mbs)
         # each optimizer step's loss is the mean over the samples every rank kept for it, whatever the world
         # size: a micro-batch weighs len(mb) * world / (samples of its step over all ranks), since the gradient
         # all-reduce averages over the ranks
@@ -102,10 +102,10 @@ class PolicyUpdater:
             mbs = [mb or [len(keep) - 1] for mb in mbs]
         batch = self.batch(rollout, keep, mask_seeds)
         adv_k = adv[keep].to(self.model.device)
-        est_seed = derive_seed(cfg.seed, self.step_idx, ESTIMATOR_MASKS)
+        est_seed = derive_seed(cfg.run.seed, self.step_idx, ESTIMATOR_MASKS)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
-        need_old = cfg.num_iterations > 1 or accum < len(mbs)
+        need_old = cfg.train.num_iterations > 1 or accum < len(mbs)
         policy_scored = need_old or (cfg.beta > 0 and self.reference is None)
         with torch.no_grad(), self.gathered(self.model if policy_scored else None), \
                 self.gathered(self.reference if cfg.beta > 0 else None):
@@ -123,7 +123,7 @@ class PolicyUpdater:
         stats: dict[str, list[float]] = {}
         losses = []
         first_dev = 0.0
-        for it in range(cfg.num_iterations):
+        for it in range(cfg.train.num_iterations):
             for j, mb in enumerate(mbs):
                 sub = batch.select(mb)
                 last_in_group = (j + 1) % accum == 0 or j == len(mbs) - 1
@@ -189,10 +189,10 @@ class PolicyUpdater:
         discard_gradients(self.accelerator, self.model.model, self.optimizer)
         self._skip_next = True
         logger.warning("step %d: non-finite loss (%s); update skipped (%d/%d)", self.step_idx, float(loss.detach()),
-                       self.bad_updates, self.cfg.max_bad_steps)
-        if self.bad_updates >= self.cfg.max_bad_steps:
+                       self.bad_updates, self.cfg.train.max_bad_steps)
+        if self.bad_updates >= self.cfg.train.max_bad_steps:
             raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.bad_updates} updates had a NaN/inf "
-                                  f"loss (max_bad_steps={self.cfg.max_bad_steps}); lower optim.lr or check the rewards")
+                                  f"loss (train.max_bad_steps={self.cfg.train.max_bad_steps}); lower optim.lr or check the rewards")
 
     def _optimizer_step(self) -> None:
         if skip_together(self.accelerator, self._skip_next):  # one rank skips: all do

@@ -127,20 +127,20 @@ class ValueLearner:
         self.optimizer = build_optimizer(self.model, replace(cfg.optim, lr=self.lr))
         with deepspeed_clipping(accelerator, v.max_grad_norm):  # DeepSpeed clips inside its engine's step
             self.module, self.optimizer = accelerator.prepare(self.model, self.optimizer)
-        self.micro_batch_size = int(v.micro_batch_size or cfg.micro_batch_size)
+        self.micro_batch_size = int(v.micro_batch_size or cfg.train.micro_batch_size)
 
     @staticmethod
     def _backbone(cfg, policy: DiffusionLM) -> DiffusionLM:
         source = cfg.value_model.init_from
         if source == "policy":
             if cfg.lora.enabled:  # the policy's frozen base (shared tensors) with the value model's own adapter
-                return apply_lora(merged_model(policy, device=policy.device), cfg.lora, seed=cfg.seed + 1)
+                return apply_lora(merged_model(policy, device=policy.device), cfg.lora, seed=cfg.run.seed + 1)
             return copy.deepcopy(policy)
         family = detect_family(read_config(source), f"{source}/config.json")
         if family.name != policy.family.name:
             raise ConfigError(f"value_model.init_from: {source} is a {family.name} model and the policy a "
                               f"{policy.family.name} model; the value backbone must be of the policy's family")
-        return load_model(source, dtype=cfg.dtype, device=policy.device)
+        return load_model(source, dtype=cfg.model.dtype, device=policy.device)
 
     # ------------------------------------------------------------------------------------ one step
     def _micro_batches(self, n: int) -> list[list[int]]:

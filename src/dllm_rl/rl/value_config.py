@@ -31,7 +31,7 @@ class ValueModelConfig(Checked):
         "shrinkage when estimator=trace, else 1")
     epochs: int = field(1, ge=1, help="passes of the value update over each rollout batch")
     micro_batch_size: int | None = field(
-        None, ge=1, help="samples per value forward/backward (default micro_batch_size)")
+        None, ge=1, help="samples per value forward/backward (default train.micro_batch_size)")
     max_grad_norm: float | None = field(1.0, help="clip the value model's gradient norm (null = no clipping)")
 
 

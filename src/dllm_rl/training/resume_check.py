@@ -13,18 +13,21 @@ from typing import Any
 import yaml
 
 from dllm_rl.config import ConfigError, to_dict
+from dllm_rl.config.renames import carry_renamed
 
-# RL settings that may change on resume: they take effect from the resumed step and change no past step
-RL_APPLICABLE = ("max_steps", "max_time_minutes", "max_bad_steps", "max_skipped_steps", "max_reward_failure_steps",
-                 "reward_timeout_s", "save_every", "keep_checkpoints",
-                 "log_samples_every", "save_rollouts", "progress", "push_to_hub", "report_to", "device",
-                 "distributed_timeout_s", "logprob_chunk_size", "rollout.batch_size", "eval.every", "output_dir")
-SFT_APPLICABLE = ("train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.save_every",
-                  "train.keep_checkpoints", "train.progress", "train.num_threads", "train.cpu", "train.push_to_hub",
-                  "train.report_to", "train.distributed_timeout_s", "train.output_dir",
-                  "objective.logprob_chunk_size", "model.gradient_checkpointing")
-RL_IGNORED = ("resume", "overwrite")
-SFT_IGNORED = ("train.resume", "train.overwrite")
+# settings of the shared run section that may change on resume (where the run writes, how it reports)
+RUN_APPLICABLE = ("run.output_dir", "run.progress", "run.save_every", "run.keep_checkpoints", "run.push_to_hub",
+                  "run.report_to", "run.distributed_timeout_s")
+# RL / SFT settings that may change on resume: they take effect from the resumed step and change no past step
+RL_APPLICABLE = RUN_APPLICABLE + (
+    "train.max_steps", "train.max_time_minutes", "train.max_bad_steps", "train.max_skipped_steps",
+    "reward.max_failure_steps", "reward.timeout_s", "log.samples_every", "log.rollouts", "model.device",
+    "model.logprob_chunk_size", "rollout.batch_size", "eval.every")
+SFT_APPLICABLE = RUN_APPLICABLE + (
+    "train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.num_threads", "train.cpu",
+    "objective.logprob_chunk_size", "model.gradient_checkpointing")
+#: how a run continues, never compared
+RUN_IGNORED = ("run.resume", "run.overwrite")
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -38,8 +41,8 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_resumed_config(checkpoint: Path, cfg: Any, applicable: tuple[str, ...], ignored: tuple[str, ...],
-                         key: str = "output_dir") -> list[str]:
+def check_resumed_config(checkpoint: Path, cfg: Any, applicable: tuple[str, ...],
+                         ignored: tuple[str, ...] = RUN_IGNORED, key: str = "run.output_dir") -> list[str]:
     """Compare ``cfg`` with the config saved in ``checkpoint`` (its ``config.yaml``).
 
     Raises :class:`~dllm_rl.config.ConfigError` naming every changed setting outside ``applicable`` (with
@@ -49,7 +52,8 @@ def check_resumed_config(checkpoint: Path, cfg: Any, applicable: tuple[str, ...]
     file = checkpoint / "config.yaml"
     if not file.is_file():
         return []
-    saved = flatten(yaml.safe_load(file.read_text()) or {})
+    # a checkpoint written before keys were renamed: its keys carried to their new place, as a config file's are
+    saved = flatten(carry_renamed(type(cfg), yaml.safe_load(file.read_text()) or {}, str(file), warn=False))
     now = flatten(yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False)) or {})
     refused, applied = [], []
     for name, value in now.items():

@@ -263,13 +263,13 @@ def _check_path(path: Path, key: str) -> Path:
 
 
 def open_run_dir(path: str | Path, run_files: tuple[str, ...], *, resume: bool, overwrite: bool,
-                 key: str = "output_dir", resume_hint: str = "resume=latest",
-                 overwrite_hint: str = "overwrite=true", inputs: Mapping[str, str | None] | None = None) -> RunDir:
+                 key: str = "run.output_dir", resume_hint: str = "run.resume=latest",
+                 overwrite_hint: str = "run.overwrite=true", inputs: Mapping[str, str | None] | None = None) -> RunDir:
     """Check, lock and prepare the run directory ``path`` (see the module docstring).
 
-    ``key`` / ``resume_hint`` / ``overwrite_hint``: the config key and settings the messages name
-    (``train.output_dir``, ``train.resume=auto``, ``train.overwrite=true`` for SFT). ``inputs``: the run's
-    input paths by config key (``{"model": ..., "train_data": ...}``), which ``overwrite`` must not delete."""
+    ``key`` / ``resume_hint`` / ``overwrite_hint``: the config key and settings the messages name (the shared
+    run section's). ``inputs``: the run's input paths by config key (``{"model.path": ..., "data.train_file":
+    ...}``), which ``overwrite`` must not delete."""
     if resume and overwrite:
         raise RunDirError(f"{resume_hint.split('=')[0]} and {overwrite_hint.split('=')[0]} contradict each other: "
                           "resume continues the run in the directory, overwrite deletes it; give one")

@@ -17,7 +17,7 @@ Both sides are sums over draws, equal ``A`` with gradient ``A grad(mean_d z_d)``
 is minus the mean over sequences. Its block-level form for block models (as EBPO, LLaDA2.1, does) is the
 ``elbo`` estimator on a block model: every block its own noise level given the clean earlier blocks. With
 ``linear_in_draws`` the trainer back-propagates one draw at a time (:mod:`dllm_rl.rl.draw_backward`).
-No clipping (the bound is used on-policy; ``num_iterations=1``), KL as in ESPO's sequence loss.
+No clipping (the bound is used on-policy; ``train.num_iterations=1``), KL as in ESPO's sequence loss.
 """
 
 from __future__ import annotations

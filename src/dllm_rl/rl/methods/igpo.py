@@ -6,7 +6,7 @@ of the reference solution inpainted (committed before decoding) into the complet
 ``max_replacements`` of the failed rollouts by inpainted ones that succeed, so the group has a signal
 again. Released settings (``run_igpo.sh``): per rollout an inpainting ratio ``~ U(0.2, 0.6)`` (sorted
 within the group), chunks of 5-10 tokens, at most 4 replacements, on GRPO with d1's masking, GSPO's
-sequence ratio, ``beta = 0.01``, ``lr = 5e-7``, ``num_iterations = 4``, temperature 1.2.
+sequence ratio, ``beta = 0.01``, ``lr = 5e-7``, ``train.num_iterations = 4``, temperature 1.2.
 The paper's equation numbers could not be checked here.
 
 Deviations: the reference inpainted is the task's reference completion unless ``column`` names a data
