@@ -56,7 +56,7 @@ def _mistakes(root: Path) -> dict:
     (root / "trace_null.jsonl").write_text('{"tokens": ["a", "b"], "steps": [0, null]}\n')
     (root / "run").mkdir()
     (root / "run" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
-    sft = ["sft", str(REPO / "configs" / "demo-sft-block.yaml")]  # each case its own train.output_dir (a lock)
+    sft = ["sft", str(REPO / "configs" / "demo-sft-block.yaml")]  # each case its own run.output_dir (a lock)
     ev = ["eval", model, "--task", "countdown", "--data", heldout, "-o", str(root / "ev")]
     return {
         "hf_parent": ("../../etc", ["data", "show", "hf:../../etc", "--task-type", "countdown"]),
@@ -70,9 +70,9 @@ def _mistakes(root: Path) -> dict:
         "yaml_deep": (root / "deep.yaml", ["rl", str(root / "deep.yaml")]),
         "yaml_bomb": (root / "bomb.yaml", ["rl", str(root / "bomb.yaml")]),
         "sft_parquet": (root / "bad.parquet", [*sft, f"data.train_file={root / 'bad.parquet'}",
-                                               f"train.output_dir={root / 'sft1'}"]),
+                                               f"run.output_dir={root / 'sft1'}"]),
         "sft_no_usable": (root / "no_usable.jsonl", [*sft, f"data.train_file={root / 'no_usable.jsonl'}",
-                                                       "data.task=null", f"train.output_dir={root / 'sft2'}"]),
+                                                       "data.task=null", f"run.output_dir={root / 'sft2'}"]),
         "tokenizer": (DEMO / "llada-countdown", [*ev, "--tokenizer", str(DEMO / "llada-countdown")]),
         "digits": (None, ["data", "make", "arith", "--n", "2", "--digits", "10000", "--out", str(root / "a.jsonl")]),
         "same_out": (root / "x.jsonl", ["data", "make", "arith", "--n", "20", "--out", str(root / "x.jsonl"),
@@ -181,17 +181,17 @@ def test_custom_reward_that_does_not_import_fails_at_config_time(cli, tmp_path, 
     _, rc, err = cli["reward"]
     assert rc == 2
     line = _one_error_line(err, "rl")
-    assert line.endswith("reward: 'no_such_module:score': no module named 'no_such_module' (is its folder on "
+    assert line.endswith("reward.function: 'no_such_module:score': no module named 'no_such_module' (is its folder on "
                          "PYTHONPATH?)")
     sys.path.insert(0, str(tmp_path))
     try:
         line = _in_process(capsys, "rl", config, "reward.function=good_reward:scor")
-        assert line.endswith("reward: 'good_reward:scor': 'good_reward' has no attribute 'scor'")
+        assert line.endswith("reward.function: 'good_reward:scor': 'good_reward' has no attribute 'scor'")
         line = _in_process(capsys, "rl", config, "reward.function=bad_reward:score")
-        assert line.endswith("reward: 'bad_reward:score': importing 'bad_reward' raised RuntimeError: needs a GPU")
+        assert line.endswith("reward.function: 'bad_reward:score': importing 'bad_reward' raised RuntimeError: needs a GPU")
         line = _in_process(capsys, "rl", config, "reward.function=score")
-        assert line.endswith("reward: 'score': expected 'package.module:function'")
-        assert load_config(RLConfig, None, ["reward.function=good_reward:score"]).reward == "good_reward:score"
+        assert line.endswith("reward.function: 'score': expected 'package.module:function'")
+        assert load_config(RLConfig, None, ["reward.function=good_reward:score"]).reward.function == "good_reward:score"
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("good_reward", None)

@@ -129,7 +129,7 @@ def test_reward_timeout_scores_the_call_zero_and_counts_it_failed(rl_setup, tmp_
                        r"reward.timeout_s=0.2 s\)"):
         train(_cfg(rl_setup, tmp_path, "train.max_steps=2", "reward.timeout_s=0.2", "reward.max_failure_steps=1"),
               reward_fn=_slow)
-    with pytest.raises(ValueError, match=r"^reward_timeout_s: must be > 0, got 0.0$"):
+    with pytest.raises(ValueError, match=r"^reward.timeout_s: must be > 0, got 0.0$"):
         _cfg(rl_setup, tmp_path, "reward.timeout_s=0")
 
 

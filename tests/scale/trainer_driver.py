@@ -57,9 +57,9 @@ WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 
 def sft(root: Path, out: Path, *extra: str) -> None:
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
-            f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "train.progress=false",
+            f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
             "train.mixed_precision=no", "objective.logprob_chunk_size=3",
-            "optim.lr=0.003", f"train.output_dir={out}", *extra]
+            "optim.lr=0.003", f"run.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
 
 
@@ -164,7 +164,7 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
         return
     sft(root, out / "sft")
     sft(root, out / "sft_resumed", "train.stop_after=1")
-    sft(root, out / "sft_resumed", "train.resume=auto")
+    sft(root, out / "sft_resumed", "run.resume=auto")
     sft(root, out / "sft_lora", "lora.enabled=true", "lora.r=4")
     rl(root, out / "espo", "sdar", "espo")
     uneven(root, out)

@@ -1,5 +1,5 @@
-"""The SFT run directory: a real run killed while it writes a checkpoint resumes with train.resume=auto; an
-old run is refused without train.resume / train.overwrite, and train.overwrite starts afresh."""
+"""The SFT run directory: a real run killed while it writes a checkpoint resumes with run.resume=auto; an
+old run is refused without run.resume / run.overwrite, and run.overwrite starts afresh."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def _overrides(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     return ["model.tokenizer=char", "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=1",
             "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64", f"data.train_file={data}",
-            "data.max_length=16", "train.batch_size=4", "train.max_steps=3", "train.progress=false",
-            f"train.output_dir={tmp_path / 'run'}", "train.log_every=1", "train.save_every=1",
-            "train.keep_checkpoints=3", "train.num_threads=1"]
+            "data.max_length=16", "train.batch_size=4", "train.max_steps=3", "run.progress=false",
+            f"run.output_dir={tmp_path / 'run'}", "train.log_every=1", "run.save_every=1",
+            "run.keep_checkpoints=3", "train.num_threads=1"]
 
 
 def _sft(args, **env):
@@ -44,10 +44,10 @@ def test_run_killed_while_writing_a_checkpoint_resumes_with_resume_auto(tmp_path
     ckpts = out / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-0000001", "step-0000002.tmp"]
     assert (ckpts / "step-0000002.tmp" / "trainer_state.json").is_file()
-    with pytest.raises(RunDirError, match=rf"train.output_dir={out} already holds a run .*pass train.resume=auto"):
+    with pytest.raises(RunDirError, match=rf"run.output_dir={out} already holds a run .*pass run.resume=latest"):
         SFTTrainer(load_config(SFTConfig, None, args), verbose=False)
 
-    resumed = _sft([*args, "train.resume=auto"])
+    resumed = _sft([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"sft: resumed from {ckpts / 'step-0000001'} at step 1" in resumed.stdout
     assert f"{ckpts / 'step-0000002.tmp'}: not a complete checkpoint (a save cut short?); removed" in resumed.stderr
@@ -56,7 +56,7 @@ def test_run_killed_while_writing_a_checkpoint_resumes_with_resume_auto(tmp_path
     assert (out / "model" / "model.safetensors").is_file()
 
     (out / "notes.txt").write_text("kept")
-    again = SFTTrainer(load_config(SFTConfig, None, [*args, "train.overwrite=true", "train.max_steps=1"]),
+    again = SFTTrainer(load_config(SFTConfig, None, [*args, "run.overwrite=true", "train.max_steps=1"]),
                        verbose=False)
     again.run()
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-0000001"]
@@ -70,27 +70,27 @@ def test_tilde_paths_resume_checks_and_overwrite_that_would_delete_the_model(tmp
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(tmp_path)
-    args = [a for a in _overrides(home) if not a.startswith(("data.train_file=", "train.output_dir="))]
-    args += ["data.train_file=~/train.jsonl", "train.output_dir=~/run", "train.max_steps=1"]
+    args = [a for a in _overrides(home) if not a.startswith(("data.train_file=", "run.output_dir="))]
+    args += ["data.train_file=~/train.jsonl", "run.output_dir=~/run", "train.max_steps=1"]
     out = home / "run"
     assert main(["sft", *args]) == 0
     assert (out / "model" / "model.safetensors").is_file() and not (tmp_path / "~").exists()
     saved = (out / "config.yaml").read_text()
     assert f"output_dir: {out}\n" in saved and f"train_file: {home}/train.jsonl\n" in saved
     capsys.readouterr()
-    assert main(["sft", *args, "train.resume=auto", "optim.lr=0.01", "train.seed=3"]) == 2
+    assert main(["sft", *args, "run.resume=auto", "optim.lr=0.01", "run.seed=3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"dllm-rl sft: error: resume from {out}/checkpoints/step-0000001: optim.lr 1e-05 -> 0.01; "
-                          "train.seed 0 -> 3: these settings cannot change on resume")
+    assert err.startswith(f"dllm-rl sft: error: resume from {out}/checkpoints/step-0000001: run.seed 0 -> 3; "
+                          "optim.lr 1e-05 -> 0.01: these settings cannot change on resume")
     assert (out / "config.yaml").read_text() == saved
-    assert main(["sft", *args, "train.resume=auto", "train.max_steps=2"]) == 0
+    assert main(["sft", *args, "run.resume=auto", "train.max_steps=2"]) == 0
     assert "sft: resume: applied changed settings: train.max_steps 1 -> 2\n" in capsys.readouterr().out
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert main(["sft", *args, "model.path=~/run/model", "train.overwrite=true"]) == 2
+    assert main(["sft", *args, "model.path=~/run/model", "run.overwrite=true"]) == 2
     assert capsys.readouterr().err == (
-        f"dllm-rl sft: error: train.overwrite=true would delete {out}/model/config.json, and model.path={out}/model "
+        f"dllm-rl sft: error: run.overwrite=true would delete {out}/model/config.json, and model.path={out}/model "
         f"lies in or under it: the run would destroy what it starts from; copy model.path out of {out} first, or "
-        "choose another train.output_dir\n")
+        "choose another run.output_dir\n")
     assert (out / "model" / "model.safetensors").is_file()
 
 
@@ -108,5 +108,5 @@ def test_ctrl_c_prints_one_line_with_the_step_and_how_to_resume(tmp_path, monkey
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (f"dllm-rl sft: interrupted: stopped during step 3 of 3; the last checkpoint is "
                                     f"{tmp_path}/run/checkpoints/step-0000002: continue the run with "
-                                    "train.resume=auto")
+                                    "run.resume=latest")
     assert "Traceback" not in err

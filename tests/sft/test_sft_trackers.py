@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_tensorboard_scalars_equal_the_jsonl_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(_cfg(tmp_path, "train.report_to=tensorboard", "train.max_steps=3"), verbose=False)
+    train(_cfg(tmp_path, "run.report_to=tensorboard", "train.max_steps=3"), verbose=False)
     run = tmp_path / "run"
     rows = read_metrics(run / "metrics.jsonl")
     events = EventAccumulator(str(run / "tensorboard" / "run")).Reload()
@@ -37,7 +37,7 @@ def test_tensorboard_scalars_equal_the_jsonl_metrics(tmp_path):
     hparams = next((run / "tensorboard" / "run").glob("*/hparams.yml"))
     values = yaml.safe_load(hparams.read_text())
     assert values["train.max_steps"] == 3 and values["model.tokenizer"] == "char"
-    assert values["train.report_to"] == "['tensorboard']" and values["model.path"] == "none"
+    assert values["run.report_to"] == "['tensorboard']" and values["model.path"] == "none"
 
 
 def test_trackio_logs_locally_the_same_metrics(tmp_path):
@@ -54,15 +54,15 @@ def test_trackio_logs_locally_the_same_metrics(tmp_path):
 
 
 def test_report_to_is_checked_with_the_config(tmp_path):
-    with pytest.raises(ConfigError, match=r"^report_to: unknown tracker 'tensorbord'; choose from tensorboard, "
+    with pytest.raises(ConfigError, match=r"^run.report_to: unknown tracker 'tensorbord'; choose from tensorboard, "
                                           r"wandb, trackio, mlflow, none$"):
         load_config(RLConfig, None, ["run.report_to=tensorbord"])
-    with pytest.raises(ConfigError, match="^report_to: 'none' cannot be combined with trackers$"):
+    with pytest.raises(ConfigError, match="^run.report_to: 'none' cannot be combined with trackers$"):
         load_config(RLConfig, None, ["run.report_to=[none,tensorboard]"])
-    with pytest.raises(ConfigError, match=r"^train.report_to: unknown tracker 'x'"):
-        _cfg(tmp_path, "train.report_to=x")
-    assert load_config(RLConfig, None, ["run.report_to=tensorboard,trackio"]).report_to == ["tensorboard", "trackio"]
-    with pytest.raises(ConfigError, match="^push_to_hub: 'a b' is not a hub repository id"):
+    with pytest.raises(ConfigError, match=r"^run.report_to: unknown tracker 'x'"):
+        _cfg(tmp_path, "run.report_to=x")
+    assert load_config(RLConfig, None, ["run.report_to=tensorboard,trackio"]).run.report_to == ["tensorboard", "trackio"]
+    with pytest.raises(ConfigError, match="^run.push_to_hub: 'a b' is not a hub repository id"):
         load_config(RLConfig, None, ["run.push_to_hub=a b"])
 
 
@@ -71,5 +71,5 @@ def test_push_to_hub_uploads_the_final_model(tmp_path, monkeypatch):
 
     pushed = []
     monkeypatch.setattr(sft_trainer, "push_to_hub", lambda folder, repo: pushed.append((folder, repo)) or "url")
-    result = train(_cfg(tmp_path, "train.push_to_hub=me/tiny-sft", "train.max_steps=1"), verbose=False)
+    result = train(_cfg(tmp_path, "run.push_to_hub=me/tiny-sft", "train.max_steps=1"), verbose=False)
     assert pushed == [(tmp_path / "run" / "model", "me/tiny-sft")] and result.model_dir == pushed[0][0]

@@ -25,8 +25,8 @@ def _cfg(tmp_path, *overrides, rows=ROWS, name="run"):
     base = [
         "model.tokenizer=char", "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=2",
         "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64", f"data.train_file={data}",
-        "data.max_length=16", "train.batch_size=4", "train.max_steps=4", "train.progress=false",
-        f"train.output_dir={tmp_path / name}", "train.log_every=1", "optim.lr=3e-3", "optim.warmup_steps=1",
+        "data.max_length=16", "train.batch_size=4", "train.max_steps=4", "run.progress=false",
+        f"run.output_dir={tmp_path / name}", "train.log_every=1", "optim.lr=3e-3", "optim.warmup_steps=1",
     ]
     return load_config(SFTConfig, None, base + list(overrides))
 
@@ -73,7 +73,7 @@ def test_resume_is_exact(tmp_path, lora):
     first = SFTTrainer(_cfg(tmp_path, *extra, "train.stop_after=2", name="b"), verbose=False)
     r1 = first.run()
     assert r1.step == 2 and r1.model_dir is None  # stopped early: checkpoint only
-    second = SFTTrainer(_cfg(tmp_path, *extra, "train.resume=auto", name="b"), verbose=False)
+    second = SFTTrainer(_cfg(tmp_path, *extra, "run.resume=auto", name="b"), verbose=False)
     assert second.step == 2
     second.run()
     a, b = _weights(straight), _weights(second)
@@ -87,7 +87,7 @@ def test_resume_is_exact(tmp_path, lora):
 
 def test_existing_checkpoints_need_resume(tmp_path):
     train(_cfg(tmp_path, "train.max_steps=1"), verbose=False)
-    with pytest.raises(ValueError, match="train.resume=auto"):
+    with pytest.raises(ValueError, match="run.resume=latest"):
         SFTTrainer(_cfg(tmp_path, "train.max_steps=1"), verbose=False)
 
 
@@ -135,7 +135,7 @@ def test_init_std_redraws_weight_matrices(tmp_path):
     assert abs(emb.std().item() - 0.1) < 0.01
     assert torch.equal(trainer.dlm.model.model.norm.weight, torch.ones_like(trainer.dlm.model.model.norm.weight))
     again = SFTTrainer(_cfg(tmp_path, "model.init_std=0.1", "train.max_steps=1", name="again"), verbose=False)
-    assert torch.equal(again.dlm.model.model.embed_tokens.weight, emb)  # seeded by train.seed
+    assert torch.equal(again.dlm.model.model.embed_tokens.weight, emb)  # seeded by run.seed
 
 
 def test_nan_weights_stop_the_run_naming_the_step_and_write_no_model(tmp_path):
@@ -143,8 +143,8 @@ def test_nan_weights_stop_the_run_naming_the_step_and_write_no_model(tmp_path):
     go on and save them as model/. It stops at that step, before its checkpoint, and model/ is never written."""
     from dllm_rl.training.finite import TrainingStopped
 
-    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.max_grad_norm=null", "train.max_steps=8", "train.save_every=1",
-               "train.keep_checkpoints=null")
+    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.max_grad_norm=null", "train.max_steps=8", "run.save_every=1",
+               "run.keep_checkpoints=0")
     with pytest.raises(TrainingStopped, match=r"^sft: stopping at step \d+: the update left NaN/inf weights \(optim.lr="
                        r"1e\+30, loss [-+.e\d]+\); model/ is not written\. Lower optim.lr") as info:
         train(cfg, verbose=False)

@@ -20,7 +20,7 @@ HOLD = ("import sys; from dllm_rl.training.run_dir import RL_RUN_FILES, open_run
 def test_output_dir_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "out"
     f.write_text("x")
-    with pytest.raises(RunDirError, match=rf"^output_dir={f} is a file, not a directory; choose another output_dir$"):
+    with pytest.raises(RunDirError, match=rf"^run.output_dir={f} is a file, not a directory; choose another run.output_dir$"):
         open_run_dir(f, RL_RUN_FILES, resume=False, overwrite=False)
 
 
@@ -31,7 +31,7 @@ def test_second_process_is_refused_while_the_first_holds_the_directory(tmp_path)
                               text=True, env=env)
     try:
         assert holder.stdout.readline() == "locked\n"
-        with pytest.raises(RunDirError, match=rf"^output_dir={out} is in use by another run \(pid {holder.pid}\), "
+        with pytest.raises(RunDirError, match=rf"^run.output_dir={out} is in use by another run \(pid {holder.pid}\), "
                                               rf"which holds {out}/.lock; wait for it to finish or choose another"):
             open_run_dir(out, RL_RUN_FILES, resume=True, overwrite=False)
     finally:
@@ -56,12 +56,12 @@ def test_existing_run_needs_resume_or_overwrite_which_deletes_only_the_run_files
     (out / "config.yaml").write_text("a: 1\n")
     (out / "checkpoints" / "step-0000002").mkdir(parents=True)
     (out / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(RunDirError, match=rf"^output_dir={out} already holds a run \(config.yaml, metrics.jsonl, "
-                                          r"checkpoints\); pass resume=latest to continue it, overwrite=true to "
-                                          r"delete it and start afresh, or choose another output_dir$"):
+    with pytest.raises(RunDirError, match=rf"^run.output_dir={out} already holds a run \(config.yaml, metrics.jsonl, "
+                                          r"checkpoints\); pass run.resume=latest to continue it, run.overwrite=true to "
+                                          r"delete it and start afresh, or choose another run.output_dir$"):
         open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=False)
     assert (out / "config.yaml").is_file()
-    with pytest.raises(RunDirError, match="^resume and overwrite contradict each other"):
+    with pytest.raises(RunDirError, match="^run.resume and run.overwrite contradict each other"):
         open_run_dir(out, RL_RUN_FILES, resume=True, overwrite=True)
     open_run_dir(out, RL_RUN_FILES, resume=True, overwrite=False).close()
     assert (out / "checkpoints").is_dir()  # kept for the resume (the empty step folder is a leftover)
@@ -70,16 +70,16 @@ def test_existing_run_needs_resume_or_overwrite_which_deletes_only_the_run_files
     with caplog.at_level("WARNING", logger="dllm_rl.training.run_dir"):
         open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=True).close()
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, ".lock", "log.txt"]
-    assert f"{out / 'metrics.jsonl'}: removed (overwrite=true)" in caplog.text
-    sft = open_run_dir(out, ("model",), resume=False, overwrite=False, key="train.output_dir",
-                       resume_hint="train.resume=auto", overwrite_hint="train.overwrite=true")
+    assert f"{out / 'metrics.jsonl'}: removed (run.overwrite=true)" in caplog.text
+    sft = open_run_dir(out, ("model",), resume=False, overwrite=False, key="run.output_dir",
+                       resume_hint="run.resume=auto", overwrite_hint="run.overwrite=true")
     (out / "model").mkdir()
     (out / "model" / "config.json").write_text("{}")  # written by the run: recorded when it closes
     sft.close()
-    with pytest.raises(RunDirError, match=r"train.output_dir=.* already holds a run \(model\); pass train.resume=auto "
-                                          r"to continue it, train.overwrite=true to delete it"):
-        open_run_dir(out, ("model",), resume=False, overwrite=False, key="train.output_dir",
-                     resume_hint="train.resume=auto", overwrite_hint="train.overwrite=true")
+    with pytest.raises(RunDirError, match=r"run.output_dir=.* already holds a run \(model\); pass run.resume=auto "
+                                          r"to continue it, run.overwrite=true to delete it"):
+        open_run_dir(out, ("model",), resume=False, overwrite=False, key="run.output_dir",
+                     resume_hint="run.resume=auto", overwrite_hint="run.overwrite=true")
 
 
 def _write(root, *names):
@@ -154,9 +154,9 @@ def test_overwrite_refuses_to_delete_the_model_or_data_the_run_starts_from(tmp_p
                           ({"train_data": "own/rollouts.jsonl"}, "train_data=own/rollouts.jsonl"),
                           ({"model": "own/checkpoints/step-0000001/model"},
                            "model=own/checkpoints/step-0000001/model")]:
-        with pytest.raises(RunDirError, match=rf"^overwrite=true would delete own/\S+, and {shown} lies in or under "
+        with pytest.raises(RunDirError, match=rf"^run.overwrite=true would delete own/\S+, and {shown} lies in or under "
                                               r"it: the run would destroy what it starts from; copy \w+ out of own "
-                                              r"first, or choose another output_dir$"):
+                                              r"first, or choose another run.output_dir$"):
             open_run_dir("own", RL_RUN_FILES, resume=False, overwrite=True, inputs=inputs)
         assert _tree(out) == sorted([".lock", *RUN])
     open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=True, inputs={"model": str(tmp_path), "task": "countdown",
@@ -167,8 +167,8 @@ def test_overwrite_refuses_to_delete_the_model_or_data_the_run_starts_from(tmp_p
 def test_a_dangling_link_or_tilde_output_dir(tmp_path, monkeypatch):
     link = tmp_path / "out"
     link.symlink_to(tmp_path / "gone")
-    with pytest.raises(RunDirError, match=rf"^output_dir={link} is a symbolic link to {tmp_path / 'gone'}, which does "
-                                          r"not exist; create that directory or choose another output_dir$"):
+    with pytest.raises(RunDirError, match=rf"^run.output_dir={link} is a symbolic link to {tmp_path / 'gone'}, which does "
+                                          r"not exist; create that directory or choose another run.output_dir$"):
         open_run_dir(link, RL_RUN_FILES, resume=False, overwrite=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -186,7 +186,7 @@ def test_tilde_expansion_keeps_every_key_of_one_section(monkeypatch):
     from dllm_rl.training.user_paths import expand_user
 
     monkeypatch.setenv("HOME", "/home/someone")
-    cfg = expand_user(load_config(SFTConfig, None, ["model.path=~/m", "model.tokenizer=~/t", "train.output_dir=~/o",
-                                                    "train.resume=~/r"]), SFT_PATHS)
-    assert (cfg.model.path, cfg.model.tokenizer, cfg.train.output_dir, cfg.train.resume) == (
+    cfg = expand_user(load_config(SFTConfig, None, ["model.path=~/m", "model.tokenizer=~/t", "run.output_dir=~/o",
+                                                    "run.resume=~/r"]), SFT_PATHS)
+    assert (cfg.model.path, cfg.model.tokenizer, cfg.run.output_dir, cfg.run.resume) == (
         "/home/someone/m", "/home/someone/t", "/home/someone/o", "/home/someone/r")

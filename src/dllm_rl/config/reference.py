@@ -1,4 +1,6 @@
-"""What a config holds, in words: ``--help-config`` lines (:func:`describe`)."""
+"""What a config holds, in words: ``--help-config`` lines (:func:`describe`) and the Markdown reference of every
+command's configuration (:func:`markdown`, written to ``docs/config.md`` by ``scripts/config_reference.py`` and
+checked against it by a test)."""
 
 from __future__ import annotations
 
@@ -34,3 +36,32 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
         choices = f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else ""
         lines.append(f"{name} (default {default!r}): {f.metadata.get('help', '')}{choices}")
     return lines
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(sections: list[tuple[str, type, Any]]) -> str:
+    """The reference page: for each ``(title, config class, default instance or None)`` one table of every key,
+    its default and its help, in declaration order; renamed keys listed under their new names."""
+    out = ["# Configuration reference", "",
+           "Generated from the config dataclasses by `python scripts/config_reference.py > docs/config.md` (a test "
+           "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config`.", ""]
+    for title, cls, defaults in sections:
+        out += [f"## {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",
+                "| key | default | what it does |", "|---|---|---|"]
+        for line in describe(cls, defaults=defaults):
+            key, _, rest = line.partition(" (default ")
+            if not rest:  # a section line: "name: help"
+                name, _, help_ = line.partition(": ")
+                out.append(f"| **{_cell(name)}** | | {_cell(help_)} |")
+                continue
+            default, _, help_ = rest.partition("): ")
+            out.append(f"| `{_cell(key)}` | `{_cell(default)}` | {_cell(help_)} |")
+        renamed = getattr(cls, "RENAMED", {})
+        if renamed:
+            pairs = ", ".join(f"`{old}` → `{new if isinstance(new, str) else new[0]}`" for old, new in renamed.items())
+            out += ["", f"Keys of earlier releases, still read with a one-line deprecation warning: {pairs}."]
+        out.append("")
+    return "\n".join(out)

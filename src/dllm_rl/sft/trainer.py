@@ -4,7 +4,7 @@ Loop per optimizer step: ``grad_accum`` micro-batches (``accelerator.no_sync`` o
 ``loss / grad_accum`` back-propagated; clip; AdamW; scheduler. Exact resume restores weights, optimizer,
 scheduler, every RNG and the data position (see :mod:`dllm_rl.training.checkpoint`).
 
-Run directory (``train.output_dir``)::
+Run directory (``run.output_dir``)::
 
     config.yaml            resolved config            metrics.jsonl   one JSON object per logged step
     data_report.json       rows read / kept / dropped  checkpoints/step-NNNNNNN/   periodic + final checkpoints
@@ -41,7 +41,6 @@ from dllm_rl.training import (
     build_scheduler,
     checkpoint_name,
     has_lora,
-    latest_checkpoint,
     load_checkpoint,
     make_accelerator,
     merged_model,
@@ -52,12 +51,13 @@ from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
 from dllm_rl.training.finite import TrainingStopped, nonfinite_weights
 from dllm_rl.training.ranks import forward_agreement
-from dllm_rl.training.resume_check import SFT_APPLICABLE, SFT_IGNORED, check_resumed_config
+from dllm_rl.training.resume_check import SFT_APPLICABLE, check_resumed_config
+from dllm_rl.training.run_config import resume_checkpoint
 from dllm_rl.training.run_dir import SFT_RUN_FILES, interrupted, open_run_dir
 from dllm_rl.training.user_paths import expand_user
 
 MASK_STREAM = 1_000_003  # names the masks' stream in derive_seed(seed, MASK_STREAM)
-SFT_PATHS = ("model.path", "model.tokenizer", "data.train_file", "train.output_dir", "train.resume")  # ~ expanded
+SFT_PATHS = ("model.path", "model.tokenizer", "data.train_file", "run.output_dir", "run.resume")  # ~ expanded
 
 
 @dataclass
@@ -120,11 +120,11 @@ class SFTTrainer:
         t = cfg.train
         if t.num_threads:
             torch.set_num_threads(t.num_threads)
-        self.out = Path(t.output_dir)
+        self.out = Path(cfg.run.output_dir)
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
         self.accelerator = make_accelerator(
-            t.mixed_precision, cpu=t.cpu, timeout_s=t.distributed_timeout_s,
+            t.mixed_precision, cpu=t.cpu, timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
         setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
@@ -132,8 +132,7 @@ class SFTTrainer:
                                   "logprob_chunk_size": cfg.objective.logprob_chunk_size}
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
-            self.out, SFT_RUN_FILES, resume=t.resume not in (None, "none"), overwrite=t.overwrite,
-            key="train.output_dir", resume_hint="train.resume=auto", overwrite_hint="train.overwrite=true",
+            self.out, SFT_RUN_FILES, resume=cfg.run.resume is not None, overwrite=cfg.run.overwrite,
             inputs={"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer,
                     "data.train_file": cfg.data.train_file},
         ) if acc.is_main_process else None
@@ -148,9 +147,9 @@ class SFTTrainer:
 
     def _build(self) -> None:
         cfg, t, acc, verbose = self.cfg, self.cfg.train, self.accelerator, self.verbose
-        self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=t.seed)
+        self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=cfg.run.seed)
         if cfg.lora.enabled:
-            apply_lora(self.dlm, cfg.lora, seed=t.seed)
+            apply_lora(self.dlm, cfg.lora, seed=cfg.run.seed)
         if cfg.model.freeze_router:
             freeze_routers(self.dlm)
         if cfg.model.gradient_checkpointing:
@@ -179,7 +178,7 @@ class SFTTrainer:
         # one prepare call: under FSDP2 accelerate re-points the optimizer at the sharded parameters
         prepared, self.optimizer = acc.prepare(self.dlm, self.optimizer)
         self.model = PreparedModel(prepared, self.dlm)
-        self.stream = IndexStream(len(self.examples), seed=t.seed)
+        self.stream = IndexStream(len(self.examples), seed=cfg.run.seed)
         self.step = 0
         self.tokens_seen = 0  # real tokens through the model over the whole run (all ranks)
         resume_from = self._resume_dir()
@@ -196,26 +195,18 @@ class SFTTrainer:
             save_config(cfg, self.out / "config.yaml")
             (self.out / "data_report.json").write_text(json.dumps(self.report.to_dict(), indent=2) + "\n")
         self.logger = MetricsLogger(self.out / "metrics.jsonl", resume_step=self.step if resume_from else None,
-                                    enabled=acc.is_main_process, report_to=t.report_to, config=to_dict(cfg))
+                                    enabled=acc.is_main_process, report_to=cfg.run.report_to, config=to_dict(cfg))
 
     def _check_resumed_config(self) -> None:
         """A resume's config against its checkpoint's, before any compute (:mod:`dllm_rl.training.resume_check`)."""
         path = self._resume_dir()
-        applied = check_resumed_config(path, self.cfg, SFT_APPLICABLE, SFT_IGNORED, "train.output_dir") \
+        applied = check_resumed_config(path, self.cfg, SFT_APPLICABLE) \
             if path is not None else []
         if applied:
             print(f"sft: resume: applied changed settings: {'; '.join(applied)}")
 
     def _resume_dir(self) -> Path | None:
-        r = self.cfg.train.resume
-        if r is None or r == "none":
-            return None
-        if r == "auto":
-            return latest_checkpoint(self.out)
-        path = Path(r)
-        if not path.is_dir():
-            raise FileNotFoundError(f"train.resume={r}: no such checkpoint directory")
-        return path
+        return resume_checkpoint(self.cfg.run, self.out)
 
     # ------------------------------------------------------------------------------------------
     def next_micro_batch(self) -> tuple[list[SFTExample], Any]:
@@ -227,7 +218,7 @@ class SFTTrainer:
         uninterrupted one (the stream's position is in the checkpoint)."""
         first = self.stream.consumed
         idx = self.stream.take(self.global_micro)
-        bs, rank, seed = self.cfg.train.batch_size, self.accelerator.process_index, self.cfg.train.seed
+        bs, rank, seed = self.cfg.train.batch_size, self.accelerator.process_index, self.cfg.run.seed
         mine = [self.examples[i] for i in idx[rank * bs : (rank + 1) * bs]]
         batch = collate(mine, self.dlm.pad_token_id)
         batch.sample_seeds = torch.tensor([derive_seed(seed, first + rank * bs + i) % (1 << 62)
@@ -237,7 +228,7 @@ class SFTTrainer:
     def mask_generator(self) -> torch.Generator:
         """The generator every micro-batch's masks are drawn from (the same for all: the examples' own
         ``sample_seeds`` make their masks differ)."""
-        return torch.Generator().manual_seed(derive_seed(self.cfg.train.seed, MASK_STREAM))
+        return torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, MASK_STREAM))
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns this rank's metrics."""
@@ -283,7 +274,7 @@ class SFTTrainer:
                         tokenizer=self.tokenizer, config=self.cfg, accelerator=self.accelerator,
                         prepared=self.model.prepared)
         if self.accelerator.is_main_process:
-            prune_checkpoints(self.out, self.cfg.train.keep_checkpoints)
+            prune_checkpoints(self.out, self.cfg.run.keep_checkpoints)
             self.run_dir.record()
         return path
 
@@ -300,8 +291,8 @@ class SFTTrainer:
         if self.accelerator.is_main_process:
             model = merged_model(plain) if has_lora(plain) else plain
             save_model(model, path, tokenizer=self.tokenizer)
-            if self.cfg.train.push_to_hub:  # train.push_to_hub: upload model/ to that hub repository
-                print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.train.push_to_hub)}")
+            if self.cfg.run.push_to_hub:  # run.push_to_hub: upload model/ to that hub repository
+                print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")
         self.accelerator.wait_for_everyone()
         return path
 
@@ -309,7 +300,8 @@ class SFTTrainer:
         acc, t = self.accelerator, self.cfg.train
         end = self.max_steps if t.stop_after is None else min(self.max_steps, t.stop_after)
         main = acc.is_main_process
-        bar = Progress(total=self.max_steps, initial=self.step, desc="sft", disable=not (t.progress and main))
+        bar = Progress(total=self.max_steps, initial=self.step, desc="sft",
+                       disable=not (self.cfg.run.progress and main))
         window_loss, window_n, last_loss, tps = 0.0, 0, None, 0.0
         start = time.perf_counter()
         while self.step < end:
@@ -326,7 +318,7 @@ class SFTTrainer:
                 row.update({k: v for k, v in m.items() if k == "grad_norm" or k.startswith("moe_")})
                 self.logger.log(self.step, **row)
                 window_loss, window_n = 0.0, 0
-            if t.save_every and self.step % t.save_every == 0 and self.step < end:
+            if self.cfg.run.save_every and self.step % self.cfg.run.save_every == 0 and self.step < end:
                 self.save()
         bar.close()
         self.save()
@@ -344,7 +336,7 @@ def train(cfg: SFTConfig, verbose: bool = True) -> SFTResult:
     try:  # the run directory's lock is released however the run ends
         return trainer.run()
     except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)
-        raise interrupted(trainer.out, trainer.step, trainer.max_steps, "train.resume=auto",
-                          "train.overwrite=true") from None
+        raise interrupted(trainer.out, trainer.step, trainer.max_steps, "run.resume=latest",
+                          "run.overwrite=true") from None
     finally:
         trainer.close()

@@ -1,0 +1,30 @@
+"""Print the configuration reference of every command (``docs/config.md``):
+
+    python scripts/config_reference.py > docs/config.md
+
+``tests/core/test_config_renames.py`` checks that the file equals this output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def command_configs() -> list[tuple[str, type, Any]]:
+    """``(title, config class, default instance or None)`` of every command's configuration."""
+    from dllm_rl.eval.harness import EvalRunConfig
+    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.sampling.config import DecodeConfig
+    from dllm_rl.sft.config import SFTConfig
+
+    return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl sft", SFTConfig, SFTConfig()),
+            ("dllm-rl eval", EvalRunConfig, None), ("decoding (generate, eval and trace flags)", DecodeConfig, None)]
+
+
+def main() -> str:
+    from dllm_rl.config.reference import markdown
+
+    return markdown(command_configs())
+
+
+if __name__ == "__main__":
+    print(main(), end="")

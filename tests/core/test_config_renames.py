@@ -1,0 +1,84 @@
+"""Renamed config keys keep working for one release: carried to their new place with one warning line naming the
+new key (from a YAML file, an override, a checkpoint's config.yaml), and the generated reference is current."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dllm_rl.config import ConfigError, load_config
+from dllm_rl.config.renames import DeprecatedKey, carry_renamed
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.sft.config import SFTConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_old_rl_keys_in_a_file_and_overrides_land_in_their_sections(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("model: ckpt\ntask: gsm8k\ntrain_data: t.jsonl\nmax_steps: 7\nnum_generations: 4\n"
+                    "seed: 3\nlog_samples_every: 2\ntrain_block_size: 8\nrollout:\n  gen_length: 16\n")
+    with pytest.warns(DeprecatedKey) as caught:
+        cfg = load_config(RLConfig, path, ["prompts_per_step=5", "resume=latest", "reward_timeout_s=2"])
+    assert (cfg.model.path, cfg.data.task, cfg.data.train_file, cfg.train.max_steps) == ("ckpt", "gsm8k", "t.jsonl", 7)
+    assert (cfg.rollout.num_generations, cfg.rollout.gen_length, cfg.run.seed, cfg.log.samples_every) == (4, 16, 3, 2)
+    assert (cfg.train.block_size, cfg.train.prompts_per_step, cfg.run.resume, cfg.reward.timeout_s) == (8, 5, "latest", 2)
+    assert cfg.run.output_dir == "runs/rl"  # a section given in part keeps its command's defaults
+    messages = [str(w.message) for w in caught]
+    assert "config key 'max_steps' is deprecated: use 'train.max_steps' (the old key is read until the next release)" \
+        in messages
+    assert "config key 'model' is deprecated: use 'model.path' (the old key is read until the next release)" in messages
+    assert len(messages) == 11
+
+
+def test_the_new_layout_warns_nothing_and_both_spellings_of_one_key_are_refused(tmp_path, recwarn):
+    cfg = load_config(RLConfig, None, ["model.path=m", "train.max_steps=3", "model.dtype=bfloat16"])
+    assert (cfg.model.path, cfg.train.max_steps, cfg.model.dtype) == ("m", 3, "bfloat16")
+    assert not [w for w in recwarn if issubclass(w.category, DeprecatedKey)]
+    path = tmp_path / "both.yaml"
+    path.write_text("max_steps: 3\ntrain:\n  max_steps: 4\n")
+    with pytest.raises(ConfigError, match=r"both 'max_steps' \(deprecated\) and 'train.max_steps' are given; keep "
+                                          r"'train.max_steps' only"):
+        load_config(RLConfig, path)
+
+
+def test_old_sft_keys_and_values_mean_what_they_meant():
+    with pytest.warns(DeprecatedKey):
+        cfg = load_config(SFTConfig, None, ["train.output_dir=out", "train.seed=4", "train.resume=none",
+                                            "train.keep_checkpoints=null", "train.max_steps=9"])
+    assert (cfg.run.output_dir, cfg.run.seed, cfg.run.resume, cfg.run.keep_checkpoints) == ("out", 4, None, 0)
+    assert cfg.train.max_steps == 9
+    assert load_config(SFTConfig).run.output_dir == "runs/sft"
+
+
+def test_a_typo_of_an_old_key_suggests_its_new_name():
+    with pytest.raises(ConfigError, match="did you mean 'rollout.num_generations'"):
+        load_config(RLConfig, None, ["num_generation=4"])
+
+
+def test_a_checkpoint_config_of_the_flat_layout_compares_like_the_new(tmp_path):
+    saved = {"model": "m", "max_steps": 3, "rollout": {"gen_length": 8}}
+    assert carry_renamed(RLConfig, saved, warn=False) == {"model": {"path": "m"}, "train": {"max_steps": 3},
+                                                          "rollout": {"gen_length": 8}}
+
+
+def test_the_cli_prints_a_deprecation_as_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dllm_rl", "rl", str(ROOT / "configs" / "llada-espo-gsm8k.yaml"),
+                          "max_steps=0"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "dllm-rl: warning: config key 'max_steps' is deprecated: use 'train.max_steps' (the old key is read until "
+        "the next release)",
+        f"dllm-rl rl: error: {ROOT / 'configs' / 'llada-espo-gsm8k.yaml'}: train.max_steps: must be >= 1, got 0"]
+
+
+def test_the_configuration_reference_is_current():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from config_reference import main
+    finally:
+        sys.path.pop(0)
+    assert (ROOT / "docs" / "config.md").read_text() == main(), "run: python scripts/config_reference.py > docs/config.md"
