@@ -18,12 +18,12 @@ HELDOUT = DEMO_DIR / "countdown_heldout.jsonl"
 
 
 def decode_lengths(model_dir: str | Path) -> tuple[int, int]:
-    """``(gen_length, block_length)`` of the demo RL config whose ``model`` is ``model_dir``; (32, 32) else."""
+    """``(gen_length, block_length)`` of the demo RL config whose ``model.path`` is ``model_dir``; (32, 32) else."""
     import yaml
 
     for cfg in sorted(DEMO_DIR.glob("rl-*.yaml")):
         data = yaml.safe_load(cfg.read_text())
-        if (DEMO_DIR / data["model"]).resolve() == Path(model_dir).resolve():
+        if (DEMO_DIR / data["model"]["path"]).resolve() == Path(model_dir).resolve():
             return int(data["rollout"]["gen_length"]), int(data["rollout"]["block_length"])
     return 32, 32
 
