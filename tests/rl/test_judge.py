@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from reward_helpers import JUDGE_TEMPLATE, tiny_llama
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import char_tokenizer
@@ -112,15 +113,7 @@ def test_k_sample_sampled_judgements_and_their_aggregation():
 
 
 def test_the_cache_avoids_repeated_calls_on_a_real_tiny_judge(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = char_tokenizer(chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}>")
-    conf = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(conf).save_pretrained(tmp_path / "judge")
-    tok.save_pretrained(tmp_path / "judge")
+    tiny_llama(tmp_path / "judge", "LlamaForCausalLM", chat_template=JUDGE_TEMPLATE, layers=1)
     cfg = JudgeConfig(model=str(tmp_path / "judge"), template="{{prompt}}:{{completion}}", device="cpu",
                       dtype="float32", max_new_tokens=3, batch_size=2)
     judge = Judge(cfg)

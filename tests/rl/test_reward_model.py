@@ -5,30 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reward_helpers import tiny_llama as _tiny
 
 from dllm_rl.errors import UserError
-from dllm_rl.models import char_tokenizer
 from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig, RunningMoments
-
-#: the role markup of a Llama-3-style reward model's chat template (character-level here)
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}")
-
-
-def _tiny(path, cls_name="LlamaForSequenceClassification", seed=0):
-    """A tiny Llama reward model saved as the common open reward models are (num_labels=1, a head named
-    ``score``, a tokenizer with a chat template)."""
-    import transformers
-    from transformers import LlamaConfig
-
-    tok = char_tokenizer(chat_template=TEMPLATE)
-    conf = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, num_labels=1,
-                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(conf)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -298,14 +298,18 @@ class Judge:
     judgements that did not parse."""
 
     def __init__(self, cfg: JudgeConfig, key: str = "judge", policy_tokenizer: Any = None,
-                 generator: Callable[[list[str], int, int], list[list[str]]] | None = None):
+                 generator: Callable[[list[str], int, int], list[list[str]]] | None = None,
+                 model_key: str | None = None):
+        """``key`` names the judge's section in messages, ``model_key`` the key that named its model (default
+        ``key.model``); ``generator`` replaces the backend (texts, n, seed -> n outputs per text)."""
         self.cfg, self.key = cfg, key
+        model_key = model_key or f"{key}.model"
         self.template = cfg.template if cfg.template is not None else DEFAULT_TEMPLATES[cfg.mode]
         check_template(self.template, cfg.mode, f"{key}.template")
         if not cfg.model and generator is None:
-            raise UserError(f"{key}.model: not set; give ORG/NAME or a folder of a causal LM")
+            raise UserError(f"{model_key}: not set; give ORG/NAME or a folder of a causal LM")
         if generator is None:
-            generator = (HFGenerator if cfg.backend == "transformers" else VLLMGenerator)(cfg, f"{key}.model")
+            generator = (HFGenerator if cfg.backend == "transformers" else VLLMGenerator)(cfg, model_key)
         self.generate = generator
         self.policy_tokenizer = policy_tokenizer
         self.cache: OrderedDict[str, list[float | None]] = OrderedDict()
