@@ -99,7 +99,8 @@ def test_parsing_is_strict_and_a_failure_is_counted_and_logged(caplog):
         got = judge(["p", "p", "p"], ["good", "bad", "empty"])
     assert got == [1.0, -0.25, -0.25]
     assert judge.stats == {"judge_prompts": 3, "judge_cache_hits": 0, "judge_failures": 2}
-    assert "judge: 1 judgement(s) without a valid score" in caplog.text and "score the fallback -0.25" in caplog.text
+    assert caplog.text.count("judge: 2 of 3 judgement(s) without a score matching") == 1
+    assert "score the fallback -0.25" in caplog.text
 
 
 def test_k_sample_sampled_judgements_and_their_aggregation():

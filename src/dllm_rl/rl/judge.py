@@ -377,23 +377,26 @@ class Judge:
             n = cfg.k_sample if cfg.temperature > 0 else 1
             outputs = self.generate(todo, n, cfg.seed + self.stats["judge_prompts"])
             self.stats["judge_prompts"] += len(todo)
+            bad: list[str] = []
             for text, outs in zip(todo, outputs):
                 scores = [parse_score(o, cfg.score_pattern, cfg.score_min, cfg.score_max) for o in outs]
+                bad += [o for o, v in zip(outs, scores) if v is None]
                 found[text] = (scores * cfg.k_sample)[:cfg.k_sample] if n == 1 else scores
-                self._log_failures(text, outs, scores)
                 if cfg.cache_size:
                     self.cache[text] = found[text]
             while len(self.cache) > cfg.cache_size:
                 self.cache.popitem(last=False)
+            self._log_failures(bad, sum(map(len, outputs)))
         return found
 
-    def _log_failures(self, text: str, outs: list[str], scores: list[float | None]) -> None:
-        bad = [o for o, s in zip(outs, scores) if s is None]
+    def _log_failures(self, bad: list[str], generated: int) -> None:
+        """Count the judgements that did not parse and say so once per batch, with the end of one of them."""
         if bad:
             self.stats["judge_failures"] += len(bad)
-            logger.warning("%s: %d judgement(s) without a valid score (pattern %r in [%g, %g]) score the fallback "
-                           "%g; e.g. %r", self.key, len(bad), self.cfg.score_pattern, self.cfg.score_min,
-                           self.cfg.score_max, self.cfg.fallback, bad[0][-200:])
+            cfg = self.cfg
+            logger.warning("%s: %d of %d judgement(s) without a score matching score_pattern within [%g, %g] score "
+                           "the fallback %g; e.g. ...%r", self.key, len(bad), generated, cfg.score_min, cfg.score_max,
+                           cfg.fallback, bad[0][-120:])
 
     def score(self, scores: list[float | None]) -> float:
         """One score from a prompt's judgements (a failure counts as ``fallback``)."""
