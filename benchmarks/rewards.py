@@ -4,6 +4,7 @@ real-file reference answers, and the slowest single scoring call over a fuzz cor
     .venv/bin/python benchmarks/rewards.py                 # full: 164 HumanEval x 2 rounds, 500 MATH, fuzz 1000
     .venv/bin/python benchmarks/rewards.py --quick         # smaller throughput samples
     .venv/bin/python benchmarks/rewards.py --fuzz-only --fuzz-n 50   # a quick fuzz pass only
+    .venv/bin/python benchmarks/rewards.py --models-only             # reward model and judge throughput only
 
 Prints, from one run:
 - HumanEval canonical solutions verified per second in the sandbox (all cores), with the launcher
@@ -16,7 +17,13 @@ Prints, from one run:
   :func:`dllm_rl.tasks.fuzz.junk_completions` (seed ``--fuzz-seed``) scored one call at a time; a
   table of calls, the slowest call (and its family), the mean, and whether the slowest call is within
   the bound: 1 s for every task but code, the code task's configured timeout (``--code-timeout``)
-  plus 1 s for starting and reaping the sandbox. Exits 1 when a bound is broken.
+  plus 1 s for starting and reaping the sandbox. Exits 1 when a bound is broken;
+- reward models and judges at the demo scale (``--models``, on by default; ``--models-only`` alone): one
+  rollout batch of the block demo (16 prompts x 8 completions of up to 32 tokens, countdown) scored by a
+  demo-sized Llama reward model and judge (hidden 128, 4 layers, the demo's character tokenizer; random weights,
+  built here, so the judge's answers never parse and every judgement is a counted failure); completions/s of
+  the reward model at several batch sizes, of the judge in outcome mode (cold and cached) and in process mode
+  (8-token chunks), with ``--device`` (default auto).
 The code task is used only through ``get_task("code", ...)`` and its attributes, never by import.
 Needs the benchmark data folder (``$DLLM_RL_DATA`` or ``<repo>/../shared/data``) except with
 ``--fuzz-only``.
@@ -148,6 +155,70 @@ def bench_fuzz(n: int, seed: int, code_timeout: float, results: dict) -> list[st
     return rows + [f"bound broken: {b}" for b in broken]
 
 
+def demo_batch(n: int = 128) -> tuple[list[str], list[str]]:
+    """``n`` (prompt, completion) pairs of the block demo's size: countdown prompts, 8 completions each, up to
+    32 characters (the demo tokenizer's tokens)."""
+    from dllm_rl.jsonl import read_jsonl
+
+    demo = Path(__file__).resolve().parents[1] / "src" / "dllm_rl" / "assets" / "demo" / "countdown_train.jsonl"
+    rows = list(read_jsonl(demo))[: max(n // 8, 1)]
+    prompts = [f"Use {r['input']} to make {r['target']}." for r in rows for _ in range(8)][:n]
+    completions = [(f"<answer>{r['solution']}</answer> " * 4)[: 12 + 3 * j] for r in rows for j in range(8)][:n]
+    return prompts, completions
+
+
+def bench_models(device: str, results: dict, lines: list) -> None:
+    """Completions/s of a demo-sized reward model and judge on one demo rollout batch."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    from dllm_rl.models import char_tokenizer
+    from dllm_rl.models.tokenizer import CHATML_TEMPLATE
+    from dllm_rl.rl.judge import Judge, JudgeConfig
+    from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
+
+    prompts, completions = demo_batch()
+    n = len(completions)
+    tok = char_tokenizer(chat_template=CHATML_TEMPLATE, words=("<|im_start|>", "<|im_end|>"))
+    conf = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048, num_labels=1,
+                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cls in (("rm", "LlamaForSequenceClassification"), ("judge", "LlamaForCausalLM")):
+            torch.manual_seed(0)
+            getattr(transformers, cls)(transformers.LlamaConfig(**conf)).save_pretrained(Path(tmp) / name)
+            tok.save_pretrained(Path(tmp) / name)
+        lines.append(f"reward models at the demo scale: {n} completions of <= 32 tokens, device {device}, "
+                     "demo-sized Llama (hidden 128, 4 layers)")
+        for bs in (8, 32, 128):
+            rm = RewardModel(RewardModelConfig(model=str(Path(tmp) / "rm"), batch_size=bs, device=device))
+            rm(prompts[:bs], completions[:bs])  # warm-up
+            start = time.perf_counter()
+            rm(prompts, completions)
+            rate = n / (time.perf_counter() - start)
+            results[f"reward_model_per_s_bs{bs}"] = rate
+            lines.append(f"reward model, batch {bs:3d}:                     {rate:8.1f} completions/s")
+        base = dict(model=str(Path(tmp) / "judge"), device=device, batch_size=64, max_new_tokens=16)
+        judge = Judge(JudgeConfig(**base))
+        judge(prompts[:2], completions[:2])  # warm-up (its two prompts are then cached)
+        for label, key in (("cold", "judge_outcome_per_s"), ("cached", "judge_outcome_cached_per_s")):
+            start = time.perf_counter()
+            judge(prompts, completions)
+            results[key] = n / (time.perf_counter() - start)
+            lines.append(f"judge outcome, 16 new tokens, batch 64, {label:6s}: {results[key]:8.1f} completions/s")
+        process = Judge(JudgeConfig(**base, mode="process", chunk_length=8), policy_tokenizer=tok)
+        step_maps = [list(range(len(tok(c, add_special_tokens=False)["input_ids"]))) for c in completions]
+        start = time.perf_counter()
+        process(prompts, completions, step_map=step_maps)
+        results["judge_process_per_s"] = n / (time.perf_counter() - start)
+        lines.append(f"judge process, 8-token chunks ({process.stats['judge_prompts']} prompts), cold: "
+                     f"{results['judge_process_per_s']:8.1f} completions/s")
+        lines.append(f"judge failures counted (random weights write no score): {judge.stats['judge_failures']} "
+                     f"outcome, {process.stats['judge_failures']} process")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller throughput samples (about 10 s)")
@@ -156,9 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fuzz-seed", type=int, default=0, help="seed of the fuzz corpus")
     ap.add_argument("--fuzz-only", action="store_true", help="run only the fuzz section (no data needed)")
     ap.add_argument("--code-timeout", type=float, default=3.0, help="sandbox timeout_s of the fuzzed code task")
+    ap.add_argument("--models-only", action="store_true", help="run only the reward model and judge section")
+    ap.add_argument("--no-models", action="store_true", help="skip the reward model and judge section")
+    ap.add_argument("--device", default="auto", help="device of the reward model and judge (auto | cpu | cuda)")
     args = ap.parse_args(argv)
     results: dict[str, float] = {}
     lines: list[str] = []
+    if args.models_only:
+        bench_models(args.device, results, lines)
+        print("\n".join(lines))
+        print(json.dumps({k: round(v, 4) for k, v in results.items()}))
+        return 0
     if not args.fuzz_only:
         data = find_data_dir()
         if data is None:
@@ -173,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fuzz: {args.fuzz_n} junk completions per task, seed {args.fuzz_seed}, one call each", flush=True)
         table = bench_fuzz(args.fuzz_n, args.fuzz_seed, args.code_timeout, results)
         print("\n".join(table))
+    if not args.no_models and not args.fuzz_only:
+        lines = []
+        bench_models(args.device, results, lines)
+        print("\n".join(lines))
     print(json.dumps({k: round(v, 4) for k, v in results.items()}))
     return 1 if any(row.startswith("bound broken") for row in table) else 0
 

@@ -1,0 +1,412 @@
+"""An autoregressive LLM judge as a reward: outcome scores, or process scores per chunk mapped onto decoding steps.
+
+The judge is any causal LM that transformers loads (vLLM is an optional backend where it is installed). It reads a
+prompt built from a **template** whose ``{{name}}`` placeholders are filled in one pass (everything else, LaTeX
+braces included, is kept verbatim): ``{{prompt}}`` (the policy's prompt), ``{{completion}}`` (outcome mode),
+``{{chunk}}`` and ``{{prefix}}`` (process mode: the chunk judged, and the completion from its start to the chunk's
+end), and any data column by its name (e.g. ``{{answer}}``). It answers with a score that
+``score_pattern`` reads (its last match; by default the last ``\\boxed{...}``).
+
+- **Outcome mode**: one score per completion.
+- **Process mode** (the seed recipe's ``process_reward_model`` with ``reward_chunk_length`` and ``k_sample``):
+  the completion is cut into chunks of ``chunk_length`` tokens (``chunk_by: tokens``) or of ``chunk_length``
+  decoding steps (``chunk_by: steps``); each chunk is judged ``k_sample`` times and the judgements are
+  aggregated by their mean, or by consistency (all equal: that value; else ``disagreement``. The seed recipe
+  gives a disagreeing chunk the outcome's sign and then z-scores each chunk over the group; here group
+  advantages do the normalising). A chunk's score lands on the latest decoding step among its own tokens (the
+  seed recipe's placement; where a chunk has no counted token, the latest step before it); chunks landing on
+  one step add up (the seed recipe lets the later one win). The result is one score per decoding step, the format of
+  :mod:`dllm_rl.rl.rewards`. Process mode reads the rollout's ``step_map`` column (per completion, the step of
+  each completion token; -1 for tokens that do not count) and, where given, ``completion_ids`` (else the
+  completion text is encoded with the policy's tokenizer).
+
+Parsing is strict: a judgement without a match, or whose score lies outside ``[score_min, score_max]``, is a
+failure, counted in :attr:`Judge.stats` (``judge_failures``) and logged, and scores ``fallback``. Judge prompts of a
+whole rollout batch are generated together, ``batch_size`` at a time, and cached by their text (so by prompt and
+chunk): a chunk judged once is never judged again while it stays in the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from dllm_rl.config import Checked, field
+from dllm_rl.errors import UserError
+from dllm_rl.tasks.base import completion_text
+from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
+
+logger = logging.getLogger(__name__)
+
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+#: what each mode's template must contain (process: the prompt, and the chunk or the prefix ending with it)
+REQUIRED = {"outcome": (("prompt",), ("completion",)), "process": (("prompt",), ("chunk", "prefix"))}
+
+OUTCOME_TEMPLATE = """You are grading a response to a request.
+
+Request:
+{{prompt}}
+
+Response:
+{{completion}}
+
+Judge whether the response fulfils the request correctly and helpfully. Give a short reason, then put your final \
+score in \\boxed{}: 1 (good) or -1 (bad)."""
+
+PROCESS_TEMPLATE = """You are grading one excerpt of a solution.
+
+Question:
+{{prompt}}
+
+The solution up to the end of the excerpt:
+{{prefix}}
+
+The excerpt to grade (the last part of the text above):
+{{chunk}}
+
+Judge only the excerpt, given the question and the text before it. It may be cut at its start or end; do not \
+penalise that. If it contains any error, unjustified step or contradiction, score -1; if it is correct, score 1. \
+Give a short reason, then put your final score in \\boxed{}."""
+
+DEFAULT_TEMPLATES = {"outcome": OUTCOME_TEMPLATE, "process": PROCESS_TEMPLATE}
+DEFAULT_PATTERN = r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\s*\}"
+
+
+def _pattern_problem(value: str) -> str | None:
+    try:
+        groups = re.compile(value).groups
+    except re.error as exc:
+        return f"not a regular expression ({exc})"
+    return None if groups == 1 else f"needs exactly one capture group (the score), has {groups}"
+
+
+@dataclass
+class JudgeConfig(Checked):
+    """The ``judge:`` section: an LLM judge, its prompt template, and how its judgements become rewards."""
+
+    model: str = field("", help="the judge: ORG/NAME or a local folder of a causal LM that transformers loads "
+                                "(the seed recipe uses a long-CoT model such as Qwen3-8B)")
+    backend: Literal["transformers", "vllm"] = field(
+        "transformers", help="transformers, or vllm where it is installed (pip install vllm)")
+    mode: Literal["outcome", "process"] = field(
+        "outcome", help="outcome: one score per completion; process: one per chunk, placed on decoding steps")
+    template: str | None = field(None, help="the judge prompt with {{prompt}} and {{completion}} (outcome) or "
+                                            "{{prompt}} and {{chunk}} / {{prefix}} (process), and any data "
+                                            "column as {{name}}; null: the built-in template of the mode")
+    chunk_by: Literal["tokens", "steps"] = field(
+        "tokens", help="process mode: cut the completion every chunk_length tokens, or every chunk_length decoding "
+                       "steps of its rollout")
+    chunk_length: int = field(200, ge=1, help="process mode: tokens (or decoding steps) per chunk (the seed's "
+                                              "reward_chunk_length)")
+    k_sample: int = field(1, ge=1, help="judgements per prompt or chunk (the seed's k_sample); with temperature 0 "
+                                        "they are equal, so one generation serves them all")
+    aggregate: Literal["mean", "consistency"] = field(
+        "mean", help="how the k_sample judgements combine: their mean, or consistency (all equal: that value, "
+                     "else `disagreement`)")
+    disagreement: float = field(0.0, help="consistency: the score of a chunk whose judgements disagree")
+    score_pattern: str = field(DEFAULT_PATTERN, check=_pattern_problem,
+                               help="regular expression with one group reading the score (its last match)")
+    score_min: float = field(-1.0, help="lowest valid score; a parsed score below it is a failure")
+    score_max: float = field(1.0, help="highest valid score; a parsed score above it is a failure")
+    fallback: float = field(0.0, help="the score of a judgement that does not parse (counted as judge_failures "
+                                      "and logged)")
+    max_new_tokens: int = field(256, ge=1, help="tokens the judge may write per judgement")
+    temperature: float = field(0.0, ge=0, help="the judge's sampling temperature (0: greedy)")
+    top_p: float = field(1.0, gt=0, le=1, help="nucleus sampling of the judge (with temperature > 0)")
+    batch_size: int = field(16, ge=1, help="judge prompts per generate call")
+    device: str = field("auto", help="auto | cpu | cuda | cuda:N: where the judge runs (transformers backend)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        "auto", help="the judge's dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    chat_template: bool = field(True, help="wrap the filled template as a user turn of the judge's chat template "
+                                           "(when its tokenizer has one)")
+    cache_size: int = field(100_000, ge=0, help="judge prompts whose judgements are kept (least recently used "
+                                                "dropped first); 0: no cache")
+    seed: int = field(0, help="seed of sampled judgements (temperature > 0)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.score_min > self.score_max:
+            raise UserError(f"judge: score_min={self.score_min} is above score_max={self.score_max}")
+
+
+def check_template(template: str, mode: str, key: str = "judge.template") -> None:
+    """Refuse a template without the placeholders its mode needs, naming ``key``."""
+    names = set(PLACEHOLDER.findall(template))
+    for alts in REQUIRED[mode]:
+        if not names.intersection(alts):
+            want = " or ".join("{{" + a + "}}" for a in alts)
+            raise UserError(f"{key}: the template has no {want} placeholder, which mode={mode} needs; add it "
+                            "(placeholders are written {{name}})")
+
+
+def render(template: str, values: dict[str, Any], key: str = "judge.template") -> str:
+    """The template with each ``{{name}}`` replaced by ``values[name]`` in one pass (a value containing
+    ``{{...}}`` is not filled again). A placeholder with no value is a :class:`UserError` naming it."""
+
+    def fill(m: re.Match) -> str:
+        if m.group(1) not in values:
+            raise UserError(f"{key}: placeholder {{{{{m.group(1)}}}}} is neither a judge field nor a data column "
+                            f"(columns: {', '.join(sorted(values)) or 'none'})")
+        return completion_text(values[m.group(1)])
+
+    return PLACEHOLDER.sub(fill, template)
+
+
+def parse_score(text: str, pattern: str, lo: float, hi: float) -> float | None:
+    """The score in a judgement (the last match of ``pattern``), or None when there is none or it lies outside
+    ``[lo, hi]``."""
+    found = re.findall(pattern, text or "")
+    if not found:
+        return None
+    try:
+        value = float(found[-1])
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and lo <= value <= hi else None
+
+
+def aggregate(scores: Sequence[float], how: str, disagreement: float) -> float:
+    """One score from ``k_sample`` judgements: their mean, or (``consistency``) their common value when all agree
+    and ``disagreement`` otherwise."""
+    if how == "mean":
+        return math.fsum(scores) / len(scores)
+    return scores[0] if all(s == scores[0] for s in scores) else disagreement
+
+
+def chunk_positions(n_tokens: int, step_map: Sequence[int], chunk_by: str, length: int) -> list[list[int]]:
+    """The token positions of each chunk: runs of ``length`` positions (``tokens``), or the counted positions
+    committed in each run of ``length`` decoding steps (``steps``: the distinct counted values of ``step_map`` in
+    increasing order)."""
+    if chunk_by == "tokens":
+        return [list(range(s, min(s + length, n_tokens))) for s in range(0, n_tokens, length)]
+    steps = sorted({s for s in step_map[:n_tokens] if s >= 0})
+    groups = [set(steps[i:i + length]) for i in range(0, len(steps), length)]
+    return [[p for p in range(n_tokens) if step_map[p] in g] for g in groups]
+
+
+def place_on_steps(chunk_scores: Sequence[float], chunks: Sequence[Sequence[int]],
+                   step_map: Sequence[int]) -> list[float]:
+    """Per-decoding-step scores (one per distinct counted step, in decoding order): each chunk's score on the
+    latest counted step among its own positions (none counted: the latest counted step before the chunk, else the
+    first step); scores landing on one step add up."""
+    steps = sorted({s for s in step_map if s >= 0})
+    rank = {s: k for k, s in enumerate(steps)}
+    out = [0.0] * len(steps)
+    for score, chunk in zip(chunk_scores, chunks):
+        if not steps:
+            break
+        own = [step_map[p] for p in chunk if step_map[p] >= 0]
+        before = [s for s in step_map[:min(chunk, default=0)] if s >= 0]
+        out[rank[max(own or before)] if own or before else 0] += score
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ backends
+class HFGenerator:
+    """Judgements from a transformers causal LM: left-padded batches, ``n`` sampled continuations per prompt."""
+
+    def __init__(self, cfg: JudgeConfig, key: str = "judge.model"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        device = resolve_device(cfg.device)
+        dtype = getattr(torch, resolve_eval_dtype(cfg.dtype, device))
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+            self.model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device).eval()
+        except (OSError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(f"{key}: cannot load {cfg.model!r} as a causal LM ({type(exc).__name__}: {first[:200]})"
+                            "; give ORG/NAME or a folder of a causal LM that transformers loads") from None
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"  # the continuation starts right after every prompt
+
+    def chat(self, text: str) -> str:
+        """The judge prompt as the model reads it."""
+        if self.cfg.chat_template and getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return text
+
+    @torch.no_grad()
+    def __call__(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
+        """``n`` continuations of each text (one ``generate`` call per ``batch_size`` texts)."""
+        cfg, tok, out = self.cfg, self.tokenizer, []
+        sample = cfg.temperature > 0
+        for i in range(0, len(texts), cfg.batch_size):
+            enc = tok([self.chat(t) for t in texts[i:i + cfg.batch_size]], return_tensors="pt", padding=True,
+                      add_special_tokens=not (cfg.chat_template and getattr(tok, "chat_template", None)))
+            enc = enc.to(self.model.device)
+            kwargs = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p} if sample else {
+                "do_sample": False}
+            with torch.random.fork_rng(devices=[self.model.device] if self.model.device.type == "cuda" else []):
+                torch.manual_seed(seed + i)
+                gen = self.model.generate(**enc, max_new_tokens=cfg.max_new_tokens, num_return_sequences=n,
+                                          pad_token_id=tok.pad_token_id, **kwargs)
+            words = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            out.extend(words[j:j + n] for j in range(0, len(words), n))
+        return out
+
+
+class VLLMGenerator:  # pragma: no cover - needs vllm and a GPU
+    """Judgements from vLLM (optional backend), with the same prompts as :class:`HFGenerator`."""
+
+    def __init__(self, cfg: JudgeConfig, key: str = "judge.model"):
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError:
+            raise UserError(f"{key}: judge.backend=vllm needs vllm (pip install vllm); or set "
+                            "judge.backend=transformers") from None
+        self.cfg, self._params = cfg, SamplingParams
+        dtype = "auto" if cfg.dtype == "auto" else cfg.dtype
+        try:
+            self.llm = LLM(model=cfg.model, dtype=dtype, seed=cfg.seed)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{key}: vllm cannot load {cfg.model!r} ({type(exc).__name__}: {exc})") from None
+        self.tokenizer = self.llm.get_tokenizer()
+
+    chat = HFGenerator.chat
+
+    def __call__(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
+        cfg = self.cfg
+        params = self._params(n=n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
+                              seed=seed)
+        outputs = self.llm.generate([self.chat(t) for t in texts], params)
+        return [[o.text for o in r.outputs] for r in outputs]
+
+
+# ------------------------------------------------------------------------------------------------ the judge
+@dataclass
+class Request:
+    """One judge prompt of a completion: its text and, in process mode, the chunk's token positions."""
+
+    text: str
+    positions: list[int] | None = None
+
+
+class Judge:
+    """An LLM judge as a TRL-signature reward: a float per completion (outcome mode) or a list of per-step
+    scores (process mode). ``stats`` counts the prompts generated, the prompts found in the cache and the
+    judgements that did not parse."""
+
+    def __init__(self, cfg: JudgeConfig, key: str = "judge", policy_tokenizer: Any = None,
+                 generator: Callable[[list[str], int, int], list[list[str]]] | None = None,
+                 model_key: str | None = None):
+        """``key`` names the judge's section in messages, ``model_key`` the key that named its model (default
+        ``key.model``); ``generator`` replaces the backend (texts, n, seed -> n outputs per text)."""
+        self.cfg, self.key = cfg, key
+        model_key = model_key or f"{key}.model"
+        self.template = cfg.template if cfg.template is not None else DEFAULT_TEMPLATES[cfg.mode]
+        check_template(self.template, cfg.mode, f"{key}.template")
+        if not cfg.model and generator is None:
+            raise UserError(f"{model_key}: not set; give ORG/NAME or a folder of a causal LM")
+        if generator is None:
+            generator = (HFGenerator if cfg.backend == "transformers" else VLLMGenerator)(cfg, model_key)
+        self.generate = generator
+        self.policy_tokenizer = policy_tokenizer
+        self.cache: OrderedDict[str, list[float | None]] = OrderedDict()
+        self.stats = {"judge_prompts": 0, "judge_cache_hits": 0, "judge_failures": 0}
+        self.__name__ = "judge"
+
+    # ---------------------------------------------------------------- prompts
+    def requests(self, prompts: Sequence[Any], completions: Sequence[Any],
+                 columns: dict[str, list[Any]]) -> list[list[Request]]:
+        """The judge prompts of each completion: one (outcome) or one per chunk (process)."""
+        out = []
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            values = {k: v[i] for k, v in columns.items() if isinstance(v, (list, tuple)) and len(v) == len(prompts)}
+            values["prompt"] = p
+            if self.cfg.mode == "outcome":
+                out.append([Request(render(self.template, {**values, "completion": c}, f"{self.key}.template"))])
+            else:
+                out.append(self._chunk_requests(c, values, self._ids(c, values), values.get("step_map")))
+        return out
+
+    def _ids(self, completion: Any, values: dict[str, Any]) -> list[int]:
+        if values.get("completion_ids") is not None:
+            return list(values["completion_ids"])
+        if self.policy_tokenizer is None:
+            raise UserError(f"{self.key}: mode=process needs the rollout's completion_ids column or the policy's "
+                            "tokenizer to cut completions into tokens")
+        return self.policy_tokenizer(completion_text(completion), add_special_tokens=False)["input_ids"]
+
+    def _chunk_requests(self, completion: Any, values: dict[str, Any], ids: list[int],
+                        step_map: Sequence[int] | None) -> list[Request]:
+        if step_map is None:
+            raise UserError(f"{self.key}: mode=process needs the rollout's step_map column (the decoding step of "
+                            "each completion token) to place chunk scores on decoding steps")
+        step_map = list(step_map)
+        decode = self._decoder()
+        reqs = []
+        counted = [p for p in range(min(len(ids), len(step_map))) if step_map[p] >= 0]
+        n = counted[-1] + 1 if counted else 0  # the EOS filling after the last counted token is not judged
+        for pos in chunk_positions(n, step_map, self.cfg.chunk_by, self.cfg.chunk_length):
+            chunk = decode([ids[p] for p in pos])
+            prefix = decode(ids[:max(pos) + 1])
+            text = render(self.template, {**values, "completion": completion, "chunk": chunk, "prefix": prefix},
+                          f"{self.key}.template")
+            reqs.append(Request(text, pos))
+        return reqs
+
+    def _decoder(self) -> Callable[[list[int]], str]:
+        tok = self.policy_tokenizer
+        if tok is None:
+            raise UserError(f"{self.key}: mode=process needs the policy's tokenizer to turn chunks into text")
+        return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- judgements
+    def judgements(self, texts: list[str]) -> dict[str, list[float | None]]:
+        """``k_sample`` parsed scores (None: unparsable) of each distinct text, from the cache or generated in
+        batches (one generation per text with temperature 0)."""
+        cfg = self.cfg
+        distinct = list(dict.fromkeys(texts))
+        found = {t: self.cache[t] for t in distinct if t in self.cache}
+        todo = [t for t in distinct if t not in found]
+        self.stats["judge_cache_hits"] += len(found)
+        for t in found:
+            self.cache.move_to_end(t)
+        if todo:
+            n = cfg.k_sample if cfg.temperature > 0 else 1
+            outputs = self.generate(todo, n, cfg.seed + self.stats["judge_prompts"])
+            self.stats["judge_prompts"] += len(todo)
+            bad: list[str] = []
+            for text, outs in zip(todo, outputs):
+                scores = [parse_score(o, cfg.score_pattern, cfg.score_min, cfg.score_max) for o in outs]
+                bad += [o for o, v in zip(outs, scores) if v is None]
+                found[text] = (scores * cfg.k_sample)[:cfg.k_sample] if n == 1 else scores
+                if cfg.cache_size:
+                    self.cache[text] = found[text]
+            while len(self.cache) > cfg.cache_size:
+                self.cache.popitem(last=False)
+            self._log_failures(bad, sum(map(len, outputs)))
+        return found
+
+    def _log_failures(self, bad: list[str], generated: int) -> None:
+        """Count the judgements that did not parse and say so once per batch, with the end of one of them."""
+        if bad:
+            self.stats["judge_failures"] += len(bad)
+            cfg = self.cfg
+            logger.warning("%s: %d of %d judgement(s) without a score matching score_pattern within [%g, %g] score "
+                           "the fallback %g; e.g. ...%r", self.key, len(bad), generated, cfg.score_min, cfg.score_max,
+                           cfg.fallback, bad[0][-120:])
+
+    def score(self, scores: list[float | None]) -> float:
+        """One score from a prompt's judgements (a failure counts as ``fallback``)."""
+        cfg = self.cfg
+        return aggregate([cfg.fallback if s is None else s for s in scores], cfg.aggregate, cfg.disagreement)
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[Any]:
+        reqs = self.requests(prompts, completions, columns)
+        found = self.judgements([r.text for rs in reqs for r in rs])
+        if self.cfg.mode == "outcome":
+            return [self.score(found[rs[0].text]) for rs in reqs]
+        return [place_on_steps([self.score(found[r.text]) for r in rs], [r.positions for r in rs],
+                               list(columns["step_map"][i])) for i, rs in enumerate(reqs)]
