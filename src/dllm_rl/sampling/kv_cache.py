@@ -34,7 +34,7 @@ class BufferLayer(DynamicLayer):
         cap = 0 if self._k is None else self._k.shape[-2]
         if need <= cap and self._k.shape[0] == like_k.shape[0]:
             return
-        shape = (*like_k.shape[:-2], max(need, 2 * cap, 64), like_k.shape[-1])
+        shape = (*like_k.shape[:-2], max(need, 2 * cap), like_k.shape[-1])
         new_k = like_k.new_empty(shape)
         new_v = like_v.new_empty((*shape[:-1], like_v.shape[-1]))
         if self.length:

@@ -40,9 +40,9 @@ class SlotCache:
         """``(cache, width)``: a :class:`BufferCache` over the sequences in ``slots`` (``[n]``), row ``i`` holding its
         first ``lengths[i]`` columns right-aligned to ``width = max(lengths)``, with room for ``extra`` more
         columns; an empty cache (width 0) when nothing is stored yet."""
-        width = int(lengths.max()) if lengths.numel() else 0
-        if width == 0 or not self.keys:
+        if not self.keys:  # nothing stored yet: the first forward sizes the pools
             return BufferCache(), 0
+        width = int(lengths.max())
         cols = torch.arange(width, device=lengths.device)[None, :] - (width - lengths)[:, None]
         cols = cols.clamp(min=0)  # masked columns read the row's column 0: finite, never attended
         buffers = []
