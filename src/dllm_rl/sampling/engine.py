@@ -56,6 +56,10 @@ from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence
 from dllm_rl.sampling.slot_cache import SlotCache
 
+# Block models: a joining sequence whose first forward (uncached prompt plus first block) exceeds this many blocks
+# runs in a forward of its own rather than widening every running row's queries to its length.
+JOIN_APART = 4
+
 
 @dataclass
 class EngineConfig(Checked):
@@ -152,13 +156,15 @@ class Engine:
         if not running:
             return []
         was_training = self.model.training
-        self.model.eval()
+        if was_training:
+            self.model.eval()
         try:
             with torch.inference_mode():
                 for group in self._groups(running):
                     self._decode(group, self._logits(group))
         finally:
-            self.model.train(was_training)
+            if was_training:
+                self.model.train()
         done = []
         for seq in running:
             if self._advance(seq):
@@ -189,12 +195,14 @@ class Engine:
                 self.running[slot] = new
 
     def _groups(self, running: list[Sequence]) -> list[list[Sequence]]:
-        """The forwards of a step: one for full attention; for block models, sequences whose prompt is still to be
-        cached (joining) apart from the others, whose queries are at most two blocks."""
+        """The forwards of a step: one for full attention. For block models one too, except that sequences whose
+        uncached prompt is longer than :data:`JOIN_APART` blocks (joining) run apart, since a forward pads every
+        row to its longest query; shorter ones ride along (a forward's fixed cost outweighs a little padding)."""
         if self.cache is None:
             return [running]
-        joining = [s for s in running if s.cols()[0] - s.cached > self.block]
-        rest = [s for s in running if s.cols()[0] - s.cached <= self.block]
+        apart = JOIN_APART * self.block
+        joining = [s for s in running if s.cols()[1] - s.cached > apart]
+        rest = [s for s in running if s.cols()[1] - s.cached <= apart]
         return [g for g in (joining, rest) if g]
 
     def _advance(self, seq: Sequence) -> bool:
