@@ -58,7 +58,7 @@ from dllm_rl.sampling.slot_cache import SlotCache
 
 # Block models: a joining sequence whose first forward (uncached prompt plus first block) exceeds this many blocks
 # runs in a forward of its own rather than widening every running row's queries to its length.
-JOIN_APART = 4
+JOIN_APART = 2
 
 
 @dataclass
