@@ -5,7 +5,10 @@
 
 Ratios (targets in brackets): block model (block 4) cache vs no cache [>= 3x tok/s]; full attention (block 32)
 prefix vs none [>= 2x] and dual vs none [>= 3x]; batch 32 vs the same 32 prompts one at a time [>= 5x];
-dynamic threshold 0.9 vs static one token per step: NFE ratio. Decoding is greedy with one token per step
+dynamic threshold 0.9 vs static one token per step: NFE ratio; continuous batching (``dllm_rl.sampling.engine``) vs
+fixed batches of the same width on the shipped demo models, rollout settings (temperature 1, threshold 0.9, EOS
+stops), answer tokens/s at equal tokens (the two give the same tokens; the run checks it) [>= 2x, issue 37], and with
+the engine's early stop (same answers, fewer steps). Decoding is greedy with one token per step
 (static) unless stated; ``stop_on_eos`` is off so every mode decodes the same number of tokens. Models are
 random; the dynamic-threshold model has its LM head scaled up so its confidences spread over (0, 1) like a
 trained model's (a random model is never 90% sure of anything). Each mode runs once per round, rounds
@@ -21,14 +24,20 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import torch
 
-from dllm_rl.models import build_model, tiny_config
-from dllm_rl.sampling import DecodeConfig, generate
+import dllm_rl
+from dllm_rl.models import build_model, load_model, load_tokenizer, tiny_config
+from dllm_rl.sampling import DecodeConfig, generate, generate_batched
+from dllm_rl.sampling.engine import Engine, EngineConfig
+
+DEMO = Path(dllm_rl.__file__).parent / "assets" / "demo"
 
 
 class PeakMemory:
@@ -109,6 +118,50 @@ def measure(model, prompts, config: DecodeConfig, one_at_a_time: bool = False, *
             "nfe": nfe.mean().item(), "peak_mib": mem.peak_mib}
 
 
+def demo_prompts(tokenizer, n: int) -> list[list[int]]:
+    """The first ``n`` held-out countdown puzzles as the demo's compact prompts, tokenized."""
+    with open(DEMO / "countdown_heldout.jsonl") as fh:
+        rows = [json.loads(line) for line in fh][:n]
+    texts = [f"nums {' '.join(map(str, r['nums']))} target {r['target']}\n" for r in rows]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
+    """Continuous batching vs fixed batches of ``slots`` prompts on the demo models (rollout decoding), side by side."""
+    print(f"\ncontinuous batching vs fixed batches: demo models, {n_prompts} prompts, {slots} slots = fixed batch "
+          f"width, temperature 1, threshold 0.9, EOS stops; answer tokens/s, best of {repeats} interleaved rounds")
+    for name, gen, block in (("sdar-countdown", 32, 4), ("llada-countdown", 16, 16)):
+        model = load_model(DEMO / name, device=args.device)
+        prompts = demo_prompts(load_tokenizer(DEMO / name), n_prompts)
+        cfg = DecodeConfig(gen_length=gen, block_length=block, threshold=0.9, temperature=1.0)
+        runs = {"fixed": None, "continuous": EngineConfig(slots=slots),
+                "continuous, early stop": EngineConfig(slots=slots, early_stop=True)}
+        best, outs = {}, {}
+        for _ in range(repeats):
+            for key, engine in runs.items():
+                t0 = time.perf_counter()
+                outs[key] = generate_batched(model, prompts, cfg, batch_size=slots) if engine is None else \
+                    Engine(model, cfg, engine).run(prompts)
+                if args.device != "cpu":
+                    torch.cuda.synchronize()
+                best[key] = min(best.get(key, float("inf")), time.perf_counter() - t0)
+        fixed, cont, early = outs["fixed"], outs["continuous"], outs["continuous, early stop"]
+        same = torch.equal(fixed.completion_ids, cont.completion_ids) and torch.equal(fixed.step_map, cont.step_map)
+        same_answers = torch.equal(fixed.completion_mask, early.completion_mask) and torch.equal(
+            fixed.completion_ids[fixed.completion_mask], early.completion_ids[early.completion_mask])
+        answer_tokens = int(fixed.completion_mask.sum())
+        print(f"  {name} (gen {gen}, block {block}): {answer_tokens} answer tokens; continuous = fixed tokens and step "
+              f"maps: {same}; early stop = same answers: {same_answers}")
+        for key, out in outs.items():
+            print(f"    {key:<24} {best[key]:8.2f}s {answer_tokens / best[key]:9.1f} answer tok/s  "
+                  f"mean NFE {out.nfe.float().mean().item():5.2f}  generated {int((out.step_map >= 0).sum())}")
+        for key in ("continuous", "continuous, early stop"):
+            ratio = best["fixed"] / best[key]
+            verdict = "(--quick: targets apply to the full run)" if args.quick else \
+                f"target >= 2x: {'ok' if ratio >= 2 else 'MISSED'}"
+            print(f"    ratio {key} / fixed, tok/s: {ratio:5.2f}x  {verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small smoke run: prompt 16, gen 32, fewer prompts")
@@ -120,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds; each mode runs once per round (modes interleaved) and keeps its best time")
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention kernel (default sdpa)")
-    ap.add_argument("--only", default="", help="comma list of sections to run: cache,full,batch,dynamic (default all)")
+    ap.add_argument("--only", default="",
+                    help="comma list of sections to run: cache,full,batch,dynamic,continuous (default all)")
+    ap.add_argument("--slots", type=int, default=32,
+                    help="continuous section: engine slots = fixed batch width (default 32; --quick 8)")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -133,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
           f"vocab {args.vocab}, prompt {prompt_len}, gen {gen}, batch {batch} (batch test: {n_many} prompts), "
           f"best of {repeats} interleaved rounds")
 
-    sections = set(args.only.split(",")) if args.only else {"cache", "full", "batch", "dynamic"}
+    sections = set(args.only.split(",")) if args.only else {"cache", "full", "batch", "dynamic", "continuous"}
     sdar, llada = tiny("sdar", args), tiny("llada", args)
     generate(sdar, prompts[:1], DecodeConfig(gen_length=8))  # warm-up
     generate(llada, prompts[:1], DecodeConfig(gen_length=8, block_length=8))
@@ -191,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             verdict = "  (--quick: targets apply to the full run)"
         print(f"  {name:<42} {value:6.2f}x wall {cpu_value:6.2f}x cpu{verdict}")
+    if "continuous" in sections:
+        continuous_section(args, 32 if args.quick else 256, 8 if args.quick else args.slots, repeats)
     return 0
 
 

@@ -1,0 +1,315 @@
+"""Continuous batching: a fixed number of slots kept busy, each finished sequence replaced at once by a waiting one.
+
+A fixed batch (:func:`~dllm_rl.sampling.generate`) lasts as long as its slowest row: with threshold decoding or
+EOS stops, rows finish after very different numbers of forward passes and the finished ones idle. The engine
+schedules requests the way nano-vllm / vLLM do: :meth:`Engine.add_request` queues a prompt, each
+:meth:`Engine.step` fills free slots from the queue (first come, first served), runs one denoising step for every
+running sequence and returns the sequences that finished in it (EOS or length), whose slots the next step hands to
+waiting prompts. :meth:`Engine.run` is the batch convenience (results in input order).
+
+* **Full-attention models** (LLaDA, Dream; ``cache="none"``): every sequence has its own canvas and any block may
+  sit beside any other: a step left-pads the canvases so that every row's current block occupies the same columns
+  and forwards them together, so a sequence joins or leaves at any step.
+* **Block models** (SDAR/TraDo, LLaDA2): each slot keeps its own exact block KV cache
+  (:mod:`~dllm_rl.sampling.slot_cache`). A step forwards each row's current block (after its just-finished block,
+  whose keys the same forward stores: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode) against its own
+  cached columns. A sequence joins at its first block: its prompt is forwarded in a step of its own group (with
+  the other joining sequences), so a long prompt never widens the others' forward.
+
+**Batch invariance.** A sequence decodes its own one-prompt canvas (the layout ``generate`` gives it alone) with its
+own ``torch.Generator`` (seed ``seed`` of :meth:`~Engine.add_request`; :meth:`~Engine.run` uses ``config.seed + i``
+as ``generate`` does), with the draw shapes and the rules of :func:`~dllm_rl.sampling.decode.decode`, and spends a
+step only when it decodes. So its tokens, step map, confidences and NFE equal ``generate([prompt], seeds=[seed])``
+whoever shares its steps (up to last-ulp differences between kernel shapes, which matter only at exact
+confidence ties), and the results equal a fixed batch's.
+
+**Memory** is bounded by the slots, not the queue: waiting requests are token lists; the KV pools are
+``slots x capacity`` (capacity: the longest canvas admitted, at most ``EngineConfig.max_positions``), plus one
+step's gathered copy of the running rows' caches.
+
+**Early stop** (``EngineConfig.early_stop``, off by default): a sequence whose answer is decided — a committed EOS
+with every slot before it committed — stops at once and its masked slots are filled with EOS (never generated,
+``step_map`` -1), as ``stop_on_eos`` fills them after an all-EOS block. The answer (``completion_mask``, ``texts``,
+``finish_reason``) is the same as without it, since later steps can only fill slots after that EOS; the tokens
+*after* the first EOS, their step map and the NFE differ from the published samplers (which decode on until a
+whole block holds only EOS/padding), so it is off by default.
+
+Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, the shifted
+block family (``fast_dllm_v2``), image prompts and prefilled completion tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from dllm_rl.config import Checked, field
+from dllm_rl.errors import UserError
+from dllm_rl.models import DiffusionLM, attention_bias, block_index
+from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
+from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.decode import _stop_finished, check_inputs, decode_block_length, to_rollout
+from dllm_rl.sampling.rollout import Rollout
+from dllm_rl.sampling.sequence import Sequence
+from dllm_rl.sampling.slot_cache import SlotCache
+
+# Block models: a joining sequence whose first forward (uncached prompt plus first block) exceeds this many blocks
+# runs in a forward of its own rather than widening every running row's queries to its length.
+JOIN_APART = 2
+
+
+@dataclass
+class EngineConfig(Checked):
+    """How the continuous-batching engine schedules (the decoding itself is a :class:`DecodeConfig`)."""
+
+    slots: int = field(
+        32, ge=1,
+        help="Sequences decoded at once (the batch of every step). A finished sequence's slot goes to the next "
+        "waiting request at once; memory grows with the slots, never with the queue.",
+    )
+    early_stop: bool = field(
+        False,
+        help="Stop a sequence as soon as its answer is decided (a committed EOS with every slot before it committed) "
+        "and fill its masked slots with EOS. Same answers, fewer forward passes; the tokens after the first EOS and "
+        "the NFE differ from the published samplers, hence off by default.",
+    )
+    max_positions: int | None = field(
+        None, ge=1,
+        help="Block models: the KV cache's columns per slot (prompt plus completion); a request needing more is "
+        "refused. None: the model's context. The cache holds slots x max_positions columns at most.",
+    )
+
+
+@dataclass
+class Completion:
+    """A finished request: its id (from :meth:`Engine.add_request`) and its one-row :class:`Rollout`."""
+
+    request_id: int
+    rollout: Rollout
+
+
+class Engine:
+    """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
+
+    def __init__(self, model: DiffusionLM, config: DecodeConfig, engine: EngineConfig | None = None, tokenizer=None):
+        if not isinstance(config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+        if not model.is_block_causal and config.cache != "none":
+            raise UserError(f"the continuous-batching engine decodes full-attention models without a cache; cache "
+                            f"{config.cache!r} (Fast-dLLM's approximation) needs generate, or set cache: none")
+        if model.is_block_causal and model.family.shift:
+            raise UserError(f"the continuous-batching engine does not decode the shifted block family "
+                            f"{model.family.name!r} yet; use generate")
+        self.model, self.config, self.tokenizer = model, config, tokenizer
+        self.engine = engine if engine is not None else EngineConfig()
+        self.block = decode_block_length(model, config)
+        self.capacity = self.engine.max_positions or model.max_length
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence | None] = [None] * self.engine.slots
+        self.cache = SlotCache(self.engine.slots) if model.is_block_causal else None
+        self.peak_cache_bytes = 0  # pools plus one step's gathered copy, the most seen
+        self._next_id = 0
+
+    # ---- the serving API -------------------------------------------------------------------------------------
+    def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None) -> int:
+        """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
+        ``config.seed + request id``); ``gen_length`` overrides the config's for this request."""
+        rid = self._next_id
+        config = self.config if gen_length is None else dataclasses.replace(self.config, gen_length=gen_length)
+        try:
+            [ids] = check_inputs(self.model, [prompt], config, None)
+        except UserError as err:
+            raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
+        seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
+                           self.model.mask_token_id, self.model.pad_token_id, self.model.device,
+                           self.config.seed + rid if seed is None else seed)
+        if self.cache is not None and seq.width > self.capacity:
+            raise UserError(f"request {rid} needs {seq.width} cache positions (prompt {len(ids)} + completion); "
+                            f"the engine's max_positions is {self.capacity}: raise it or shorten the request")
+        self._next_id += 1
+        self.waiting.append(seq)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.running)
+
+    def abort(self, request_id: int) -> bool:
+        """Drop a waiting or running request (a client gone); its slot is free for the next step. False if unknown."""
+        for seq in list(self.waiting):
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                return True
+        for i, seq in enumerate(self.running):
+            if seq is not None and seq.request_id == request_id:
+                self.running[i] = None
+                return True
+        return False
+
+    def step(self) -> list[Completion]:
+        """Fill free slots from the queue, run one denoising step of every running sequence, and return the
+        requests that finished in it."""
+        self._admit()
+        running = [s for s in self.running if s is not None]
+        if not running:
+            return []
+        was_training = self.model.training
+        if was_training:
+            self.model.eval()
+        try:
+            with torch.inference_mode():
+                for group in self._groups(running):
+                    self._decode(group, self._logits(group))
+        finally:
+            if was_training:
+                self.model.train()
+        done = []
+        for seq in running:
+            if self._advance(seq):
+                self.running[seq.slot] = None
+                done.append(Completion(seq.request_id, self._rollout(seq)))
+        return done
+
+    def run(self, prompts, seeds: list[int] | None = None) -> Rollout:
+        """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
+        ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`)."""
+        prompts = check_inputs(self.model, prompts, self.config, seeds)
+        seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
+        ids = [self.add_request(p, seed=s) for p, s in zip(prompts, seeds)]
+        order = {rid: i for i, rid in enumerate(ids)}
+        out: list[Rollout | None] = [None] * len(ids)
+        while any(r is None for r in out):
+            for c in self.step():
+                if c.request_id in order:
+                    out[order[c.request_id]] = c.rollout
+        return Rollout.cat(out)
+
+    # ---- scheduling ------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        for slot, seq in enumerate(self.running):
+            if seq is None and self.waiting:
+                new = self.waiting.popleft()
+                new.slot = slot
+                self.running[slot] = new
+
+    def _groups(self, running: list[Sequence]) -> list[list[Sequence]]:
+        """The forwards of a step: one for full attention. For block models one too, except that sequences whose
+        uncached prompt is longer than :data:`JOIN_APART` blocks (joining) run apart, since a forward pads every
+        row to its longest query; shorter ones ride along (a forward's fixed cost outweighs a little padding)."""
+        if self.cache is None:
+            return [running]
+        apart = JOIN_APART * self.block
+        joining = [s for s in running if s.cols()[1] - s.cached > apart]
+        rest = [s for s in running if s.cols()[1] - s.cached <= apart]
+        return [g for g in (joining, rest) if g]
+
+    def _advance(self, seq: Sequence) -> bool:
+        """After a step: move to the next block when this one is done; True when the sequence is finished."""
+        eos, pad = self.model.eos_token_id, self.model.pad_token_id
+        if self.engine.early_stop and seq.answer_ended(eos):
+            seq.fill_rest(eos)
+            return True
+        s, e = seq.cols()
+        if bool(seq.todo[s:e].any()):
+            return False
+        if self.config.stop_on_eos:
+            stopped = torch.zeros(1, dtype=torch.bool, device=seq.x.device)
+            _stop_finished(seq.canvas, torch.zeros(1, dtype=torch.long, device=seq.x.device), s, e, eos, pad, stopped)
+            if bool(stopped[0]):
+                return True
+        seq.block_idx += 1
+        if seq.block_idx >= seq.canvas.num_blocks:
+            return True
+        seq.begin_block()
+        return False
+
+    def _rollout(self, seq: Sequence) -> Rollout:
+        rollout = to_rollout(seq.canvas, seq.trace(), self.model, self.tokenizer)
+        rollout.block_size = self.block if self.model.is_block_causal else None
+        return rollout
+
+    # ---- one step --------------------------------------------------------------------------------------------
+    def _logits(self, group: list[Sequence]) -> torch.Tensor:
+        """Logits ``[n, block, V]`` of each sequence's current block."""
+        return self._block_logits(group) if self.cache is not None else self._full_logits(group)
+
+    def _full_logits(self, group: list[Sequence]) -> torch.Tensor:
+        starts = [s.cols()[0] for s in group]
+        left = max(starts)
+        width = left + max(s.width - st for s, st in zip(group, starts))
+        ids = torch.full((len(group), width), self.model.pad_token_id, dtype=torch.long, device=self.model.device)
+        valid = torch.zeros_like(ids, dtype=torch.bool)
+        for i, (seq, st) in enumerate(zip(group, starts)):
+            off = left - st
+            ids[i, off : off + seq.width] = seq.x
+            valid[i, off : off + seq.width] = True
+        keep = torch.arange(left, left + self.block, device=ids.device)
+        return self.model(ids, attention_mask=valid, logits_to_keep=keep).logits
+
+    def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
+        device, block = self.model.device, self.block
+        ends = [s.cols()[1] for s in group]
+        cached = torch.tensor([s.cached for s in group], dtype=torch.long, device=device)
+        q_len = torch.tensor(ends, device=device) - cached
+        n, width_q = len(group), int(q_len.max())
+        ids = torch.full((n, width_q), self.model.pad_token_id, dtype=torch.long, device=device)
+        q_pos = torch.zeros_like(ids)
+        for i, (seq, end) in enumerate(zip(group, ends)):
+            ids[i, width_q - int(q_len[i]) :] = seq.x[seq.cached : end]
+            q_pos[i, width_q - int(q_len[i]) :] = torch.arange(seq.cached, end, device=device)
+        q_valid = torch.arange(width_q, device=device)[None, :] >= (width_q - q_len)[:, None]
+        q_pos = torch.where(q_valid, q_pos, q_pos[:, -1:])  # padding queries sit in the row's current block
+        slots = torch.tensor([s.slot for s in group], dtype=torch.long, device=device)
+        cache, width_c = self.cache.gather(slots, cached, extra=width_q)
+        k_pos = torch.arange(width_c, device=device)[None, :] - (width_c - cached)[:, None]
+        k_valid = torch.cat([k_pos >= 0, q_valid], dim=1)
+        blk = block_index(q_pos, block)
+        k_blk = torch.cat([block_index(k_pos.clamp(min=0), block), blk], dim=1)
+        bias = attention_bias(k_valid, query_block=blk, key_block=k_blk, dtype=self.model.dtype)
+        out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=cache, use_cache=True,
+                         logits_to_keep=block)
+        self._store_finished_columns(group, cache, slots, q_len, width_c, width_q)
+        return out.logits
+
+    def _store_finished_columns(self, group, cache, slots, q_len, width_c, width_q) -> None:
+        """Keep the keys of each row's columns before its current block (prompt or finished block): the fold."""
+        rows, src, dst, to_slot = [], [], [], []
+        for i, seq in enumerate(group):
+            s = seq.cols()[0]
+            count = s - seq.cached
+            if count > 0:
+                first = width_c + width_q - int(q_len[i])
+                rows += [i] * count
+                src += range(first, first + count)
+                dst += range(seq.cached, s)
+                to_slot += [seq.slot] * count
+            seq.cached = s
+        as_long = lambda v: torch.tensor(v, dtype=torch.long, device=self.model.device)  # noqa: E731
+        nbytes = sum(t.numel() * t.element_size() for layer in cache.layers
+                     for t in (layer._k, layer._v) if t is not None)
+        need = max(s.width for s in group)
+        self.cache.store(cache, as_long(rows), as_long(to_slot), as_long(src), as_long(dst),
+                         min(self.capacity, max(need, self.cache.capacity)))
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes() + nbytes)
+
+    def _decode(self, group: list[Sequence], logits: torch.Tensor) -> None:
+        """Choose and commit each row's tokens, as one step of :func:`~dllm_rl.sampling.decode.decode`."""
+        cfg = self.config
+        spans = [s.cols() for s in group]
+        todo = torch.stack([seq.todo[s:e] for seq, (s, e) in zip(group, spans)])
+        needs_rng = cfg.temperature > 0 or cfg.confidence == "random"
+        gens = [s.generator for s in group] if needs_rng else None
+        tokens, conf = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
+        candidates = todo if cfg.sub_block is None else current_sub_block(todo, cfg.sub_block)
+        if cfg.threshold is not None:
+            chosen = select_commits(conf, candidates, threshold=cfg.threshold)
+        else:
+            as_long = lambda v: torch.tensor(v, dtype=torch.long, device=todo.device)  # noqa: E731
+            counts = transfer_counts(as_long([s.masked0 for s in group]), cfg.steps or self.block,
+                                     as_long([s.local_step for s in group]))
+            chosen = select_commits(conf, candidates, counts=counts)
+        for i, (seq, (s, _e)) in enumerate(zip(group, spans)):
+            c = chosen[i].nonzero().flatten()
+            seq.commit(c + s, tokens[i, c], conf[i, c])

@@ -1,0 +1,155 @@
+"""The continuous-batching engine: the same tokens, step maps and NFE as one-at-a-time `generate`, whoever shares
+the slots; memory bounded by the slots, not the queue; early stop; the serving API (ids, abort, errors)."""
+
+import pytest
+import torch
+
+from dllm_rl.errors import UserError
+from dllm_rl.models import DiffusionLM
+from dllm_rl.sampling import DecodeConfig, generate
+from dllm_rl.sampling.engine import Engine, EngineConfig
+
+LENGTHS = [1, 3, 5, 6, 9, 2, 7, 4, 11, 8]  # prompt lengths, most not multiples of the block
+GEN = [8, 12, 4, 16, 8, 4, 12, 8, 16, 4]  # each request's own generation length
+
+
+def _prompts(lengths, vocab=60, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _with_frequent_eos(model, prompts, config):
+    """The model with its most generated token as EOS, so rows stop at different blocks (EOS stops)."""
+    free = generate(model, prompts, DecodeConfig(**{**vars(config), "stop_on_eos": False}))
+    eos = int(torch.bincount(free.completion_ids[free.step_map >= 0]).argmax())
+    return DiffusionLM(model.model, model.family, {**model.published_config, "eos_token_id": eos})
+
+
+def _serve(engine, prompts, gens, seeds):
+    """Submit every request, step until all are done; returns {id: rollout} and the ids running at each step."""
+    ids = [engine.add_request(p, seed=s, gen_length=g) for p, g, s in zip(prompts, gens, seeds)]
+    done, running = {}, []
+    while engine.has_unfinished():
+        finished = engine.step()
+        running.append({s.request_id for s in engine.running if s is not None} | {c.request_id for c in finished})
+        done.update({c.request_id: c.rollout for c in finished})
+    return ids, done, running
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+@pytest.mark.parametrize("decoding", [dict(steps=2), dict(threshold=0.6),
+                                      dict(temperature=0.8, top_k=20, top_p=0.95, steps=2),
+                                      dict(temperature=1.0, confidence="random", threshold=0.3)])
+def test_engine_equals_one_at_a_time_generate(tiny_models, sharp_sdar, family, decoding):
+    model = sharp_sdar if family == "sdar" else tiny_models[family]
+    prompts = _prompts(LENGTHS, seed=1)
+    config = DecodeConfig(gen_length=8, block_length=4, **decoding)
+    if family == "sdar":  # (the random LLaDA writes one token everywhere: as EOS it would end every row at once)
+        model = _with_frequent_eos(model, prompts, config)
+    seeds = [100 + i for i in range(len(prompts))]
+    engine = Engine(model, config, EngineConfig(slots=3))
+    ids, done, running = _serve(engine, prompts, GEN, seeds)
+    assert ids == list(range(10)) and sorted(done) == ids
+    # the queue is longer than the slots: requests joined while others were half-way, never more than 3 at once
+    assert max(len(r) for r in running) == 3 and len(running) > 2
+    assert any(r - running[0] and r & running[0] for r in running)
+    for rid, p, g, s in zip(ids, prompts, GEN, seeds):
+        one = generate(model, [p], DecodeConfig(**{**vars(config), "gen_length": g}), seeds=[s])
+        got = done[rid]
+        assert torch.equal(got.completion_ids, one.completion_ids), rid
+        assert torch.equal(got.step_map, one.step_map), rid
+        assert torch.equal(got.nfe, one.nfe), rid
+        assert torch.equal(got.prompt_ids, one.prompt_ids) and got.finish_reason == one.finish_reason
+        assert torch.allclose(got.confidence, one.confidence, atol=1e-6)
+    nfe = torch.cat([done[i].nfe for i in ids])
+    assert len(set(nfe.tolist())) > 3  # rows took very different numbers of steps
+    if family == "sdar":
+        assert any(done[i].finish_reason == ["eos"] for i in ids)
+
+
+@pytest.mark.parametrize("family", ["sdar", "dream"])
+def test_run_returns_the_fixed_batch_rollout_in_input_order(tiny_models, family):
+    model = tiny_models[family]
+    prompts = _prompts(LENGTHS[:7], seed=3)
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=1.0, seed=11)
+    whole = generate(model, prompts, config)
+    got = Engine(model, config, EngineConfig(slots=2)).run(prompts)
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe"):
+        assert torch.equal(getattr(got, name), getattr(whole, name)), name
+    assert got.finish_reason == whole.finish_reason and got.block_size == whole.block_size
+
+
+def test_peak_cache_is_bounded_by_the_slots_not_the_queue(tiny_models):
+    model = tiny_models["sdar"]  # 2 layers, 1 KV head of 16 dims, float32
+    config = DecodeConfig(gen_length=8, threshold=0.9, stop_on_eos=False)
+    prompt = _prompts([10], seed=4)[0]  # 10 tokens + 8 + 2 (rounded to the block of 4): 20 positions
+
+    def peak(slots, queue):
+        engine = Engine(model, config, EngineConfig(slots=slots))
+        engine.run([prompt] * queue)
+        return engine.peak_cache_bytes, engine.cache.nbytes()
+
+    pool = 2 * 2 * 20 * 16 * 4  # layers x (keys, values) x positions x head dim x bytes, per slot
+    small, small_pool = peak(2, 2)
+    long_queue, long_pool = peak(2, 20)  # ten times the slots
+    assert small_pool == long_pool == 2 * pool
+    assert long_queue == small
+    # plus one step's gathered copy of the running rows (16 cached columns + the 4 queried): as much again
+    assert small == 2 * small_pool
+    assert peak(4, 20) == (8 * pool, 4 * pool)
+
+
+def test_early_stop_ends_a_decided_answer_mid_block(fakes):
+    # Prompt [1, 2]; completion slots 0-3 are confident words, slot 4 (position 6) an EOS, the rest not EOS.
+    eos = fakes.EOS
+    rows = {p: (p % 10, 0.99 - p / 1000) for p in range(2, 6)} | {6: (eos, 0.9)}
+    model = fakes.fake_model(fakes.table_from(rows))
+    config = DecodeConfig(gen_length=16, block_length=8)  # one token per step, most confident first
+    ref = generate(model, [[1, 2]], config)
+    assert ref.nfe.tolist() == [16]  # block 0 is not all EOS: the published rule decodes on
+    early = Engine(model, config, EngineConfig(slots=2, early_stop=True)).run([[1, 2]])
+    assert early.nfe.tolist() == [5]  # slots 0-3, then the EOS: the answer is decided after 5 steps
+    assert early.step_map[0].tolist() == [0, 1, 2, 3, 4] + [-1] * 11
+    assert early.completion_ids[0].tolist() == [2, 3, 4, 5, eos] + [eos] * 11
+    assert ref.completion_ids[0, 5:].ne(eos).any()  # the published sampler writes other tokens after the EOS
+    # the answer is the same: tokens up to the first EOS, the mask, the finish reason
+    assert torch.equal(early.completion_mask, ref.completion_mask)
+    assert torch.equal(early.completion_ids[early.completion_mask], ref.completion_ids[ref.completion_mask])
+    assert early.finish_reason == ref.finish_reason == ["eos"]
+    off = Engine(model, config, EngineConfig(slots=2)).run([[1, 2]])
+    assert torch.equal(off.completion_ids, ref.completion_ids) and off.nfe.tolist() == [16]
+
+
+def test_early_stop_waits_for_the_slots_before_the_eos(fakes):
+    # The EOS (position 3) is the most confident: committed first, but slots before it are still masked.
+    eos = fakes.EOS
+    model = fakes.fake_model(fakes.table_from({3: (eos, 0.99)}))
+    config = DecodeConfig(gen_length=8, block_length=8)
+    early = Engine(model, config, EngineConfig(early_stop=True)).run([[1]])
+    assert early.step_map[0].tolist() == [1, 2, 0, -1, -1, -1, -1, -1] and early.nfe.tolist() == [3]
+    ref = generate(model, [[1]], config)
+    assert torch.equal(early.completion_mask, ref.completion_mask) and ref.nfe.tolist() == [8]
+
+
+def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
+    model = fakes.fake_model(fakes.table_from({}))
+    engine = Engine(model, DecodeConfig(gen_length=8, block_length=4), EngineConfig(slots=1))
+    a, b, c = (engine.add_request([1, 2]) for _ in range(3))
+    engine.step()
+    assert [s.request_id for s in engine.running] == [a] and len(engine.waiting) == 2
+    assert engine.abort(a) and engine.abort(c) and not engine.abort(99)
+    finished = []
+    while engine.has_unfinished():
+        finished += engine.step()
+    assert [f.request_id for f in finished] == [b] and finished[0].rollout.nfe.tolist() == [8]
+    with pytest.raises(UserError, match=r"request 3 has token ids outside the model's vocabulary"):
+        engine.add_request([99])
+    with pytest.raises(UserError, match=r"gen_length \(6\) must be a multiple of block_length \(4\)"):
+        engine.add_request([1], gen_length=6)
+    with pytest.raises(UserError, match="cache 'dual'"):
+        Engine(model, DecodeConfig(gen_length=8, block_length=4, cache="dual"))
+    sdar = Engine(tiny_models["sdar"], DecodeConfig(gen_length=8), EngineConfig(max_positions=16))
+    with pytest.raises(UserError, match="request 0 needs 20 cache positions .* max_positions is 16"):
+        sdar.add_request(list(range(10)))
+    with pytest.raises(ValueError, match="slots"):
+        EngineConfig(slots=0)
