@@ -75,7 +75,8 @@ def peak_memory_gib(device: str) -> float:
 
 def run(model: Path, data: Path, out: Path, algorithm: str, args) -> dict[str, float]:
     overrides = [f"algorithm={algorithm}", f"model.path={model}", "data.task=countdown", f"data.train_file={data}",
-                 "data.prompt_style=compact", f"train.prompts_per_step={args.prompts}", f"rollout.num_generations={args.generations}",
+                 "data.prompt_style=compact", f"train.prompts_per_step={args.prompts}",
+                 f"rollout.num_generations={args.generations}",
                  f"rollout.gen_length={args.gen_length}", f"rollout.block_length={args.block_length}",
                  f"rollout.batch_size={args.prompts * args.generations}", "eval.limit=0", "train.max_steps=2",
                  f"train.micro_batch_size={args.micro_batch}", "optim.lr=1e-6", f"model.device={args.device}",

@@ -56,10 +56,12 @@ def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) ->
 def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str],
             steps: int | None = None):
     # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
-    budget = [f"train.max_steps={steps}", "train.max_time_minutes=null"] if steps else [f"train.max_time_minutes={minutes}"]
+    budget = [f"train.max_steps={steps}",
+              "train.max_time_minutes=null"] if steps else [f"train.max_time_minutes={minutes}"]
     return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
             f"algorithm={algo}", f"run.seed={seed}", f"run.output_dir={out}", "run.overwrite=true", *budget,
-            f"eval.limit={eval_limit}", "run.progress=false", "log.samples_every=0", *METHOD_EXTRA.get(algo, []), *extra]
+            f"eval.limit={eval_limit}", "run.progress=false", "log.samples_every=0", *METHOD_EXTRA.get(algo,
+                                                                                                       []), *extra]
 
 
 def step_seconds(metrics: Path) -> tuple[float, float]:

@@ -50,7 +50,8 @@ def _trainer(out: Path, seed: int, value_lr: float):
     from dllm_rl.rl.trainer import RLTrainer
 
     cfg = load_config(RLConfig, demo_config_path("block"), demo_overrides("block") + [
-        "algorithm=tracerl", f"run.seed={seed}", f"run.output_dir={out}", "run.overwrite=true", "run.progress=false", "eval.limit=0",
+        "algorithm=tracerl", f"run.seed={seed}", f"run.output_dir={out}", "run.overwrite=true", "run.progress=false",
+        "eval.limit=0",
         "value_model.enabled=true", f"value_model.lr={value_lr}"])
     return RLTrainer(cfg)
 
@@ -105,7 +106,8 @@ def variance_part(args) -> dict:
         var = float(((g - mean) ** 2).sum(-1).mean())
         rows[name] = {"variance": var, "relative_variance": var / float((mean ** 2).sum())}
     base = rows["group z-score"]
-    print(f"\nPolicy-gradient variance over {args.batches} batches of {trainer.cfg.train.prompts_per_step}x{G} rollouts "
+    print(f"\nPolicy-gradient variance over {args.batches} batches of {trainer.cfg.train.prompts_per_step}x{G} "
+          f"rollouts "
           f"(value model fitted for {args.warm_steps} steps at lr {args.value_lr}; {time.perf_counter() - t0:.0f}s)")
     print("| advantage | variance / group z-score's | relative variance / group z-score's |")
     print("|---|---|---|")
@@ -121,8 +123,10 @@ def _run(out: Path, seed: int, lr: float, value: bool, steps: int, eval_limit: i
         return json.loads(summary.read_text())
     extra = ["value_model.enabled=true", f"value_model.lr={lr * value_lr_ratio}"] if value else []
     cmd = [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path("block")), *demo_overrides("block"),
-           "algorithm=tracerl", f"run.seed={seed}", f"optim.lr={lr}", f"train.max_steps={steps}", "train.max_time_minutes=null",
-           f"eval.limit={eval_limit}", f"run.output_dir={out}", "run.overwrite=true", "run.progress=false", "log.samples_every=0",
+           "algorithm=tracerl", f"run.seed={seed}", f"optim.lr={lr}", f"train.max_steps={steps}",
+           "train.max_time_minutes=null",
+           f"eval.limit={eval_limit}", f"run.output_dir={out}", "run.overwrite=true", "run.progress=false",
+           "log.samples_every=0",
            *extra]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(summary.read_text())

@@ -25,7 +25,8 @@ def test_old_rl_keys_in_a_file_and_overrides_land_in_their_sections(tmp_path):
         cfg = load_config(RLConfig, path, ["prompts_per_step=5", "resume=latest", "reward_timeout_s=2"])
     assert (cfg.model.path, cfg.data.task, cfg.data.train_file, cfg.train.max_steps) == ("ckpt", "gsm8k", "t.jsonl", 7)
     assert (cfg.rollout.num_generations, cfg.rollout.gen_length, cfg.run.seed, cfg.log.samples_every) == (4, 16, 3, 2)
-    assert (cfg.train.block_size, cfg.train.prompts_per_step, cfg.run.resume, cfg.reward.timeout_s) == (8, 5, "latest", 2)
+    assert (cfg.train.block_size, cfg.train.prompts_per_step, cfg.run.resume, cfg.reward.timeout_s) == (8, 5, "latest",
+                                                                                                        2)
     assert cfg.run.output_dir == "runs/rl"  # a section given in part keeps its command's defaults
     messages = [str(w.message) for w in caught]
     assert "config key 'max_steps' is deprecated: use 'train.max_steps' (the old key is read until the next release)" \
@@ -81,4 +82,5 @@ def test_the_configuration_reference_is_current():
         from config_reference import main
     finally:
         sys.path.pop(0)
-    assert (ROOT / "docs" / "config.md").read_text() == main(), "run: python scripts/config_reference.py > docs/config.md"
+    fix = "run: python scripts/config_reference.py > docs/config.md"
+    assert (ROOT / "docs" / "config.md").read_text() == main(), fix

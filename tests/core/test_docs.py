@@ -49,7 +49,8 @@ CONFIGS = {
 }
 #: the settings that make a run of each subcommand cost seconds; OUT is the run's scratch directory
 CHEAP = {
-    "rl": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2", "run.output_dir=OUT"],
+    "rl": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2",
+           "run.output_dir=OUT"],
     "demo": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2"],
     "sft": ["train.max_steps=1", "train.batch_size=4", "run.output_dir=OUT"],
 }

@@ -188,7 +188,8 @@ def test_custom_reward_that_does_not_import_fails_at_config_time(cli, tmp_path, 
         line = _in_process(capsys, "rl", config, "reward.function=good_reward:scor")
         assert line.endswith("reward.function: 'good_reward:scor': 'good_reward' has no attribute 'scor'")
         line = _in_process(capsys, "rl", config, "reward.function=bad_reward:score")
-        assert line.endswith("reward.function: 'bad_reward:score': importing 'bad_reward' raised RuntimeError: needs a GPU")
+        assert line.endswith("reward.function: 'bad_reward:score': importing 'bad_reward' raised RuntimeError: needs "
+                             "a GPU")
         line = _in_process(capsys, "rl", config, "reward.function=score")
         assert line.endswith("reward.function: 'score': expected 'package.module:function'")
         assert load_config(RLConfig, None, ["reward.function=good_reward:score"]).reward.function == "good_reward:score"

@@ -11,7 +11,8 @@ from dllm_rl.cli import main
 def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, capsys, model):
     ema = ["train.ema_decay=0.9"] if model == "full" else []  # the weight average's line of the report
     rc = main(["demo", "--model", model, "--output-dir", str(tmp_path), "train.max_steps=1", "eval.limit=8",
-               "train.prompts_per_step=2", "rollout.num_generations=4", "run.progress=false", "log.samples_every=0", *ema])
+               "train.prompts_per_step=2", "rollout.num_generations=4", "run.progress=false", "log.samples_every=0",
+               *ema])
     assert rc == 0
     out = capsys.readouterr().out
     default = {"block": "espo", "full": "tracerl"}[model]  # the demo configs' algorithms
@@ -28,6 +29,7 @@ def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, caps
     if model == "block":  # run again into the same folder (`make demo` twice): the old run is replaced
         (run / "checkpoints" / "step-0000001").rename(run / "checkpoints" / "step-0000007")
         assert main(["demo", "--model", model, "--output-dir", str(tmp_path), "train.max_steps=1", "eval.limit=8",
-                     "train.prompts_per_step=2", "rollout.num_generations=4", "run.progress=false", "log.samples_every=0"]) == 0
+                     "train.prompts_per_step=2", "rollout.num_generations=4", "run.progress=false",
+                     "log.samples_every=0"]) == 0
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000001"]
         assert json.loads((run / "summary.json").read_text())["start_step"] == 0

@@ -46,7 +46,8 @@ def test_nan_weights_stop_the_run_at_that_step_and_nothing_is_saved(rl_setup, tm
     out = tmp_path / "value"
     with pytest.raises(TrainingStopped, match=r"^stopping at step 2: the update left NaN/inf weights in the value "
                        r"model \(value_model.lr=1e\+30\)"):
-        train(_cfg(rl_setup, out, "train.max_steps=3", "run.save_every=1", "value_model.enabled=true", "value_model.lr=1e30",
+        train(_cfg(rl_setup, out, "train.max_steps=3", "run.save_every=1", "value_model.enabled=true",
+                   "value_model.lr=1e30",
                    "drop_zero_variance=false"), reward_fn=digit_reward)
     assert [m["step"] for m in _metrics(out)] == [1] and [p.name for p in out.glob("checkpoints/*")] == ["step-0000001"]
     assert not (out / "final").exists()
@@ -64,7 +65,8 @@ def test_steps_without_reward_signal_stop_after_max_skipped_steps(rl_setup, tmp_
     assert [r.getMessage()[:47] for r in caplog.records if "no update" in r.getMessage()] == [
         "step 1: no update, no group had reward signal (", "step 2: no update, no group had reward signal ("]
     assert [m["skipped_step"] for m in _metrics(tmp_path / "a")] == [1.0] and _nothing_published(tmp_path / "a")
-    summary = train(_cfg(rl_setup, tmp_path / "b", "rollout.temperature=0", "train.max_steps=2", "train.max_skipped_steps=0"),
+    summary = train(_cfg(rl_setup, tmp_path / "b", "rollout.temperature=0", "train.max_steps=2",
+                         "train.max_skipped_steps=0"),
                     reward_fn=digit_reward)
     assert summary["steps"] == 2  # 0: never stops
     with pytest.raises(TrainingStopped, match=r"^stopping at step 1: 1 steps in a row were skipped, no group had "

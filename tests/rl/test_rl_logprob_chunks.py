@@ -10,7 +10,8 @@ from dllm_rl.rl.trainer import RLTrainer
 
 
 @pytest.mark.parametrize(("extra", "want"), [((), 128), (("model.logprob_chunk_size=0",), 0),
-                                             (("model.logprob_chunk_size=0", "estimator_options={logprob_chunk_size: 7}"),
+                                             (("model.logprob_chunk_size=0",
+                                               "estimator_options={logprob_chunk_size: 7}"),
                                               7)])
 def test_the_trainer_scores_with_the_configured_chunk_size(rl_setup, tmp_path, monkeypatch, extra, want):
     seen, real = [], trainer_mod.estimate
@@ -20,7 +21,8 @@ def test_the_trainer_scores_with_the_configured_chunk_size(rl_setup, tmp_path, m
         return real(model, name, batch, gen, **opts)
 
     monkeypatch.setattr(trainer_mod, "estimate", spy)
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl", "train.max_steps=1",
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
+                                                   "train.max_steps=1",
                                                    "drop_zero_variance=false", *extra))
     RLTrainer(cfg, reward_fn=digit_reward).step()
     assert seen and set(seen) == {want}

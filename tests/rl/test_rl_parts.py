@@ -144,11 +144,14 @@ def test_presets_fill_only_the_fields_left_unset():
     assert (espo.estimator, espo.estimator_noise, espo.advantage, espo.loss_type) == (
         "elbo", "group", "leave_one_out", "sequence")
     assert espo.estimator_options == {"num_mc": 2, "coupled": True}
-    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="espo", estimator_noise="sample"), "full").estimator_noise == "sample"
+    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="espo", estimator_noise="sample"),
+                   "full").estimator_noise == "sample"
     for algo in ("tracerl", "diffu_grpo", "coupled_grpo", "random_mask_grpo"):
         assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm=algo), "full").estimator_noise == "sample"
-    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="tracerl"), "full").estimator_options == {"shrinkage": 8}
-    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="tracerl"), "block").estimator_options == {"shrinkage": 1}
+    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="tracerl"),
+                   "full").estimator_options == {"shrinkage": 8}
+    assert resolve(RLConfig(model=RLModelConfig(path="m"), algorithm="tracerl"),
+                   "block").estimator_options == {"shrinkage": 1}
 
 
 def test_losses_kl_and_advantages_each_share_one_signature():

@@ -27,7 +27,8 @@ DEMO_PINS = {
                   loss_type="sequence", loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2",
                   advantage="leave_one_out", scale_rewards="none", estimator_noise="group", epsilon=0.2,
                   rollout_hook=None, loss_options=None,
-                  **{"train.max_steps": 200, "train.prompts_per_step": 16, "rollout.num_generations": 8, "run.seed": 0}),
+                  **{"train.max_steps": 200, "train.prompts_per_step": 16, "rollout.num_generations": 8,
+                     "run.seed": 0}),
 }
 
 

@@ -33,7 +33,8 @@ def _rl(tmp_path, args, **env):
 
 def test_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(rl_setup, tmp_path):
     out = tmp_path / "run"
-    args = rl_overrides(rl_setup, "sdar", out, "train.max_steps=2", "run.save_every=1", "run.keep_checkpoints=3", "eval.limit=2",
+    args = rl_overrides(rl_setup, "sdar", out, "train.max_steps=2", "run.save_every=1", "run.keep_checkpoints=3",
+                        "eval.limit=2",
                         "log.rollouts=2")
     killed = _rl(tmp_path, args, **{KILL_ENV: "2"})
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -68,7 +69,8 @@ def test_busy_directory_and_a_file_are_refused_with_one_line(rl_setup, tmp_path,
     finally:
         holder.close()
     err = capsys.readouterr().err
-    assert err == (f"dllm-rl rl: error: run.output_dir={out} is in use by another run (pid {os.getpid()}), a trainer of "
+    assert err == (f"dllm-rl rl: error: run.output_dir={out} is in use by another run (pid {os.getpid()}), a trainer "
+                   f"of "
                    f"this process not yet closed (call its close()), which holds {out}/.lock; wait for it to finish "
                    "or choose another run.output_dir\n")
     afile = tmp_path / "afile"
@@ -104,7 +106,8 @@ def test_overwrite_refuses_to_delete_the_model_the_run_starts_from(rl_setup, tmp
     assert main(["rl", *_yaml(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert err == (f"dllm-rl rl: error: run.overwrite=true would delete {out}/final/config.json, and "
-                   f"model.path={out / 'final'} lies in or under it: the run would destroy what it starts from; copy model.path "
+                   f"model.path={out / 'final'} lies in or under it: the run would destroy what it starts from; "
+                   "copy model.path "
                    f"out of {out} first, or choose another run.output_dir\n")
     assert sorted(p.name for p in (out / "final").iterdir()) == sorted(p.name for p in (rl_setup / "llada").iterdir())
 
@@ -117,18 +120,21 @@ def test_resume_refuses_changes_that_make_another_run_and_applies_the_others(rl_
     saved = (out / "config.yaml").read_text()
     capsys.readouterr()
     # optim.lr would be recorded but not used (the optimizer resumes at 0.003); algorithm and seed switch runs
-    assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest", "optim.lr=0.005", "algorithm=espo", "run.seed=1"]) == 2
+    assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest", "optim.lr=0.005", "algorithm=espo",
+                 "run.seed=1"]) == 2
     err = capsys.readouterr().err
     ckpt = out / "checkpoints" / "step-0000001"
     assert err.startswith(f"dllm-rl rl: error: resume from {ckpt}: run.seed 0 -> 1; algorithm 'tracerl' -> 'espo'; ")
     assert "; estimator 'trace' -> 'elbo'; " in err and "; optim.lr 0.003 -> 0.005: these settings cannot change on " \
         "resume (the run would continue as another run, and config.yaml would name values that did not run); " \
-        "resume with the checkpoint's values, or start a new run in another run.output_dir. Settings that may change: " \
+        "resume with the checkpoint's values, or start a new run in another run.output_dir. Settings that may " \
+        "change: " \
         "run.output_dir, " in err
     assert err.count("\n") == 1
     assert (out / "config.yaml").read_text() == saved  # still says what ran
     assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest", "train.max_steps=2", "run.save_every=1"]) == 0
-    assert "resume: applied changed settings: run.save_every 0 -> 1; train.max_steps 1 -> 2\n" in capsys.readouterr().out
+    applied = "resume: applied changed settings: run.save_every 0 -> 1; train.max_steps 1 -> 2\n"
+    assert applied in capsys.readouterr().out
     assert "  max_steps: 2\n" in (out / "config.yaml").read_text()
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 

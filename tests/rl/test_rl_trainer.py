@@ -52,7 +52,8 @@ def test_each_preset_runs_with_finite_loss_and_moves_the_weights(rl_setup, tmp_p
 def test_rl_trains_with_the_estimators_sft_registered(rl_setup, tmp_path, family, estimator):
     """block and ar are registered planners like the RL ones, so an RL preset runs on them by name."""
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, family, tmp_path, "algorithm=tracerl",
-                                                   f"estimator={estimator}", "train.max_steps=1", "train.num_iterations=2",
+                                                   f"estimator={estimator}", "train.max_steps=1",
+                                                   "train.num_iterations=2",
                                                    "drop_zero_variance=false"))
     summary = train(cfg, reward_fn=digit_reward)
     (row,) = [m for m in _metrics(tmp_path) if "loss" in m]
@@ -108,7 +109,8 @@ def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_pa
 
 def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
     """4 steps straight == 2 steps, a kill, then a resume from the step-2 checkpoint for the last 2."""
-    common = ["algorithm=tracerl", "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=4", "run.save_every=2",
+    common = ["algorithm=tracerl", "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=4",
+              "run.save_every=2",
               "run.keep_checkpoints=3", "train.ema_decay=0.5"]
     straight = tmp_path / "straight"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=digit_reward)
@@ -131,7 +133,8 @@ def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
 def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     """ema_decay: final/ holds the mean of the live weights after steps 1 and 2 (still in the warm-up, where the
     average is a plain mean), the live policy keeps its own weights, and both accuracies are reported."""
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl", "train.max_steps=2",
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
+                                                   "train.max_steps=2",
                                                    "drop_zero_variance=false", "train.ema_decay=0.9", "eval.limit=4"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     live = []
@@ -148,7 +151,8 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
     assert trainer.evaluate().texts == averaged_eval.texts
 
     summary = train(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "train.max_steps=2", "train.ema_decay=0.9", "eval.limit=2")),
+        rl_setup, "llada", tmp_path / "run", "algorithm=tracerl", "train.max_steps=2", "train.ema_decay=0.9",
+        "eval.limit=2")),
         reward_fn=digit_reward)
     assert 0.0 <= summary["accuracy_after_live"] <= 1.0
     assert [m for m in _metrics(tmp_path / "run") if "eval_accuracy_live" in m][0]["step"] == 2
@@ -183,7 +187,8 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
     assert trainer.bad_updates == 1
     assert all(torch.equal(v, trainer.model.hf_model.state_dict()[k]) for k, v in start.items())
     trainer.step_idx += 1
-    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 updates had a NaN/inf loss \(train.max_bad_steps=2\); "
+    with pytest.raises(TrainingStopped,
+                       match=r"^stopping at step 2: 2 updates had a NaN/inf loss \(train.max_bad_steps=2\); "
                        "lower optim.lr"):
         trainer.step()
 
@@ -191,7 +196,8 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
 def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
     with pytest.raises(ConfigError, match="algorithm: 'grpo' is not allowed; choose one of espo, tracerl"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=grpo")))
-    with pytest.raises(ConfigError, match="unknown key 'num_generation' in config; did you mean 'rollout.num_generations'"):
+    with pytest.raises(ConfigError,
+                       match="unknown key 'num_generation' in config; did you mean 'rollout.num_generations'"):
         load_config(RLConfig, None, ["num_generation=4"])
     with pytest.raises(ConfigError, match="reference: 'base'"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "beta=0.1",

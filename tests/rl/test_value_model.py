@@ -84,7 +84,8 @@ def test_block_model_values_equal_a_direct_forward_of_each_step_state():
 
 
 def _learner(family: str = "sdar", **value) -> ValueLearner:
-    cfg = RLConfig(model=RLModelConfig(path="unused"), estimator="trace", estimator_options={"shrinkage": 1}, train=RLTrainConfig(micro_batch_size=1),
+    cfg = RLConfig(model=RLModelConfig(path="unused"), estimator="trace", estimator_options={"shrinkage": 1},
+                   train=RLTrainConfig(micro_batch_size=1),
                    value_model=ValueModelConfig(enabled=True, **value))
     return ValueLearner(cfg, _model(family), make_accelerator(cpu=True))
 

@@ -51,7 +51,8 @@ def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_p
         return real(new, old, ref, adv, lengths, cfg)
 
     monkeypatch.setitem(trainer_mod.POLICY_LOSSES, "token", spy)
-    trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE, "train.max_steps=1")),
+    trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE,
+                                                                 "train.max_steps=1")),
                         reward_fn=lambda p, c, **k: [float(i % 2) for i in range(len(c))])
     m = trainer.step().metrics
     (adv,) = seen
@@ -62,7 +63,8 @@ def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_p
 
 
 def test_value_model_resumes_exactly(rl_setup, tmp_path):
-    common = [*VALUE, "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=3", "run.save_every=1", "run.keep_checkpoints=4"]
+    common = [*VALUE, "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=3", "run.save_every=1",
+              "run.keep_checkpoints=4"]
     straight = tmp_path / "straight"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=digit_reward)
     ckpt = straight / "checkpoints" / "step-0000001"
@@ -86,7 +88,8 @@ def test_value_model_resumes_exactly(rl_setup, tmp_path):
 
 def test_lora_policy_value_model_is_the_base_with_its_own_adapter(rl_setup, tmp_path):
     trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(
-        rl_setup, "llada", tmp_path, *VALUE, "lora.enabled=true", "lora.r=2", "train.max_steps=1")), reward_fn=digit_reward)
+        rl_setup, "llada", tmp_path, *VALUE, "lora.enabled=true", "lora.r=2", "train.max_steps=1")),
+        reward_fn=digit_reward)
     value_trainable = {n for n, p in trainer.value.model.named_parameters() if p.requires_grad}
     assert "head.weight" in value_trainable
     assert value_trainable - {"head.weight"} and all("lora_" in n for n in value_trainable - {"head.weight"})

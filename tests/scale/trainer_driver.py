@@ -64,10 +64,13 @@ def sft(root: Path, out: Path, *extra: str) -> None:
 
 
 def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=dense_reward) -> None:
-    args = [f"algorithm={algorithm}", f"model.path={root / family}", "data.task=countdown", f"data.train_file={root / 'train.jsonl'}",
-            "data.prompt_style=compact", f"train.prompts_per_step={2 // WORLD}", "rollout.num_generations=4", "rollout.gen_length=8",
+    args = [f"algorithm={algorithm}", f"model.path={root / family}", "data.task=countdown",
+            f"data.train_file={root / 'train.jsonl'}",
+            "data.prompt_style=compact", f"train.prompts_per_step={2 // WORLD}", "rollout.num_generations=4",
+            "rollout.gen_length=8",
             "rollout.block_length=8", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2", "optim.lr=0.003",
-            "model.device=cpu", "run.progress=false", "model.logprob_chunk_size=3", "log.samples_every=0", "run.save_every=1",
+            "model.device=cpu", "run.progress=false", "model.logprob_chunk_size=3", "log.samples_every=0",
+            "run.save_every=1",
             "run.keep_checkpoints=5",
             f"run.output_dir={out}", *extra]
     rl_train(load_config(RLConfig, None, args), reward_fn=reward)

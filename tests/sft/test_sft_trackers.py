@@ -61,7 +61,8 @@ def test_report_to_is_checked_with_the_config(tmp_path):
         load_config(RLConfig, None, ["run.report_to=[none,tensorboard]"])
     with pytest.raises(ConfigError, match=r"^run.report_to: unknown tracker 'x'"):
         _cfg(tmp_path, "run.report_to=x")
-    assert load_config(RLConfig, None, ["run.report_to=tensorboard,trackio"]).run.report_to == ["tensorboard", "trackio"]
+    assert load_config(RLConfig, None, ["run.report_to=tensorboard,trackio"]).run.report_to == ["tensorboard",
+                                                                                                "trackio"]
     with pytest.raises(ConfigError, match="^run.push_to_hub: 'a b' is not a hub repository id"):
         load_config(RLConfig, None, ["run.push_to_hub=a b"])
 

@@ -20,7 +20,8 @@ HOLD = ("import sys; from dllm_rl.training.run_dir import RL_RUN_FILES, open_run
 def test_output_dir_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "out"
     f.write_text("x")
-    with pytest.raises(RunDirError, match=rf"^run.output_dir={f} is a file, not a directory; choose another run.output_dir$"):
+    with pytest.raises(RunDirError,
+                       match=rf"^run.output_dir={f} is a file, not a directory; choose another run.output_dir$"):
         open_run_dir(f, RL_RUN_FILES, resume=False, overwrite=False)
 
 
@@ -57,7 +58,8 @@ def test_existing_run_needs_resume_or_overwrite_which_deletes_only_the_run_files
     (out / "checkpoints" / "step-0000002").mkdir(parents=True)
     (out / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(RunDirError, match=rf"^run.output_dir={out} already holds a run \(config.yaml, metrics.jsonl, "
-                                          r"checkpoints\); pass run.resume=latest to continue it, run.overwrite=true to "
+                                          r"checkpoints\); pass run.resume=latest to continue it, "
+                                          r"run.overwrite=true to "
                                           r"delete it and start afresh, or choose another run.output_dir$"):
         open_run_dir(out, RL_RUN_FILES, resume=False, overwrite=False)
     assert (out / "config.yaml").is_file()
@@ -154,7 +156,8 @@ def test_overwrite_refuses_to_delete_the_model_or_data_the_run_starts_from(tmp_p
                           ({"train_data": "own/rollouts.jsonl"}, "train_data=own/rollouts.jsonl"),
                           ({"model": "own/checkpoints/step-0000001/model"},
                            "model=own/checkpoints/step-0000001/model")]:
-        with pytest.raises(RunDirError, match=rf"^run.overwrite=true would delete own/\S+, and {shown} lies in or under "
+        with pytest.raises(RunDirError,
+                           match=rf"^run.overwrite=true would delete own/\S+, and {shown} lies in or under "
                                               r"it: the run would destroy what it starts from; copy \w+ out of own "
                                               r"first, or choose another run.output_dir$"):
             open_run_dir("own", RL_RUN_FILES, resume=False, overwrite=True, inputs=inputs)
@@ -167,7 +170,8 @@ def test_overwrite_refuses_to_delete_the_model_or_data_the_run_starts_from(tmp_p
 def test_a_dangling_link_or_tilde_output_dir(tmp_path, monkeypatch):
     link = tmp_path / "out"
     link.symlink_to(tmp_path / "gone")
-    with pytest.raises(RunDirError, match=rf"^run.output_dir={link} is a symbolic link to {tmp_path / 'gone'}, which does "
+    with pytest.raises(RunDirError,
+                       match=rf"^run.output_dir={link} is a symbolic link to {tmp_path / 'gone'}, which does "
                                           r"not exist; create that directory or choose another run.output_dir$"):
         open_run_dir(link, RL_RUN_FILES, resume=False, overwrite=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -9,7 +9,7 @@ from pathlib import Path
 from dllm_rl.config import to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, save_model
-from dllm_rl.training import latest_checkpoint, load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
+from dllm_rl.training import load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.backend import publishable
 from dllm_rl.training.checkpoint import checkpoint_name
 from dllm_rl.training.resume_check import RL_APPLICABLE, check_resumed_config
@@ -17,7 +17,8 @@ from dllm_rl.training.run_config import resume_checkpoint
 from dllm_rl.training.run_dir import RL_RUN_FILES, RunDir, open_run_dir
 
 # the config keys that name a path of the user's (a leading ~ is expanded)
-RL_PATHS = ("model.path", "model.tokenizer", "run.output_dir", "data.train_file", "eval.data", "data.task", "run.resume",
+RL_PATHS = ("model.path", "model.tokenizer", "run.output_dir", "data.train_file", "eval.data", "data.task",
+            "run.resume",
             "value_model.init_from")
 
 

@@ -39,7 +39,8 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     try:  # the run directory's lock is released however the run ends
         return _run(trainer)
     except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)
-        raise interrupted(trainer.out, trainer.step_idx, cfg.train.max_steps, "run.resume=latest", "run.overwrite=true") from None
+        raise interrupted(trainer.out, trainer.step_idx, cfg.train.max_steps, "run.resume=latest",
+                          "run.overwrite=true") from None
     finally:
         trainer.close()
 

@@ -112,10 +112,12 @@ class RLTrainer(RLCheckpoints):
             decode_config(cfg, self.model, evaluation=evaluation)
         check_estimator_options(cfg, self.model)
         reward = reward_fn if reward_fn is not None else cfg.reward.function
-        self.train_task = get_task(cfg.data.task, data=cfg.data.train_file, split="train", prompt_style=cfg.data.prompt_style,
+        self.train_task = get_task(cfg.data.task, data=cfg.data.train_file, split="train",
+                                   prompt_style=cfg.data.prompt_style,
                                    limit=cfg.data.train_limit, reward_fn=reward)
         self.eval_task = None if cfg.eval.limit == 0 else get_task(  # eval.limit=0: no held-out evaluation
-            cfg.data.task, data=cfg.eval.data, split=cfg.eval.split, prompt_style=cfg.data.prompt_style, limit=cfg.eval.limit,
+            cfg.data.task, data=cfg.eval.data, split=cfg.eval.split, prompt_style=cfg.data.prompt_style,
+            limit=cfg.eval.limit,
             reward_fn=reward)
         check_not_empty(self.train_task, "training", "data.train_file")
         if self.eval_task is not None:
@@ -268,7 +270,8 @@ class RLTrainer(RLCheckpoints):
         why = f"{filt.zero_variance_groups} of {groups} groups had all-equal rewards"
         if filt.out_of_band_groups:
             why += f", {filt.out_of_band_groups} were outside accuracy_band"
-        limit = f"the run stops at {cfg.train.max_skipped_steps}" if cfg.train.max_skipped_steps else "train.max_skipped_steps=0"
+        limit = (f"the run stops at {cfg.train.max_skipped_steps}" if cfg.train.max_skipped_steps
+                 else "train.max_skipped_steps=0")
         logger.warning("step %d: no update, no group had reward signal (%s); %d step(s) in a row (%s)",
                        self.step_idx + 1, why, self.skipped_steps, limit)
         if cfg.train.max_skipped_steps and self.skipped_steps >= cfg.train.max_skipped_steps:
@@ -276,7 +279,8 @@ class RLTrainer(RLCheckpoints):
                     == 0 else "check the rollouts (rollouts.jsonl) for a reward that does not vary or a policy "
                     f"collapsed by too large a learning rate (optim.lr={cfg.optim.lr:g})")
             raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.skipped_steps} steps in a row were "
-                                  f"skipped, no group had reward signal ({why}); {hint}, or set train.max_skipped_steps=0 "
+                                  f"skipped, no group had reward signal ({why}); {hint}, or set "
+                                  "train.max_skipped_steps=0 "
                                   "to go on")
 
     def _check_weights(self) -> None:

@@ -83,8 +83,8 @@ class PolicyUpdater:
             batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block)
 
     def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
-        """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages ``adv``,
-        estimator mask seeds ``mask_seeds``) at step ``step_idx``; returns the update's metrics."""
+        """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages
+        ``adv``, estimator mask seeds ``mask_seeds``) at step ``step_idx``; returns the update's metrics."""
         cfg, acc = self.cfg, self.accelerator
         self.step_idx = step_idx
         # A rank that kept fewer samples pads with micro-batches, up to the most any rank has, that re-score one
@@ -192,7 +192,8 @@ class PolicyUpdater:
                        self.bad_updates, self.cfg.train.max_bad_steps)
         if self.bad_updates >= self.cfg.train.max_bad_steps:
             raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.bad_updates} updates had a NaN/inf "
-                                  f"loss (train.max_bad_steps={self.cfg.train.max_bad_steps}); lower optim.lr or check the rewards")
+                                  f"loss (train.max_bad_steps={self.cfg.train.max_bad_steps}); lower optim.lr or "
+                                  "check the rewards")
 
     def _optimizer_step(self) -> None:
         if skip_together(self.accelerator, self._skip_next):  # one rank skips: all do
