@@ -21,3 +21,11 @@ def rl_overrides(root, family: str, out, *extra: str) -> list[str]:
             f"eval.data={root / 'test.jsonl'}", "prompt_style=compact", "prompts_per_step=2", "num_generations=4",
             "rollout.gen_length=8", "rollout.block_length=8", "eval.limit=0", f"output_dir={out}",
             "progress=false", "log_samples_every=0", "optim.lr=0.003", "device=cpu", *extra]
+
+
+def image_overrides(root, family: str, out, *extra: str) -> list[str]:
+    """An RL run on the shapes task of ``image_rl_setup`` (tests/rl/conftest.py)."""
+    return [f"model={root / family}", "task=shapes", f"train_data={root / 'train.jsonl'}",
+            f"eval.data={root / 'test.jsonl'}", "prompt_style=compact", "prompts_per_step=2", "num_generations=2",
+            "rollout.gen_length=4", "rollout.block_length=4", "eval.limit=2", f"output_dir={out}", "progress=false",
+            "log_samples_every=0", "optim.lr=0.003", "device=cpu", "drop_zero_variance=false", *extra]
