@@ -16,6 +16,12 @@ def digit_reward(prompts, completions, **columns):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
+def alternating_reward(prompts, completions, **columns):
+    """1, 0, 1, 0, ... whatever the completions say: every group of an even size has reward signal (the tiny image
+    models' completions are often empty or digit-free)."""
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
 def rl_overrides(root, family: str, out, *extra: str) -> list[str]:
     return [f"model={root / family}", "task=countdown", f"train_data={root / 'train.jsonl'}",
             f"eval.data={root / 'test.jsonl'}", "prompt_style=compact", "prompts_per_step=2", "num_generations=4",

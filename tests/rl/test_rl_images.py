@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from PIL import Image
-from rl_helpers import digit_reward, image_overrides
+from rl_helpers import alternating_reward, image_overrides
 
 from dllm_rl.config import load_config
 from dllm_rl.estimators import ScoringBatch
@@ -28,7 +28,7 @@ IMAGE_POSITIONS = 730  # a "pad" image of the tiny LLaDA-V: 729 patches + one ne
 
 
 def _trainer(root, family, out, *extra):
-    return RLTrainer(load_config(RLConfig, None, image_overrides(root, family, out, *extra)), reward_fn=digit_reward)
+    return RLTrainer(load_config(RLConfig, None, image_overrides(root, family, out, *extra)), reward_fn=alternating_reward)
 
 
 def _spy(trainer):
@@ -51,7 +51,7 @@ def _spy(trainer):
 @pytest.mark.parametrize("family", ["llada_v", "mmada"])
 def test_an_rl_run_on_shapes_trains_both_image_families(image_rl_setup, tmp_path, family):
     summary = train(load_config(RLConfig, None, image_overrides(image_rl_setup, family, tmp_path, "max_steps=2")),
-                    reward_fn=digit_reward)
+                    reward_fn=alternating_reward)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [m["loss"] for m in rows if "loss" in m]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
