@@ -14,6 +14,7 @@ from rl_helpers import alternating_reward, image_overrides
 
 from dllm_rl.config import load_config
 from dllm_rl.estimators import ScoringBatch
+from dllm_rl.models import load_model
 from dllm_rl.models.families.mmada import EOI_ID, MMU_ID, SOI_ID
 from dllm_rl.models.image_inputs import image_key
 from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
@@ -28,7 +29,8 @@ IMAGE_POSITIONS = 730  # a "pad" image of the tiny LLaDA-V: 729 patches + one ne
 
 
 def _trainer(root, family, out, *extra):
-    return RLTrainer(load_config(RLConfig, None, image_overrides(root, family, out, *extra)), reward_fn=alternating_reward)
+    cfg = load_config(RLConfig, None, image_overrides(root, family, out, *extra))
+    return RLTrainer(cfg, reward_fn=alternating_reward)
 
 
 def _spy(trainer):
@@ -55,8 +57,12 @@ def test_an_rl_run_on_shapes_trains_both_image_families(image_rl_setup, tmp_path
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [m["loss"] for m in rows if "loss" in m]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
-    assert summary["accuracy_before"] == 0.0 and summary["accuracy_after"] == 0.0  # random weights: 0 of 2
-    assert [m["eval_accuracy"] for m in rows if "eval_accuracy" in m] == [0.0, 0.0]
+    # the held-out evaluation of 2 items scores with the run's reward (1, 0): 0.5 before and after
+    assert summary["accuracy_before"] == 0.5 and summary["accuracy_after"] == 0.5
+    assert [m["eval_accuracy"] for m in rows if "eval_accuracy" in m] == [0.5, 0.5]
+    before, after = load_model(image_rl_setup / family), load_model(summary["final_model"])
+    changed = [k for k, v in before.hf_model.state_dict().items() if not torch.equal(v, after.hf_model.state_dict()[k])]
+    assert any(".layers.0." in k for k in changed)  # the language model trained
     # MMaDA's image tokenizer travels with the trained model
     assert (tmp_path / "final" / "vq_model" / "model.safetensors").is_file() == (family == "mmada")
 
