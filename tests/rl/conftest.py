@@ -26,29 +26,13 @@ def rl_setup(tmp_path_factory):
 @pytest.fixture(scope="session")
 def image_rl_setup(tmp_path_factory):
     """The shapes task (32 px images written as ``dllm-rl data make shapes`` writes them) and tiny checkpoints of
-    both image families: LLaDA-V with ``pad`` images (729 patches + 1 newline = 730 prompt positions) and MMaDA
-    (a text vocabulary of 126464, then 32 image codes) with a tiny MAGVIT-v2 encoder (16 px -> 64 codes) in its
-    ``vq_model/`` folder."""
-    import torch
+    both image families (tests/image_fixture.py)."""
+    from image_fixture import write_image_checkpoints
 
-    from dllm_rl.models.image_inputs import save_vq
-    from dllm_rl.models.magvit import MagvitConfig, MagvitEncoder
     from dllm_rl.tasks.shapes import make_shapes, write_shapes
 
     root = tmp_path_factory.mktemp("rl_images")
     write_shapes(root / "train.jsonl", make_shapes(8, seed=0, size=32))
     write_shapes(root / "test.jsonl", make_shapes(2, seed=1, size=32, split="test"))
-    tok = char_tokenizer()
-    common = dict(mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                  hidden_size=16, intermediate_size=32, num_heads=2, num_kv_heads=1, num_layers=1)
-    cfg = tiny_config("llada_v", vocab_size=len(tok), **common)
-    cfg["image_aspect_ratio"] = "pad"
-    save_model(build_model("llada_v", cfg, seed=0), root / "llada_v", tokenizer=tok)
-    cfg = tiny_config("mmada", vocab_size=126464 + 32, **common)
-    cfg.update(llm_vocab_size=126464, codebook_size=32, new_vocab_size=126464 + 32)
-    save_model(build_model("mmada", cfg, seed=0), root / "mmada", tokenizer=tok)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        vq = MagvitEncoder(MagvitConfig(ch=32, ch_mult=(1, 2), num_res_blocks=(1, 1), z_channels=5)).eval()
-    save_vq(vq, root / "mmada" / "vq_model", resolution=16)
+    write_image_checkpoints(root, char_tokenizer())
     return root

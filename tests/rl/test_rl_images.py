@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from image_fixture import LLADA_V_IMAGE_POSITIONS as IMAGE_POSITIONS
+from image_fixture import MMADA_CODES
 from PIL import Image
 from rl_helpers import alternating_reward, image_overrides
 
@@ -24,8 +26,6 @@ from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.rl.value import ValueModel, token_values
-
-IMAGE_POSITIONS = 730  # a "pad" image of the tiny LLaDA-V: 729 patches + one newline
 
 
 def _trainer(root, family, out, *extra):
@@ -115,8 +115,8 @@ def test_mmada_images_become_vq_codes_in_the_prompt_once_per_distinct_image(imag
     for j, img in zip((0, 2), seen[-1]):
         codes = vq.codes(image_transform(img, resolution)[None])[0]
         row = batch.rollout.prompt_ids[j][batch.rollout.prompt_mask[j]].tolist()
-        assert row[:2] == [MMU_ID, SOI_ID] and row[2 + 64] == EOI_ID
-        assert row[2:66] == (codes + offset).tolist()
+        assert row[:2] == [MMU_ID, SOI_ID] and row[2 + MMADA_CODES] == EOI_ID
+        assert row[2:2 + MMADA_CODES] == (codes + offset).tolist()
         assert torch.equal(batch.rollout.prompt_ids[j], batch.rollout.prompt_ids[j + 1])
     assert batch.rollout.images is None  # MMaDA's images are prompt ids
     trainer.close()
@@ -167,7 +167,7 @@ def test_the_value_model_of_mmada_reads_the_image_codes(image_rl_setup, tmp_path
     codes[is_code] = offset + (codes[is_code] - offset + 1) % 32  # another image: every code shifted by one
     other = _values(vm, trainer.value.backbone, ScoringBatch(codes, sb.prompt_mask, sb.completion_ids,
                                                              sb.completion_mask, sb.step_map))
-    assert int(is_code.sum()) == 4 * 64 and float((base - other).abs().max()) > 1e-4
+    assert int(is_code.sum()) == 4 * MMADA_CODES and float((base - other).abs().max()) > 1e-4
     metrics = trainer.step().metrics
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["value_loss"])
     trainer.close()
