@@ -171,3 +171,23 @@ def test_the_value_model_of_mmada_reads_the_image_codes(image_rl_setup, tmp_path
     metrics = trainer.step().metrics
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["value_loss"])
     trainer.close()
+
+
+def test_prompt_encoder_finds_mmadas_vq_where_configured_and_refuses_what_it_cannot_read(image_rl_setup, tmp_path):
+    from dllm_rl.errors import UserError
+    from dllm_rl.models import char_tokenizer
+    from dllm_rl.models.image_inputs import ImageInputConfig, PromptEncoder
+
+    tok, img = char_tokenizer(), Image.new("RGB", (20, 12), "red")
+    mmada = load_model(image_rl_setup / "mmada")
+    elsewhere = PromptEncoder(tok, tmp_path, ImageInputConfig(vq_model=str(image_rl_setup / "mmada" / "vq_model")))
+    ids, images = elsewhere.encode(mmada, ["<image>\nab"], [[img]])
+    assert images is None and ids[0][:2] == [MMU_ID, SOI_ID] and ids[0][-3:] == [EOI_ID, *tok.encode("ab")]
+    assert len(ids[0]) == 2 + MMADA_CODES + 1 + 2
+    with pytest.raises(UserError, match=f"^MMaDA reads images through a MAGVIT-v2 VQ encoder, and none was found "
+                                        f"\\({tmp_path}/vq_model\\): put the showlab/magvitv2 checkpoint in the "
+                                        "model's vq_model/ folder or set vq_model$"):
+        PromptEncoder(tok, tmp_path).encode(mmada, ["<image>\nab"], [[img]])
+    with pytest.raises(UserError, match="^prompt 0 has 2 images; MMaDA's understanding prompt holds one image$"):
+        elsewhere.encode(mmada, ["<image><image>ab"], [[img, img]])
+    assert PromptEncoder(tok).encode(mmada, ["ab"], None) == ([tok.encode("ab")], None)  # text: unchanged
