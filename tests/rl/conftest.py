@@ -21,3 +21,18 @@ def rl_setup(tmp_path_factory):
                           num_kv_heads=1)
         save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
     return root
+
+
+@pytest.fixture(scope="session")
+def image_rl_setup(tmp_path_factory):
+    """The shapes task (32 px images written as ``dllm-rl data make shapes`` writes them) and tiny checkpoints of
+    both image families (tests/image_fixture.py)."""
+    from image_fixture import write_image_checkpoints
+
+    from dllm_rl.tasks.shapes import make_shapes, write_shapes
+
+    root = tmp_path_factory.mktemp("rl_images")
+    write_shapes(root / "train.jsonl", make_shapes(8, seed=0, size=32))
+    write_shapes(root / "test.jsonl", make_shapes(2, seed=1, size=32, split="test"))
+    write_image_checkpoints(root, char_tokenizer())
+    return root

@@ -1,5 +1,6 @@
 """Every preset x every family runs 2 RL steps on tiny models: finite loss, first-update ratio exactly 1
-where the method has a ratio, weights changed."""
+where the method has a ratio, weights changed. The image families (LLaDA-V, MMaDA) run on the shapes task with
+2 prompts of one image each (``image_rl_setup``, tests/rl/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import pytest
 import torch
-from rl_helpers import digit_reward, rl_overrides
+from rl_helpers import alternating_reward, digit_reward, image_overrides, rl_overrides
 
 from dllm_rl.config import load_config
 from dllm_rl.jsonl import write_jsonl
@@ -18,6 +19,7 @@ from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.tasks.synthetic import make_countdown
 
 FAMILIES = ("llada", "dream", "sdar")
+IMAGE_FAMILIES = ("llada_v", "mmada")
 RATIO_FREE = {"spg", "wd1"}  # no importance ratio: nothing to check at the first update
 
 
@@ -35,13 +37,18 @@ def matrix_setup(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + IMAGE_FAMILIES)
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
-def test_preset_runs_two_steps_on_every_family(matrix_setup, tmp_path, family, algorithm):
-    over = rl_overrides(matrix_setup, family, tmp_path / "run", f"algorithm={algorithm}", "train.prompts_per_step=1",
-                        "rollout.gen_length=4", "rollout.block_length=4", "train.micro_batch_size=8")
+def test_preset_runs_two_steps_on_every_family(request, tmp_path, family, algorithm):
+    if family in IMAGE_FAMILIES:
+        over = image_overrides(request.getfixturevalue("image_rl_setup"), family, tmp_path / "run",
+                               f"algorithm={algorithm}", "eval.limit=0", "train.micro_batch_size=8")
+    else:
+        over = rl_overrides(request.getfixturevalue("matrix_setup"), family, tmp_path / "run",
+                            f"algorithm={algorithm}", "train.prompts_per_step=1", "rollout.gen_length=4",
+                            "rollout.block_length=4", "train.micro_batch_size=8")
     cfg = load_config(RLConfig, None, over)
-    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    trainer = RLTrainer(cfg, reward_fn=alternating_reward if family in IMAGE_FAMILIES else digit_reward)
     try:
         before = [p.detach().clone() for p in trainer.model.model.parameters()]
         metrics = []

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.sampling import DecodeConfig, generate_batched
 from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks.base import DataError
@@ -46,18 +47,22 @@ def check_not_empty(task: Any, what: str, key: str) -> None:
 
 @torch.no_grad()
 def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: DecodeConfig, batch_size: int = 64,
-                     seed: int = 0) -> HeldOut:
+                     seed: int = 0, prompts: Any = None) -> HeldOut:
     """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward.
 
     ``examples`` may be empty (a rank's share of fewer items than ranks): the result then counts 0 items;
-    an empty task is refused before (:func:`check_not_empty`)."""
+    an empty task is refused before (:func:`check_not_empty`). ``prompts`` (a
+    :class:`~dllm_rl.models.image_inputs.PromptEncoder`, default one without a model directory) gives the
+    prompts' ids and, for an image task, their images."""
     if not examples:
         return HeldOut(0.0, 0.0, 0.0, 0.0, 0)
     was_training = model.training
     model.eval()
-    _, ids = encode_prompts(task, examples, tokenizer)
+    prompts = prompts if prompts is not None else PromptEncoder(tokenizer)
+    _, ids, images = prompts.task_prompts(model, task, examples)
     seeds = [derive_seed(seed, i) for i in range(len(ids))]
-    rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size)
+    rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size,
+                               images=images)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)
     lengths = rollout.completion_lengths().float()

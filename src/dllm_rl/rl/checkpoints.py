@@ -9,6 +9,7 @@ from pathlib import Path
 from dllm_rl.config import to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.models.image_inputs import copy_vq
 from dllm_rl.training import load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.backend import publishable
 from dllm_rl.training.checkpoint import checkpoint_name
@@ -91,6 +92,7 @@ class RLCheckpoints:
             if self.is_main:
                 unwrapped = merged_model(plain) if self.cfg.lora.enabled else plain
                 save_model(unwrapped, path, tokenizer=self.tokenizer)
+                copy_vq(self.cfg.model.path, path)  # MMaDA: the image tokenizer travels with the model
         if self.is_main:
             if self.cfg.run.push_to_hub:
                 print(f"pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")

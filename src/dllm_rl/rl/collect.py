@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
-from dllm_rl.eval.heldout import encode_prompts
 from dllm_rl.models import DiffusionLM
+from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.hooks import HookContext, RoundView
@@ -83,11 +83,13 @@ class RolloutCollector:
     """Collects one RL step's samples on this rank (see the module docstring). ``gathered(dlm)`` is the
     trainer's context for full parameters of a sharded policy (FSDP2 / ZeRO-3); ``model`` the policy, put in
     eval mode around its rollouts. ``reward_failed_steps`` counts the steps in a row whose reward failed on every
-    sample."""
+    sample. ``prompts`` (default: one for ``cfg.model.path``) turns prompts with images into ids and features
+    (:mod:`dllm_rl.models.image_inputs`): a group's image is encoded once, by the policy that rolls it out."""
 
     def __init__(self, cfg: RLConfig, accelerator: Any, model: DiffusionLM, tokenizer: Any, train_task: Any,
-                 rollout_hook: Any, stream: Any, gathered: Callable[[Any], Any]):
+                 rollout_hook: Any, stream: Any, gathered: Callable[[Any], Any], prompts: PromptEncoder | None = None):
         self.cfg, self.accelerator = cfg, accelerator
+        self.prompts = prompts if prompts is not None else PromptEncoder(tokenizer, cfg.model.path)
         self.model, self.tokenizer = model, tokenizer
         self.train_task, self.rollout_hook, self.stream = train_task, rollout_hook, stream
         self.gathered = gathered
@@ -181,17 +183,19 @@ class RolloutCollector:
         t0 = time.perf_counter()
         rank, world = acc.process_index, acc.num_processes
         examples = [self.train_task[i] for i in idx[rank::world]]
-        texts, ids = encode_prompts(self.train_task, examples, self.tokenizer)
         G = cfg.rollout.num_generations
-        group_ids = [p for p in ids for _ in range(G)]
         # sample j of this rank belongs to prompt idx[rank + world * (j // G)]; the 0 keeps one process's seeds
         # those of earlier versions (which put the rank there)
         seeds = [derive_seed(cfg.run.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
-                 for j in range(len(group_ids))]
+                 for j in range(len(examples) * G)]
         self.model.eval()  # rollouts: eval mode, no grad, in-memory weights
         with torch.no_grad(), self.gathered(policy):
+            # each prompt (and its image) encoded once, then repeated for its group
+            texts, ids, images = self.prompts.task_prompts(policy, self.train_task, examples)
+            group_ids, group_images = repeat_rows(ids, images, G)
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
-                                       tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size)
+                                       tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
+                                       images=group_images)
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]
@@ -218,11 +222,12 @@ class RolloutCollector:
 
         def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
             seeds = [derive_seed(view.seeds[i], HOOK_ROLLOUTS) for i in indices]
+            images = view.rollout.images.select(indices) if view.rollout.images is not None else None
             self.model.eval()
             with torch.no_grad():
                 out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
                                        seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
-                                       prefill=prefill)
+                                       prefill=prefill, images=images)
             self.model.train()
             return out
 

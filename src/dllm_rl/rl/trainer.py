@@ -31,6 +31,7 @@ from accelerate.utils import DistributedDataParallelKwargs
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer
+from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rl.algorithms import check_estimator_options, resolve
@@ -157,8 +158,9 @@ class RLTrainer(RLCheckpoints):
         self.step_idx = 0
         self.skipped_steps = 0  # steps in a row without an update (no group with reward signal)
         # the step's two stages: rollouts -> rewards -> advantages, then the optimisation passes
+        self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image prompts: ids and features (MMaDA's VQ)
         self.collector = RolloutCollector(cfg, self.accelerator, self.model, self.tokenizer, self.train_task,
-                                          self.rollout_hook, self.stream, self._gathered)
+                                          self.rollout_hook, self.stream, self._gathered, self.prompts)
         self.updater = PolicyUpdater(cfg, self.accelerator, self.model, self.reference, self.optimizer,
                                      self.scheduler, self.train_block, self._gathered)
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
@@ -314,7 +316,7 @@ class RLTrainer(RLCheckpoints):
         with self.averaged(live), torch.no_grad(), gathered:
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
-                                   batch_size=cfg.rollout.batch_size, seed=cfg.run.seed)
+                                   batch_size=cfg.rollout.batch_size, seed=cfg.run.seed, prompts=self.prompts)
         if world > 1:
             vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
                                                       "n": float(res.n)})

@@ -72,15 +72,17 @@ class PolicyUpdater:
                         **self.scorer_options(**defaults))
 
     def batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
-        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds, laid out at the
-        training block (``train.block_size``; block models)."""
+        """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds and image features
+        (the rollout's, reused: the old, reference and current policy score the images they were sampled with),
+        laid out at the training block (``train.block_size``; block models)."""
         device = self.model.device
         full = ScoringBatch.from_rollout(rollout)
         full.sample_seeds = torch.tensor([s % (1 << 62) for s in mask_seeds], dtype=torch.long)
         batch = full.select(keep)
         return ScoringBatch(*(None if t is None else t.to(device) for t in (
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
-            batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block)
+            batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block,
+            images=batch.images.to(device) if batch.images is not None else None)
 
     def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
         """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages

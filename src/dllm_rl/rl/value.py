@@ -2,8 +2,9 @@
 
 :class:`ValueModel` reads one value per completion token at the masked state in which that token was committed:
 the rows of the trace estimator's planner (:func:`dllm_rl.estimators.plan_trace`, same merged steps and the
-batch's layout block), forwarded through the backbone, the value read at the column whose logits the trace
-estimator scores (for block models the token's noisy copy in the two-stream layout: one forward per merged block
+batch's layout block), forwarded through the backbone with the prompts' image features spliced in as the
+policy's scoring does (LLaDA-V; MMaDA's image codes are prompt ids), the value read at the column whose logits the
+trace estimator scores (for block models the token's noisy copy in the two-stream layout: one forward per merged block
 step). The head is a bias-free linear
 layer initialised to exactly zero (as the published value model), so every value starts at 0.
 
@@ -34,6 +35,7 @@ from dllm_rl.estimators import ScoringBatch, merged_steps, plan_rows
 from dllm_rl.estimators.scoring import row_inputs
 from dllm_rl.estimators.trace import decoding_order
 from dllm_rl.models import DiffusionLM, detect_family, load_model
+from dllm_rl.models.diffusion_lm import EmbedSplice, embeddings_spliced
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.masks import position_ids_from_valid
 from dllm_rl.rl.returns import (
@@ -66,10 +68,14 @@ class ValueModel(nn.Module):
         if lm_head is not None and not bool(getattr(backbone.config, "tie_word_embeddings", False)):
             lm_head.requires_grad_(False)
 
-    def forward(self, input_ids: torch.Tensor, attn_bias: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """``[R, T]`` float32 values at every input column (the last hidden state through the head)."""
-        out = self.backbone.model(input_ids=input_ids, attention_mask=attn_bias.to(self.backbone.dtype),
-                                  position_ids=position_ids, output_hidden_states=True, logits_to_keep=1)
+    def forward(self, input_ids: torch.Tensor, attn_bias: torch.Tensor, position_ids: torch.Tensor,
+                splice: EmbedSplice | None = None) -> torch.Tensor:
+        """``[R, T]`` float32 values at every input column (the last hidden state through the head); ``splice``: the
+        prompts' image features (LLaDA-V), put where the policy's forward puts them."""
+        embedding = self.backbone.causal_lm.get_input_embeddings()
+        with embeddings_spliced(embedding, splice):
+            out = self.backbone.model(input_ids=input_ids, attention_mask=attn_bias.to(self.backbone.dtype),
+                                      position_ids=position_ids, output_hidden_states=True, logits_to_keep=1)
         return self.head(out.hidden_states[-1]).squeeze(-1).float()
 
 
@@ -87,9 +93,9 @@ def token_values(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, 
     if "attn_bias" not in inputs:  # plain rows: the family's own attention rule
         valid = inputs["attention_mask"].bool()
         pos = position_ids_from_valid(valid)
-        inputs = {"input_ids": inputs["input_ids"], "attn_bias": backbone.default_bias(valid, pos, rows.block_size),
-                  "position_ids": pos}
-    values = module(inputs["input_ids"], inputs["attn_bias"], inputs["position_ids"])
+        inputs = {**inputs, "attn_bias": backbone.default_bias(valid, pos, rows.block_size), "position_ids": pos}
+    # the rows' image features (LLaDA-V; MMaDA's images are prompt ids already): the value sees what the policy saw
+    values = module(inputs["input_ids"], inputs["attn_bias"], inputs["position_ids"], inputs.get("splice"))
     rr, gg = torch.nonzero(rows.weight[live].to(device).ne(0), as_tuple=True)
     picked = values[rr, col[rr, gg]]
     return out.index_put((rows.sample[live].to(device)[rr], gg), picked)

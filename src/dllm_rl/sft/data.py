@@ -7,13 +7,21 @@ Rows are never truncated. A row that cannot be used (not UTF-8, invalid JSON, mi
 longer than ``max_length``, a step map of the wrong length) is counted under its reason and skipped
 (``on_bad_row: skip``, the default, printing the first few with file and line) or stops loading with
 that message (``on_bad_row: error``). :class:`DataReport` keeps the counts.
+
+Image-text pairs (LLaDA-V, MMaDA): a row may carry its image(s) where the task data reader looks for them, in an
+``image`` (else ``images``) column: a path relative to the data file's folder, bytes, a PIL image or a
+``datasets`` Image value (:func:`dllm_rl.tasks.images.load_image`). The prompt gets one ``<image>`` line per
+image unless it places its own, and the count must match. The example keeps its prompt text and images: what
+the images become (spliced features, or VQ codes) depends on the model, so the trainer encodes them per
+micro-batch (:func:`encode_images`). An unreadable image drops the row as ``bad_image``, naming it. Image
+positions are prompt context: never masked, never scored.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +32,7 @@ from dllm_rl.config import field as cfg_field
 from dllm_rl.errors import UserError
 from dllm_rl.estimators.batch import ScoringBatch
 from dllm_rl.jsonl import JSONLError, iter_jsonl
+from dllm_rl.models.prompt_images import PromptImages
 
 #: file names read as tables (every other file is JSON lines)
 TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
@@ -68,10 +77,15 @@ class DataConfig(Checked):
 
 @dataclass
 class SFTExample:
+    """One tokenized row; an image row also keeps its prompt text (with its ``<image>`` placeholders) and images,
+    its ``prompt_ids`` being the text's tokens until :func:`encode_images` puts the images in."""
+
     prompt_ids: list[int]
     response_ids: list[int]
     step_map: list[int] | None = None
     where: str = ""
+    prompt_text: str | None = None
+    images: list[Any] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -111,13 +125,41 @@ def _use_template(tokenizer: Any, mode: str) -> bool:
     return has and mode != "never"
 
 
+def _row_images(row: dict[str, Any], where: str, base_dir: Path | None) -> list[Any] | None:
+    """The row's images (RGB PIL images) from its image column, or None when it has none."""
+    from dllm_rl.tasks import DataError
+    from dllm_rl.tasks.images import IMAGE_COLUMNS, row_images
+
+    column = next((c for c in IMAGE_COLUMNS if row.get(c) is not None), None)
+    if column is None:
+        return None
+    try:
+        return row_images(row, column, base_dir, where)
+    except DataError as exc:
+        raise BadRow("bad_image", str(exc).removeprefix(f"{where}: ")) from None
+
+
+def _with_images(prompt: str, images: list[Any] | None) -> str:
+    """The user prompt with its ``<image>`` placeholders (one per image), checked against the image count."""
+    from dllm_rl.tasks.images import IMAGE_PLACEHOLDER, placeholder_count, with_placeholders
+
+    n = len(images or [])
+    prompt = with_placeholders(prompt, n)
+    if placeholder_count(prompt) != n:
+        raise BadRow("bad_image", f"the prompt has {placeholder_count(prompt)} {IMAGE_PLACEHOLDER!r} "
+                                  f"placeholder(s) for {n} image(s); give one image per placeholder")
+    return prompt
+
+
 def _texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool, task: Any = None,
-           where: str = "") -> tuple[str, str]:
-    """(prompt text, response text) of one row, rendered with the chat template when ``templated``."""
+           where: str = "", images: list[Any] | None = None) -> tuple[str, str]:
+    """(prompt text, response text) of one row, rendered with the chat template when ``templated``; ``images``:
+    the row's, whose placeholders the user prompt gets."""
     if task is not None:
         return _task_texts(row, cfg, tokenizer, templated, task, where)
     if cfg.prompt_field in row or cfg.response_field in row:
         prompt, response = _pair(row, cfg)
+        prompt = _with_images(prompt, images) if images else prompt
         if not templated:
             return prompt, response
         msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
@@ -125,6 +167,9 @@ def _texts(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, templated: bool
         messages = msgs + [{"role": "assistant", "content": response}]
     elif cfg.messages_field in row:
         messages = _messages(row, cfg, templated)
+        if images:
+            user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[user] = {**messages[user], "content": _with_images(messages[user]["content"], images)}
     else:
         raise BadRow("missing_field", f"missing fields {cfg.prompt_field!r}/{cfg.response_field!r} "
                                       f"(or {cfg.messages_field!r}); row has: {', '.join(sorted(row)) or 'none'}")
@@ -195,10 +240,14 @@ def _render(messages: list[dict[str, str]], tokenizer: Any) -> tuple[str, str]:
 
 
 def encode_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, eos_token_id: int,
-               templated: bool | None = None, where: str = "", task: Any = None) -> SFTExample:
-    """Tokenize one row; raises :class:`BadRow` (with a reason) when it cannot be used as is."""
+               templated: bool | None = None, where: str = "", task: Any = None,
+               base_dir: str | Path | None = None) -> SFTExample:
+    """Tokenize one row (its images, if any, read with relative paths from ``base_dir``); raises
+    :class:`BadRow` (with a reason) when it cannot be used as is."""
     if templated is None:
         templated = _use_template(tokenizer, cfg.chat_template)
+    reads_images = task is None or hasattr(task, "images")  # a text task's rows are text whatever columns they have
+    images = _row_images(row, where, Path(base_dir) if base_dir is not None else None) if reads_images else None
     verbatim = row.get(cfg.response_ids_field) if task is None else None
     if verbatim is not None:
         if not isinstance(verbatim, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in verbatim):
@@ -209,11 +258,11 @@ def encode_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, eos_token_i
             raise BadRow("bad_field", f"{cfg.response_ids_field!r} has ids outside the tokenizer's vocabulary")
         text_row = {k: v for k, v in row.items() if k != cfg.response_ids_field}
         text_row.setdefault(cfg.response_field, "<ids>")
-        prompt, _ = _texts(text_row, cfg, tokenizer, templated, None, where)
-        p_ids, r_ids = list(tokenizer.encode(prompt, add_special_tokens=False)), list(verbatim)
+        prompt, _ = _texts(text_row, cfg, tokenizer, templated, None, where, images)
+        p_ids, r_ids = _prompt_tokens(tokenizer, prompt, images), list(verbatim)
     else:
-        prompt, response = _texts(row, cfg, tokenizer, templated, task, where)
-        p_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+        prompt, response = _texts(row, cfg, tokenizer, templated, task, where, images)
+        p_ids = _prompt_tokens(tokenizer, prompt, images)
         r_ids = list(tokenizer.encode(response, add_special_tokens=False))
         if cfg.add_eos:
             r_ids.append(eos_token_id)
@@ -236,7 +285,35 @@ def encode_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any, eos_token_i
             raise BadRow("bad_step_map", f"{cfg.step_map_field!r} has {len(sm)} entries for {len(r_ids)} response "
                                          "tokens (set data.add_eos / pad_response_to as at generation time)")
         step_map = list(sm)
-    return SFTExample(p_ids, r_ids, step_map, where)
+    return SFTExample(p_ids, r_ids, step_map, where, prompt if images else None, images)
+
+
+def _prompt_tokens(tokenizer: Any, prompt: str, images: list[Any] | None) -> list[int]:
+    """The prompt's token ids; with images, of its text only (what an image becomes is the model's, at
+    :func:`encode_images`)."""
+    from dllm_rl.tasks.images import IMAGE_PLACEHOLDER
+
+    text = prompt.replace(IMAGE_PLACEHOLDER, "") if images else prompt
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_images(examples: list[SFTExample], prompts: Any, model: Any
+                  ) -> tuple[list[SFTExample], PromptImages | None]:
+    """The examples with the images of image rows put in for ``model`` (a
+    :class:`~dllm_rl.models.image_inputs.PromptEncoder`: LLaDA-V's placeholders widened to their features'
+    positions, MMaDA's images as VQ codes in the prompt ids) and, for LLaDA-V, the batch's
+    :class:`PromptImages` (each distinct image encoded once, without gradient)."""
+    todo = [i for i, e in enumerate(examples) if e.images]
+    if not todo:
+        return examples, None
+    ids, pim = prompts.encode(model, [examples[i].prompt_text for i in todo], [examples[i].images for i in todo])
+    out = list(examples)
+    rows: list[tuple] = [() for _ in examples]
+    for k, i in enumerate(todo):
+        out[i] = replace(examples[i], prompt_ids=ids[k])
+        if pim is not None:
+            rows[i] = pim.rows[k]
+    return out, PromptImages(pim.features, rows) if pim is not None else None
 
 
 def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str | Path | None = None,
@@ -251,7 +328,9 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
     if cfg.task is not None:
         from dllm_rl.tasks import get_task
 
-        task = get_task(cfg.task, data=[], prompt_style=cfg.prompt_style, system_prompt=cfg.system_prompt)
+        # the file as the task's data (never read through the task): an image task reads relative image paths from
+        # its folder
+        task = get_task(cfg.task, data=str(path), prompt_style=cfg.prompt_style, system_prompt=cfg.system_prompt)
     report = DataReport(source=str(path))
     examples: list[SFTExample] = []
 
@@ -275,7 +354,7 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
             break
         report.read += 1
         try:
-            examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task))
+            examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task, path.parent))
         except BadRow as bad:
             drop(where, bad)
     report.kept = len(examples)
@@ -300,9 +379,10 @@ def _rows(path: Path, bad_line) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"{path}:{n}", row
 
 
-def collate(examples: list[SFTExample], pad_token_id: int) -> ScoringBatch:
+def collate(examples: list[SFTExample], pad_token_id: int, images: PromptImages | None = None) -> ScoringBatch:
     """Left-pad prompts, right-pad responses: a :class:`ScoringBatch` whose ``completion_mask`` marks every
-    response token (EOS included) and ``completion_valid`` hides the right padding."""
+    response token (EOS included) and ``completion_valid`` hides the right padding; ``images``: the examples'
+    (:func:`encode_images`)."""
     if not examples:
         raise ValueError("collate: empty batch")
     b = len(examples)
@@ -323,4 +403,5 @@ def collate(examples: list[SFTExample], pad_token_id: int) -> ScoringBatch:
         comp_mask[i, :lr] = True
         if step_map is not None:
             step_map[i, :lr] = torch.tensor(e.step_map)
-    return ScoringBatch(prompt, prompt_mask, comp, comp_mask, step_map=step_map, completion_valid=comp_mask.clone())
+    return ScoringBatch(prompt, prompt_mask, comp, comp_mask, step_map=step_map, completion_valid=comp_mask.clone(),
+                        images=images)

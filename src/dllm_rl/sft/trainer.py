@@ -26,11 +26,12 @@ from accelerate import DistributedDataParallelKwargs
 from dllm_rl.config import save_config, to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.models.image_inputs import PromptEncoder, copy_vq
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.seeding import derive_seed
 from dllm_rl.sft.config import ModelConfig, SFTConfig
-from dllm_rl.sft.data import DataReport, SFTExample, collate, load_sft_data
+from dllm_rl.sft.data import DataReport, SFTExample, collate, encode_images, load_sft_data
 from dllm_rl.sft.objectives import compute_objective
 from dllm_rl.training import (
     IndexStream,
@@ -158,6 +159,7 @@ class SFTTrainer:
         self.dlm.train()
         self.examples, self.report = load_sft_data(
             cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=verbose and acc.is_main_process)
+        self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image rows (MMaDA's VQ: model.path's)
         too_long = [e for e in self.examples if e.num_tokens > self.dlm.max_length]
         if too_long:
             raise ValueError(f"{too_long[0].where}: {too_long[0].num_tokens} tokens exceed the model's context "
@@ -220,7 +222,9 @@ class SFTTrainer:
         idx = self.stream.take(self.global_micro)
         bs, rank, seed = self.cfg.train.batch_size, self.accelerator.process_index, self.cfg.run.seed
         mine = [self.examples[i] for i in idx[rank * bs : (rank + 1) * bs]]
-        batch = collate(mine, self.dlm.pad_token_id)
+        # image rows: the images put in for this model (LLaDA-V's features, MMaDA's codes), once per micro-batch
+        mine, images = encode_images(mine, self.prompts, self.dlm)
+        batch = collate(mine, self.dlm.pad_token_id, images)
         batch.sample_seeds = torch.tensor([derive_seed(seed, first + rank * bs + i) % (1 << 62)
                                            for i in range(len(mine))], dtype=torch.long)
         return mine, batch
@@ -291,6 +295,7 @@ class SFTTrainer:
         if self.accelerator.is_main_process:
             model = merged_model(plain) if has_lora(plain) else plain
             save_model(model, path, tokenizer=self.tokenizer)
+            copy_vq(self.cfg.model.path, path)  # MMaDA: the image tokenizer travels with the model
             if self.cfg.run.push_to_hub:  # run.push_to_hub: upload model/ to that hub repository
                 print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")
         self.accelerator.wait_for_everyone()
