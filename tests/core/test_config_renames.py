@@ -3,6 +3,7 @@ new key (from a YAML file, an override, a checkpoint's config.yaml), and the gen
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,33 @@ def test_the_configuration_reference_is_current():
         sys.path.pop(0)
     fix = "run: python scripts/config_reference.py > docs/config.md"
     assert (ROOT / "docs" / "config.md").read_text() == main(), fix
+
+
+@pytest.mark.parametrize("override", [["rollout.steps=4", "rollout.threshold=0.9"],
+                                      ["eval.steps=4", "eval.threshold=0.9"]])
+def test_one_schedule_rule_everywhere(override):
+    """steps and threshold together are refused in RL's rollout and held-out sections as by the sampler itself."""
+    from dllm_rl.sampling.config import SCHEDULE_RULE, DecodeConfig
+
+    section = override[0].split(".")[0]
+    with pytest.raises(ConfigError, match=rf"^{section}.threshold: {re.escape(SCHEDULE_RULE)}$"):
+        load_config(RLConfig, None, override)
+    with pytest.raises(ConfigError, match=rf"^threshold: {re.escape(SCHEDULE_RULE)}$"):
+        DecodeConfig(steps=4, threshold=0.9)
+
+
+def test_every_command_with_a_config_has_help_config(capsys):
+    from dllm_rl.cli import main
+
+    firsts = {}
+    for command in ("rl", "demo", "sft", "eval", "generate", "trace"):
+        with pytest.raises(SystemExit) as stop:
+            assert main([command, "--help-config"]) == 0
+            raise SystemExit(0)
+        assert stop.value.code == 0
+        firsts[command] = capsys.readouterr().out.splitlines()
+    assert firsts["rl"] == firsts["demo"] and "run.output_dir (default 'runs/rl')" in firsts["rl"][1]
+    assert "run.output_dir (default 'runs/sft')" in firsts["sft"][1]
+    assert any(line.startswith("limit (default None)") for line in firsts["eval"])
+    assert any(line.startswith("threshold (default None)") for line in firsts["eval"])
+    assert firsts["generate"] == firsts["trace"] and firsts["generate"][1].startswith("gen_length (default 64)")

@@ -5,6 +5,7 @@ checked against it by a test)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from dllm_rl.config.fields import allowed_values, field_types, strip_optional
@@ -65,3 +66,17 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
             out += ["", f"Keys of earlier releases, still read with a one-line deprecation warning: {pairs}."]
         out.append("")
     return "\n".join(out)
+
+
+def help_config_argument(parser: Any, lines: Callable[[], list[str]]) -> None:
+    """Add ``--help-config`` to a command's ``parser``: it prints ``lines()`` (every key of the command's config, with
+    its default and help) and exits 0, before the command's required arguments are checked (as ``--help`` does)."""
+    import argparse
+
+    class _HelpConfig(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print("\n".join(lines()))
+            parser.exit(0)
+
+    parser.add_argument("--help-config", nargs=0, action=_HelpConfig,
+                        help="list every config key with its default and help, and exit")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 
 DECODE_GROUP = "decoding (base for every --setting; DecodeConfig fields)"
@@ -50,6 +51,21 @@ def _kv_options(items: list[str] | None, flag: str) -> dict[str, Any]:
         k, v = item.split("=", 1)
         out[k.strip()] = yaml_load(v, f"{flag} {item!r}")
     return out
+
+
+def _decode_config_lines() -> list[str]:
+    from dllm_rl.config import describe
+    from dllm_rl.sampling.config import DecodeConfig
+
+    return ["decoding (one --flag per key: --gen-length, --threshold, ...):"] + describe(DecodeConfig)
+
+
+def _eval_config_lines() -> list[str]:
+    from dllm_rl.config import describe
+    from dllm_rl.eval.harness import EvalRunConfig
+
+    return (["evaluation (one --flag per key: --task, --limit, ...):"] + describe(EvalRunConfig) + [""]
+            + _decode_config_lines())
 
 
 # ------------------------------------------------------------------------------------------------ eval
@@ -143,6 +159,7 @@ def register_eval(sub) -> None:
     p.add_argument("--json", action="store_true", help="print summary.json instead of the Markdown table")
     # per-sample seeds derive from --seed; --block-size above also checks the model and is recorded in meta.json
     add_decode_arguments(p, exclude=("seed", "block_size"))
+    help_config_argument(p, _eval_config_lines)
     p.set_defaults(func=eval_command)
 
 
@@ -249,6 +266,7 @@ def register_trace(sub) -> None:
     p.add_argument("--screenshot", default=None, metavar="PNG", help="also save a PNG taken in headless Chromium")
     p.add_argument("--screenshot-step", type=int, default=None, help="slider step for --screenshot (default: start)")
     add_decode_arguments(p)
+    help_config_argument(p, _decode_config_lines)
     p.set_defaults(func=trace_command)
 
 

@@ -8,8 +8,16 @@ import logging
 from pathlib import Path
 
 from dllm_rl.config import describe, load_config
+from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 from dllm_rl.eval.demo import DEMO_DIR
+
+
+def _rl_config_lines() -> list[str]:
+    from dllm_rl.rl.algorithms import preset_table
+    from dllm_rl.rl.config import RLConfig
+
+    return describe(RLConfig, defaults=RLConfig()) + [""] + preset_table()
 
 
 def run_rl(args: argparse.Namespace) -> int:
@@ -17,9 +25,7 @@ def run_rl(args: argparse.Namespace) -> int:
     from dllm_rl.rl.loop import train
 
     if args.help_config:
-        from dllm_rl.rl.algorithms import preset_table
-
-        print("\n".join(describe(RLConfig) + [""] + preset_table()))
+        print("\n".join(_rl_config_lines()))
         return 0
     if args.config is None:
         raise UserError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
@@ -89,4 +95,5 @@ def register(sub) -> None:
                    help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
                    "unless run.resume=latest is given)")
     d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
+    help_config_argument(d, _rl_config_lines)
     d.set_defaults(func=run_demo)

@@ -23,7 +23,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 from dllm_rl.rl.value_config import ValueModelConfig
-from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions
+from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions, check_schedule
 from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.run_config import RunConfig
 
@@ -59,8 +59,8 @@ def _decode_default(name: str, default: Any) -> Any:
 @dataclass
 class RolloutConfig(DecodeOptions):
     """How rollouts are decoded: the sampler's :class:`~dllm_rl.sampling.config.DecodeOptions` (window,
-    schedule, order, sampling, cache) with rollout defaults, plus the rollout's batching and model copy.
-    Unlike a direct sampler call, ``threshold`` wins over ``steps`` when both are set."""
+    schedule, order, sampling, cache) with rollout defaults, plus the group size, the rollout's batching and model
+    copy. Like every schedule, ``steps`` and ``threshold`` are exclusive (``sampling.config.SCHEDULE_RULE``)."""
 
     gen_length: int = _decode_default("gen_length", 32)
     block_length: int | None = field(
@@ -102,13 +102,17 @@ class HeldOutConfig(Checked):
     data: str | None = field(None, help="evaluation data file (default: the task's test file)")
     temperature: float = field(0.0, ge=0, help="decoding temperature for evaluation (0 = greedy)")
     steps: int | None = field(
-        None, ge=1, help="static decoding steps per block for evaluation (default: one token per step; ignored "
-        "with threshold). The rollout's schedule (rollout.steps / rollout.threshold) never applies here, so a "
+        None, ge=1, help="static decoding steps per block for evaluation (default: one token per step; not with "
+        "threshold). The rollout's schedule (rollout.steps / rollout.threshold) never applies here, so a "
         "faster rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
         None, gt=0, le=1, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
     block_size: int | None = field(
         None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_schedule(self.steps, self.threshold)
 
 
 @dataclass

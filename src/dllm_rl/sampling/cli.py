@@ -9,7 +9,8 @@ import time
 import typing
 from pathlib import Path
 
-from dllm_rl.config import allowed_values, to_dict
+from dllm_rl.config import allowed_values, describe, to_dict
+from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import iter_jsonl, write_jsonl
 from dllm_rl.sampling.config import DecodeConfig
@@ -146,4 +147,6 @@ def register(sub) -> None:
     p.add_argument("--preset", choices=["llada2", "fast_dllm_v2", "sdar"],
                    help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given override it")
     add_decode_arguments(p)
+    help_config_argument(p, lambda: ["decoding (one --flag per key: --gen-length, --threshold, ...):"]
+                         + describe(DecodeConfig))
     p.set_defaults(func=generate_command)

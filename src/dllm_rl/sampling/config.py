@@ -21,9 +21,24 @@ CONFIDENCE_RULES: tuple[str, ...] = typing.get_args(Confidence)
 CACHE_MODES: tuple[str, ...] = typing.get_args(CacheMode)
 
 
+#: the one rule of a decoding schedule, wherever one is given (the sampler, RL's rollout and held-out sections, eval
+#: settings): a static schedule (``steps``; eval's ``tokens_per_step`` too) or a dynamic one (``threshold``), never both
+SCHEDULE_RULE = "set either steps (static schedule) or threshold (dynamic schedule), not both"
+
+
+def check_schedule(steps: int | None, threshold: float | None) -> None:
+    """Raise :class:`FieldError` on ``threshold`` when both schedules are given (:data:`SCHEDULE_RULE`)."""
+    if threshold is not None and steps is not None:
+        raise FieldError("threshold", SCHEDULE_RULE)
+
+
 @dataclass
 class DecodeOptions(Checked):
     """How to turn masks into tokens (LLaDA / Fast-dLLM / SDAR decoding, see the module docs of `decode`)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_schedule(self.steps, self.threshold)
 
     gen_length: int = field(
         64, ge=1,
@@ -101,8 +116,5 @@ class DecodeConfig(DecodeOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.threshold is not None and self.steps is not None:
-            raise FieldError("threshold", "set either steps (static schedule) or threshold (dynamic schedule), "
-                             "not both")
         if self.sub_block is not None and self.threshold is None:
             raise FieldError("sub_block", "sub-blocks need the dynamic schedule: set threshold (Fast-dLLM v2 uses 0.9)")

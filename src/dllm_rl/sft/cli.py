@@ -13,7 +13,7 @@ def sft(args: argparse.Namespace) -> int:
     from dllm_rl.sft.trainer import train
 
     if args.help_config:
-        print("\n".join(describe(SFTConfig)))
+        print("\n".join(describe(SFTConfig, defaults=SFTConfig())))
         return 0
     if args.config is None and not args.overrides:
         raise UserError("give a config file (e.g. configs/demo-sft.yaml) and/or key=value overrides")
