@@ -19,7 +19,6 @@ import math
 
 import torch
 from accelerate import Accelerator, init_empty_weights
-from transformers import AutoModelForCausalLM
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
@@ -136,7 +135,7 @@ def plain_twin(dlm: DiffusionLM, state: dict[str, torch.Tensor]) -> DiffusionLM:
     lora = has_lora(dlm)
     hf_config = (dlm.model.get_base_model() if lora else dlm.model).config
     with init_empty_weights(include_buffers=False):
-        shell = AutoModelForCausalLM.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
+        shell = dlm.family.hf_auto_class.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
         if lora:
             from peft import get_peft_model
 
