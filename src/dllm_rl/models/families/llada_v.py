@@ -29,7 +29,9 @@ that makes the Llama text model bidirectional (as for ``llada``). The image path
 features, the prompt splice) is :mod:`dllm_rl.models.llava_images`.
 
 Training adapts the language model: ``lora_scope`` keeps LoRA's default targets out of SigLIP (whose attention
-also has ``q/k/v_proj``) and the projector, as the published LoRA recipes train the LLM only.
+also has ``q/k/v_proj``) and the projector. The published LLaVA trainer means the same (``train/llava/train/
+train.py``'s ``find_all_linear_names`` skips ``vision_tower`` and ``mm_projector``), but it hands peft bare
+suffixes, which also match SigLIP's ``q/k/v_proj``; a scope says it exactly.
 """
 
 from __future__ import annotations
