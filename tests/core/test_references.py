@@ -78,11 +78,14 @@ def _exists(path: str) -> bool:
     return any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
 
 
+MODULE_ATTRS = {"__file__", "__name__", "__path__", "__spec__", "__doc__"}  # every module has them
+
+
 def _dotted_resolves(parts: list[str]) -> bool:
     here, i = PKG, 0
     while i < len(parts) and ((here / parts[i]).is_dir() or (here / f"{parts[i]}.py").is_file()):
         here, i = here / parts[i], i + 1
-    if i == len(parts):
+    if i == len(parts) or parts[i] in MODULE_ATTRS:
         return True
     module = here / "__init__.py" if here.is_dir() else here.with_suffix(".py")
     return module.is_file() and re.search(rf"\b{re.escape(parts[i])}\b", module.read_text()) is not None

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dllm_rl.cli import main
 from dllm_rl.config import ConfigError, load_config
@@ -41,6 +42,26 @@ def _bomb(levels: int = 9, width: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _image_rows(root: Path) -> dict[str, Path]:
+    """Shapes data files with one mistake each (issue 34's bad input): an unreadable image, no image column, a
+    placeholder count that differs from the images; and a good one."""
+    from dllm_rl.tasks.shapes import make_shapes, write_shapes
+
+    good = root / "shapes.jsonl"
+    rows = write_shapes(good, make_shapes(2, seed=0, size=32))
+    (root / "bad.png").write_bytes(b"not a png")
+    files = {
+        "unreadable": [rows[0], {**rows[1], "image": "bad.png"}],
+        "no_column": [{k: v for k, v in r.items() if k != "image"} for r in rows],
+        "placeholders": [rows[0], {**rows[1], "query": "<image> <image> " + rows[1]["query"]}],
+    }
+    out = {"good": good}
+    for name, content in files.items():
+        out[name] = root / f"shapes_{name}.jsonl"
+        out[name].write_text("".join(json.dumps(r) + "\n" for r in content))
+    return out
+
+
 def _mistakes(root: Path) -> dict:
     """The user's mistakes of issue 39, each a real command line that must fail with one line (name ->
     (inputs, args)); the files they read are written under ``root``. None loads a model."""
@@ -58,6 +79,9 @@ def _mistakes(root: Path) -> dict:
     (root / "run" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
     sft = ["sft", str(REPO / "configs" / "demo-sft-block.yaml")]  # each case its own run.output_dir (a lock)
     ev = ["eval", model, "--task", "countdown", "--data", heldout, "-o", str(root / "ev")]
+    shapes = _image_rows(root)
+    ev_shapes = ["eval", str(DEMO / "llada-countdown"), "--task", "shapes", "--prompt-style", "compact", "-o",
+                 str(root / "ev_shapes"), "--data"]
     return {
         "hf_parent": ("../../etc", ["data", "show", "hf:../../etc", "--task-type", "countdown"]),
         "hf_empty": ("", ["data", "show", "hf:", "--task-type", "countdown"]),
@@ -105,6 +129,10 @@ def _mistakes(root: Path) -> dict:
         "argparse_missing": (None, ["eval"]),
         "argparse_flag": (None, [*ev, "--no-such-flag"]),
         "argparse_command": (None, ["evaluate"]),
+        "image_unreadable": (shapes["unreadable"], [*ev_shapes, shapes["unreadable"]]),
+        "image_column": (shapes["no_column"], [*ev_shapes, shapes["no_column"]]),
+        "image_placeholders": (shapes["placeholders"], [*ev_shapes, shapes["placeholders"]]),
+        "image_text_family": (shapes["good"], [*ev_shapes, shapes["good"]]),
     }
 
 
@@ -308,6 +336,13 @@ SAYS = {
     "argparse_missing": "the following arguments are required: model_dir (see dllm-rl eval --help)",
     "argparse_flag": "unrecognized arguments: --no-such-flag (see dllm-rl --help)",
     "argparse_command": "argument COMMAND: invalid choice: 'evaluate'",
+    "image_unreadable": "{inputs}, line 2: column 'image': image file ",
+    "image_column": "{inputs}, line 1: no image column ('image' or 'images') in the row (row has: answer, kind, "
+                    "objects, query, question, size); add one",
+    "image_placeholders": "{inputs}, line 2: the prompt has 2 '<image>' placeholder(s) but column 'image' holds 1 "
+                          "image(s); give one image per placeholder",
+    "image_text_family": "task 'shapes' has images, but a llada model reads text only; use a model of an image "
+                         "family (llada_v, mmada) or a text task",
 }
 
 
@@ -327,3 +362,16 @@ def test_every_mistake_is_one_line(cli, name):
     assert rc == 2
     assert SAYS[name].format(inputs=inputs) in line, line
 
+
+
+def test_images_given_to_generate_of_a_text_family_are_one_user_error():
+    """``generate(images=)`` on a full-attention text family (llada) used to splice features into its prompt."""
+    from dllm_rl.errors import UserError
+    from dllm_rl.models.prompt_images import PromptImages
+    from dllm_rl.sampling import DecodeConfig, generate
+
+    model = load_model(DEMO / "llada-countdown")
+    images = PromptImages([torch.zeros(2, int(model.config.hidden_size))], [((0, 0),)])
+    with pytest.raises(UserError, match=r"^generate\(images=\): image features are spliced into llada_v prompts "
+                                        r"only; a llada model takes none"):
+        generate(model, [[5, 6, 7]], DecodeConfig(gen_length=4, block_length=4), images=images)

@@ -64,7 +64,8 @@ def _fake_generate(calls: list[int]):
     """A stand-in for sampling.generate: item (a, b, c) answers correctly iff its seed is even; NFE is
     gen_length for static settings and 3 for threshold settings; the answer length is len(text) + 1 (EOS)."""
 
-    def fake(model, prompts, config, seeds=None, tokenizer=None, progress=False, *, block_cache=True):
+    def fake(model, prompts, config, seeds=None, tokenizer=None, progress=False, *, block_cache=True, images=None):
+        assert images is None  # a text task
         calls.append(len(prompts))
         texts = []
         for p, seed in zip(prompts, seeds):

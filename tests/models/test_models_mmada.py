@@ -188,3 +188,29 @@ def test_understanding_ids_layout_and_errors():
         understanding_ids([8191], [1], offset=126464, vocab_size=134600)
     with pytest.raises(UserError, match="image codes must be >= 0"):
         understanding_ids([-1], [1], offset=126349)
+
+
+def test_padding_is_published_eos_on_the_left_and_pads_are_not_attended(mmada_dir):
+    """The family docstring's padding rule: rows are left-padded with eos 126081 as published, but the pads are
+    left out of attention (the published sampler attends them), so a row's logits are those of the published
+    model on that row alone. The fixture's wide row needs no padding; the tall row has 2 pads."""
+    from dllm_rl.sampling import DecodeConfig, generate
+
+    model = load_model(mmada_dir)
+    ids = OUT["input_ids"]
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    valid[1, :2] = False
+    assert model.pad_token_id == 126081 and ids[1, :2].tolist() == [126081, 126081] and ids[1, 2] == 126089
+    with torch.no_grad():
+        ours = model(ids, attention_mask=valid).logits
+        tall_alone = model(ids[1:, 2:]).logits
+    # unpadded: the published logits
+    torch.testing.assert_close(ours[0, :, OUT["columns"]], OUT["logits_at_columns"][0], atol=1e-4, rtol=0)
+    # padded: the row alone, not the published batch (whose tall row attends its 2 pads)
+    torch.testing.assert_close(ours[1, 2:], tall_alone[0], atol=1e-5, rtol=0)
+    published_gap = (ours[1, 2:, OUT["columns"]] - OUT["logits_at_columns"][1, 2:]).abs().max().item()
+    assert published_gap > 1e-2
+    # the sampler lays the rows out the same way: eos on the left
+    rows = [ids[0].tolist(), ids[1, 2:].tolist()]
+    roll = generate(model, rows, DecodeConfig(gen_length=4, block_length=4, steps=4))
+    assert roll.prompt_ids[1, :2].tolist() == [126081, 126081] and roll.prompt_mask[1].sum().item() == 78

@@ -85,3 +85,47 @@ def test_lora_checkpoint_published_layout_and_resume(tmp_path):
         assert torch.equal(fresh(ids).logits, want)
     with pytest.raises(ValueError, match="LoRA"):
         load_checkpoint(ckpt, _model())
+
+
+def _adapted(dlm):
+    return sorted({n.split(".lora_A")[0] for n, _ in dlm.model.get_base_model().named_parameters() if ".lora_A." in n})
+
+
+_PROJECTIONS = ["mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj", "self_attn.o_proj",
+                "self_attn.q_proj", "self_attn.v_proj"]
+
+
+@pytest.mark.parametrize(("family", "layers"), [("llada_v", "model.language_model.layers"), ("mmada", "model.layers")])
+def test_multimodal_lora_adapts_the_language_model_only(family, layers):
+    dlm = apply_lora(_model(family), LoraOptions(enabled=True, r=4, alpha=8))
+    assert _adapted(dlm) == [f"{layers}.{i}.{p}" for i in (0, 1) for p in _PROJECTIONS]
+    trainable = [n for n, p in dlm.named_parameters() if p.requires_grad]
+    assert len(trainable) == 2 * 2 * 7 and all(".lora_" in n for n in trainable)
+    # the (MMaDA: code-extended) embedding stays frozen under LoRA, as in the text families
+    base = dlm.model.get_base_model()
+    assert not base.get_input_embeddings().weight.requires_grad
+
+
+def test_llada_v_lora_adapts_the_tower_or_projector_only_when_named():
+    dlm = apply_lora(_model("llada_v"), LoraOptions(enabled=True, r=4, alpha=8, target_modules=["q_proj", "linear_1"]))
+    assert _adapted(dlm) == ["model.language_model.layers.0.self_attn.q_proj",
+                             "model.language_model.layers.1.self_attn.q_proj", "model.multi_modal_projector.linear_1"]
+
+
+def test_llada_v_lora_trains_and_merges_into_the_image_text_model(tmp_path):
+    dlm = apply_lora(_model("llada_v"), LoraOptions(enabled=True, r=4, alpha=8))
+    tower = {k: v.clone() for k, v in dlm.model.get_base_model().model.vision_tower.state_dict().items()}
+    opt = _train(dlm)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        live = dlm(ids).logits
+        merged = merged_model(dlm)
+        with dlm.model.disable_adapter():
+            base = dlm(ids).logits
+    assert type(merged.model).__name__ == "LlavaOnevisionForConditionalGeneration"
+    assert torch.allclose(merged(ids).logits, live, atol=1e-5) and not torch.allclose(live, base, atol=1e-3)
+    for k, v in merged.model.model.vision_tower.state_dict().items():
+        assert torch.equal(v, tower[k]), k
+    ckpt = save_checkpoint(tmp_path / "ck", dlm, optimizer=opt, step=3)
+    with torch.no_grad():
+        assert torch.allclose(load_model(ckpt / "model")(ids).logits, live, atol=1e-5)

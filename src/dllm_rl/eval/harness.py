@@ -196,6 +196,10 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         examples = examples[: cfg.limit]
     tokenizer_dir = resolve_model_path(cfg.tokenizer or cfg.model_dir)
     tok, fam, block_size = check_model_tokenizer(model_dir, tokenizer_dir)
+    if is_image_task(task):
+        from dllm_rl.models.image_inputs import refuse_images
+
+        refuse_images(fam.name, f"task {cfg.task!r} has images")
     if cfg.block_size is not None:
         if block_size is None:
             raise UserError(f"--block-size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
@@ -268,13 +272,14 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
         log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
         model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
-    prompt_ids = [_encode(prep.tokenizer, text) for text in prompt_texts]
-    from dllm_rl.sampling.decode import check_inputs
+    inputs = PromptInputs(prep, model, prompt_texts)
+    if not inputs.with_images:
+        from dllm_rl.sampling.decode import check_inputs
 
-    for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
-        check_inputs(model, prompt_ids, rs.decode, None)
+        for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
+            check_inputs(model, inputs.text_ids, rs.decode, None)
     for setting in prep.settings:
-        _run_setting(prep, model, setting, prompt_ids, prompt_texts, log)
+        _run_setting(prep, model, setting, inputs, log)
     summary = write_summary(prep)
     for name, s in summary["settings"].items():
         m = s["metrics"]
@@ -291,8 +296,47 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(ids)
 
 
-def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[list[int]],
-                 prompt_texts: list[str], log: Callable[[str], None]) -> None:
+def is_image_task(task) -> bool:
+    from dllm_rl.tasks.image_task import ImageTask
+
+    return isinstance(task, ImageTask)
+
+
+class PromptInputs:
+    """What ``generate`` takes for a batch of items: their prompt ids and, for LLaDA-V, the image features.
+
+    A text task's ids are encoded once. An image task's are built per batch
+    (:class:`dllm_rl.models.image_inputs.PromptEncoder`), so only one batch of image features is held at a
+    time (an 8B LLaDA-V image is thousands of embedding rows); items are then grouped by prompt text length."""
+
+    def __init__(self, prep: PreparedEval, model, texts: list[str]):
+        self.prep, self.model, self.texts = prep, model, texts
+        self.with_images = is_image_task(prep.task)
+        self.text_ids = None if self.with_images else [_encode(prep.tokenizer, t) for t in texts]
+        self.prompts = None
+        if self.with_images:
+            from dllm_rl.hub import resolve_model_path
+            from dllm_rl.models.image_inputs import PromptEncoder
+
+            self.prompts = PromptEncoder(prep.tokenizer, resolve_model_path(prep.cfg.model_dir))
+            if model.family.name == "mmada":
+                self.prompts.vq(model.device)  # a missing VQ encoder fails before the first batch
+
+    def length(self, i: int) -> int:
+        return len(self.texts[i]) if self.text_ids is None else len(self.text_ids[i])
+
+    def batch(self, items: list[int]) -> tuple[list[list[int]], Any, list[list[Any]]]:
+        """Prompt ids, LLaDA-V's ``PromptImages`` (or None) and the PIL images of ``items`` (in order)."""
+        if self.text_ids is not None:
+            return [self.text_ids[i] for i in items], None, [[] for _ in items]
+        task, examples = self.prep.task, self.prep.examples
+        images = [task.images(examples[i]) for i in items]
+        ids, pim = self.prompts.encode(self.model, [self.texts[i] for i in items], images)
+        return ids, pim, images
+
+
+def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInputs,
+                 log: Callable[[str], None]) -> None:
     from dllm_rl.sampling import generate
 
     cfg, resolved = prep.cfg, prep.decodes[setting.name]
@@ -306,7 +350,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
         if done:
             log(f"[{setting.name}] resuming: {len(done)} of {total} samples already in {path}")
         # Similar lengths together (less padding); results do not depend on the grouping.
-        pending.sort(key=lambda p: (len(prompt_ids[p[0]]), p[0], p[1]))
+        pending.sort(key=lambda p: (inputs.length(p[0]), p[0], p[1]))
         bar = None
         if cfg.progress:
             from tqdm.auto import tqdm
@@ -319,8 +363,9 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
             chunk = pending[start: start + cfg.batch_size]
             seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
             t0 = time.perf_counter()
-            roll = generate(model, [prompt_ids[i] for i, _ in chunk], resolved.decode, seeds=seeds,
-                            tokenizer=prep.tokenizer, block_cache=resolved.block_cache)
+            ids, images, _ = inputs.batch([i for i, _ in chunk])
+            roll = generate(model, ids, resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
+                            block_cache=resolved.block_cache, images=images)
             if prep.device.type == "cuda":
                 import torch
 
@@ -335,7 +380,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
                 n_correct += ok
                 rec = {
                     "setting": setting.name, "index": i, "sample": s, "seed": seeds[b],
-                    "prompt": prompt_texts[i], "completion": roll.texts[b], "reward": float(score),
+                    "prompt": inputs.texts[i], "completion": roll.texts[b], "reward": float(score),
                     "correct": ok, "reason": getattr(score, "reason", ""), "length": int(lengths[b]),
                     "nfe": int(roll.nfe[b]), "finish_reason": roll.finish_reason[b],
                     "gen_seconds": elapsed / len(chunk), "reference": _reference(prep.examples[i]),
@@ -352,21 +397,25 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, prompt_ids: list[l
         if bar is not None:
             bar.close()
     if prep.cfg.trace_items > 0:
-        _write_traces(prep, model, setting, prompt_ids, resolved)
+        _write_traces(prep, model, setting, inputs, resolved)
 
 
-def _write_traces(prep: PreparedEval, model, setting: Setting, prompt_ids: list[list[int]],
+def _write_traces(prep: PreparedEval, model, setting: Setting, inputs: PromptInputs,
                   resolved: ResolvedSetting) -> None:
     from dllm_rl.eval.trace_viewer import records_from_rollout, write_html
+    from dllm_rl.models.image_inputs import image_spans
     from dllm_rl.sampling import generate
 
     n = min(prep.cfg.trace_items, len(prep.examples))
     seeds = [sample_seed(prep.cfg.seed, i, 0) for i in range(n)]
-    roll = generate(model, prompt_ids[:n], resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
-                    block_cache=resolved.block_cache)
+    prompt_ids, pim, images = inputs.batch(list(range(n)))
+    roll = generate(model, prompt_ids, resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
+                    block_cache=resolved.block_cache, images=pim)
     recs = records_from_rollout(roll, prep.tokenizer, labels=[f"item {i}" for i in range(n)],
                                 block_length=roll.block_size or resolved.decode.block_length,
-                                block_offsets=[len(p) for p in prompt_ids[:n]] if roll.block_size else None)
+                                block_offsets=[len(p) for p in prompt_ids] if roll.block_size else None,
+                                images=images if inputs.with_images else None,
+                                image_spans=image_spans(model, prompt_ids, pim) if inputs.with_images else None)
     scores = prep.task.score_examples(roll.texts, prep.examples[:n])
     for r, sc in zip(recs, scores):
         r.reward = float(sc)

@@ -11,10 +11,12 @@ placeholder becomes depends on the family, as the published rollout and training
   (:func:`~dllm_rl.models.mmada_image.understanding_ids`; the placeholder and the newline after it are removed
   from the text). The codes come from the MAGVIT-v2 encoder (:mod:`dllm_rl.models.magvit`), run once per
   distinct image. One image per prompt, as the published understanding prompt has.
-- any other family: a prompt with an image is refused (one line naming the family).
+- any other family: a prompt with an image is refused (:func:`refuse_images`, one line naming the family).
 
-:class:`PromptEncoder` does this for one run; :meth:`PromptEncoder.task_prompts` for a task's examples. A rollout
-group encodes its prompt once: encode the distinct examples, then repeat rows (:meth:`PromptImages.select`).
+:class:`PromptEncoder` is the one way from prompt text and images to prompt ids (and LLaDA-V's features), for
+training, RL and evaluation alike; :meth:`PromptEncoder.task_prompts` does it for a task's examples. A rollout
+group encodes its prompt once: encode the distinct examples, then repeat rows (:func:`repeat_rows`).
+:func:`image_spans` says where each encoded prompt's image sits (the trace viewer draws it there).
 
 Where MMaDA's VQ checkpoint is: :class:`ImageInputConfig` ``vq_model`` (a directory), else the ``vq_model/``
 folder inside the model's directory. Its ``config.json`` (optional) gives the encoder's sizes
@@ -54,6 +56,19 @@ class ImageInputConfig(Checked):
     vq_model: str = field(
         "", help="MMaDA: the MAGVIT-v2 checkpoint directory (showlab/magvitv2 layout) that turns images into "
         "prompt codes; empty: the vq_model/ folder inside the model's directory")
+
+
+def takes_images(family_name: str) -> bool:
+    """Whether a model of ``family_name`` reads images (:data:`IMAGE_FAMILIES`)."""
+    return family_name in IMAGE_FAMILIES
+
+
+def refuse_images(family_name: str, what: str) -> None:
+    """The one-line error for images given to a text-only family; ``what`` says where they came from, verb
+    included (``"task 'shapes' has images"``, ``"the prompts carry images"``)."""
+    if not takes_images(family_name):
+        raise UserError(f"{what}, but a {family_name} model reads text only; use a model of an image family "
+                        f"({', '.join(IMAGE_FAMILIES)}) or a text task")
 
 
 def image_key(image: Image.Image) -> tuple:
@@ -122,12 +137,10 @@ class PromptEncoder:
         if images is None or not any(images):
             return [self._tokens(t) for t in texts], None
         family = model.family.name
+        refuse_images(family, "the prompts carry images")
         if family == "llada_v":
             return self._llada_v(model, texts, images)
-        if family == "mmada":
-            return self._mmada(model, texts, images), None
-        raise UserError(f"the prompts carry images, but a {family} model reads text only; use a model of an image "
-                        f"family ({', '.join(IMAGE_FAMILIES)}) or a text task")
+        return self._mmada(model, texts, images), None
 
     def _tokens(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -150,9 +163,13 @@ class PromptEncoder:
         encoder, resolution = self.vq(model.device)
         index: dict[tuple, int] = {}
         distinct: list[Image.Image] = []
-        for i, imgs in enumerate(images):
+        for i, (text, imgs) in enumerate(zip(texts, images)):
             if len(imgs) > 1:
                 raise UserError(f"prompt {i} has {len(imgs)} images; MMaDA's understanding prompt holds one image")
+            k = str(text).count(IMAGE_PLACEHOLDER)
+            if k != len(imgs):
+                raise UserError(f"prompt {i} has {k} {IMAGE_PLACEHOLDER!r} placeholder(s) but {len(imgs)} image(s); "
+                                "give one image per placeholder")
             for img in imgs:
                 index.setdefault(image_key(img), len(distinct))
                 if len(index) > len(distinct):
@@ -170,7 +187,9 @@ class PromptEncoder:
         return out
 
     def vq(self, device: Any) -> tuple[Any, int]:
-        """MMaDA's MAGVIT-v2 encoder and image side, loaded once."""
+        """MMaDA's MAGVIT-v2 encoder and image side, loaded once: from :class:`ImageInputConfig` ``vq_model``, else
+        the ``vq_model/`` folder of the model directory (the published recipes name the folder in their own config,
+        ``vq_model_path``; a checkpoint directory here carries it, so that one path is the whole model)."""
         if self._vq is None:
             from dllm_rl.models.magvit import load_vq_encoder
 
@@ -191,4 +210,27 @@ def repeat_rows(ids: list[list[int]], images: PromptImages | None, times: int
     return [ids[i] for i in rows], images.select(rows) if images is not None else None
 
 
-__all__ = ["ImageInputConfig", "PromptEncoder", "copy_vq", "image_key", "repeat_rows", "save_vq"]
+def image_spans(model: DiffusionLM, prompt_ids: Sequence[Sequence[int]], images: PromptImages | None
+                ) -> list[list[tuple[int, int]]]:
+    """``(offset, length)`` of each image's run in each prompt (:meth:`PromptEncoder.encode`'s output):
+    LLaDA-V's spliced features, MMaDA's codes between ``<|soi|>`` and ``<|eoi|>``; ``[]`` for a prompt without
+    an image."""
+    if images is not None:
+        return [images.spans(b) for b in range(len(images))]
+    if model.family.name != "mmada":
+        return [[] for _ in prompt_ids]
+    from dllm_rl.models.families.mmada import EOI_ID, SOI_ID
+
+    out = []
+    for ids in prompt_ids:
+        ids = list(ids)
+        if SOI_ID in ids and EOI_ID in ids[ids.index(SOI_ID):]:
+            s = ids.index(SOI_ID) + 1
+            out.append([(s, ids.index(EOI_ID, s) - s)])
+        else:
+            out.append([])
+    return out
+
+
+__all__ = ["IMAGE_FAMILIES", "VQ_FOLDER", "ImageInputConfig", "PromptEncoder", "copy_vq", "image_key",
+           "image_spans", "refuse_images", "repeat_rows", "save_vq", "takes_images"]

@@ -9,7 +9,8 @@ Facts read from the published code (Gen-Verse/dLLM-RL ``sample/mmada_v_sample.py
   registry wheel does not import next to a CPU torch; Pillow's resize is what torchvision calls on images.
 - the understanding prompt is ``[<|mmu|>, <|soi|>, codes + offset, <|eoi|>, chat ids]``; the offset is
   ``len(tokenizer)`` (126349 for LLaDA's tokenizer), *not* ``llm_vocab_size``. Rows are left-padded with eos
-  and run without an attention mask (the pads are attended). Rollouts store the offset codes per prompt.
+  and run without an attention mask (the pads are attended; here they are not, see
+  :mod:`dllm_rl.models.families.mmada`). Rollouts store the offset codes per prompt.
 """
 
 from __future__ import annotations

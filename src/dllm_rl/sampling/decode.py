@@ -88,9 +88,10 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
 
 
 def _check_images(model: DiffusionLM, images: PromptImages, prompts: list[list[int]]) -> None:
-    if model.is_block_causal:
-        raise UserError(f"images are spliced into full-attention models' prompts (llada_v); a {model.family.name} "
-                        "model takes none")
+    if model.is_block_causal or model.family.name != "llada_v":
+        raise UserError(f"generate(images=): image features are spliced into llada_v prompts only; a "
+                        f"{model.family.name} model takes none (mmada reads images as prompt ids: "
+                        "dllm_rl.models.image_inputs.PromptEncoder)")
     try:
         images.check([len(p) for p in prompts], int(model.config.hidden_size))
     except ValueError as err:

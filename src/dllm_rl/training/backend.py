@@ -19,12 +19,11 @@ import math
 
 import torch
 from accelerate import Accelerator, init_empty_weights
-from transformers import AutoModelForCausalLM
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.training.lora import ADAPTER_NAME, has_lora
-from dllm_rl.training.sharding import adopt_launch_backend, backend_name, full_state_dict
+from dllm_rl.training.sharding import add_family_units, adopt_launch_backend, backend_name, full_state_dict
 
 SHARDED = ("fsdp2", "zero2", "zero3")  # training state (parameters or optimizer states) split over ranks
 
@@ -47,11 +46,15 @@ def setup_backend(accelerator: Accelerator, micro_batch_size: int, max_grad_norm
     (``max_grad_norm``; DeepSpeed clips inside its step, accelerate would put 1.0 there). DeepSpeed's own
     accumulation stays 1: the trainers scale each micro-batch's loss themselves and mark the last one of an
     optimizer step with :func:`micro_step` (RL steps have a data-dependent number of micro-batches).
-    Returns the backend name (``ddp``, ``fsdp2``, ``zero2``, ``zero3``, ``single``)."""
+    FSDP2 also wraps the family's own units (:func:`~dllm_rl.training.sharding.add_family_units`: LLaDA-V's
+    SigLIP encoder layers and projector). Returns the backend name (``ddp``, ``fsdp2``, ``zero2``, ``zero3``,
+    ``single``)."""
     backend = adopt_launch_backend(accelerator)
     if backend == "fsdp1":
         raise UserError("FSDP version 1 is not supported: set fsdp_version: 2 in the accelerate config "
                         "(configs/accelerate/fsdp2.yaml)")
+    if backend == "fsdp2":
+        add_family_units(accelerator.state.fsdp_plugin)
     if backend == "zero3":
         # Models are built whole and partitioned by DeepSpeed at ``prepare``. A ZeRO-3 plugin sets
         # transformers' global DeepSpeed config, under which every model construction runs in
@@ -136,7 +139,7 @@ def plain_twin(dlm: DiffusionLM, state: dict[str, torch.Tensor]) -> DiffusionLM:
     lora = has_lora(dlm)
     hf_config = (dlm.model.get_base_model() if lora else dlm.model).config
     with init_empty_weights(include_buffers=False):
-        shell = AutoModelForCausalLM.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
+        shell = dlm.family.hf_auto_class.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
         if lora:
             from peft import get_peft_model
 

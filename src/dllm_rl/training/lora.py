@@ -9,12 +9,12 @@ published layout, without touching the live adapters.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
-from transformers import AutoModelForCausalLM
 
 from dllm_rl.config import Checked, field
 from dllm_rl.errors import UserError
@@ -32,7 +32,9 @@ class LoraOptions(Checked):
     alpha: int = field(32, help="LoRA alpha; the update is scaled by alpha / r")
     dropout: float = field(0.0, ge=0, lt=1, help="dropout on the LoRA input")
     target_modules: list[str] | None = field(
-        None, help="HF module names to adapt; null = the family's lora_target_modules (all attention + MLP projections)"
+        None, help="HF module names to adapt; null = the family's lora_target_modules (all attention + MLP "
+        "projections). In a multimodal family a name is adapted in the language model only, unless the language "
+        "model has no such module (e.g. fc1, linear_1: the vision tower's, the projector's)"
     )
 
 
@@ -51,17 +53,44 @@ def apply_lora(dlm: DiffusionLM, opts: LoraOptions, seed: int = 0) -> DiffusionL
 
     if has_lora(dlm):
         raise UserError("apply_lora: the model already has LoRA adapters")
-    targets = list(opts.target_modules or dlm.family.lora_target_modules)
-    present = {name.rsplit(".", 1)[-1] for name, _ in dlm.model.named_modules()}
-    missing = [t for t in targets if t not in present]
-    if missing:
-        raise UserError(f"lora.target_modules {missing} are not modules of this {dlm.family.name} model")
+    targets = lora_targets(dlm, list(opts.target_modules or dlm.family.lora_target_modules))
     cfg = LoraConfig(r=opts.r, lora_alpha=opts.alpha, lora_dropout=opts.dropout, target_modules=targets, bias="none")
     devices = [dlm.device] if dlm.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         dlm.model = get_peft_model(dlm.model, cfg, adapter_name=ADAPTER_NAME)
     return dlm
+
+
+def lora_targets(dlm: DiffusionLM, targets: list[str]) -> list[str] | str:
+    """``targets`` (module names, matched as peft does: the name or a dotted suffix of it) as peft's
+    ``target_modules``, kept inside the family's language model (:attr:`Family.lora_scope`).
+
+    Without a scope the list goes to peft unchanged. With one (LLaDA-V: ``model.language_model``), a target
+    that the language model has is adapted there only, so the default q/k/v_proj leave SigLIP's attention
+    frozen; a target only the vision tower or projector has (``fc1``, ``linear_1``) was asked for by name and
+    is adapted where it is. The result is then peft's regex form (``re.fullmatch`` on module names), which
+    ``adapter_config.json`` stores as one line.
+    """
+    names = [name for name, _ in dlm.model.named_modules()]
+    scope = dlm.family.lora_scope
+    inside, anywhere, missing = [], [], []
+    for target in targets:
+        hits = [n for n in names if n == target or n.endswith(f".{target}")]
+        if not hits:
+            missing.append(target)
+        elif scope and any(n.startswith(f"{scope}.") for n in hits):
+            inside.append(target)
+        else:
+            anywhere.append(target)
+    if missing:
+        raise UserError(f"lora.target_modules {missing} are not modules of this {dlm.family.name} model")
+    if not inside:
+        return targets
+    alternatives = [rf"{re.escape(scope)}\.(?:.*\.)?(?:{'|'.join(map(re.escape, inside))})"]
+    if anywhere:
+        alternatives.append(rf"(?:.*\.)?(?:{'|'.join(map(re.escape, anywhere))})")
+    return "|".join(f"(?:{a})" for a in alternatives)
 
 
 def merged_state_dict(dlm: DiffusionLM, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -100,7 +129,7 @@ def merged_model(dlm: DiffusionLM, device: str | torch.device = "cpu") -> Diffus
     state = merged_state_dict(dlm, device)
     hf_config = dlm.model.get_base_model().config
     with init_empty_weights(include_buffers=False):
-        shell = AutoModelForCausalLM.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
+        shell = dlm.family.hf_auto_class.from_config(hf_config, attn_implementation=hf_config._attn_implementation)
     if bool(hf_config.tie_word_embeddings):
         state.pop("lm_head.weight", None)
     shell.load_state_dict(state, strict=False, assign=True)

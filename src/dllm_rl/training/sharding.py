@@ -8,6 +8,9 @@ Used by the trainers through :mod:`dllm_rl.training.backend` (``docs/scale-notes
   with a rank-dependent number of forwards and no collective inside them.
 - :func:`full_state_dict`: the full (unsharded) state dict, on rank 0 for saving the published layout or on
   every rank for a rollout copy.
+- :func:`add_family_units`: FSDP2 also wraps the module classes a family declares (``Family.fsdp_units``:
+  LLaDA-V's SigLIP encoder layers and projector) besides the decoder layers the launch config names;
+  :func:`fsdp2_plan` lists the modules that become units.
 """
 
 from __future__ import annotations
@@ -66,6 +69,61 @@ def adopt_launch_backend(accelerator: Accelerator) -> str:
     accelerator.state.distributed_type = kind
     PartialState().distributed_type = kind  # prepare() reads this one too
     return backend_name(accelerator)
+
+
+def _family_units() -> tuple[str, ...]:
+    from dllm_rl.models.families import FAMILIES
+
+    return tuple(dict.fromkeys(unit for fam in FAMILIES.values() for unit in fam.fsdp_units))
+
+
+def _with_family_units(plugin, model: torch.nn.Module) -> None:
+    """Extend ``plugin``'s layer classes with the family units that ``model`` holds (as accelerate does for an
+    unnamed launch: the model's ``_no_split_modules`` that it instantiates)."""
+    from accelerate.utils.dataclasses import get_module_class_from_name
+
+    names = plugin.transformer_cls_names_to_wrap
+    if names is None:
+        names = [n for n in getattr(model, "_no_split_modules", None) or []
+                 if get_module_class_from_name(model, n) is not None]
+    extra = [u for u in _family_units() if u not in names and get_module_class_from_name(model, u) is not None]
+    plugin.transformer_cls_names_to_wrap = [*names, *extra]
+
+
+def add_family_units(plugin) -> None:
+    """Make FSDP2's transformer-based wrapping also wrap the family units a model holds (once per plugin).
+
+    The launch config names the decoder layer class (``fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer``),
+    which for LLaDA-V leaves the SigLIP tower and the projector in the root unit: gathered whole for every
+    forward and held for the whole step. A launch config cannot name them in general (accelerate refuses a
+    class the model lacks, and one file serves every family), so the classes are added per model, when
+    accelerate's ``fsdp2_prepare_model`` asks the plugin for its policy (``set_auto_wrap_policy(model)``, for
+    the policy, the reference and the value model alike). Other policies (size-based, none) are left alone.
+    """
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    if getattr(plugin, "_dllm_family_units", False):
+        return
+    original = plugin.set_auto_wrap_policy
+
+    def set_auto_wrap_policy(model: torch.nn.Module) -> None:
+        policy = getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy)
+        if policy is transformer_auto_wrap_policy:
+            _with_family_units(plugin, model)
+        original(model)
+
+    plugin.set_auto_wrap_policy = set_auto_wrap_policy
+    plugin._dllm_family_units = True
+
+
+def fsdp2_plan(plugin, model: torch.nn.Module) -> list[str]:
+    """The names of the modules that accelerate's FSDP2 preparation makes units of their own (the root aside),
+    computed with accelerate's own policy and without sharding anything."""
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    plugin.set_auto_wrap_policy(model)
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    return [] if policy is None else [name for name, m in model.named_modules() if name and policy(m)]
 
 
 def _fsdp2_units(model: torch.nn.Module) -> list[torch.nn.Module]:

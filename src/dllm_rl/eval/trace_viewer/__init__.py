@@ -3,12 +3,16 @@
 A trace record says, for every generated position, which token ended there and at which global step it
 was committed (the ``step_map`` of a :class:`~dllm_rl.sampling.Rollout`, ``-1`` = never committed), and
 optionally the confidence it had when committed. The page embeds the records as JSON and draws them with
-a few lines of inline JavaScript: no network resources, no external scripts, fonts or images.
+a few lines of inline JavaScript: no network resources, no external scripts, fonts or images. A prompt's
+images (LLaDA-V, MMaDA) are drawn where they stand in the prompt, from PNG ``data:`` URIs embedded in the
+records (scaled to at most :data:`THUMBNAIL` px a side), in place of the hundreds of positions they fill.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -20,7 +24,10 @@ from typing import Any
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import iter_jsonl, json_safe
 
-__all__ = ["TraceRecord", "load_trace_jsonl", "normalize_trace", "records_from_rollout", "render_html", "write_html"]
+THUMBNAIL = 256  # px, the longer side of an image drawn in the page
+
+__all__ = ["TraceRecord", "image_data_uri", "load_trace_jsonl", "normalize_trace", "records_from_rollout",
+           "render_html", "write_html"]
 
 
 @dataclass
@@ -42,6 +49,8 @@ class TraceRecord:
     block_length: int | None = None  # draw a boundary every block_length positions...
     block_offset: int = 0  # ...counted from this offset (0: blocks of the completion; prompt length: SDAR blocks)
     extra: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)  # data: URIs of the prompt's images...
+    image_positions: list[int] = field(default_factory=list)  # ...drawn before these prompt_tokens indices
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.step_map):
@@ -153,13 +162,41 @@ def load_trace_jsonl(path: str | Path, tokenizer=None) -> list[TraceRecord]:
     return records
 
 
+def image_data_uri(image) -> str:
+    """A PIL image as a PNG ``data:`` URI, scaled down to :data:`THUMBNAIL` px on its longer side."""
+    img = image.convert("RGB")
+    img.thumbnail((THUMBNAIL, THUMBNAIL))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _prompt_with_images(tokenizer, pids: list[int], spans: Sequence[tuple[int, int]]) -> tuple[list[str], list[int]]:
+    """Prompt token strings with each image's run of positions left out, and where each image is drawn."""
+    tokens: list[str] = []
+    where: list[int] = []
+    skip = {o: n for o, n in spans}
+    j = 0
+    while j < len(pids):
+        if j in skip:
+            where.append(len(tokens))
+            j += max(1, skip[j])
+            continue
+        tokens.append(_piece(tokenizer, pids[j]))
+        j += 1
+    return tokens, where
+
+
 def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None, block_length: int | None = None,
-                         block_offsets: Sequence[int] | None = None) -> list[TraceRecord]:
+                         block_offsets: Sequence[int] | None = None, images: Sequence[Sequence[Any]] | None = None,
+                         image_spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> list[TraceRecord]:
     """One :class:`TraceRecord` per sequence of a sampling ``Rollout`` (left padding of prompts dropped).
 
     ``block_length`` draws block boundaries every that many completion positions, shifted by
     ``block_offsets[b]`` (the prompt length for block-causal models, whose blocks count from the prompt's
-    first token; none for semi-autoregressive blocks of the completion).
+    first token; none for semi-autoregressive blocks of the completion). ``images[b]`` (PIL images) are drawn in
+    place of the prompt positions ``image_spans[b]`` (``(offset, length)`` in the prompt, one per image:
+    :func:`dllm_rl.models.image_inputs.image_spans`).
     """
     out = []
     conf = getattr(rollout, "confidence", None)
@@ -167,8 +204,13 @@ def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None
         pmask = rollout.prompt_mask[b].bool()
         pids = rollout.prompt_ids[b][pmask].tolist()
         cids = rollout.completion_ids[b].tolist()
+        spans = list(image_spans[b]) if image_spans is not None else []
+        prompt_tokens, where = _prompt_with_images(tokenizer, pids, spans)
+        pictures = [image_data_uri(img) for img in images[b]] if images is not None else []
+        if len(pictures) != len(where):
+            raise ValueError(f"sequence {b}: {len(pictures)} images for {len(where)} image spans")
         out.append(TraceRecord(
-            prompt_tokens=[_piece(tokenizer, t) for t in pids],
+            prompt_tokens=prompt_tokens, images=pictures, image_positions=where,
             tokens=[_piece(tokenizer, t) for t in cids],
             step_map=rollout.step_map[b].tolist(),
             confidence=conf[b].float().tolist() if conf is not None else None,

@@ -32,6 +32,12 @@ class Family:
     moe: bool = False  # mixture of experts: routers, router statistics, freeze_router
     # LoRA targets, in HF module names (what peft sees).
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # The HF module name of the language model when the model holds more (a vision tower, a projector): LoRA
+    # targets are adapted inside it only, so SigLIP's own q/k/v_proj stay frozen; "" = the whole model.
+    lora_scope: str = ""
+    # Module classes (HF class names) that are FSDP units of their own besides the decoder layers the launch
+    # config names: a vision tower's encoder layers, a projector (see dllm_rl.training.sharding).
+    fsdp_units: tuple[str, ...] = ()
     # The transformers auto class that builds the stock module from :meth:`hf_config` (a multimodal family's
     # stock class is an image-text-to-text model, not a causal LM).
     hf_auto_class: type = AutoModelForCausalLM

@@ -27,6 +27,13 @@ published anyres / newline packing, and one module keeps what the library relies
 ``state_dict`` to save, one ``forward`` for DDP / FSDP / PEFT, ``logits_to_keep``, and the additive 4D mask
 that makes the Llama text model bidirectional (as for ``llada``). The image path itself (preprocessing,
 features, the prompt splice) is :mod:`dllm_rl.models.llava_images`.
+
+Training adapts the language model: ``lora_scope`` keeps LoRA's default targets out of SigLIP (whose attention
+also has ``q/k/v_proj``) and the projector. The published LLaVA trainer means the same (``train/llava/train/
+train.py``'s ``find_all_linear_names`` skips ``vision_tower`` and ``mm_projector``), but it hands peft bare
+suffixes, which also match SigLIP's ``q/k/v_proj``; a scope says it exactly. Under FSDP2 each SigLIP encoder
+layer and the projector are units of their own (``fsdp_units``), beside the Llama decoder layers that the
+launch config names: the 400M-parameter tower is then gathered one layer at a time, not with the root.
 """
 
 from __future__ import annotations
@@ -210,5 +217,6 @@ class LLaDAV(Family):
 LLADA_V = LLaDAV(
     name="llada_v", attention="full", shift=False, mask_token_id=126336, eos_token_id=126348, pad_token_id=126081,
     model_type="llava_llada", architectures=("LlavaLLaDAModelLM",), mask_token="<|mdm_mask|>",
-    hf_auto_class=AutoModelForImageTextToText,
+    hf_auto_class=AutoModelForImageTextToText, lora_scope="model.language_model",
+    fsdp_units=("SiglipEncoderLayer", "LlavaOnevisionMultiModalProjector"),
 )

@@ -11,6 +11,14 @@ Facts read from the published code (Gen-Verse/dLLM-RL ``models/mmada/``, ``sampl
   ``<|eoi|>`` 126085 are hard-coded in the published sampler and trainer (see
   :mod:`dllm_rl.models.mmada_image` for the sequence they build).
 
+Padding (checked against ``sample/mmada_v_sample.py`` and ``mmada_v_rl_rollout.py``, whose ``left_pad_batch``
+fills with ``tokenizer.eos_token_id`` and whose forward gets no attention mask): prompts are left-padded with
+eos = pad 126081, as published, but the padded positions are **not** attended and positions count real tokens
+only, as for every family here. The published rule makes an item's logits depend on how many pads its batch
+neighbours force on it; leaving the pads out makes each row equal the published model on that row alone (the
+published output for an unpadded prompt, a batch of one), the same alone or in any batch, which the sampler,
+the estimators and resumable evaluation rely on. Rows that need no padding are unchanged either way.
+
 Saving writes the published config.json back unchanged while it still describes the model (so a checkpoint
 round-trips to the same file); a model whose shape changed gets LLaDA's keys rewritten from its config.
 """
