@@ -15,7 +15,9 @@ import pytest
 from rl_helpers import digit_reward, rl_overrides
 
 from dllm_rl.cli import main
-from dllm_rl.config import load_config
+from dllm_rl.config import ConfigError, load_config
+from dllm_rl.models import load_model
+from dllm_rl.rl.algorithms import check_estimator_options, resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
 from dllm_rl.rl.rewards import safe_scores
@@ -172,3 +174,24 @@ def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monke
 def test_settings_that_cannot_train_fail_in_one_line_before_compute(rl_cli, tmp_path, override, message):
     assert rl_cli(*override.split(";")) == (2, [f"dllm-rl rl: error: {message}"])
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_estimator_options_are_checked_at_the_training_block_not_the_models(rl_setup, tmp_path):
+    """The tiny SDAR decodes in blocks of 4; with train_block_size=8 the updates score at block 8, so the block
+    estimator's block_size 8 is right and 4 is wrong (it was the other way round: the check planned its dummy
+    batch at the model's own block)."""
+    model = load_model(rl_setup / "sdar")
+    assert model.block_size == 4
+
+    def check(*extra: str) -> None:
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "algorithm=espo", "estimator=block",
+                                                       *extra))
+        check_estimator_options(resolve(cfg, "block"), model)
+
+    check("estimator_options={block_size: 8}", "train_block_size=8")
+    check("estimator_options={block_size: 4}")  # no train_block_size: the model's block
+    with pytest.raises(ConfigError, match=r"^estimator_options: block estimator: block_size=4 but the batch is laid "
+                       r"out at block 8; "):
+        check("estimator_options={block_size: 4}", "train_block_size=8")
+    with pytest.raises(ConfigError, match=r"^train_block_size: 6 must be a multiple of the rollout block \(4\)"):
+        check("train_block_size=6")
