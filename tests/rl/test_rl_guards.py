@@ -163,6 +163,19 @@ def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monke
     assert _nothing_published(tmp_path / "run")
 
 
+def test_a_finite_absurd_learning_rate_stops_the_run_in_one_line_naming_the_step_and_the_lr(rl_cli, tmp_path):
+    """optim.lr=1e10 passes the config's check. Step 1's update throws the weights to ~1e10, so from step 2 on
+    every loss is NaN: those updates are skipped (the weights stay finite, so the NaN-weight guard has nothing to
+    see) and the NaN-loss guard stops the run, naming the step and the learning rate. (At optim.lr=1e3 the tiny
+    model's weights stay finite and its losses too: nothing stops that run.)"""
+    assert rl_cli("optim.lr=1e10", "max_steps=5", "max_bad_steps=2", "drop_zero_variance=false",
+                  "reward=rl_helpers:digit_reward") == (2, [
+        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (max_bad_steps=2); lower the learning "
+        "rate (optim.lr=1e+10) or check the rewards"])
+    assert [m["bad_updates"] for m in _metrics(tmp_path / "run")] == [0.0, 1.0]
+    assert _nothing_published(tmp_path / "run")
+
+
 @pytest.mark.parametrize("override,message", [
     ("max_steps=0", "CONFIG: max_steps: must be >= 1, got 0"),
     ("algorithm=espo;estimator_options={num_mc: -4}", "estimator_options: num_mc must be an integer >= 1, got -4"),

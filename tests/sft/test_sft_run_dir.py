@@ -135,3 +135,14 @@ def test_a_full_disk_while_model_is_written_ends_with_one_line_and_resume_writes
     monkeypatch.setattr(checkpoint, "save_model", real)
     assert main(["sft", *args, "train.resume=auto"]) == 0
     assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_a_finite_absurd_learning_rate_stops_with_one_line_naming_the_step_and_the_lr(tmp_path, capsys):
+    """optim.lr=1e10 passes the config's check; step 2's NaN loss makes its update's weights NaN, and the
+    NaN-weight guard (training/finite.py) stops the run there: one line, exit 2, no model/."""
+    assert main(["sft", *_overrides(tmp_path), "optim.lr=1e10"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("dllm-rl sft: error: sft: stopping at step 2: the update left NaN/inf weights "
+                                    "(optim.lr=1e+10, loss nan); model/ is not written. Lower optim.lr and start "
+                                    "again, or resume from an earlier checkpoint")
+    assert "Traceback" not in err and not (tmp_path / "run" / "model").exists()

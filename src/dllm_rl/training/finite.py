@@ -1,7 +1,10 @@
 """The guard that stops a run whose weights went NaN or infinite, before they are saved.
 
-A learning rate far too large (``optim.lr=10``) turns the weights NaN in one update; every later loss is NaN
-too, so without this guard the run skips every step, ends with exit 0 and saves NaN weights. The check costs one
+A learning rate far too large leaves NaN / inf weights: an update whose loss was NaN (SFT at ``optim.lr=1e10``:
+step 1 throws the weights to ~1e10, step 2's loss and gradients are NaN) or that overflows a weight (a value model
+at ``value_model.lr=1e30``); every later loss is NaN too, so without this guard the run skips every step, ends with
+exit 0 and saves NaN weights. (RL skips an update whose loss is NaN, ``max_bad_steps``; AdamW moves a weight by
+at most about the learning rate, so ``optim.lr=1e3`` leaves finite weights that no guard here sees.) The check costs one
 host sync per step, not one per tensor or per module: each trainable tensor's largest magnitude (the inf-norm, NaN
 when the tensor holds a NaN, inf when it holds an inf, finite otherwise: it cannot overflow as a 2-norm can)
 reduced on its device to one flag per module, the flags of all modules (policy, value model) stacked on one
