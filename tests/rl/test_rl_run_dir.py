@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from full_disk import disk_full_at
 from rl_helpers import rl_overrides
 
 import dllm_rl.training.checkpoint as checkpoint
@@ -169,21 +170,14 @@ def test_a_full_disk_while_final_is_written_ends_with_one_line_and_resume_writes
                                                                                     monkeypatch):
     out = tmp_path / "run"
     args = rl_overrides(rl_setup, "sdar", out, "max_steps=1")
-    real = checkpoint.save_model
-
-    def full_at_final(dlm, path, **kw):  # the checkpoints are written; final/ finds the disk full
-        if path == out / "final":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(dlm, path, **kw)
-
-    monkeypatch.setattr(checkpoint, "save_model", full_at_final)
+    disk_full_at(monkeypatch, out / "final")  # the checkpoints are written
     assert main(["rl", *_yaml(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(rf"dllm-rl rl: error: no space left on device writing the model {out}/final: it needs about "
                         r"\d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run \(resume=latest\) to "
                         r"write it\n", err.splitlines(keepends=True)[-1])
     assert "Traceback" not in err and not (out / "summary.json").exists()
-    monkeypatch.setattr(checkpoint, "save_model", real)
+    monkeypatch.undo()
     assert main(["rl", *_yaml(tmp_path), *args, "resume=latest"]) == 0
     assert (out / "final" / "model.safetensors").is_file() and (out / "summary.json").is_file()
 

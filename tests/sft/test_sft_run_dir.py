@@ -3,7 +3,6 @@ old run is refused without train.resume / train.overwrite, and train.overwrite s
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -11,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from full_disk import disk_full_at
 
-import dllm_rl.training.checkpoint as checkpoint
 from dllm_rl.cli import main
 from dllm_rl.config import load_config
 from dllm_rl.sft.config import SFTConfig
@@ -117,14 +116,7 @@ def test_ctrl_c_prints_one_line_with_the_step_and_how_to_resume(tmp_path, monkey
 
 def test_a_full_disk_while_model_is_written_ends_with_one_line_and_resume_writes_it(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    real = checkpoint.save_model
-
-    def full_at_model(dlm, path, **kw):  # the checkpoints are written; model/ finds the disk full
-        if path == out / "model":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(dlm, path, **kw)
-
-    monkeypatch.setattr(checkpoint, "save_model", full_at_model)
+    disk_full_at(monkeypatch, out / "model")  # the checkpoints are written
     args = [*_overrides(tmp_path), "train.max_steps=1"]
     assert main(["sft", *args]) == 2
     err = capsys.readouterr().err
@@ -132,7 +124,7 @@ def test_a_full_disk_while_model_is_written_ends_with_one_line_and_resume_writes
                         r"about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run "
                         r"\(train.resume=auto\) to write it\n", err.splitlines(keepends=True)[-1])
     assert "Traceback" not in err
-    monkeypatch.setattr(checkpoint, "save_model", real)
+    monkeypatch.undo()
     assert main(["sft", *args, "train.resume=auto"]) == 0
     assert (out / "model" / "model.safetensors").is_file()
 
