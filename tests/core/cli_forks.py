@@ -1,7 +1,8 @@
 """Run many ``python -m dllm_rl ARGS`` command lines as real processes for the price of one interpreter start.
 
-Reads ``{name: [args...]}`` (JSON) on stdin; imports what every command imports (torch, transformers) once, then
-forks one child per command line, which runs the package's ``__main__`` exactly as ``python -m dllm_rl`` does
+Reads ``{name: {"args": [...], "env": {...}}}`` (JSON) on stdin; imports what every command imports (torch,
+transformers) once, then forks one child per command line, which sets its ``env`` (e.g. ``HOME``, which ``~``
+expands to) and runs the package's ``__main__`` exactly as ``python -m dllm_rl`` does
 (``sys.argv``, ``SystemExit``, an uncaught exception printed as a traceback with status 1) with its stderr in a
 file and its stdout discarded. Prints ``{name: [exit status, stderr]}`` (JSON). Used by ``test_user_errors.py``:
 forty fresh interpreters, each importing torch, cost minutes of CPU on a small machine; forty forks cost seconds.
@@ -21,11 +22,12 @@ PRELOAD = ("dllm_rl.eval.harness", "dllm_rl.rl.config", "dllm_rl.sft.trainer", "
            "matplotlib.pyplot", "pyarrow.parquet", "transformers")
 
 
-def _child(args: list[str], err_path: str) -> None:
+def _child(args: list[str], env: dict[str, str], err_path: str) -> None:
     code = 1
     try:
         os.dup2(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.environ.update(env)
         sys.argv = ["dllm_rl", *args]
         try:
             runpy.run_module("dllm_rl", run_name="__main__", alter_sys=True)
@@ -44,7 +46,7 @@ def _child(args: list[str], err_path: str) -> None:
 
 
 def main() -> None:
-    cases: dict[str, list[str]] = json.load(sys.stdin)
+    cases: dict[str, dict] = json.load(sys.stdin)
     import importlib
 
     from dllm_rl.cli import build_parser
@@ -60,11 +62,11 @@ def main() -> None:
         pending = list(cases.items())
         while pending or running:
             while pending and len(running) < width:
-                name, args = pending.pop(0)
+                name, case = pending.pop(0)
                 err_path = os.path.join(tmp, f"{len(out) + len(running)}.err")
                 pid = os.fork()
                 if pid == 0:
-                    _child(args, err_path)
+                    _child(case["args"], case.get("env", {}), err_path)
                 running[pid] = (name, err_path)
             pid, status = os.wait()
             name, err_path = running.pop(pid)

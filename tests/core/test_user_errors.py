@@ -23,16 +23,55 @@ from dllm_rl.rl.config import RLConfig, RolloutConfig
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "src" / "dllm_rl" / "assets" / "demo"
 
+#: the config keys the settings cases below set, as the commands spell them; each case's one line must name its key
+KEYS = {"max_steps": "train.max_steps", "estimator_options": "estimator_options", "lr": "optim.lr", "beta": "beta",
+        "output_dir": "run.output_dir", "sft_output_dir": "run.output_dir", "model": "model.path",
+        "train_data": "data.train_file", "algorithm": "algorithm"}
+#: settings that cannot train, each a real command line: name -> (command, key, value, the problem part of the one
+#: line; {root}: the fixture's folder, whose home/ is $HOME)
+SETTINGS = {
+    "rl_max_steps": ("rl", "max_steps", "0", "must be >= 1, got 0"),
+    "rl_num_mc": ("rl", "estimator_options", "{{num_mc: -4}}", "num_mc must be an integer >= 1, got -4"),
+    "rl_lr_inf": ("rl", "lr", "inf", "must be a finite number, got inf"),
+    "rl_beta_inf": ("rl", "beta", "inf", "must be a finite number, got inf"),
+    "rl_dangling": ("rl", "output_dir", "{root}/dangling", "={root}/dangling is a symbolic link to {root}/nowhere, "
+                    "which does not exist; create that directory or choose another "),
+    "rl_tilde": ("rl", "output_dir", "~/a_file", "={root}/home/a_file is a file, not a directory; choose another "),
+    "sft_dangling": ("sft", "sft_output_dir", "{root}/dangling", "={root}/dangling is a symbolic link to "
+                     "{root}/nowhere, which does not exist; create that directory or choose another "),
+    "sft_tilde": ("sft", "sft_output_dir", "~/a_file", "={root}/home/a_file is a file, not a directory; choose "
+                  "another "),
+}
 
-def _run_all(runs: dict) -> dict:
+
+def _run_all(runs: dict, envs: dict | None = None) -> dict:
     """Run every ``name -> (inputs, args)`` as ``python -m dllm_rl ARGS`` (a forked process each, see
-    ``cli_forks.py``); name -> (inputs, return code, stderr)."""
+    ``cli_forks.py``; ``envs``: name -> the variables that case sets); name -> (inputs, return code, stderr)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cases = {name: [str(a) for a in args] for name, (_, args) in runs.items()}
+    cases = {name: {"args": [str(a) for a in args], "env": (envs or {}).get(name, {})}
+             for name, (_, args) in runs.items()}
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_forks.py"))], input=json.dumps(cases),
                           capture_output=True, text=True, env=env, timeout=900, check=True)
     results = json.loads(proc.stdout)
     return {name: (inputs, *results[name]) for name, (inputs, _) in runs.items()}
+
+
+def _settings(root: Path) -> tuple[dict, dict]:
+    """The :data:`SETTINGS` cases as command lines (name -> (root, args)) and their environments (``$HOME`` is
+    ``root/home``, which holds a file ``a_file``; ``root/dangling`` links to nothing). The RL ones name the shipped
+    block demo model (a cheap load: ``estimator_options`` are checked on the loaded model) and data."""
+    (root / "home").mkdir(parents=True)
+    (root / "home" / "a_file").write_text("not a directory\n")
+    (root / "dangling").symlink_to(root / "nowhere")
+    rl = ["rl", str(DEMO / "rl-block.yaml"), f"{KEYS['model']}={DEMO / 'sdar-countdown'}",
+          f"{KEYS['train_data']}={DEMO / 'countdown_train.jsonl'}", f"{KEYS['algorithm']}=espo"]
+    sft = ["sft", str(REPO / "configs" / "demo-sft-block.yaml")]
+    runs, envs = {}, {}
+    for name, (command, key, value, _) in SETTINGS.items():
+        out = [f"{KEYS['output_dir']}={root / name}"] if command == "rl" and key != "output_dir" else []
+        runs[name] = (root, [*(rl if command == "rl" else sft), *out, f"{KEYS[key]}={value.format(root=root)}"])
+        envs[name] = {"HOME": str(root / "home")}
+    return runs, envs
 
 
 def _bomb(levels: int = 9, width: int = 9) -> str:
@@ -163,7 +202,9 @@ def cli(tmp_path_factory) -> dict:
         "temperature": (None, ["rl", config, f"model.path={root / 'missing'}", "rollout.temperature=-1"]),
     }
     runs.update(_mistakes(root))
-    return _run_all(runs)
+    settings, envs = _settings(root / "settings")
+    runs.update(settings)
+    return _run_all(runs, envs)
 
 
 def _one_error_line(stderr: str, command: str) -> str:
@@ -375,3 +416,15 @@ def test_images_given_to_generate_of_a_text_family_are_one_user_error():
     with pytest.raises(UserError, match=r"^generate\(images=\): image features are spliced into llada_v prompts "
                                         r"only; a llada model takes none"):
         generate(model, [[5, 6, 7]], DecodeConfig(gen_length=4, block_length=4), images=images)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_settings_that_cannot_train_are_one_line_in_a_real_process(cli, name):
+    """max_steps=0, num_mc=-4, a non-finite lr or beta, an output directory that links to nothing or (given with
+    ``~``, expanded to $HOME) is a file: exit 2 and one line naming the key, before any compute."""
+    command, key, _, problem = SETTINGS[name]
+    root, rc, err = cli[name]
+    line = _one_error_line(err, command)
+    assert rc == 2
+    assert problem.format(root=root) in line and KEYS[key] in line, line
+    assert not (root / name / "metrics.jsonl").exists()

@@ -2,37 +2,22 @@
 every row of their sample at its prompt columns; image positions are never masked or scored. Model: the
 published-layout tiny checkpoint of tests/models/fixtures/llada_v with "pad" images (730 positions each)."""
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from llada_v_images import pattern, sharp_llada_v
 
 from dllm_rl.estimators import ScoringBatch, estimate, plan_rows
-from dllm_rl.models import load_model
 from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling import DecodeConfig, generate
 
-FIXTURE = Path(__file__).parents[1] / "models" / "fixtures" / "llada_v"
 OPTIONS = {"trace": {}, "elbo": {"num_mc": 2}, "mean_field": {"p_mask_prompt": 0.5}, "random_mask": {"lo": 0.5},
            "coupled": {}, "block": {"block_size": 4, "mask_ratio": 1.0}, "ar": {}}
 
 
-def pattern(width: int, height: int, seed: int) -> Image.Image:
-    y, x = np.mgrid[0:height, 0:width]
-    chans = [(x * 7 + y * 13 + seed) % 256, (x * y + seed * 31) % 251, (x + 3 * y + (x // 7) * (y // 5)) % 256]
-    return Image.fromarray(np.stack(chans, -1).astype(np.uint8))
-
-
 @pytest.fixture(scope="module")
 def dlm():
-    model = load_model(FIXTURE)
-    model.published_config["image_aspect_ratio"] = "pad"
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
+    return sharp_llada_v()
 
 
 @pytest.fixture(scope="module")

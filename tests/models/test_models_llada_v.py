@@ -3,12 +3,10 @@ outputs of the published reference code on a tiny checkpoint (``fixtures/llada_v
 
 import json
 import shutil
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from llada_v_images import LLADA_V, pattern
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -18,19 +16,12 @@ from dllm_rl.models.diffusion_lm import EmbedSplice, Selection
 from dllm_rl.models.families import FAMILIES, detect_family
 from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, image_prompts, preprocess
 
-FIXTURES = Path(__file__).parent / "fixtures" / "llada_v"
+FIXTURES = LLADA_V
 PROMPT = [5, 6, IMAGE_TOKEN_INDEX, 7, 8, 9]
 GEN = 4
 # case: (image_aspect_ratio, width, height, seed); tiles: 1 (pad), 3 (2x1 grid), 7 (3x2 grid, resized: 6 > 4 tiles)
 CASES = {"pad": ("pad", 90, 50, 1), "anyres": ("anyres_max_4", 500, 260, 2),
          "anyres_big": ("anyres_max_4", 1000, 700, 3)}
-
-
-def pattern(width: int, height: int, seed: int) -> Image.Image:
-    """An RGB test image from arithmetic on the pixel grid (no randomness; the fixture README names it)."""
-    y, x = np.mgrid[0:height, 0:width]
-    chans = [(x * 7 + y * 13 + seed) % 256, (x * y + seed * 31) % 251, (x + 3 * y + (x // 7) * (y // 5)) % 256]
-    return Image.fromarray(np.stack(chans, -1).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,9 @@ import pytest
 from rl_helpers import digit_reward, rl_overrides
 
 from dllm_rl.cli import main
-from dllm_rl.config import load_config
+from dllm_rl.config import ConfigError, load_config
+from dllm_rl.models import load_model
+from dllm_rl.rl.algorithms import check_estimator_options, resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
 from dllm_rl.rl.rewards import safe_scores
@@ -163,6 +165,19 @@ def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monke
     assert _nothing_published(tmp_path / "run")
 
 
+def test_a_finite_absurd_learning_rate_stops_the_run_in_one_line_naming_the_step_and_the_lr(rl_cli, tmp_path):
+    """optim.lr=1e10 passes the config's check. Step 1's update throws the weights to ~1e10, so from step 2 on
+    every loss is NaN: those updates are skipped (the weights stay finite, so the NaN-weight guard has nothing to
+    see) and the NaN-loss guard stops the run, naming the step and the learning rate. (At optim.lr=1e3 the tiny
+    model's weights stay finite and its losses too: nothing stops that run.)"""
+    assert rl_cli("optim.lr=1e10", "train.max_steps=5", "train.max_bad_steps=2", "drop_zero_variance=false",
+                  "reward=rl_helpers:digit_reward") == (2, [
+        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (max_bad_steps=2); lower the learning "
+        "rate (optim.lr=1e+10) or check the rewards"])
+    assert [m["bad_updates"] for m in _metrics(tmp_path / "run")] == [0.0, 1.0]
+    assert _nothing_published(tmp_path / "run")
+
+
 @pytest.mark.parametrize("override,message", [
     ("train.max_steps=0", "CONFIG: train.max_steps: must be >= 1, got 0"),
     ("algorithm=espo;estimator_options={num_mc: -4}", "estimator_options: num_mc must be an integer >= 1, got -4"),
@@ -174,3 +189,24 @@ def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monke
 def test_settings_that_cannot_train_fail_in_one_line_before_compute(rl_cli, tmp_path, override, message):
     assert rl_cli(*override.split(";")) == (2, [f"dllm-rl rl: error: {message}"])
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_estimator_options_are_checked_at_the_training_block_not_the_models(rl_setup, tmp_path):
+    """The tiny SDAR decodes in blocks of 4; with train_block_size=8 the updates score at block 8, so the block
+    estimator's block_size 8 is right and 4 is wrong (it was the other way round: the check planned its dummy
+    batch at the model's own block)."""
+    model = load_model(rl_setup / "sdar")
+    assert model.block_size == 4
+
+    def check(*extra: str) -> None:
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "algorithm=espo", "estimator=block",
+                                                       *extra))
+        check_estimator_options(resolve(cfg, "block"), model)
+
+    check("estimator_options={block_size: 8}", "train.block_size=8")
+    check("estimator_options={block_size: 4}")  # no train.block_size: the model's block
+    with pytest.raises(ConfigError, match=r"^estimator_options: block estimator: block_size=4 but the batch is laid "
+                       r"out at block 8; "):
+        check("estimator_options={block_size: 4}", "train.block_size=8")
+    with pytest.raises(ConfigError, match=r"^train_block_size: 6 must be a multiple of the rollout block \(4\)"):
+        check("train_block_size=6")

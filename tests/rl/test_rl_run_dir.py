@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from full_disk import disk_full_at
 from rl_helpers import rl_overrides
 
 import dllm_rl.training.checkpoint as checkpoint
@@ -169,6 +170,22 @@ def test_ctrl_c_and_a_full_disk_end_with_one_line(rl_setup, tmp_path, capsys, mo
                         r"keep_checkpoints\), then resume the run\n", err.splitlines(keepends=True)[-1])
     assert "Traceback" not in err
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001"]
+
+
+def test_a_full_disk_while_final_is_written_ends_with_one_line_and_resume_writes_it(rl_setup, tmp_path, capsys,
+                                                                                    monkeypatch):
+    out = tmp_path / "run"
+    args = rl_overrides(rl_setup, "sdar", out, "train.max_steps=1")
+    disk_full_at(monkeypatch, out / "final")  # the checkpoints are written
+    assert main(["rl", *_yaml(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"dllm-rl rl: error: no space left on device writing the model {out}/final: it needs about "
+                        r"\d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run \(run.resume=latest\) to "
+                        r"write it\n", err.splitlines(keepends=True)[-1])
+    assert "Traceback" not in err and not (out / "summary.json").exists()
+    monkeypatch.undo()
+    assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest"]) == 0
+    assert (out / "final" / "model.safetensors").is_file() and (out / "summary.json").is_file()
 
 
 def test_tilde_in_the_paths_is_the_home_directory(rl_setup, tmp_path, monkeypatch):

@@ -2,35 +2,20 @@
 prompts carry image codes as ordinary ids. Tiny models: the published-layout LLaDA-V checkpoint of
 tests/models/fixtures/llada_v ("pad" images: 729 patches + 1 newline = 730 positions) and a tiny MMaDA."""
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from llada_v_images import pattern, sharp_llada_v
 
 from dllm_rl.errors import UserError
-from dllm_rl.models import build_model, load_model, tiny_config
+from dllm_rl.models import build_model, tiny_config
 from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling import DecodeConfig, generate
 
-FIXTURE = Path(__file__).parents[1] / "models" / "fixtures" / "llada_v"
-
-
-def pattern(width: int, height: int, seed: int) -> Image.Image:
-    y, x = np.mgrid[0:height, 0:width]
-    chans = [(x * 7 + y * 13 + seed) % 256, (x * y + seed * 31) % 251, (x + 3 * y + (x // 7) * (y // 5)) % 256]
-    return Image.fromarray(np.stack(chans, -1).astype(np.uint8))
-
 
 @pytest.fixture(scope="module")
 def dlm():
-    model = load_model(FIXTURE)
-    model.published_config["image_aspect_ratio"] = "pad"
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # sharper, so confidences are far apart
-    return model
+    return sharp_llada_v()
 
 
 def cfg(cache="none", temperature=0.0, gen=8, block=4, steps=8):

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from dllm_rl.config import load_config
+from dllm_rl.rl import loop as rl_loop
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
@@ -70,7 +71,6 @@ def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=d
             "rollout.gen_length=8",
             "rollout.block_length=8", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2", "optim.lr=0.003",
             "model.device=cpu", "run.progress=false", "model.logprob_chunk_size=3", "log.samples_every=0",
-            "run.save_every=1",
             "run.keep_checkpoints=5",
             f"run.output_dir={out}", *extra]
     rl_train(load_config(RLConfig, None, args), reward_fn=reward)
@@ -141,41 +141,53 @@ def save_value_weights() -> None:
     rl_trainer.RLTrainer.save_final_model = save_final_model
 
 
+# A checkpoint after every step only for the runs whose step-1 checkpoint another run resumes from (or the test
+# reads); every other run saves once, at its end (with save_every=1 a 2-step run saved 3 times: steps 1, 2, end).
+SAVED = ("run.save_every=1",)
+
+
+def no_dashboard() -> None:
+    """Each RL run ends by drawing its dashboard PNG on the main rank: 2 of a tiny run's 3 seconds (matplotlib),
+    which nothing here reads (tests/rl and tests/training check the dashboard); the runs name the file but skip it."""
+    rl_loop.write_dashboard = lambda run_dirs, **kw: Path(run_dirs[0]) / "dashboard.png"
+
+
 VALUE = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
 TRACERL_LORA = ("sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")
 
 
 def main(root: Path, out: Path, mode: str = "all") -> None:
     save_value_weights()
+    no_dashboard()
     if mode == "fault":
         die_in_step_two()
-        rl(root, out / "espo_fault", "sdar", "espo", "run.distributed_timeout_s=60")
+        rl(root, out / "espo_fault", "sdar", "espo", "run.distributed_timeout_s=60", *SAVED)
         return
     if mode == "uneven":
         uneven(root, out)
         return
     if mode == "resume":
-        rl(root, out / "espo_fault", "sdar", "espo", "run.resume=latest")
+        rl(root, out / "espo_fault", "sdar", "espo", "run.resume=latest", *SAVED)
         return
     if mode == "short":  # SFT, ESPO and its resume, TraceRL with LoRA, TraceRL's value model
         sft(root, out / "sft")
-        rl(root, out / "espo", "sdar", "espo")
+        rl(root, out / "espo", "sdar", "espo", *SAVED)
         nan(root, out)
         rl(root, out / "espo_resumed", "sdar", "espo", f"run.resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
         rl(root, out / "tracerl_lora", *TRACERL_LORA)
-        rl(root, out / "value", "sdar", "tracerl", *VALUE)
+        rl(root, out / "value", "sdar", "tracerl", *VALUE, *SAVED)
         return
     sft(root, out / "sft")
     sft(root, out / "sft_resumed", "train.stop_after=1")
     sft(root, out / "sft_resumed", "run.resume=auto")
     sft(root, out / "sft_lora", "lora.enabled=true", "lora.r=4")
-    rl(root, out / "espo", "sdar", "espo")
+    rl(root, out / "espo", "sdar", "espo", *SAVED)
     uneven(root, out)
     nan(root, out)
     rl(root, out / "espo_resumed", "sdar", "espo", f"run.resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
     rl(root, out / "tracerl_lora", *TRACERL_LORA)
-    rl(root, out / "value", "sdar", "tracerl", *VALUE)
+    rl(root, out / "value", "sdar", "tracerl", *VALUE, *SAVED)
     rl(root, out / "value_resumed", "sdar", "tracerl", *VALUE,
        f"run.resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
 

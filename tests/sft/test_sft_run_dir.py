@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from full_disk import disk_full_at
 
 from dllm_rl.cli import main
 from dllm_rl.config import load_config
@@ -110,3 +112,29 @@ def test_ctrl_c_prints_one_line_with_the_step_and_how_to_resume(tmp_path, monkey
                                     f"{tmp_path}/run/checkpoints/step-0000002: continue the run with "
                                     "run.resume=latest")
     assert "Traceback" not in err
+
+
+def test_a_full_disk_while_model_is_written_ends_with_one_line_and_resume_writes_it(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    disk_full_at(monkeypatch, out / "model")  # the checkpoints are written
+    args = [*_overrides(tmp_path), "train.max_steps=1"]
+    assert main(["sft", *args]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"dllm-rl sft: error: no space left on device writing the model {out}/model: it needs "
+                        r"about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run "
+                        r"\(run.resume=latest\) to write it\n", err.splitlines(keepends=True)[-1])
+    assert "Traceback" not in err
+    monkeypatch.undo()
+    assert main(["sft", *args, "run.resume=latest"]) == 0
+    assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_a_finite_absurd_learning_rate_stops_with_one_line_naming_the_step_and_the_lr(tmp_path, capsys):
+    """optim.lr=1e10 passes the config's check; step 2's NaN loss makes its update's weights NaN, and the
+    NaN-weight guard (training/finite.py) stops the run there: one line, exit 2, no model/."""
+    assert main(["sft", *_overrides(tmp_path), "optim.lr=1e10"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("dllm-rl sft: error: sft: stopping at step 2: the update left NaN/inf weights "
+                                    "(optim.lr=1e+10, loss nan); model/ is not written. Lower optim.lr and start "
+                                    "again, or resume from an earlier checkpoint")
+    assert "Traceback" not in err and not (tmp_path / "run" / "model").exists()

@@ -3,27 +3,18 @@ pixels of the drawn images, the rare-pair split, `dllm-rl data make shapes`, pro
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections import Counter
 
 import numpy as np
 import pytest
+from data_cli import read_rows, run_cli
 from PIL import Image
 
 from dllm_rl.errors import UserError
-from dllm_rl.tasks import cli, get_task
+from dllm_rl.tasks import get_task
 from dllm_rl.tasks.shapes import COLOURS, RARE_PAIRS, draw_scene, make_shapes, make_shapes_pair, row_key
 
 ROW_WORDS, COL_WORDS = ("top", "middle", "bottom"), ("left", "center", "right")
-
-
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="dllm-rl")
-    sub = parser.add_subparsers(dest="command")
-    cli.register(sub)
-    args = parser.parse_args(list(argv))
-    return args.func(args)
 
 
 def answer_of(query: str, objects: list[dict]) -> str | None:
@@ -126,7 +117,7 @@ def test_make_shapes_writes_pngs_next_to_the_jsonl_and_the_task_reads_them(tmp_p
     out.parent.mkdir()
     assert run_cli("data", "make", "shapes", "--n", "40", "--seed", "2", "--out", str(out), "--test-out",
                    str(rare), "--test-n", "10", "--image-size", "32", "--max-objects", "3") == 0
-    rows = [json.loads(line) for line in out.open()]
+    rows = read_rows(out)
     assert len(rows) == 40 and rows[0]["image"] == "shapes_images/000000.png"
     assert sorted(p.name for p in (tmp_path / "data" / "shapes_images").iterdir())[-1] == "000039.png"
     assert len(list((tmp_path / "data" / "rare_images").iterdir())) == 10

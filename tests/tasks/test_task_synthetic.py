@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 import pytest
+from data_cli import read_rows, run_cli
 
 from dllm_rl.tasks import cli, get_task
 from dllm_rl.tasks.arith import evaluate_arith
 from dllm_rl.tasks.countdown import check_countdown
 from dllm_rl.tasks.sudoku import count_solutions, is_valid_solution
 from dllm_rl.tasks.synthetic import make, make_split_pair, row_key
-
-
-def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="dllm-rl")
-    sub = parser.add_subparsers(dest="command")
-    cli.register(sub)
-    args = parser.parse_args(list(argv))
-    return args.func(args)
-
-
-def read(path):
-    return [json.loads(line) for line in open(path)]
 
 
 def test_countdown_rows_are_distinct_solvable_and_follow_the_knobs():
@@ -93,8 +81,8 @@ def test_cli_make_with_exclude_and_test_out(tmp_path, capsys):
         )
         == 0
     )
-    test_keys = {r["puzzle"] for r in read(test_f)}
-    train_keys = {r["puzzle"] for r in read(train_f)}
+    test_keys = {r["puzzle"] for r in read_rows(test_f)}
+    train_keys = {r["puzzle"] for r in read_rows(train_f)}
     assert len(test_keys) == 40 and len(train_keys) == 200 and not test_keys & train_keys
     assert (
         run_cli(
@@ -114,7 +102,7 @@ def test_cli_make_with_exclude_and_test_out(tmp_path, capsys):
         )
         == 0
     )
-    assert len(read(more_f)) == 30 and len(read(tmp_path / "t.jsonl")) == 10
+    assert len(read_rows(more_f)) == 30 and len(read_rows(tmp_path / "t.jsonl")) == 10
     assert "wrote 200 sudoku train rows" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="--exclude file"):
         run_cli(

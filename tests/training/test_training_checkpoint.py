@@ -187,3 +187,31 @@ def test_a_full_disk_during_a_save_says_so_with_the_folder_and_the_size_needed(t
     monkeypatch.setattr(ck_mod, "_write_main_files", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
     with pytest.raises(OSError, match="I/O"):  # any other OS error is no full disk
         save_checkpoint(root / checkpoint_name(3), dlm, step=3)
+
+
+def test_a_full_disk_while_the_published_model_is_written_says_so_and_leaves_no_partial_weights(tmp_path,
+                                                                                                monkeypatch):
+    """RL's final/ and SFT's model/ (save_published): ENOSPC is a DiskFullError naming the folder, the model's
+    size, the free space and how to write it again; the partial weights are removed, other files stay."""
+    dlm, _, _ = _setup()
+    path = tmp_path / "final"
+    path.mkdir()
+    (path / "notes.txt").write_text("mine\n")
+
+    def full(model, where, tokenizer=None):
+        (where / "model.safetensors").write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck_mod, "save_model", full)
+    monkeypatch.setattr(ck_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 12345, 12345))
+    need = sum(t.numel() * t.element_size() for t in dlm.model.state_dict().values())
+    with pytest.raises(ck_mod.DiskFullError) as info:
+        ck_mod.save_published(dlm, path, resume_hint="train.resume=auto")
+    assert str(info.value) == (f"no space left on device writing the model {path}: it needs about {need / 1e3:.1f} "
+                               "KB, 12.3 KB free there; free space, then resume the run (train.resume=auto) to "
+                               "write it")
+    assert 20e3 < need < 100e3 and isinstance(info.value, UserError)
+    assert sorted(p.name for p in path.iterdir()) == ["notes.txt"]
+    monkeypatch.setattr(ck_mod, "save_model", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    with pytest.raises(OSError, match="I/O"):  # any other OS error is no full disk
+        ck_mod.save_published(dlm, path)

@@ -15,6 +15,7 @@ import torch
 from dllm_rl.config import ConfigError
 from dllm_rl.estimators import ScoringBatch, estimator_forwards
 from dllm_rl.rl import methods  # noqa: F401  (registers every method's parts)
+from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import make_hook
 from dllm_rl.rl.value_config import check_value_model
@@ -115,11 +116,13 @@ def check_combination(cfg: RLConfig) -> None:
 def check_estimator_options(cfg: RLConfig, model) -> None:
     """Raise :class:`ConfigError` when ``estimator_options`` are not what the estimator takes (an unknown name, a
     value such as ``num_mc: -4``): the estimator plans the rows of one dummy completion (no model forward),
-    which runs every check of its options, before the first rollout rather than at the first update."""
+    which runs every check of its options, before the first rollout rather than at the first update. The dummy
+    batch is laid out at the training block (``train_block_size``, which the updates score at), not the model's."""
     n = cfg.rollout.gen_length
     token = torch.full((1, n), model.eos_token_id, dtype=torch.long)
     batch = ScoringBatch(token[:, :1], torch.ones(1, 1, dtype=torch.bool), token, torch.ones(1, n, dtype=torch.bool),
-                         step_map=torch.arange(n)[None], sample_seeds=torch.zeros(1, dtype=torch.long))
+                         step_map=torch.arange(n)[None], sample_seeds=torch.zeros(1, dtype=torch.long),
+                         block_size=run_block_sizes(cfg, model.block_size)[1])
     try:
         estimator_forwards(model, cfg.estimator, batch, **(cfg.estimator_options or {}))
     except (TypeError, ValueError) as exc:

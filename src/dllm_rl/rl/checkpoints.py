@@ -8,11 +8,11 @@ from pathlib import Path
 
 from dllm_rl.config import to_dict
 from dllm_rl.hub import push_to_hub
-from dllm_rl.models import DiffusionLM, save_model
+from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import copy_vq
 from dllm_rl.training import load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.backend import publishable
-from dllm_rl.training.checkpoint import checkpoint_name
+from dllm_rl.training.checkpoint import checkpoint_name, save_published
 from dllm_rl.training.resume_check import RL_APPLICABLE, check_resumed_config
 from dllm_rl.training.run_config import resume_checkpoint
 from dllm_rl.training.run_dir import RL_RUN_FILES, RunDir, open_run_dir
@@ -91,7 +91,7 @@ class RLCheckpoints:
             plain = publishable(self.accelerator, self.model.model, self._plain())  # collective when sharded
             if self.is_main:
                 unwrapped = merged_model(plain) if self.cfg.lora.enabled else plain
-                save_model(unwrapped, path, tokenizer=self.tokenizer)
+                save_published(unwrapped, path, tokenizer=self.tokenizer)  # a full disk: one line
                 copy_vq(self.cfg.model.path, path)  # MMaDA: the image tokenizer travels with the model
         if self.is_main:
             if self.cfg.run.push_to_hub:

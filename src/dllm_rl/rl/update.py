@@ -194,8 +194,8 @@ class PolicyUpdater:
                        self.bad_updates, self.cfg.train.max_bad_steps)
         if self.bad_updates >= self.cfg.train.max_bad_steps:
             raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.bad_updates} updates had a NaN/inf "
-                                  f"loss (train.max_bad_steps={self.cfg.train.max_bad_steps}); lower optim.lr or "
-                                  "check the rewards")
+                                  f"loss (train.max_bad_steps={self.cfg.train.max_bad_steps}); lower the learning rate "
+                                  f"(optim.lr={self.cfg.optim.lr:g}) or check the rewards")
 
     def _optimizer_step(self) -> None:
         if skip_together(self.accelerator, self._skip_next):  # one rank skips: all do

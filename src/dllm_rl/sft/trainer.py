@@ -25,7 +25,7 @@ from accelerate import DistributedDataParallelKwargs
 
 from dllm_rl.config import save_config, to_dict
 from dllm_rl.hub import push_to_hub
-from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
+from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, tiny_config
 from dllm_rl.models.image_inputs import PromptEncoder, copy_vq
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
@@ -50,6 +50,7 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
+from dllm_rl.training.checkpoint import save_published
 from dllm_rl.training.finite import TrainingStopped, nonfinite_weights
 from dllm_rl.training.ranks import forward_agreement
 from dllm_rl.training.resume_check import SFT_APPLICABLE, check_resumed_config
@@ -294,7 +295,7 @@ class SFTTrainer:
         plain = publishable(self.accelerator, self.model.prepared, self.dlm)  # collective when sharded
         if self.accelerator.is_main_process:
             model = merged_model(plain) if has_lora(plain) else plain
-            save_model(model, path, tokenizer=self.tokenizer)
+            save_published(model, path, tokenizer=self.tokenizer)
             copy_vq(self.cfg.model.path, path)  # MMaDA: the image tokenizer travels with the model
             if self.cfg.run.push_to_hub:  # run.push_to_hub: upload model/ to that hub repository
                 print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")

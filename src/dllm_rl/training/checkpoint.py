@@ -20,7 +20,8 @@ folder fsync'ed, then renamed to ``step-NNNNNNN``. A *complete* checkpoint is a 
 ``step-<digits>`` exactly and whose state file parses; :func:`list_checkpoints` / :func:`latest_checkpoint`
 see only those, and :func:`clean_leftovers` deletes the other ``step-<digits>[.old][.tmp]`` entries under
 ``checkpoints/`` (what a kill during a save leaves; any other name there is not ours and stays). A disk that
-fills up during a save ends it with a :class:`DiskFullError` naming the folder and the size needed.
+fills up during a save ends it with a :class:`DiskFullError` naming the folder and the size needed; so does one
+that fills up while a run writes its published model (RL's ``final/``, SFT's ``model/``: :func:`save_published`).
 Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
 environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 """
@@ -198,6 +199,25 @@ def _disk_full(directory: Path, tmp: Path, dlm: DiffusionLM, optimizer: Any) -> 
     free = shutil.disk_usage(existing).free
     return DiskFullError(f"no space left on device writing the checkpoint {directory}: it needs about {_size(need)}, "
                          f"{_size(free)} free there; free space (or lower keep_checkpoints), then resume the run")
+
+
+def save_published(dlm: DiffusionLM, path: Path, tokenizer: Any = None, resume_hint: str = "run.resume=latest") -> Path:
+    """:func:`~dllm_rl.models.save_model` for a run's published model (RL's ``final/``, SFT's ``model/``): a full
+    disk ends in a :class:`DiskFullError` naming the folder, the size needed and ``resume_hint`` (the last
+    checkpoint is already written: resuming only writes the model again), the partial weights removed so that the
+    folder is never read as a whole model."""
+    try:
+        return save_model(dlm, path, tokenizer=tokenizer)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        for partial in Path(path).glob("model*.safetensors*"):
+            partial.unlink()
+        need = sum(t.numel() * t.element_size() for t in dlm.model.state_dict().values())
+        existing = next(p for p in (Path(path), *Path(path).parents) if p.exists())
+        raise DiskFullError(f"no space left on device writing the model {path}: it needs about {_size(need)}, "
+                            f"{_size(shutil.disk_usage(existing).free)} free there; free space, then resume the run "
+                            f"({resume_hint}) to write it") from None
 
 
 def _write_main_files(tmp: Path, plain: DiffusionLM, lora: bool, tokenizer: Any, optimizer: Any, scheduler: Any,
