@@ -172,7 +172,7 @@ def test_a_finite_absurd_learning_rate_stops_the_run_in_one_line_naming_the_step
     model's weights stay finite and its losses too: nothing stops that run.)"""
     assert rl_cli("optim.lr=1e10", "train.max_steps=5", "train.max_bad_steps=2", "drop_zero_variance=false",
                   "reward=rl_helpers:digit_reward") == (2, [
-        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (max_bad_steps=2); lower the learning "
+        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (train.max_bad_steps=2); lower the learning "
         "rate (optim.lr=1e+10) or check the rewards"])
     assert [m["bad_updates"] for m in _metrics(tmp_path / "run")] == [0.0, 1.0]
     assert _nothing_published(tmp_path / "run")
@@ -208,5 +208,5 @@ def test_estimator_options_are_checked_at_the_training_block_not_the_models(rl_s
     with pytest.raises(ConfigError, match=r"^estimator_options: block estimator: block_size=4 but the batch is laid "
                        r"out at block 8; "):
         check("estimator_options={block_size: 4}", "train.block_size=8")
-    with pytest.raises(ConfigError, match=r"^train_block_size: 6 must be a multiple of the rollout block \(4\)"):
+    with pytest.raises(ConfigError, match=r"^train.block_size: 6 must be a multiple of the rollout block \(4\)"):
         check("train_block_size=6")

@@ -180,8 +180,8 @@ def test_a_full_disk_while_final_is_written_ends_with_one_line_and_resume_writes
     assert main(["rl", *_yaml(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(rf"dllm-rl rl: error: no space left on device writing the model {out}/final: it needs about "
-                        r"\d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run \(run.resume=latest\) to "
-                        r"write it\n", err.splitlines(keepends=True)[-1])
+                        r"\d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run "
+                        r"\(run.resume=latest\) to write it\n", err.splitlines(keepends=True)[-1])
     assert "Traceback" not in err and not (out / "summary.json").exists()
     monkeypatch.undo()
     assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest"]) == 0

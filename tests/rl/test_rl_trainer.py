@@ -189,7 +189,7 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
     trainer.step_idx += 1
     with pytest.raises(TrainingStopped,
                        match=r"^stopping at step 2: 2 updates had a NaN/inf loss \(train.max_bad_steps=2\); "
-                       "lower optim.lr"):
+                       r"lower the learning rate \(optim.lr=0.003\)"):
         trainer.step()
 
 
@@ -234,11 +234,11 @@ def test_evaluation_keeps_its_own_decoding_schedule(rl_setup, tmp_path):
         return RLTrainer(cfg).evaluate()
 
     plain = heldout()
-    fast_rollouts = heldout("rollout.threshold=0.5", "rollout.steps=2", "rollout.temperature=0.7")
+    fast_rollouts = heldout("rollout.threshold=0.5", "rollout.temperature=0.7")
     assert plain.nfe_mean == fast_rollouts.nfe_mean == 8.0
     assert fast_rollouts.texts == plain.texts and len(plain.texts) == 4
     assert heldout("eval.steps=2").nfe_mean == 2.0
-    assert heldout("eval.steps=2", "eval.threshold=1.0").nfe_mean == 8.0  # nothing passes: one per step
+    assert heldout("eval.threshold=1.0").nfe_mean == 8.0  # nothing passes: one per step
 
 
 def test_reference_policy_gets_no_gradient_and_stays_frozen(rl_setup, tmp_path):
