@@ -1,6 +1,6 @@
 """Checkpoints of an RL run: the part of :class:`~dllm_rl.rl.trainer.RLTrainer` that saves and resumes (policy,
-optimiser, scheduler, data position, weight average, the value model when on and the trainer's counters) and
-writes ``final/``."""
+optimiser, scheduler, data position, weight average, the value model when on, the reward's state (a reward model's
+normalisation, a judge's counters) and the trainer's counters) and writes ``final/``."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class RLCheckpoints:
         save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
                         config=to_dict(self.cfg),
-                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
+                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before,
+                               "reward": self.reward.state_dict() if self.reward is not None else {}},
                         accelerator=self.accelerator, ema=self.ema, prepared=self.model.model,
                         extra_files=self.value.checkpoint_files() if self.value is not None else None)
         if self.is_main:
@@ -79,6 +80,8 @@ class RLCheckpoints:
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
         self.accuracy_before = (state.extra or {}).get("accuracy_before")
+        if self.reward is not None:  # a reward model's normalisation, a judge's counters
+            self.reward.load_state_dict((state.extra or {}).get("reward") or {})
         self.rollouts.truncate(self.step_idx)  # drop what a run killed after this checkpoint wrote
         if self.is_main:
             print(f"resumed from {path} at step {self.step_idx}")
