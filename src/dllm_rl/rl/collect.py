@@ -110,6 +110,8 @@ class RolloutCollector:
         self.gathered = gathered
         self.step_idx = 0
         self.reward_failed_steps = 0
+        self.curriculum: Any = None  # a Curriculum with pass_rate_band: drawn prompts out of the band are skipped
+        self.skipped_prompts = 0
 
     def collect(self, policy: DiffusionLM, step_idx: int) -> StepBatch:
         """Step ``step_idx``'s samples, rolled out with ``policy``'s weights: one round, or (``dynamic_sampling``)
@@ -119,13 +121,14 @@ class RolloutCollector:
         self.step_idx = step_idx
         G, target = cfg.rollout.num_generations, cfg.train.prompts_per_step
         rounds: list[Round] = []
-        signal = 0
+        signal, self.skipped_prompts = 0, 0
         for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             # every rank draws each round's prompts, so the ranks' prompt streams stay in step
-            idx = self.stream.take(cfg.train.prompts_per_step * self.accelerator.num_processes)
+            idx = self.draw(cfg.train.prompts_per_step * self.accelerator.num_processes)
             if signal < target:
                 rnd = self.round(policy, idx, first_sample=r * len(idx) * G)
                 rounds.append(rnd)
+                self.record_pass_rates(idx, rnd.rewards)
                 signal += int(self.filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
             if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
                 break
@@ -153,6 +156,28 @@ class RolloutCollector:
                                                                                       for k in x.stats})},
             reward_health=reward_health, t_rollout=sum(x.t_rollout for x in rounds),
             t_reward=sum(x.t_reward for x in rounds))
+
+    def draw(self, k: int) -> list[int]:
+        """The next ``k`` prompts of the stream; with online difficulty filtering (``curriculum.pass_rate_band``)
+        the drawn prompts whose last pass rate lies outside the band are skipped (``skipped_prompts``), at most one
+        pass over the data per draw, after which skipped ones fill the draw."""
+        cur = self.curriculum
+        if cur is None or cur.cfg.pass_rate_band is None:
+            return self.stream.take(k)
+        kept, skipped = [], []
+        while len(kept) < k and len(skipped) < self.stream.n:
+            (i,) = self.stream.take(1)
+            (kept if cur.keeps(i) else skipped).append(i)
+        self.skipped_prompts += len(skipped)
+        return kept + skipped[:k - len(kept)]
+
+    def record_pass_rates(self, idx: list[int], rewards: list[float]) -> None:
+        """Every rank's prompts' pass rates of this round, recorded on every rank (their tables stay equal)."""
+        if self.curriculum is None or self.curriculum.cfg.pass_rate_band is None:
+            return
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        for mine, values in gather_object([(idx[rank::world], list(rewards))]):
+            self.curriculum.record(mine, values, self.cfg.rollout.num_generations)
 
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
@@ -188,6 +213,8 @@ class RolloutCollector:
                               f"{cfg.reward.max_failure_steps}; last error: {error}); fix the reward")
         health = {"reward_errors": float(failed), "reward_nonfinite": float(nonfinite)}
         health.update(self.reward_fn.metrics() if hasattr(self.reward_fn, "metrics") else {})
+        if self.curriculum is not None and self.curriculum.cfg.pass_rate_band is not None:
+            health["skipped_prompts"] = float(self.skipped_prompts)
         return health
 
     def round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> Round:

@@ -22,6 +22,7 @@ from dllm_rl.config import Checked, ConfigError, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
+from dllm_rl.rl.curriculum import CurriculumConfig
 from dllm_rl.rl.judge import JudgeConfig
 from dllm_rl.rl.reward_model import RewardModelConfig
 from dllm_rl.rl.reward_terms import RewardTerm
@@ -239,7 +240,7 @@ class RLConfig(Checked):
     """Configuration of an RL run: the shared ``run:`` section, the policy (``model:``), its prompts (``data:``) and
     their scoring (``reward:``); the method at the top level (``algorithm`` and the knobs its preset fills); then
     ``train:`` / ``optim:`` / ``lora:`` (the update), ``rollout:`` (generation), ``eval:`` (held-out accuracy),
-    ``log:`` and ``value_model:``."""
+    ``log:``, ``value_model:`` and ``curriculum:``."""
 
     #: keys of the flat layout of earlier releases -> their place now (dllm_rl.config.renames)
     RENAMED: ClassVar[dict[str, str]] = {
@@ -367,6 +368,9 @@ class RLConfig(Checked):
     log: LogConfig = field(default_factory=LogConfig, help="printed samples and saved rollouts")
     value_model: ValueModelConfig = field(
         default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")
+    curriculum: CurriculumConfig = field(
+        default_factory=CurriculumConfig, help="stages that change the data, generation length, block size and "
+        "temperature at a step or once the rolling reward passes a threshold; online difficulty filtering")
 
 
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:

@@ -39,6 +39,7 @@ from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.collect import RolloutCollector, StepBatch
 from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook
 from dllm_rl.rl.reward_terms import build_reward
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
@@ -169,6 +170,10 @@ class RLTrainer(RLCheckpoints):
         self.updater = PolicyUpdater(cfg, self.accelerator, self.model, self.reference, self.optimizer,
                                      self.scheduler, self.train_block, self._gathered)
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
+        # the curriculum's stages change self.cfg; checkpoints and config.yaml keep the config as given
+        self.base_cfg, self.curriculum = cfg, Curriculum(cfg.curriculum)
+        self.collector.curriculum = self.curriculum
+        check_stages(self)
         self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
         if cfg.run.resume:
             self._resume()
