@@ -124,11 +124,11 @@ def test_the_cache_avoids_repeated_calls_on_a_real_tiny_judge(tmp_path):
     assert judge.generate.chat("p:c") == "[p:c]>"
     first = judge(["p", "p", "q"], ["c", "c", "c"])  # two distinct judge prompts: one batch of two
     assert calls == [torch.Size([2, 6])]
-    assert judge.stats["judge_prompts"] == 2
+    assert judge.stats["judge_prompts"] == 2 and judge.stats["judge_cache_hits"] == 1
     # the untrained judge writes no score: every judgement is a counted failure scored by the fallback
     assert first == [0.0, 0.0, 0.0] and judge.stats["judge_failures"] == 2
     judge(["q", "p"], ["c", "c"])
-    assert len(calls) == 1 and judge.stats["judge_cache_hits"] == 2
+    assert len(calls) == 1 and judge.stats["judge_cache_hits"] == 3  # the repeated "p:c" of the first call, then 2
     judge(["r"], ["c"])
     assert len(calls) == 2
 

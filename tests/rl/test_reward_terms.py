@@ -3,15 +3,14 @@ the keys named by bad terms, and judge process rewards reaching the value model'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from reward_helpers import tiny_llama
 
-from dllm_rl.config import Checked, ConfigError, field, from_dict
+from dllm_rl.config import ConfigError, from_dict
 from dllm_rl.errors import UserError
 from dllm_rl.models import char_tokenizer
+from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.judge import Judge, JudgeConfig
 from dllm_rl.rl.returns import process_step_rewards, step_ranks
 from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
@@ -21,23 +20,22 @@ from dllm_rl.rl.rewards import safe_scores
 TOK = char_tokenizer()
 
 
-@dataclass
-class Section(Checked):
-    """How ``RLConfig`` will hold the list (a ``rewards:`` field)."""
-
-    rewards: list[RewardTerm] = field(default_factory=list, help="the reward terms")
-
-
-def test_the_rewards_entry_is_checked_with_its_key():
-    sec = from_dict(Section, {"rewards": [{"task": "gsm8k"}, {"model": "org/rm", "weight": 0.5, "name": "rm"}]})
-    assert [(t.kind, t.label, t.weight) for t in sec.rewards] == [("task", "gsm8k", 1.0), ("model", "rm", 0.5)]
-    with pytest.raises(ConfigError, match=r"^rewards\[1\]: model: give exactly one of task, model, judge per rewards "
-                                          r"entry \(this one has task, model\)"):
-        from_dict(Section, {"rewards": [{"task": "gsm8k"}, {"task": "gsm8k", "model": "org/rm"}]})
-    with pytest.raises(ConfigError, match=r"^rewards\[0\]: unknown key 'wieght'; did you mean 'weight'"):
-        from_dict(Section, {"rewards": [{"task": "gsm8k", "wieght": 1}]})
+def test_the_terms_entry_is_checked_with_its_key():
+    cfg = from_dict(RLConfig, {"reward": {"terms": [{"task": "gsm8k"}, {"model": "org/rm", "weight": 0.5,
+                                                                        "name": "rm"}]}})
+    assert [(t.kind, t.label, t.weight) for t in cfg.reward.terms] == [("task", "gsm8k", 1.0), ("model", "rm", 0.5)]
+    assert cfg.reward.combined and not RLConfig().reward.combined
+    with pytest.raises(ConfigError, match=r"^reward.terms\[1\]: model: give exactly one of task, model, judge per "
+                                          r"reward.terms entry \(this one has task, model\)"):
+        from_dict(RLConfig, {"reward": {"terms": [{"task": "gsm8k"}, {"task": "gsm8k", "model": "org/rm"}]}})
+    with pytest.raises(ConfigError, match=r"^reward.terms\[0\]: unknown key 'wieght'; did you mean 'weight'"):
+        from_dict(RLConfig, {"reward": {"terms": [{"task": "gsm8k", "wieght": 1}]}})
     with pytest.raises(ConfigError, match=r"this one has none"):
         RewardTerm(weight=2.0)
+    # a custom function is one term among others, never beside them
+    with pytest.raises(ConfigError, match=r"^reward.function: is not combined with reward.judge.model; list it as a "
+                                          r"term instead \(reward.terms: \[\{task: rl_helpers:digit_reward\}"):
+        from_dict(RLConfig, {"reward": {"function": "rl_helpers:digit_reward", "judge": {"model": "org/j"}}})
 
 
 def test_task_plus_reward_model_weighted_with_raw_values(tmp_path):
@@ -61,17 +59,22 @@ def test_task_plus_reward_model_weighted_with_raw_values(tmp_path):
 
 
 def test_bad_terms_name_their_key_before_any_rollout(tmp_path):
-    with pytest.raises(UserError, match=r"^rewards\[0\].task: unknown task 'gsm9k'; give one of .*gsm8k"):
+    with pytest.raises(UserError, match=r"^reward.terms\[0\].task: unknown task 'gsm9k'; give one of .*gsm8k"):
         build_reward([RewardTerm(task="gsm9k")])
-    with pytest.raises(UserError, match=r"^rewards\[1\].model: cannot load '.*nope'"):
+    with pytest.raises(UserError, match=r"^reward.terms\[1\].model: cannot load '.*nope'"):
         build_reward([RewardTerm(task="gsm8k"), RewardTerm(model=str(tmp_path / "nope"))],
                      reward_model=RewardModelConfig(device="cpu"))
-    with pytest.raises(UserError, match=r"^rewards\[0\].judge: cannot load '.*nope' as a causal LM"):
+    with pytest.raises(UserError, match=r"^reward.terms\[0\].judge: cannot load '.*nope' as a causal LM"):
         build_reward([RewardTerm(judge=str(tmp_path / "nope"))], judge=JudgeConfig(device="cpu"))
-    with pytest.raises(UserError, match=r"^judge.template: the template has no \{\{completion\}\}"):
+    with pytest.raises(UserError, match=r"^reward.judge.template: the template has no \{\{completion\}\}"):
         build_reward([RewardTerm(judge=str(tmp_path / "nope"))], judge=JudgeConfig(template="{{prompt}}"))
-    with pytest.raises(UserError, match="^rewards: no reward term"):
+    with pytest.raises(UserError, match="^reward.terms: no reward term"):
         build_reward([])
+    # reward.model / reward.judge.model alone (no terms) are named by their own keys
+    with pytest.raises(UserError, match=r"^reward.model: cannot load '.*nope'"):
+        build_reward([], reward_model=RewardModelConfig(model=str(tmp_path / "nope"), device="cpu"))
+    with pytest.raises(UserError, match=r"^reward.judge.model: cannot load '.*nope' as a causal LM"):
+        build_reward([], judge=JudgeConfig(model=str(tmp_path / "nope"), device="cpu"))
 
 
 #: "abcdefgh" decoded over 4 steps, two tokens each, then an EOS filler that does not count

@@ -1,6 +1,6 @@
 """Checkpoints of an RL run: the part of :class:`~dllm_rl.rl.trainer.RLTrainer` that saves and resumes (policy,
-optimiser, scheduler, data position, weight average, the value model when on and the trainer's counters) and
-writes ``final/``."""
+optimiser, scheduler, data position, weight average, the value model when on, the reward's state (a reward model's
+normalisation, a judge's counters) and the trainer's counters) and writes ``final/``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dllm_rl.config import to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import copy_vq
+from dllm_rl.rl.curriculum import enter_stage
 from dllm_rl.training import load_checkpoint, merged_model, prune_checkpoints, save_checkpoint
 from dllm_rl.training.backend import publishable
 from dllm_rl.training.checkpoint import checkpoint_name, save_published
@@ -57,8 +58,10 @@ class RLCheckpoints:
         path = self.out / "checkpoints" / checkpoint_name(self.step_idx)
         save_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                         step=self.step_idx, data_state=self.stream.state_dict(), tokenizer=self.tokenizer,
-                        config=to_dict(self.cfg),
-                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before},
+                        config=to_dict(self.base_cfg),
+                        extra={"bad_updates": self.bad_updates, "accuracy_before": self.accuracy_before,
+                               "reward": self.reward.state_dict() if self.reward is not None else {},
+                               "curriculum": self.curriculum.state_dict()},
                         accelerator=self.accelerator, ema=self.ema, prepared=self.model.model,
                         extra_files=self.value.checkpoint_files() if self.value is not None else None)
         if self.is_main:
@@ -76,9 +79,15 @@ class RLCheckpoints:
         self.step_idx = state.step
         if self.value is not None:  # its value_model.pt (TraceRL's value model, dllm_rl.rl.value)
             self.value.load(path)
+        saved = (state.extra or {}).get("curriculum")
+        if saved:  # the stage's config, data and prompt stream first, then its position in that stream
+            enter_stage(self, int(saved["stage"]))
+            self.curriculum.load_state_dict(saved)
         self.stream.load_state_dict(state.data_state)
         self.bad_updates = int((state.extra or {}).get("bad_updates", 0))
         self.accuracy_before = (state.extra or {}).get("accuracy_before")
+        if self.reward is not None:  # a reward model's normalisation, a judge's counters
+            self.reward.load_state_dict((state.extra or {}).get("reward") or {})
         self.rollouts.truncate(self.step_idx)  # drop what a run killed after this checkpoint wrote
         if self.is_main:
             print(f"resumed from {path} at step {self.step_idx}")

@@ -79,22 +79,39 @@ class StepBatch:
     t_reward: float
 
 
+def rollout_columns(rollout: Rollout) -> dict[str, list[list[int]]]:
+    """The columns a reward receives from the rollout, per completion over its answer (``completion_mask``):
+    ``completion_ids`` (its token ids, as TRL passes them) and ``step_map`` (the decoding step that committed each,
+    -1 for a prefilled one). A judge in process mode chunks the answer by them and places chunk scores on its
+    decoding steps, the steps the value model puts process rewards on."""
+    lengths = rollout.completion_mask.sum(1).tolist()
+    return {"completion_ids": [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)],
+            "step_map": [row[:n].tolist() for row, n in zip(rollout.step_map, lengths)]}
+
+
 class RolloutCollector:
     """Collects one RL step's samples on this rank (see the module docstring). ``gathered(dlm)`` is the
     trainer's context for full parameters of a sharded policy (FSDP2 / ZeRO-3); ``model`` the policy, put in
     eval mode around its rollouts. ``reward_failed_steps`` counts the steps in a row whose reward failed on every
     sample. ``prompts`` (default: one for ``cfg.model.path``) turns prompts with images into ids and features
-    (:mod:`dllm_rl.models.image_inputs`): a group's image is encoded once, by the policy that rolls it out."""
+    (:mod:`dllm_rl.models.image_inputs`): a group's image is encoded once, by the policy that rolls it out.
+    ``reward`` (default: the task's) scores the rollouts; one with ``metrics()`` (a
+    :class:`~dllm_rl.rl.reward_terms.CombinedReward`) adds them to the step's metrics."""
 
     def __init__(self, cfg: RLConfig, accelerator: Any, model: DiffusionLM, tokenizer: Any, train_task: Any,
-                 rollout_hook: Any, stream: Any, gathered: Callable[[Any], Any], prompts: PromptEncoder | None = None):
+                 rollout_hook: Any, stream: Any, gathered: Callable[[Any], Any], prompts: PromptEncoder | None = None,
+                 reward: Callable[..., Any] | None = None):
         self.cfg, self.accelerator = cfg, accelerator
+        self.reward_fn = reward if reward is not None else train_task.reward_fn
+        self.reward_name = getattr(reward, "__name__", None) or train_task.reward_name
         self.prompts = prompts if prompts is not None else PromptEncoder(tokenizer, cfg.model.path)
         self.model, self.tokenizer = model, tokenizer
         self.train_task, self.rollout_hook, self.stream = train_task, rollout_hook, stream
         self.gathered = gathered
         self.step_idx = 0
         self.reward_failed_steps = 0
+        self.curriculum: Any = None  # a Curriculum with pass_rate_band: drawn prompts out of the band are skipped
+        self.skipped_prompts = 0
 
     def collect(self, policy: DiffusionLM, step_idx: int) -> StepBatch:
         """Step ``step_idx``'s samples, rolled out with ``policy``'s weights: one round, or (``dynamic_sampling``)
@@ -104,13 +121,14 @@ class RolloutCollector:
         self.step_idx = step_idx
         G, target = cfg.rollout.num_generations, cfg.train.prompts_per_step
         rounds: list[Round] = []
-        signal = 0
+        signal, self.skipped_prompts = 0, 0
         for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             # every rank draws each round's prompts, so the ranks' prompt streams stay in step
-            idx = self.stream.take(cfg.train.prompts_per_step * self.accelerator.num_processes)
+            idx = self.draw(cfg.train.prompts_per_step * self.accelerator.num_processes)
             if signal < target:
                 rnd = self.round(policy, idx, first_sample=r * len(idx) * G)
                 rounds.append(rnd)
+                self.record_pass_rates(idx, rnd.rewards)
                 signal += int(self.filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
             if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
                 break
@@ -139,6 +157,28 @@ class RolloutCollector:
             reward_health=reward_health, t_rollout=sum(x.t_rollout for x in rounds),
             t_reward=sum(x.t_reward for x in rounds))
 
+    def draw(self, k: int) -> list[int]:
+        """The next ``k`` prompts of the stream; with online difficulty filtering (``curriculum.pass_rate_band``)
+        the drawn prompts whose last pass rate lies outside the band are skipped (``skipped_prompts``), at most one
+        pass over the data per draw, after which skipped ones fill the draw."""
+        cur = self.curriculum
+        if cur is None or cur.cfg.pass_rate_band is None:
+            return self.stream.take(k)
+        kept, skipped = [], []
+        while len(kept) < k and len(skipped) < self.stream.n:
+            (i,) = self.stream.take(1)
+            (kept if cur.keeps(i) else skipped).append(i)
+        self.skipped_prompts += len(skipped)
+        return kept + skipped[:k - len(kept)]
+
+    def record_pass_rates(self, idx: list[int], rewards: list[float]) -> None:
+        """Every rank's prompts' pass rates of this round, recorded on every rank (their tables stay equal)."""
+        if self.curriculum is None or self.curriculum.cfg.pass_rate_band is None:
+            return
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        for mine, values in gather_object([(idx[rank::world], list(rewards))]):
+            self.curriculum.record(mine, values, self.cfg.rollout.num_generations)
+
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
         whole step's standard deviation, as one process holding all the samples would)."""
@@ -160,7 +200,7 @@ class RolloutCollector:
         reward failed on every sample of every rank (the ranks decide together)."""
         cfg, n = self.cfg, sum(len(x.rewards) for x in rounds)
         failed, nonfinite = sum(x.reward_failed for x in rounds), sum(x.reward_nonfinite for x in rounds)
-        name = self.train_task.reward_name
+        name = self.reward_name
         if nonfinite:
             logger.warning("step %d: reward %r gave NaN/inf/None for %d of %d samples (scored 0)", self.step_idx + 1,
                            name, nonfinite, n)
@@ -171,7 +211,11 @@ class RolloutCollector:
             raise RewardError(f"stopping at step {self.step_idx + 1}: reward {name!r} failed on every sample for "
                               f"{self.reward_failed_steps} steps in a row (reward.max_failure_steps="
                               f"{cfg.reward.max_failure_steps}; last error: {error}); fix the reward")
-        return {"reward_errors": float(failed), "reward_nonfinite": float(nonfinite)}
+        health = {"reward_errors": float(failed), "reward_nonfinite": float(nonfinite)}
+        health.update(self.reward_fn.metrics() if hasattr(self.reward_fn, "metrics") else {})
+        if self.curriculum is not None and self.curriculum.cfg.pass_rate_band is not None:
+            health["skipped_prompts"] = float(self.skipped_prompts)
+        return health
 
     def round(self, policy: DiffusionLM, idx: list[int], first_sample: int) -> Round:
         """Roll out (with ``policy``'s weights) and reward this rank's share of the prompts ``idx`` (every
@@ -202,7 +246,8 @@ class RolloutCollector:
         columns: dict[str, list] = {}
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
-        scored = safe_scores(self.train_task.reward_fn, prompts_rep, rollout.texts, columns, **self._reward_options())
+        columns.update(rollout_columns(rollout))
+        scored = safe_scores(self.reward_fn, prompts_rep, rollout.texts, columns, **self._reward_options())
         rewards, steps = scored.totals, scored.steps
         view = RoundView(group_ids, prompts_rep, rollout, list(rewards), scored.reasons, seeds, columns, G)
         if self.rollout_hook is not None:  # the one call site of rollout hooks (dllm_rl.rl.hooks)
@@ -214,7 +259,7 @@ class RolloutCollector:
 
     def _reward_options(self) -> dict:
         """How the trainer calls the reward: its name in messages and the time one call may take."""
-        return {"name": self.train_task.reward_name, "timeout_s": self.cfg.reward.timeout_s}
+        return {"name": self.reward_name, "timeout_s": self.cfg.reward.timeout_s}
 
     def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
         """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
@@ -233,7 +278,8 @@ class RolloutCollector:
 
         def reward(indices: list[int], rollout: Rollout) -> tuple[list[float], list[str]]:
             cols = {k: [v[i] for i in indices] for k, v in view.columns.items()}
-            return safe_rewards(self.train_task.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols,
+            cols.update(rollout_columns(rollout))  # the regenerated samples' own ids and steps
+            return safe_rewards(self.reward_fn, [view.prompts[i] for i in indices], rollout.texts, cols,
                                 **self._reward_options())
 
         return HookContext(generate=generate, reward=reward,

@@ -18,10 +18,14 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from dllm_rl.config import Checked, ConfigError, field
+from dllm_rl.config import Checked, ConfigError, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
+from dllm_rl.rl.curriculum import CurriculumConfig
+from dllm_rl.rl.judge import JudgeConfig
+from dllm_rl.rl.reward_model import RewardModelConfig
+from dllm_rl.rl.reward_terms import RewardTerm
 from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions, check_schedule
 from dllm_rl.training import LoraOptions, OptimConfig
@@ -145,14 +149,20 @@ class RLDataConfig(Checked):
 
 
 @dataclass
-class RewardConfig(Checked):
-    """How completions are scored (the ``reward:`` section): the task's verifier unless a function replaces it,
-    and the guards around the call."""
+class RewardConfig(RewardModelConfig):
+    """How completions are scored (the ``reward:`` section): the task's verifier unless a function, a reward model
+    (``model`` and the settings it runs with), an LLM judge (``judge:``) or a weighted list of ``terms`` replaces
+    it, and the guards around the call.
+
+    The terms live here, as ``reward.terms``, rather than in a top-level ``rewards:`` list: everything that scores
+    a completion is one section, and no two top-level keys differ by one letter."""
 
     function: str | None = field(
         None, check=_reward_problem,
         help="custom reward 'module:function' with TRL's signature (prompts, completions, **columns) -> "
-        "list[float]; replaces the task's built-in reward (imported when the config is read)")
+        "list[float]; replaces the task's built-in reward (imported when the config is read). It also receives "
+        "the rollout's completion_ids and step_map columns (per completion: its answer's token ids, and the "
+        "decoding step of each, -1 for prefilled tokens)")
     timeout_s: float | None = field(
         None, gt=0, help="seconds one call of the reward may take (all of a round's completions at once, or one "
         "completion when a failed batch is scored one by one); past it the call's samples score 0 and count as "
@@ -162,6 +172,28 @@ class RewardConfig(Checked):
         3, ge=0, help="stop after this many steps in a row in which the reward raised (or timed out) on every "
         "sample, naming its last error (a failing sample scores 0 and counts in the reward_errors metric; NaN, "
         "inf and None rewards score 0 and count in reward_nonfinite). 0 = never stop")
+    judge: JudgeConfig = field(
+        default_factory=JudgeConfig, help="an LLM judge (outcome or process rewards): its model, prompt template, "
+        "parsing and batching; judge.model alone (no reward.terms) makes it the reward")
+    terms: list[RewardTerm] = field(
+        default_factory=list, help="a weighted sum of rewards, each entry one of {task: NAME or module:function}, "
+        "{model: ORG/NAME or DIR} (run with this section's reward-model settings) or {judge: ORG/NAME or DIR} (run "
+        "with reward.judge's settings), with weight (default 1) and name (its reward_NAME metric). Empty: the "
+        "task's reward, or reward.model / reward.judge.model alone. The held-out evaluation keeps the task's "
+        "reward (its accuracy)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        combined = [k for k, v in (("terms", self.terms), ("model", self.model), ("judge.model", self.judge.model))
+                    if v]
+        if self.function and combined:
+            raise FieldError("function", f"is not combined with reward.{combined[0]}; list it as a term instead "
+                             f"(reward.terms: [{{task: {self.function}}}, ...])")
+
+    @property
+    def combined(self) -> bool:
+        """Whether the reward is built from terms, a reward model or a judge (:mod:`dllm_rl.rl.reward_terms`)."""
+        return bool(self.terms or self.model or self.judge.model)
 
 
 @dataclass
@@ -208,7 +240,7 @@ class RLConfig(Checked):
     """Configuration of an RL run: the shared ``run:`` section, the policy (``model:``), its prompts (``data:``) and
     their scoring (``reward:``); the method at the top level (``algorithm`` and the knobs its preset fills); then
     ``train:`` / ``optim:`` / ``lora:`` (the update), ``rollout:`` (generation), ``eval:`` (held-out accuracy),
-    ``log:`` and ``value_model:``."""
+    ``log:``, ``value_model:`` and ``curriculum:``."""
 
     #: keys of the flat layout of earlier releases -> their place now (dllm_rl.config.renames)
     RENAMED: ClassVar[dict[str, str]] = {
@@ -336,6 +368,9 @@ class RLConfig(Checked):
     log: LogConfig = field(default_factory=LogConfig, help="printed samples and saved rollouts")
     value_model: ValueModelConfig = field(
         default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")
+    curriculum: CurriculumConfig = field(
+        default_factory=CurriculumConfig, help="stages that change the data, generation length, block size and "
+        "temperature at a step or once the rolling reward passes a threshold; online difficulty filtering")
 
 
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:

@@ -294,8 +294,9 @@ class Request:
 
 class Judge:
     """An LLM judge as a TRL-signature reward: a float per completion (outcome mode) or a list of per-step
-    scores (process mode). ``stats`` counts the prompts generated, the prompts found in the cache and the
-    judgements that did not parse."""
+    scores (process mode). ``stats`` counts the prompts generated (``judge_prompts``), the prompts answered without
+    generating (``judge_cache_hits``: found in the cache, or repeating another prompt of the same call; the two add
+    up to the prompts asked) and the judgements that did not parse."""
 
     def __init__(self, cfg: JudgeConfig, key: str = "judge", policy_tokenizer: Any = None,
                  generator: Callable[[list[str], int, int], list[list[str]]] | None = None,
@@ -370,7 +371,7 @@ class Judge:
         distinct = list(dict.fromkeys(texts))
         found = {t: self.cache[t] for t in distinct if t in self.cache}
         todo = [t for t in distinct if t not in found]
-        self.stats["judge_cache_hits"] += len(found)
+        self.stats["judge_cache_hits"] += len(texts) - len(todo)  # every prompt answered without generating it
         for t in found:
             self.cache.move_to_end(t)
         if todo:
@@ -402,6 +403,14 @@ class Judge:
         """One score from a prompt's judgements (a failure counts as ``fallback``)."""
         cfg = self.cfg
         return aggregate([cfg.fallback if s is None else s for s in scores], cfg.aggregate, cfg.disagreement)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the counters, which also seed the next sampled judgements (the cache is not
+        kept: at temperature 0 a judgement regenerated after a resume equals the cached one)."""
+        return {"stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats.update({k: int(v) for k, v in state["stats"].items()})
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[Any]:
         reqs = self.requests(prompts, completions, columns)

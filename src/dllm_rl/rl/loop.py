@@ -8,6 +8,7 @@ import json
 import time
 
 from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.curriculum import advance
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.training import ZERO_LOSS_NOTE, Progress, loss_is_informative, rl_progress, write_dashboard
 from dllm_rl.training.run_dir import interrupted
@@ -76,6 +77,11 @@ def _run(trainer: RLTrainer) -> dict:
         res = trainer.step()
         trainer.step_idx += 1
         m = res.metrics
+        if cfg.curriculum.stages:  # a switch takes effect from the next step (and its checkpoint holds it)
+            switch = advance(trainer, m["reward"])
+            if switch is not None and trainer.is_main:
+                bar.write(switch)
+            m["curriculum_stage"] = float(trainer.curriculum.stage)
         if (cfg.eval.every and trainer.eval_task is not None and trainer.step_idx % cfg.eval.every == 0
                 and trainer.step_idx < cfg.train.max_steps):
             ev = trainer.evaluate()

@@ -1,9 +1,9 @@
 """A weighted sum of reward terms: verifiable task rewards, reward models and LLM judges
-(``rewards: [{task: gsm8k, weight: 1.0}, {model: ORG/NAME, weight: 0.5}, {judge: ORG/NAME, weight: 0.2}]``).
+(``reward.terms: [{task: gsm8k, weight: 1.0}, {model: ORG/NAME, weight: 0.5}, {judge: ORG/NAME, weight: 0.2}]``).
 
 The sum is one TRL-signature reward, so the trainer calls it as any other. A reward model term runs with the
 ``reward:`` section's settings (:class:`~dllm_rl.rl.reward_model.RewardModelConfig`) and a judge term with the
-``judge:`` section's (:class:`~dllm_rl.rl.judge.JudgeConfig`); the term names only the model. Each term's raw
+``reward.judge:`` section's (:class:`~dllm_rl.rl.judge.JudgeConfig`); the term names only the model. Each term's raw
 value (before its weight) is kept per sample for logging (:attr:`CombinedReward.last_terms`,
 :meth:`CombinedReward.metrics`).
 
@@ -33,7 +33,7 @@ KINDS = ("task", "model", "judge")
 
 @dataclass
 class RewardTerm(Checked):
-    """One entry of ``rewards:``: exactly one of ``task``, ``model``, ``judge``, and its weight."""
+    """One entry of ``reward.terms``: exactly one of ``task``, ``model``, ``judge``, and its weight."""
 
     task: str | None = field(None, help="a verifiable reward: a task name (e.g. gsm8k; its reward reads the data's "
                                         "columns) or package.module:function")
@@ -49,8 +49,8 @@ class RewardTerm(Checked):
         super().__post_init__()
         given = [k for k in KINDS if getattr(self, k)]
         if len(given) != 1:
-            raise FieldError(given[1] if given else "task", "give exactly one of task, model, judge per rewards "
-                             f"entry (this one has {', '.join(given) or 'none'})")
+            raise FieldError(given[1] if given else "task", "give exactly one of task, model, judge per "
+                             f"reward.terms entry (this one has {', '.join(given) or 'none'})")
 
     @property
     def kind(self) -> str:
@@ -91,16 +91,17 @@ class CombinedReward:
     """The weighted sum of :class:`Term` s as one TRL-signature reward returning a
     :class:`~dllm_rl.tasks.Score` per completion (per-step scores in ``info["steps"]`` where a term gives them)."""
 
-    def __init__(self, terms: Sequence[Term]):
+    def __init__(self, terms: Sequence[Term], key: str = "reward.terms"):
         names = [t.name for t in terms]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup is not None:
-            raise UserError(f"rewards: two terms are named {dup!r}; give each a distinct name")
+            raise UserError(f"{key}: two terms are named {dup!r}; give each a distinct name")
         if not terms:
-            raise UserError("rewards: no reward term; give at least one of task, model, judge")
+            raise UserError(f"{key}: no reward term; give at least one of task, model, judge")
         self.terms = list(terms)
         self.last_terms: dict[str, list[float]] = {}
-        self.__name__ = "combined_reward"
+        self._sums: dict[str, list[float]] = {}  # per term: [sum, count] of raw values since the last metrics()
+        self.__name__ = "+".join(names)  # how messages name the reward
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[Score]:
         n = len(completions)
@@ -111,6 +112,9 @@ class CombinedReward:
                 raise ValueError(f"reward term {t.name!r} returned {len(values)} values for {n} completions")
             per_term.append([_value(v) for v in values])
             self.last_terms[t.name] = [total for total, _ in per_term[-1]]
+            acc = self._sums.setdefault(t.name, [0.0, 0])
+            acc[0] += math.fsum(self.last_terms[t.name])
+            acc[1] += n
         step_maps = columns.get("step_map")
         return [self._combine([vals[i] for vals in per_term], step_maps[i] if step_maps is not None else None)
                 for i in range(n)]
@@ -131,8 +135,11 @@ class CombinedReward:
         return Score(total, reason, steps=out)
 
     def metrics(self) -> dict[str, float]:
-        """The last call's mean raw value of each term (``reward_NAME``) and the judges' counters."""
-        out = {f"reward_{name}": math.fsum(v) / len(v) for name, v in self.last_terms.items() if v}
+        """The mean raw value of each term (``reward_NAME``) over the calls since the previous ``metrics()`` (an RL
+        step's rounds and its rollout hook's calls: the trainer takes them once per step), and the judges'
+        counters over the run."""
+        out = {f"reward_{name}": total / count for name, (total, count) in self._sums.items() if count}
+        self._sums = {}
         for t in self.terms:
             out.update(getattr(t.fn, "stats", {}))
         return out
@@ -159,23 +166,27 @@ def _task_reward(spec: str, key: str, task: Any) -> Callable[..., Sequence[Any]]
 
 
 def build_reward(terms: Sequence[RewardTerm], reward_model: RewardModelConfig | None = None,
-                 judge: JudgeConfig | None = None, task: Any = None, policy_tokenizer: Any = None) -> CombinedReward:
-    """The reward of a ``rewards:`` list: each term built (models loaded, templates checked) before any rollout,
-    so a bad term ends the run at once with a message naming its key. ``task`` (the run's training task) serves
-    a term naming it; ``policy_tokenizer`` cuts completions into chunks for a judge in process mode. An empty
-    ``terms`` with ``reward_model.model`` or ``judge.model`` set means that one model, weight 1."""
+                 judge: JudgeConfig | None = None, task: Any = None, policy_tokenizer: Any = None,
+                 key: str = "reward") -> CombinedReward:
+    """The reward of a ``reward.terms`` list: each term built (models loaded, templates checked) before any
+    rollout, so a bad term ends the run at once with a message naming its key (under the section ``key``).
+    ``task`` (the run's training task) serves a term naming it; ``policy_tokenizer`` cuts completions into chunks
+    for a judge in process mode. An empty ``terms`` with ``reward_model.model`` or ``judge.model`` set means that
+    one model (both: the two), weight 1."""
+    keyed = [(t, f"{key}.terms[{i}].{t.kind}") for i, t in enumerate(terms)]
     if not terms:
-        terms = [RewardTerm(model=reward_model.model)] if reward_model is not None and reward_model.model else []
-        terms += [RewardTerm(judge=judge.model)] if judge is not None and judge.model else []
+        if reward_model is not None and reward_model.model:
+            keyed.append((RewardTerm(model=reward_model.model), f"{key}.model"))
+        if judge is not None and judge.model:
+            keyed.append((RewardTerm(judge=judge.model), f"{key}.judge.model"))
     built = []
-    for i, term in enumerate(terms):
-        key = f"rewards[{i}].{term.kind}"
+    for term, term_key in keyed:
         if term.kind == "task":
-            fn = _task_reward(term.task, key, task)
+            fn = _task_reward(term.task, term_key, task)
         elif term.kind == "model":
-            fn = RewardModel(dataclasses.replace(reward_model or RewardModelConfig(), model=term.model), key=key)
+            fn = RewardModel(dataclasses.replace(reward_model or RewardModelConfig(), model=term.model), key=term_key)
         else:
-            fn = Judge(dataclasses.replace(judge or JudgeConfig(), model=term.judge), key="judge",
-                       policy_tokenizer=policy_tokenizer, model_key=key)
+            fn = Judge(dataclasses.replace(judge or JudgeConfig(), model=term.judge), key=f"{key}.judge",
+                       policy_tokenizer=policy_tokenizer, model_key=term_key)
         built.append(Term(term.label, term.weight, fn))
-    return CombinedReward(built)
+    return CombinedReward(built, key=f"{key}.terms")

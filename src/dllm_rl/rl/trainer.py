@@ -39,7 +39,9 @@ from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.collect import RolloutCollector, StepBatch
 from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook
+from dllm_rl.rl.reward_terms import build_reward
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.update import PolicyUpdater
 from dllm_rl.rl.value import ValueLearner
@@ -123,6 +125,9 @@ class RLTrainer(RLCheckpoints):
         check_not_empty(self.train_task, "training", "data.train_file")
         if self.eval_task is not None:
             check_not_empty(self.eval_task, "held-out", "eval.data")
+        # reward terms, reward model, judge: loaded and checked now, before any rollout (None: the task's reward)
+        self.reward = build_reward(cfg.reward.terms, cfg.reward, cfg.reward.judge, task=self.train_task,
+                                   policy_tokenizer=self.tokenizer) if cfg.reward.combined else None
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
         self.rollout_hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
@@ -160,10 +165,15 @@ class RLTrainer(RLCheckpoints):
         # the step's two stages: rollouts -> rewards -> advantages, then the optimisation passes
         self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image prompts: ids and features (MMaDA's VQ)
         self.collector = RolloutCollector(cfg, self.accelerator, self.model, self.tokenizer, self.train_task,
-                                          self.rollout_hook, self.stream, self._gathered, self.prompts)
+                                          self.rollout_hook, self.stream, self._gathered, self.prompts,
+                                          reward=self.reward)
         self.updater = PolicyUpdater(cfg, self.accelerator, self.model, self.reference, self.optimizer,
                                      self.scheduler, self.train_block, self._gathered)
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
+        # the curriculum's stages change self.cfg; checkpoints and config.yaml keep the config as given
+        self.base_cfg, self.curriculum = cfg, Curriculum(cfg.curriculum)
+        self.collector.curriculum = self.curriculum
+        check_stages(self)
         self.rollouts = RolloutLog(self.out / ROLLOUTS_FILE, enabled=self.is_main)
         if cfg.run.resume:
             self._resume()

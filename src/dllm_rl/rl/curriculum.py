@@ -1,0 +1,262 @@
+"""Curricula for RL runs (the ``curriculum:`` section): stages that change the data, the generation length, the
+block size and the sampling temperature, and online difficulty filtering.
+
+A run starts in stage 0, the config as given. Stage ``k`` (``curriculum.stages[k-1]``) begins once its condition
+holds, checked after each step in order: ``after_step`` (that many steps done), or ``reward_above`` (the mean of
+the last ``curriculum.window`` steps' rewards within the current stage above it, a full window needed). Its
+changes lay over the previous stage's: another data file (``train_file``) and / or a row ``filter`` (``COLUMN OP
+VALUE``, e.g. ``difficulty >= 3``, kept rows only), ``gen_length``, ``block_size`` (TraceRL's block-size
+adaptation still trains at ``train.block_size``) and ``temperature`` of the rollouts. TraDo's long-CoT model comes
+from such a schedule (growing lengths and harder data; TraceRL, arXiv 2509.06949). The held-out evaluation decodes
+with the current stage's window too.
+
+Online difficulty filtering (``pass_rate_band: [lo, hi]``, after DAPO's dynamic sampling, arXiv 2503.14476, and
+the seed's dynamic data): each prompt's pass rate (the share of its group with reward >= 1, the accuracy metric's
+rule) is recorded when it is rolled out; a prompt whose last pass rate lies outside the band is skipped when drawn
+(a prompt never rolled out is kept). The stage, its rolling rewards and the pass rates go into checkpoints, so a
+run resumed across a stage boundary continues exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from dllm_rl.config import Checked, ConfigError, FieldError, field
+
+logger = logging.getLogger(__name__)
+
+OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+FILTER = re.compile(r"^\s*(\w+)\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
+
+
+def _filter_problem(text: str) -> str | None:
+    return None if FILTER.match(text) else ("write COLUMN OP VALUE with OP one of == != <= >= < > (e.g. "
+                                            f"'difficulty >= 3'), got {text!r}")
+
+
+def _band_problem(band: list[float]) -> str | None:
+    if len(band) != 2 or not 0.0 <= band[0] <= band[1] <= 1.0:
+        return f"give two numbers [lo, hi] with 0 <= lo <= hi <= 1, got {band}"
+    return None
+
+
+@dataclass
+class CurriculumStage(Checked):
+    """One entry of ``curriculum.stages``: when it begins, and what it changes (unset: as in the stage before)."""
+
+    after_step: int | None = field(None, ge=1, help="begin once this many steps are done")
+    reward_above: float | None = field(
+        None, help="begin once the mean reward of the last curriculum.window steps of the stage before is above it")
+    train_file: str | None = field(None, help="training data file from this stage on (the same task)")
+    filter: str | None = field(None, check=_filter_problem,
+                               help="keep only the rows whose COLUMN OP VALUE holds (e.g. 'difficulty >= 3'; OP: "
+                                    "== != <= >= < >), applied to this stage's data")
+    gen_length: int | None = field(None, ge=1, help="rollout.gen_length from this stage on")
+    block_size: int | None = field(None, ge=1, help="rollout.block_size from this stage on (block models)")
+    temperature: float | None = field(None, ge=0, help="rollout.temperature from this stage on")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.after_step is None) == (self.reward_above is None):
+            raise FieldError("after_step", "give exactly one of after_step, reward_above (when the stage begins)")
+
+    @property
+    def changes_data(self) -> bool:
+        return self.train_file is not None or self.filter is not None
+
+
+@dataclass
+class CurriculumConfig(Checked):
+    """The ``curriculum:`` section: stages after the config as given, and online difficulty filtering."""
+
+    stages: list[CurriculumStage] = field(
+        default_factory=list, help="stages after the config as given (stage 0), in order; each entry: after_step "
+        "or reward_above (when it begins), and any of train_file, filter ('COLUMN OP VALUE'), gen_length, "
+        "block_size, temperature (what it changes). The switch is printed and logged (curriculum_stage)")
+    window: int = field(10, ge=1, help="steps whose mean reward a stage's reward_above compares")
+    pass_rate_band: list[float] | None = field(
+        None, check=_band_problem, help="online difficulty filtering: skip drawn prompts whose last pass rate "
+        "(share of their group with reward >= 1) lies outside [lo, hi] (e.g. [0.1, 0.9]); pass rates kept in "
+        "checkpoints")
+
+
+def stage_config(cfg: Any, stage: int) -> Any:
+    """The RL config of stage ``stage``: ``cfg`` with the rollout changes of stages 1..``stage`` laid over it."""
+    rollout = cfg.rollout
+    for s in cfg.curriculum.stages[:stage]:
+        changes = {k: getattr(s, k) for k in ("gen_length", "block_size", "temperature") if getattr(s, k) is not None}
+        rollout = dataclasses.replace(rollout, **changes)
+    return dataclasses.replace(cfg, rollout=rollout)
+
+
+def stage_data(cfg: Any, stage: int) -> tuple[str | None, list[str]]:
+    """``(train_file, filters)`` of stage ``stage``: the last file given up to it (None: ``data.train_file``), and
+    the filters given since that file."""
+    file, filters = cfg.data.train_file, []
+    for s in cfg.curriculum.stages[:stage]:
+        if s.train_file is not None:
+            file, filters = s.train_file, []
+        if s.filter is not None:
+            filters.append(s.filter)
+    return file, filters
+
+
+def keep_row(row: dict, filters: list[str], where: str, key: str) -> bool:
+    """Whether ``row`` passes every filter; a row without the column is a :class:`ConfigError` naming ``key`` and
+    the row's ``where`` (file:line)."""
+    for text in filters:
+        column, op, raw = FILTER.match(text).groups()
+        if column not in row:
+            raise ConfigError(f"{key}: {where} has no column {column!r} (columns: {', '.join(sorted(row))})")
+        value = yaml.safe_load(raw)
+        try:
+            if not OPS[op](row[column], value):
+                return False
+        except TypeError:
+            raise ConfigError(f"{key}: {where}: cannot compare {column}={row[column]!r} with {value!r}") from None
+    return True
+
+
+class Curriculum:
+    """Which stage a run is in, the rewards that decide the next switch, and the prompts' pass rates."""
+
+    def __init__(self, cfg: CurriculumConfig):
+        self.cfg = cfg
+        self.stage = 0
+        self.rewards: list[float] = []  # the current stage's steps' mean rewards (the last `window`)
+        self.pass_rates: dict[int, float] = {}  # prompt index in the current stage's data -> last pass rate
+
+    def due(self, step: int, reward: float) -> bool:
+        """Record step ``step``'s mean reward; whether the next stage begins now."""
+        self.rewards = (self.rewards + [reward])[-self.cfg.window:]
+        if self.stage >= len(self.cfg.stages):
+            return False
+        nxt = self.cfg.stages[self.stage]
+        if nxt.after_step is not None:
+            return step >= nxt.after_step
+        return len(self.rewards) == self.cfg.window and math.fsum(self.rewards) / self.cfg.window > nxt.reward_above
+
+    def why(self, step: int) -> str:
+        """The reason of the switch to the next stage, in words."""
+        nxt = self.cfg.stages[self.stage]
+        if nxt.after_step is not None:
+            return f"after_step {nxt.after_step}"
+        mean = math.fsum(self.rewards) / len(self.rewards)
+        return f"mean reward {mean:.4g} of the last {len(self.rewards)} steps > reward_above {nxt.reward_above:g}"
+
+    def enter(self, stage: int, data_changed: bool) -> None:
+        self.stage, self.rewards = stage, []
+        if data_changed:  # the indices now name other prompts
+            self.pass_rates = {}
+
+    # ---------------------------------------------------------------- online difficulty filtering
+    def keeps(self, index: int) -> bool:
+        """Whether a drawn prompt is rolled out (its last pass rate within the band, or never rolled out)."""
+        band = self.cfg.pass_rate_band
+        rate = self.pass_rates.get(index)
+        return band is None or rate is None or band[0] <= rate <= band[1]
+
+    def record(self, indices: list[int], rewards: list[float], group: int) -> None:
+        """The pass rates of the prompts ``indices`` from their groups' rewards (``group`` samples each, in
+        order)."""
+        for k, i in enumerate(indices):
+            self.pass_rates[i] = sum(r >= 1.0 for r in rewards[k * group:(k + 1) * group]) / group
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "rewards": list(self.rewards),
+                "pass_rates": {str(k): v for k, v in sorted(self.pass_rates.items())}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stage, self.rewards = int(state["stage"]), [float(r) for r in state["rewards"]]
+        self.pass_rates = {int(k): float(v) for k, v in state["pass_rates"].items()}
+
+
+# ------------------------------------------------------------------------------------------------ the trainer's side
+def stage_task(trainer: Any, stage: int) -> tuple[Any, str]:
+    """The training task of stage ``stage`` (its file, its rows filtered; refused when none is left) and where its
+    rows come from."""
+    from dllm_rl.eval.heldout import check_not_empty
+    from dllm_rl.tasks import get_task
+    from dllm_rl.tasks.io import read_rows
+
+    cfg = trainer.base_cfg
+    file, filters = stage_data(cfg, stage)
+    options = {"split": "train", "prompt_style": cfg.data.prompt_style, "limit": cfg.data.train_limit,
+               "reward_fn": cfg.reward.function}
+    key = f"curriculum.stages[{stage - 1}]"
+    if filters:
+        source = file or get_task(cfg.data.task, split="train").source
+        rows = [row for where, row in read_rows(source) if keep_row(row, filters, where, f"{key}.filter")]
+        if not rows:
+            raise ConfigError(f"{key}.filter: no row of {source} passes {' and '.join(filters)}; loosen the filter")
+        task = get_task(cfg.data.task, data=rows, **options)
+    else:
+        task = get_task(cfg.data.task, data=file, **options)
+        source = task.source
+    check_not_empty(task, "training", f"{key}.train_file")
+    return task, source
+
+
+def check_stages(trainer: Any) -> None:
+    """Every stage's decoding settings and data, checked before the first rollout (:class:`ConfigError` naming the
+    stage)."""
+    from dllm_rl.rl.block_size import run_block_sizes
+    from dllm_rl.rl.config import decode_config
+
+    for k, s in enumerate(trainer.base_cfg.curriculum.stages, start=1):
+        cfg = stage_config(trainer.base_cfg, k)
+        try:
+            run_block_sizes(cfg, trainer.model.block_size)
+            for evaluation in (False, True):
+                decode_config(cfg, trainer.model, evaluation=evaluation)
+        except ConfigError as exc:
+            raise ConfigError(f"curriculum.stages[{k - 1}]: {exc}") from None
+        if s.changes_data:
+            stage_task(trainer, k)
+
+
+def enter_stage(trainer: Any, stage: int) -> list[str]:
+    """Put ``trainer`` in stage ``stage``: its config (rollouts, updates, evaluation), its data and prompt stream
+    when they change; returns the changes in words."""
+    from dllm_rl.rl.block_size import run_block_sizes
+    from dllm_rl.training import IndexStream
+
+    base, old = trainer.base_cfg, trainer.cfg
+    new = stage_config(base, stage)
+    changes = [f"rollout.{n} {getattr(old.rollout, n)} -> {getattr(new.rollout, n)}"
+               for n in ("gen_length", "block_size", "temperature")
+               if getattr(old.rollout, n) != getattr(new.rollout, n)]
+    trainer.cfg = trainer.collector.cfg = trainer.updater.cfg = new
+    _, trainer.train_block, _ = run_block_sizes(new, trainer.model.block_size)
+    trainer.updater.train_block = trainer.train_block
+    data_changed = stage_data(base, stage) != stage_data(base, trainer.curriculum.stage)
+    if data_changed:
+        task, source = stage_task(trainer, stage)
+        trainer.train_task = trainer.collector.train_task = task
+        trainer.stream = trainer.collector.stream = IndexStream(len(task), seed=base.run.seed + stage)
+        if trainer.reward is None:
+            trainer.collector.reward_fn = task.reward_fn
+        changes.append(f"data: {len(task)} prompts of {source}" + (
+            f" where {' and '.join(stage_data(base, stage)[1])}" if stage_data(base, stage)[1] else ""))
+    trainer.curriculum.enter(stage, data_changed)
+    return changes
+
+
+def advance(trainer: Any, reward: float) -> str | None:
+    """After a step: record its mean reward and, when the next stage is due, enter it; returns the line that says
+    so (None: no switch)."""
+    cur = trainer.curriculum
+    if not cur.due(trainer.step_idx, reward):
+        return None
+    why = cur.why(trainer.step_idx)
+    stage = cur.stage + 1
+    changes = enter_stage(trainer, stage)
+    return f"curriculum: stage {stage} from step {trainer.step_idx + 1} ({why}): {'; '.join(changes) or 'no change'}"

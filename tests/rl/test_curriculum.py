@@ -1,0 +1,139 @@
+"""Curricula: stages switching at a step or on the rolling reward (data filter, generation length, block size,
+temperature), the switch printed and logged, exact resume across a boundary; online difficulty filtering with
+its pass rates resumed (tiny models, a few steps)."""
+
+import json
+
+import pytest
+import torch
+from rl_helpers import digit_reward, rl_overrides
+
+import dllm_rl.rl.collect as collect_mod
+from dllm_rl.config import ConfigError, from_dict, load_config
+from dllm_rl.models import load_model
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.curriculum import Curriculum, CurriculumConfig, CurriculumStage
+from dllm_rl.rl.loop import train
+from dllm_rl.rl.trainer import RLTrainer
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _rollouts(out):
+    return [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+
+
+def test_stages_switch_at_their_step_or_on_the_rolling_reward():
+    cur = Curriculum(CurriculumConfig(window=2, stages=[CurriculumStage(after_step=2),
+                                                        CurriculumStage(reward_above=0.5)]))
+    assert [cur.due(1, 0.9), cur.due(2, 0.9)] == [False, True]
+    cur.enter(1, data_changed=False)
+    # the rolling mean over the stage's own last 2 steps: (0.9) is not a full window, (0.9+0.0)/2, (0+1.2)/2 > 0.5
+    assert [cur.due(3, 0.9), cur.due(4, 0.0), cur.due(5, 1.2)] == [False, False, True]
+    assert cur.why(5) == "mean reward 0.6 of the last 2 steps > reward_above 0.5"
+    cur.enter(2, data_changed=True)
+    assert cur.due(6, 5.0) is False  # no stage left
+    with pytest.raises(ConfigError, match=r"^curriculum.stages\[0\]: after_step: give exactly one of after_step, "
+                                          r"reward_above"):
+        from_dict(RLConfig, {"curriculum": {"stages": [{"gen_length": 64}]}})
+    with pytest.raises(ConfigError, match=r"^curriculum.stages\[0\]: filter: write COLUMN OP VALUE"):
+        from_dict(RLConfig, {"curriculum": {"stages": [{"after_step": 1, "filter": "difficulty is hard"}]}})
+    with pytest.raises(ConfigError, match=r"^curriculum.pass_rate_band: give two numbers"):
+        from_dict(RLConfig, {"curriculum": {"pass_rate_band": [0.9, 0.1]}})
+
+
+STAGES = ("curriculum.stages=[{after_step: 1, gen_length: 16, temperature: 0.7}, "
+          "{reward_above: -1.0, filter: 'target <= 4', block_size: 8}]")
+COMMON = ["algorithm=tracerl", "train.max_steps=4", "run.save_every=1", "run.keep_checkpoints=4",
+          "train.micro_batch_size=4", "curriculum.window=1", STAGES]
+
+
+def test_stages_change_rollouts_and_data_are_logged_and_resume_exactly(rl_setup, tmp_path, monkeypatch, capsys):
+    """Stage 1 after step 1 (longer, cooler rollouts); stage 2 once the last step's reward is above -1 (after step 2:
+    block 8, only rows with target <= 4). 4 steps straight == a resume from the step-2 checkpoint, in stage 2."""
+    seen, real = [], collect_mod.generate_batched
+
+    def gen(model, prompts, config, *a, **k):
+        seen.append((config.gen_length, config.block_size, config.temperature))
+        return real(model, prompts, config, *a, **k)
+
+    monkeypatch.setattr(collect_mod, "generate_batched", gen)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *COMMON)), reward_fn=digit_reward)
+    assert seen == [(8, 4, 1.0), (16, 4, 0.7), (16, 8, 0.7), (16, 8, 0.7)]
+    out = capsys.readouterr().out
+    assert "curriculum: stage 1 from step 2 (after_step 1): rollout.gen_length 8 -> 16; rollout.temperature 1.0 -> " \
+           "0.7" in out
+    assert ("curriculum: stage 2 from step 3 (mean reward " in out and "of the last 1 steps > reward_above -1): "
+            "rollout.block_size None -> 8; data: 15 prompts of " in out and "train.jsonl where target <= 4" in out)
+    assert [m["curriculum_stage"] for m in _metrics(straight) if "reward" in m] == [1.0, 2.0, 2.0, 2.0]
+    steps = _rollouts(straight)
+    targets = {int(r["prompt"].split("target")[-1]) for r in steps if r["step"] > 2}  # "nums 1 2 1 target 1"
+    assert targets and max(targets) <= 4
+    saved = json.loads((straight / "checkpoints" / "step-0000002" / "trainer_state.json").read_text())
+    assert saved["extra"]["curriculum"]["stage"] == 2
+    seen.clear()
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *COMMON,
+                                                   f"run.resume={straight / 'checkpoints' / 'step-0000002'}")),
+          reward_fn=digit_reward)
+    assert seen == [(16, 8, 0.7), (16, 8, 0.7)]
+    assert [r for r in steps if r["step"] > 2] == _rollouts(resumed)
+    keys = ("step", "reward", "completion_length", "nfe", "lr", "kept_samples", "curriculum_stage")
+    assert ([{k: m[k] for k in keys} for m in _metrics(straight) if m["step"] > 2 and "reward" in m]
+            == [{k: m[k] for k in keys} for m in _metrics(resumed) if "reward" in m])
+    a, b = (load_model(out / "final").hf_model.state_dict() for out in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _parity_reward(prompts, completions, target=None, **cols):
+    """1 (plus a little) for every sample of an even target, a little for an odd one: pass rates 1 and 0."""
+    return [float(t % 2 == 0) + 0.1 * d for t, d in zip(target, digit_reward(prompts, completions))]
+
+
+def test_online_difficulty_filtering_skips_prompts_outside_the_band_and_resumes(rl_setup, tmp_path, monkeypatch):
+    """Four prompts (targets 7, 6, 4, 3), two per step: after the first epoch (2 steps) the even targets, which
+    always pass (pass rate 1, above the band [0, 0.5]), are skipped; the pass rates travel in checkpoints."""
+    common = ["algorithm=tracerl", "data.train_limit=4", "train.max_steps=4", "run.save_every=1",
+              "run.keep_checkpoints=4",
+              "curriculum.pass_rate_band=[0.0, 0.5]", "drop_zero_variance=false"]
+    trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / "t", *common)),
+                        reward_fn=_parity_reward)
+    drawn, real_draw = [], trainer.collector.draw
+    trainer.collector.draw = lambda k: drawn.append(real_draw(k)) or drawn[-1]
+    skipped = []
+    for _ in range(4):
+        skipped.append(trainer.step().metrics["skipped_prompts"])
+        trainer.step_idx += 1
+    targets = [[trainer.train_task[i]["target"] for i in idx] for idx in drawn]
+    assert sorted(targets[0] + targets[1]) == [3, 4, 6, 7]  # the first epoch: every prompt, none known yet
+    assert [sorted(t) for t in targets[2:]] == [[3, 7], [3, 7]]
+    assert skipped == [0.0, 0.0, 2.0, 1.0]  # the even targets met before the odd ones in the seeded permutations
+    assert trainer.curriculum.pass_rates == {i: float(trainer.train_task[i]["target"] % 2 == 0) for i in range(4)}
+    trainer.close()
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=_parity_reward)
+    ckpt = straight / "checkpoints" / "step-0000002"
+    rates = json.loads((ckpt / "trainer_state.json").read_text())["extra"]["curriculum"]["pass_rates"]
+    assert sorted(rates.values()) == [0.0, 0.0, 1.0, 1.0]
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", resumed, *common, f"run.resume={ckpt}")),
+          reward_fn=_parity_reward)
+    assert [r for r in _rollouts(straight) if r["step"] > 2] == _rollouts(resumed)
+    assert [m["skipped_prompts"] for m in _metrics(resumed) if "loss" in m] == [2.0, 1.0]
+    assert torch.equal(torch.tensor([m["loss"] for m in _metrics(straight) if "loss" in m][2:]),
+                       torch.tensor([m["loss"] for m in _metrics(resumed) if "loss" in m]))
+
+
+def test_a_bad_stage_is_refused_before_any_rollout(rl_setup, tmp_path):
+    for stage, message in (
+        ("{after_step: 1, gen_length: 6}", r"^curriculum.stages\[0\]: rollout.gen_length: 6 is not a multiple of the "
+                                           r"model's block_size \(4\)"),
+        ("{after_step: 1, filter: 'target > 99'}", r"^curriculum.stages\[0\].filter: no row of .*train.jsonl passes "
+                                                   r"target > 99"),
+        ("{after_step: 1, filter: 'level > 2'}", r"^curriculum.stages\[0\].filter: .*train.jsonl, line 1 has no column "
+                                                 r"'level'"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "run.overwrite=true",
+                                                               f"curriculum.stages=[{stage}]")))
