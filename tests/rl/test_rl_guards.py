@@ -171,9 +171,9 @@ def test_a_finite_absurd_learning_rate_stops_the_run_in_one_line_naming_the_step
     see) and the NaN-loss guard stops the run, naming the step and the learning rate. (At optim.lr=1e3 the tiny
     model's weights stay finite and its losses too: nothing stops that run.)"""
     assert rl_cli("optim.lr=1e10", "train.max_steps=5", "train.max_bad_steps=2", "drop_zero_variance=false",
-                  "reward=rl_helpers:digit_reward") == (2, [
-        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (train.max_bad_steps=2); lower the learning "
-        "rate (optim.lr=1e+10) or check the rewards"])
+                  "reward.function=rl_helpers:digit_reward") == (2, [
+        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (train.max_bad_steps=2); lower the "
+        "learning rate (optim.lr=1e+10) or check the rewards"])
     assert [m["bad_updates"] for m in _metrics(tmp_path / "run")] == [0.0, 1.0]
     assert _nothing_published(tmp_path / "run")
 
