@@ -78,13 +78,15 @@ def test_demo_decodes_a_block_model_at_another_block_size(tmp_path, capsys):
     records it in the metadata and leaves the model's own block as it was; full-attention models refuse it."""
     from dllm_rl.eval.harness import EvalRunConfig, run_eval
     from dllm_rl.models import load_model
+    from dllm_rl.training.run_config import RunConfig
 
     model = load_model(DEMO_DIR / "sdar-countdown")
     nfe = {}
     for block in (8, None):
         cfg = EvalRunConfig(model_dir=str(DEMO_DIR / "sdar-countdown"), task="countdown", data=str(HELDOUT),
-                            output_dir=str(tmp_path / f"b{block}"), limit=4, prompt_style="compact",
-                            decode={"gen_length": 32, "block_length": 4}, block_size=block, progress=False)
+                            limit=4, prompt_style="compact", decode={"gen_length": 32, "block_length": 4},
+                            block_size=block,
+                            run=RunConfig(output_dir=str(tmp_path / f"b{block}"), progress=False))
         summary = run_eval(cfg, model=model, log=lambda msg: None)
         nfe[block] = summary["settings"]["default"]["metrics"]["nfe_mean"]
         assert model.block_size == 4

@@ -16,6 +16,7 @@ from dllm_rl.eval.passk import pass_at_k
 from dllm_rl.eval.settings import Setting, load_settings_file, parse_setting, resolve_decode
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.sampling import Rollout
+from dllm_rl.training.run_config import RunConfig
 
 # Countdown items in the d1/ESPO file format; compact prompts are "nums a b c target t\n".
 ITEMS = [(1, 2, 3), (4, 5, 6), (7, 8, 9), (2, 3, 4), (5, 5, 5), (1, 1, 1)]
@@ -47,7 +48,8 @@ def _cfg(d: Path, out: str, **kw) -> EvalRunConfig:
                 task_options={"task_type": "countdown"}, prompt_style="compact",
                 decode={"gen_length": 8, "block_length": 8}, batch_size=4, progress=False)
     base.update(kw)
-    return EvalRunConfig(**base)
+    run = {k: base.pop(k) for k in ("output_dir", "seed", "overwrite", "progress") if k in base}
+    return EvalRunConfig(**base, run=RunConfig(**run))
 
 
 def _strip_time(recs):

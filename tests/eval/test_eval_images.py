@@ -16,6 +16,7 @@ from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.models.magvit import MagvitConfig, MagvitEncoder
 from dllm_rl.tasks.shapes import make_shapes, write_shapes
+from dllm_rl.training.run_config import RunConfig
 
 TINY_VQ = MagvitConfig(ch=32, ch_mult=(1, 2), num_res_blocks=(1, 1), z_channels=5)  # 32 codes, 8x8 at 16 px
 
@@ -50,9 +51,9 @@ def workdir(tmp_path_factory) -> Path:
 
 def _cfg(d: Path, family: str, **kw) -> EvalRunConfig:
     return EvalRunConfig(model_dir=str(d / family), task="shapes", data=str(d / "shapes.jsonl"),
-                         output_dir=str(d / f"out_{family}"), prompt_style="compact",
-                         decode={"gen_length": 8, "block_length": 8, "steps": 8}, batch_size=2, progress=False,
-                         trace_items=2, **kw)
+                         prompt_style="compact", decode={"gen_length": 8, "block_length": 8, "steps": 8},
+                         batch_size=2, trace_items=2,
+                         run=RunConfig(output_dir=str(d / f"out_{family}"), progress=False), **kw)
 
 
 def _count_generate(monkeypatch) -> list:
@@ -114,8 +115,8 @@ def test_mmada_without_its_vq_encoder_is_one_line(workdir, tmp_path):
 
     shutil.copytree(workdir / "mmada", tmp_path / "m", ignore=shutil.ignore_patterns("vq_model"))
     cfg = EvalRunConfig(model_dir=str(tmp_path / "m"), task="shapes", data=str(workdir / "shapes.jsonl"),
-                        output_dir=str(tmp_path / "o"), prompt_style="compact", progress=False,
-                        decode={"gen_length": 8, "block_length": 8})
+                        prompt_style="compact", decode={"gen_length": 8, "block_length": 8},
+                        run=RunConfig(output_dir=str(tmp_path / "o"), progress=False))
     with pytest.raises(UserError, match=r"^MMaDA reads images through a MAGVIT-v2 VQ encoder, and none was found "
                                         r"\(.*m/vq_model\): put the showlab/magvitv2 checkpoint in the model's "
                                         r"vq_model/ folder or set vq_model$"):

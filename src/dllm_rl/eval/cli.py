@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dllm_rl.config.flags import add_config_arguments, given_values
 from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 
@@ -73,6 +74,7 @@ def eval_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.eval.harness import EvalRunConfig, run_eval
     from dllm_rl.eval.settings import load_settings_file, parse_setting
+    from dllm_rl.training.run_config import RunConfig
 
     if args.threads is not None:
         if args.threads < 1:
@@ -97,17 +99,15 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.task_type:
         task_options["task_type"] = args.task_type
     model_dir = Path(args.model_dir)
-    default_name = f"{model_dir.resolve().name}-{Path(task).stem}-{args.split}"
-    output = args.output or str(Path("runs") / "eval" / default_name)
-    try:  # EvalRunConfig checks its ranges; its field names are the flags' names
-        cfg = EvalRunConfig(
-            model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data, limit=args.limit,
-            num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
-            device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
-            task_options=task_options, decode=decode, settings=settings, block_size=args.block_size,
-            trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
-            command=_command_line(args),
-        )
+    default_name = f"{model_dir.resolve().name}-{Path(task).stem}-{given_values(args, EvalRunConfig)['split']}"
+    run = given_values(args, RunConfig, "run.")
+    run.setdefault("output_dir", str(Path("runs") / "eval" / default_name))
+    output = run["output_dir"]
+    fields = {**given_values(args, EvalRunConfig), "task": task, "data": data, "prompt_style": prompt_style}
+    try:  # EvalRunConfig checks its ranges; the flags are generated from its fields (and the run section's)
+        cfg = EvalRunConfig(model_dir=args.model_dir, task_options=task_options, decode=decode, settings=settings,
+                            command=_command_line(args), run=RunConfig(**run),
+                            **{k: v for k, v in fields.items() if k not in ("model_dir", "command")})
     except FieldError as exc:
         raise UserError(f"--{exc.key.replace('_', '-')}: {exc.problem}") from None
     summary = run_eval(cfg)
@@ -116,6 +116,9 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def register_eval(sub) -> None:
+    from dllm_rl.eval.harness import EvalRunConfig
+    from dllm_rl.training.run_config import RunConfig
+
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint on a task under one or more decoding settings (resumable)",
         description="Decode a task's items, score them and write items/<setting>.jsonl, summary.json, summary.md "
@@ -125,37 +128,25 @@ def register_eval(sub) -> None:
     )
     p.add_argument("model_dir", help="checkpoint directory (config.json + safetensors + tokenizer) "
                    "or a hub id org/name[@revision]")
-    p.add_argument("--task", default=None, help="gsm8k | math | countdown | sudoku | code | a local data file")
     p.add_argument("--demo", action="store_true",
                    help="evaluate a shipped demo checkpoint as `make demo` reports it: the held-out countdown file, "
                    "compact prompts, greedy one token per step, its RL config's gen_length/block_length "
                    "(explicit flags win)")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="block models: decode in blocks of this size (default: the model's block_size); e.g. "
-                   "--demo --block-size 8 for a block-4 demo model trained at block 8 (rl-block8.yaml)")
     p.add_argument("--task-type", default=None, help="which task a data file given as --task holds (e.g. countdown)")
-    p.add_argument("--split", default="test", help="data split (default test)")
-    p.add_argument("--data", default=None, help="data file instead of the task's default file for --split")
-    p.add_argument("--limit", type=int, default=None, help="evaluate the first N items only")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per item, k of pass@k (default 1)")
     p.add_argument("--setting", action="append", metavar="NAME[:KEY=VAL,...]",
                    help="a named decoding setting over the base flags, repeatable: e.g. static1:tokens_per_step=1, "
                    "dyn:threshold=0.9, b8:block_length=8,cache=prefix. Keys: DecodeConfig fields or tokens_per_step")
     p.add_argument("--settings-file", default=None,
                    help="YAML file of settings: {name: {key: value}} or a list of {name: ..., key: value}")
-    p.add_argument("-o", "--output", default=None, help="output directory (default runs/eval/<model>-<task>-<split>)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences decoded together (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL_DIR)")
-    p.add_argument("--prompt-style", default=None, help="chat | plain | compact (default: the task's)")
-    p.add_argument("--system-prompt", default=None, help="system prompt for chat templates")
     p.add_argument("--task-option", action="append", metavar="KEY=VALUE", help="extra get_task option, repeatable")
-    p.add_argument("--trace-items", type=int, default=0, help="write traces/<setting>.html for the first N items")
-    p.add_argument("--overwrite", action="store_true", help="discard earlier results in --output instead of resuming")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    # one flag per EvalRunConfig field (--task, --limit, --num-samples, ...) and per run-section field it uses
+    add_config_arguments(p, EvalRunConfig, exclude=("model_dir", "command"), title="evaluation (EvalRunConfig)")
+    add_config_arguments(p, RunConfig, title="run (the run section shared with rl and sft)", dest_prefix="run.",
+                         exclude=("resume", "save_every", "keep_checkpoints", "push_to_hub", "report_to",
+                                  "distributed_timeout_s"),
+                         aliases={"output_dir": ("-o", "--output")}, with_defaults=False,
+                         defaults=RunConfig(output_dir="runs/eval/MODEL-TASK-SPLIT"))
     p.add_argument("--json", action="store_true", help="print summary.json instead of the Markdown table")
     # per-sample seeds derive from --seed; --block-size above also checks the model and is recorded in meta.json
     add_decode_arguments(p, exclude=("seed", "block_size"))

@@ -49,6 +49,7 @@ from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
 from dllm_rl.models.checks import check_model_tokenizer
 from dllm_rl.seeding import derive_seed
 from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
+from dllm_rl.training.run_config import RunConfig
 
 #: how a sample's decoding seed is made (in meta.json; a directory of another rule is not resumed)
 SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
@@ -57,17 +58,17 @@ SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i
 # ------------------------------------------------------------------------------------------------ config
 @dataclass
 class EvalRunConfig(Checked):
-    """One ``dllm-rl eval`` call (its ranges checked at construction, so a bad flag fails before any loading)."""
+    """One ``dllm-rl eval`` call (its ranges checked at construction, so a bad flag fails before any loading); its
+    flags are generated from these fields (``--num-samples``, ...) and from the run section's (``--output-dir``,
+    ``--seed``, ``--overwrite``, ``--progress``)."""
 
     model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
     task: str = field(help="gsm8k | math | countdown | sudoku | code | a local data file (.jsonl/.csv/...).")
-    output_dir: str = field(help="Where results go; an existing directory of the same evaluation is resumed.")
     split: str = field("test", help="Data split of the task's default files.")
     data: str | None = field(None, help="Data file to use instead of the task's default file for `split`.")
     limit: int | None = field(None, ge=1, help="Evaluate only the first N items (the same N items every time).")
     num_samples: int = field(1, ge=1, help="Samples per item (k of pass@k); needs temperature > 0 to differ.")
     batch_size: int = field(16, ge=1, help="Sequences decoded together (results do not depend on it).")
-    seed: int = field(0, help="Base seed; sample s of item i uses its own seed derived from (seed, i, s).")
     dtype: str = field("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.")
     device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
     tokenizer: str | None = field(None, help="Tokenizer directory (default: the model directory).")
@@ -80,9 +81,21 @@ class EvalRunConfig(Checked):
                                    "model's own block_size; TraceRL's block-size adaptation trains a model to decode "
                                    "at another).")
     trace_items: int = field(0, ge=0, help="Write an HTML decoding trace of the first N items per setting.")
-    overwrite: bool = field(False, help="Delete earlier results in output_dir instead of resuming.")
-    progress: bool = field(True, help="Show a progress bar.")
     command: str | None = field(None, help="The command line, recorded in the metadata.")
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(output_dir="runs/eval"),
+        help="the shared run section: output_dir (an existing directory of the same evaluation is resumed: "
+        "evaluation always continues what is there), seed (sample s of item i uses its own seed derived from "
+        "(seed, i, s)), overwrite (delete earlier results instead of resuming), progress")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        given = [f"run.{k}" for k, v in (("resume", self.run.resume not in (None, "auto", "latest")),
+                                           ("push_to_hub", self.run.push_to_hub), ("report_to", self.run.report_to),
+                                           ("save_every", self.run.save_every)) if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: not used by an evaluation (it writes results, not checkpoints, "
+                              "and continues the results in run.output_dir); leave them unset")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -183,7 +196,7 @@ class PreparedEval:
 def prepare(cfg: EvalRunConfig) -> PreparedEval:
     """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
     loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
-    out = Path(cfg.output_dir)
+    out = Path(cfg.run.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"output directory {out} is a file; give a directory (-o)")
     from dllm_rl.hub import resolve_model_path
@@ -232,7 +245,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         "limit": cfg.limit,
         "items": len(examples),
         "num_samples": cfg.num_samples,
-        "seed": cfg.seed,
+        "seed": cfg.run.seed,
         "seed_rule": SEED_RULE,
         "dtype": dtype,
         "settings": {n: {"overrides": to_dict(s.overrides), "decode": decodes[n].as_dict()}
@@ -242,7 +255,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     }
     if cfg.block_size is not None:  # only when given, so that earlier evaluations still resume
         meta["block_size"] = cfg.block_size
-    check_resume(out, meta, cfg.overwrite)
+    check_resume(out, meta, cfg.run.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
 
 
@@ -255,7 +268,7 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
     log = log or (lambda msg: print(msg, file=sys.stderr))
     prep = prepare(cfg)
     out = prep.out
-    if cfg.overwrite and out.exists():
+    if cfg.run.overwrite and out.exists():
         for p in [out / "meta.json", out / "summary.json", out / "summary.md", out / "accuracy_vs_nfe.png"]:
             p.unlink(missing_ok=True)
         for d in (out / "items", out / "traces"):
@@ -352,7 +365,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInpu
         # Similar lengths together (less padding); results do not depend on the grouping.
         pending.sort(key=lambda p: (inputs.length(p[0]), p[0], p[1]))
         bar = None
-        if cfg.progress:
+        if cfg.run.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=total, initial=total - len(pending), desc=setting.name, unit="sample",
@@ -361,7 +374,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInpu
         n_new = 0
         for start in range(0, len(pending), cfg.batch_size):
             chunk = pending[start: start + cfg.batch_size]
-            seeds = [sample_seed(cfg.seed, i, s) for i, s in chunk]
+            seeds = [sample_seed(cfg.run.seed, i, s) for i, s in chunk]
             t0 = time.perf_counter()
             ids, images, _ = inputs.batch([i for i, _ in chunk])
             roll = generate(model, ids, resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
@@ -407,7 +420,7 @@ def _write_traces(prep: PreparedEval, model, setting: Setting, inputs: PromptInp
     from dllm_rl.sampling import generate
 
     n = min(prep.cfg.trace_items, len(prep.examples))
-    seeds = [sample_seed(prep.cfg.seed, i, 0) for i in range(n)]
+    seeds = [sample_seed(prep.cfg.run.seed, i, 0) for i in range(n)]
     prompt_ids, pim, images = inputs.batch(list(range(n)))
     roll = generate(model, prompt_ids, resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
                     block_cache=resolved.block_cache, images=pim)
