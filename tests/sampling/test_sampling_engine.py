@@ -153,3 +153,33 @@ def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
         sdar.add_request(list(range(10)))
     with pytest.raises(ValueError, match="slots"):
         EngineConfig(slots=0)
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_generate_batched_with_an_engine_gives_the_fixed_batch_rollout(tiny_models, family):
+    from dllm_rl.sampling import generate_batched
+
+    model = tiny_models[family]
+    prompts = _prompts(LENGTHS[:6], seed=5)
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=1.0, confidence="random", threshold=0.3, seed=2)
+    fixed = generate_batched(model, prompts, config, batch_size=4)
+    cont = generate_batched(model, prompts, config, engine=EngineConfig(slots=2))
+    for name in ("prompt_ids", "completion_ids", "completion_mask", "step_map", "nfe"):
+        assert torch.equal(getattr(cont, name), getattr(fixed, name)), name
+    assert len(set(fixed.nfe.tolist())) > 1
+
+
+def test_generate_batched_falls_back_to_fixed_batches_where_the_engine_cannot_decode(fakes):
+    from dllm_rl.sampling import generate_batched
+    from dllm_rl.sampling.engine import engine_refusal
+
+    model = fakes.fake_model(fakes.table_from({}))
+    prefix = DecodeConfig(gen_length=8, block_length=4, cache="prefix")
+    assert "cache 'prefix'" in engine_refusal(model, prefix)
+    assert "prefilled" in engine_refusal(model, DecodeConfig(gen_length=8, block_length=4), prefill=[{0: 3}])
+    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4), prefill=[{}]) is None
+    for config, prefill in ((prefix, None), (DecodeConfig(gen_length=8, block_length=4), [{0: 3}])):
+        got = generate_batched(model, [[1, 2]], config, prefill=prefill, engine=EngineConfig(slots=2))
+        ref = generate_batched(model, [[1, 2]], config, prefill=prefill)
+        assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.step_map, ref.step_map)
+    assert got.completion_ids[0, 0] == 3 and got.step_map[0, 0] == -1  # the prefilled token, as generate puts it

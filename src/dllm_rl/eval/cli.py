@@ -102,8 +102,9 @@ def eval_command(args: argparse.Namespace) -> int:
     try:  # EvalRunConfig checks its ranges; its field names are the flags' names
         cfg = EvalRunConfig(
             model_dir=args.model_dir, task=task, output_dir=output, split=args.split, data=data, limit=args.limit,
-            num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
-            device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style, system_prompt=args.system_prompt,
+            num_samples=args.num_samples, batch_size=args.batch_size, slots=args.slots, seed=args.seed,
+            dtype=args.dtype, device=args.device, tokenizer=args.tokenizer, prompt_style=prompt_style,
+            system_prompt=args.system_prompt,
             task_options=task_options, decode=decode, settings=settings, block_size=args.block_size,
             trace_items=args.trace_items, overwrite=args.overwrite, progress=not args.no_progress,
             command=_command_line(args),
@@ -145,6 +146,9 @@ def register_eval(sub) -> None:
                    help="YAML file of settings: {name: {key: value}} or a list of {name: ..., key: value}")
     p.add_argument("-o", "--output", default=None, help="output directory (default runs/eval/<model>-<task>-<split>)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences decoded together (default 16)")
+    p.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="decode with the continuous-batching engine, N sequences at a time (same results; "
+                   "--batch-size samples are then written together). Default: fixed batches")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")

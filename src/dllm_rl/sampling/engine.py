@@ -91,18 +91,31 @@ class Completion:
     rollout: Rollout
 
 
+def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, images=None) -> str | None:
+    """Why the engine cannot decode this call (``None``: it can); :func:`~dllm_rl.sampling.generate` serves
+    every case named here."""
+    if not model.is_block_causal and config.cache != "none":
+        return (f"the continuous-batching engine decodes full-attention models without a cache; cache "
+                f"{config.cache!r} (Fast-dLLM's approximation) needs generate's fixed batches; set cache: none")
+    if model.is_block_causal and model.family.shift:
+        return (f"the continuous-batching engine does not decode the shifted block family {model.family.name!r} "
+                "yet; use generate")
+    if images is not None:
+        return "the continuous-batching engine does not decode image prompts yet; use generate"
+    if prefill is not None and any(prefill):
+        return "the continuous-batching engine does not decode prefilled completion tokens yet; use generate"
+    return None
+
+
 class Engine:
     """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
 
     def __init__(self, model: DiffusionLM, config: DecodeConfig, engine: EngineConfig | None = None, tokenizer=None):
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-        if not model.is_block_causal and config.cache != "none":
-            raise UserError(f"the continuous-batching engine decodes full-attention models without a cache; cache "
-                            f"{config.cache!r} (Fast-dLLM's approximation) needs generate, or set cache: none")
-        if model.is_block_causal and model.family.shift:
-            raise UserError(f"the continuous-batching engine does not decode the shifted block family "
-                            f"{model.family.name!r} yet; use generate")
+        refusal = engine_refusal(model, config)
+        if refusal is not None:
+            raise UserError(refusal)
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
