@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import httpx
     import torch
-    from conftest import running
+    from serve_helpers import running
 
     from dllm_rl.sampling import DecodeConfig
     from dllm_rl.serve.cli import build_server

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import DEMO, Gate, free_port, running
+from serve_helpers import DEMO, Gate, free_port, running
 
 from dllm_rl.sampling import DecodeConfig, generate
 
@@ -88,15 +88,15 @@ def test_completions_and_chat_streaming_and_not(make_server, demo_model):
 
 def test_concurrent_clients_get_what_sequential_calls_get(make_server):
     bodies = [{"prompt": p, "max_tokens": 8 + 4 * (i % 3), "seed": i, "temperature": 0.8 * (i % 2),
-               **({"threshold": 0.4} if i % 3 else {"steps": 2})} for i, p in enumerate(PROMPTS * 3)]
-    with running(make_server(BASE, slots=8)) as url, httpx.Client(base_url=url, timeout=60) as client:
+               **({"threshold": 0.4} if i % 3 else {"steps": 2})} for i, p in enumerate(PROMPTS * 4)]
+    with running(make_server(BASE, slots=32)) as url, httpx.Client(base_url=url, timeout=60) as client:
         one = [client.post("/v1/completions", json=b).json()["choices"][0] for b in bodies]
         steps_one = _metrics(client)["engine_steps_total"]
         with ThreadPoolExecutor(len(bodies)) as pool:
             many = list(pool.map(lambda b: client.post("/v1/completions", json=b).json()["choices"][0], bodies))
         steps_many = _metrics(client)["engine_steps_total"] - steps_one
     assert many == one and len({c["text"] for c in one}) > 5
-    assert steps_many < steps_one / 2  # the 24 requests shared their steps
+    assert steps_many < steps_one / 2  # the 32 requests shared their steps
 
 
 INVALID = [
