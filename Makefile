@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[test]"
+	$(PIP) install --quiet -e ".[test,serve]"
 	touch $@
 
 install: $(VENV)/.installed

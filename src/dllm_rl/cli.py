@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sft": "dllm_rl.sft.cli",
     "rl / demo": "dllm_rl.rl.cli",
     "eval / trace / plot": "dllm_rl.eval.cli",
+    "serve": "dllm_rl.serve.cli",
 }
 
 

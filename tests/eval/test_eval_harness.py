@@ -208,6 +208,25 @@ def test_block_model_cache_on_and_off_give_same_tokens(workdir):
     assert summary["settings"]["cache"]["decode"]["steps"] == 2  # block_size 4, 2 tokens per step
 
 
+def test_slots_decode_with_the_engine_to_the_same_records(workdir, monkeypatch):
+    import dllm_rl.sampling.engine as engine_mod
+
+    runs, real = [], engine_mod.Engine.run
+    monkeypatch.setattr(engine_mod.Engine, "run", lambda self, p, s=None: runs.append(len(p)) or real(self, p, s))
+    settings = [parse_setting("dyn:threshold=0.3,temperature=1.0"),
+                parse_setting("nocache:block_cache=false,temperature=1.0")]
+    common = dict(model_dir=str(workdir / "sdar"), limit=5, num_samples=2, settings=settings, decode={"gen_length": 8})
+    fixed = run_eval(_cfg(workdir, "fixed_batches", **common), log=lambda m: None)
+    engine = run_eval(_cfg(workdir, "slots", slots=3, batch_size=6, **common), log=lambda m: None)
+    assert runs == [6, 4]  # the 10 samples of the cached setting, written 6 at a time; the uncached one: fixed
+    assert _metrics(engine) == _metrics(fixed)
+    for name in ("dyn", "nocache"):
+        a = _strip_time(read_records(workdir / "slots" / "items" / f"{name}.jsonl"))
+        b = _strip_time(read_records(workdir / "fixed_batches" / "items" / f"{name}.jsonl"))
+        assert sorted(a, key=lambda r: (r["index"], r["sample"])) == sorted(b, key=lambda r: (r["index"], r["sample"]))
+    assert len({r["nfe"] for r in a}) > 1
+
+
 # ------------------------------------------------------------------------------------------ settings
 def test_parse_settings_and_shortcuts(tmp_path):
     s = parse_setting("b8:block_length=8,cache=prefix")

@@ -60,3 +60,24 @@ def test_generate_errors_are_clear(model_dir, tmp_path):
         _run(["generate", str(model_dir), "--prompt", "a", "--threshold", "1.5"])
     with pytest.raises(ValueError, match="multiple of block_length"):
         _run(["generate", str(model_dir), "--prompt", "a", "--gen-length", "6", "--block-length", "4"])
+
+
+def test_generate_slots_decodes_with_the_engine_to_the_same_trace(model_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("abc", "bad", "cafe", "h", "ffff")) + "\n")
+    common = ["generate", str(model_dir), "--prompts-file", str(prompts), "--gen-length", "8", "--block-length", "4",
+              "--threshold", "0.3", "--confidence", "random", "--temperature", "1.0", "--no-stop-on-eos",
+              "--progress"]
+    rows = {}
+    for name, extra in (("fixed", ["--batch-size", "5"]), ("engine", ["--slots", "2"])):
+        assert _run([*common, *extra, "--trace", str(tmp_path / f"{name}.jsonl")]) == 0
+        rows[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    out = capsys.readouterr().out
+    assert "5 prompts" in out and "(2 slots)" in out  # the engine's progress line
+    assert [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["engine"]] == \
+        [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["fixed"]]
+    assert len({r["nfe"] for r in rows["fixed"]}) > 1  # rows finished after different numbers of steps
+    with pytest.raises(ValueError, match=r"--slots: .*cache 'prefix' .*set cache: none \(drop --slots\)"):
+        _run(["generate", str(model_dir), "--prompt", "a", "--cache", "prefix", "--slots", "2"])
+    with pytest.raises(SystemExit):
+        _run(["generate", str(model_dir), "--prompt", "a", "--slots", "0"])

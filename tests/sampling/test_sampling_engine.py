@@ -153,3 +153,60 @@ def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
         sdar.add_request(list(range(10)))
     with pytest.raises(ValueError, match="slots"):
         EngineConfig(slots=0)
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_generate_batched_with_an_engine_gives_the_fixed_batch_rollout(tiny_models, family):
+    from dllm_rl.sampling import generate_batched
+
+    model = tiny_models[family]
+    prompts = _prompts(LENGTHS[:6], seed=5)
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=1.0, confidence="random", threshold=0.3, seed=2)
+    fixed = generate_batched(model, prompts, config, batch_size=4)
+    cont = generate_batched(model, prompts, config, engine=EngineConfig(slots=2))
+    for name in ("prompt_ids", "completion_ids", "completion_mask", "step_map", "nfe"):
+        assert torch.equal(getattr(cont, name), getattr(fixed, name)), name
+    assert len(set(fixed.nfe.tolist())) > 1
+
+
+def test_generate_batched_falls_back_to_fixed_batches_where_the_engine_cannot_decode(fakes):
+    from dllm_rl.sampling import generate_batched
+    from dllm_rl.sampling.engine import engine_refusal
+
+    model = fakes.fake_model(fakes.table_from({}))
+    prefix = DecodeConfig(gen_length=8, block_length=4, cache="prefix")
+    assert "cache 'prefix'" in engine_refusal(model, prefix)
+    assert "prefilled" in engine_refusal(model, DecodeConfig(gen_length=8, block_length=4), prefill=[{0: 3}])
+    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4), prefill=[{}]) is None
+    for config, prefill in ((prefix, None), (DecodeConfig(gen_length=8, block_length=4), [{0: 3}])):
+        got = generate_batched(model, [[1, 2]], config, prefill=prefill, engine=EngineConfig(slots=2))
+        ref = generate_batched(model, [[1, 2]], config, prefill=prefill)
+        assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.step_map, ref.step_map)
+    assert got.completion_ids[0, 0] == 3 and got.step_map[0, 0] == -1  # the prefilled token, as generate puts it
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_requests_with_their_own_rules_share_the_steps_and_decode_as_alone(tiny_models, family):
+    model = tiny_models[family]
+    prompts = _prompts(LENGTHS[:6], seed=6)
+    base = DecodeConfig(gen_length=8, block_length=4)
+    own = [base, DecodeConfig(gen_length=8, block_length=4, threshold=0.3, temperature=1.0, confidence="random"),
+           DecodeConfig(gen_length=8, block_length=4, steps=2, temperature=0.7, top_k=5, top_p=0.9),
+           None, DecodeConfig(gen_length=8, block_length=4, steps=1, stop_on_eos=False, seed=40), base]
+    engine = Engine(model, base, EngineConfig(slots=6))
+    ids = [engine.add_request(p, seed=None if c is not None and c.seed == 40 else 7 + i, config=c)
+           for i, (p, c) in enumerate(zip(prompts, own))]
+    done, steps = {}, 0
+    while engine.has_unfinished():
+        done.update({c.request_id: c.rollout for c in engine.step()})
+        steps += 1
+    for i, (rid, p, c) in enumerate(zip(ids, prompts, own)):
+        cfg = c or base
+        alone = generate(model, [p], cfg, seeds=[cfg.seed + rid if cfg.seed == 40 else 7 + i])
+        assert torch.equal(done[rid].completion_ids, alone.completion_ids), rid
+        assert torch.equal(done[rid].step_map, alone.step_map), rid
+    # one token a step; the random threshold; 2 steps a block; 1 step a block (sdar: rows rounded to the block)
+    assert [int(done[r].nfe) for r in ids] == {"llada": [8, 5, 4, 8, 2, 8], "sdar": [11, 5, 6, 10, 3, 10]}[family]
+    assert steps == max(int(done[r].nfe) for r in ids)  # one step served every request at once
+    with pytest.raises(ValueError, match=r"block_length: 8 differs from the engine's 4; every request shares"):
+        engine.add_request([1], config=DecodeConfig(gen_length=8, block_length=8))

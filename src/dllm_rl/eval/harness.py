@@ -69,6 +69,10 @@ class EvalRunConfig(Checked):
     limit: int | None = field(None, ge=1, help="Evaluate only the first N items (the same N items every time).")
     num_samples: int = field(1, ge=1, help="Samples per item (k of pass@k); needs temperature > 0 to differ.")
     batch_size: int = field(16, ge=1, help="Sequences decoded together (results do not depend on it).")
+    slots: int | None = field(
+        None, ge=1, help="Decode each batch with the continuous-batching engine, this many sequences at a time (a "
+        "finished one replaced at once by the next); batch_size then counts the samples written together. Results do "
+        "not depend on it; a setting the engine cannot decode (a Fast-dLLM cache) uses fixed batches.")
     dtype: str = field("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.")
     device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
     tokenizer: str | None = field(None, help="Tokenizer directory (default: the model directory).")
@@ -348,10 +352,22 @@ class PromptInputs:
         return ids, pim, images
 
 
+def _decode_chunk(model, ids, resolved: ResolvedSetting, seeds, tokenizer, images, slots: int | None):
+    """One batch of samples: fixed (``generate``) or, with ``slots``, through the continuous-batching engine
+    (the same tokens; the uncached reference setting always decodes in a fixed batch)."""
+    from dllm_rl import sampling
+
+    if slots is None or not resolved.block_cache:
+        return sampling.generate(model, ids, resolved.decode, seeds=seeds, tokenizer=tokenizer,
+                                 block_cache=resolved.block_cache, images=images)
+    from dllm_rl.sampling.engine import EngineConfig
+
+    return sampling.generate_batched(model, ids, resolved.decode, seeds=seeds, tokenizer=tokenizer, images=images,
+                                     engine=EngineConfig(slots=slots))
+
+
 def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInputs,
                  log: Callable[[str], None]) -> None:
-    from dllm_rl.sampling import generate
-
     cfg, resolved = prep.cfg, prep.decodes[setting.name]
     path = prep.out / "items" / f"{setting.name}.jsonl"
     done = {(r["index"], r["sample"]) for r in read_records(path, repair=True)}
@@ -377,8 +393,7 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInpu
             seeds = [sample_seed(cfg.run.seed, i, s) for i, s in chunk]
             t0 = time.perf_counter()
             ids, images, _ = inputs.batch([i for i, _ in chunk])
-            roll = generate(model, ids, resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
-                            block_cache=resolved.block_cache, images=images)
+            roll = _decode_chunk(model, ids, resolved, seeds, prep.tokenizer, images, cfg.slots)
             if prep.device.type == "cuda":
                 import torch
 

@@ -47,13 +47,14 @@ def check_not_empty(task: Any, what: str, key: str) -> None:
 
 @torch.no_grad()
 def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: DecodeConfig, batch_size: int = 64,
-                     seed: int = 0, prompts: Any = None) -> HeldOut:
+                     seed: int = 0, prompts: Any = None, engine: Any = None) -> HeldOut:
     """Decode every example once with ``decode`` (greedy by default) and score it with the task's reward.
 
     ``examples`` may be empty (a rank's share of fewer items than ranks): the result then counts 0 items;
     an empty task is refused before (:func:`check_not_empty`). ``prompts`` (a
     :class:`~dllm_rl.models.image_inputs.PromptEncoder`, default one without a model directory) gives the
-    prompts' ids and, for an image task, their images."""
+    prompts' ids and, for an image task, their images. ``engine`` (an
+    :class:`~dllm_rl.sampling.engine.EngineConfig`): decode with the continuous-batching engine (same tokens)."""
     if not examples:
         return HeldOut(0.0, 0.0, 0.0, 0.0, 0)
     was_training = model.training
@@ -62,7 +63,7 @@ def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: Decod
     _, ids, images = prompts.task_prompts(model, task, examples)
     seeds = [derive_seed(seed, i) for i in range(len(ids))]
     rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size,
-                               images=images)
+                               images=images, engine=engine)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)
     lengths = rollout.completion_lengths().float()

@@ -24,7 +24,7 @@ from accelerate.utils import gather_object
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
 from dllm_rl.rl.advantages import compute_advantages, group_filter
-from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.hooks import HookContext, RoundView
 from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.value import steps_after_hook
@@ -239,7 +239,7 @@ class RolloutCollector:
             group_ids, group_images = repeat_rows(ids, images, G)
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
-                                       images=group_images)
+                                       images=group_images, engine=rollout_engine(cfg))
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]
@@ -272,7 +272,7 @@ class RolloutCollector:
             with torch.no_grad():
                 out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
                                        seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
-                                       prefill=prefill, images=images)
+                                       prefill=prefill, images=images, engine=rollout_engine(cfg))
             self.model.train()
             return out
 

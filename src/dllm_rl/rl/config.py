@@ -88,6 +88,11 @@ class RolloutConfig(DecodeOptions):
     block_size: int | None = field(
         None, ge=1, help="block models: the block the rollouts decode in (default the model's block_size); with "
         "train.block_size larger, TraceRL's block-size adaptation")
+    engine: bool = field(
+        False, help="decode rollouts and the held-out evaluation with the continuous-batching engine, "
+        "rollout.batch_size sequences at a time, each finished one replaced at once by a waiting one (the same "
+        "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Block models, or full "
+        "attention with cache: none; image prompts and rollout hooks' prefilled tokens decode in fixed batches")
 
 
 @dataclass
@@ -373,6 +378,14 @@ class RLConfig(Checked):
         "temperature at a step or once the rolling reward passes a threshold; online difficulty filtering")
 
 
+def rollout_engine(cfg: RLConfig):
+    """The continuous-batching engine's settings for rollouts and the held-out evaluation (``rollout.engine``;
+    ``rollout.batch_size`` slots), or None for fixed batches."""
+    from dllm_rl.sampling.engine import EngineConfig
+
+    return EngineConfig(slots=cfg.rollout.batch_size) if cfg.rollout.engine else None
+
+
 def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeConfig:
     """The sampler settings for rollouts, or (``evaluation``) for the held-out evaluation: the same window,
     order and cache, at ``eval.temperature`` and on the evaluation's own schedule. A block model decodes at the
@@ -394,7 +407,13 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     if r.sub_block is not None and schedule.threshold is None:
         where = "eval.threshold" if evaluation else "rollout.threshold"
         raise ConfigError(f"rollout.sub_block ({r.sub_block}) needs the dynamic schedule here: set {where}")
-    return DecodeConfig(gen_length=r.gen_length, block_length=block, block_size=block_size, steps=steps,
-                        threshold=schedule.threshold, sub_block=r.sub_block,
-                        confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
-                        top_k=r.top_k, top_p=r.top_p, cache=r.cache)
+    config = DecodeConfig(gen_length=r.gen_length, block_length=block, block_size=block_size, steps=steps,
+                          threshold=schedule.threshold, sub_block=r.sub_block,
+                          confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
+                          top_k=r.top_k, top_p=r.top_p, cache=r.cache)
+    if r.engine:
+        from dllm_rl.sampling.engine import engine_refusal
+
+        if (refusal := engine_refusal(model, config)) is not None:
+            raise ConfigError(f"rollout.engine: {refusal.replace('; use generate', '')}; or set rollout.engine: false")
+    return config

@@ -38,7 +38,7 @@ from dllm_rl.rl.algorithms import check_estimator_options, resolve
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.collect import RolloutCollector, StepBatch
-from dllm_rl.rl.config import RLConfig, decode_config
+from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook
 from dllm_rl.rl.reward_terms import build_reward
@@ -326,7 +326,8 @@ class RLTrainer(RLCheckpoints):
         with self.averaged(live), torch.no_grad(), gathered:
             res = heldout_accuracy(self.model, self.tokenizer, self.eval_task, mine,
                                    decode_config(cfg, self.model, evaluation=True),
-                                   batch_size=cfg.rollout.batch_size, seed=cfg.run.seed, prompts=self.prompts)
+                                   batch_size=cfg.rollout.batch_size, seed=cfg.run.seed, prompts=self.prompts,
+                                   engine=rollout_engine(cfg))
         if world > 1:
             vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
                                                       "n": float(res.n)})

@@ -112,8 +112,16 @@ def generate_command(args: argparse.Namespace) -> int:
     else:
         prompts = [tokenizer.encode(t) for t in texts]
     t0 = time.perf_counter()
+    engine = None
+    if args.slots is not None:
+        from dllm_rl.sampling.engine import EngineConfig, engine_refusal
+
+        refusal = engine_refusal(model, config)
+        if refusal is not None:
+            raise UserError(f"--slots: {refusal} (drop --slots)")
+        engine = EngineConfig(slots=args.slots)
     rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=args.batch_size,
-                               progress=args.progress)
+                               progress=args.progress, engine=engine)
     elapsed = time.perf_counter() - t0
     for i, text in enumerate(rollout.texts):
         if len(texts) > 1:
@@ -131,6 +139,13 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
                        description="Decode completions; --trace writes each token's unmasking step as JSONL.")
@@ -141,6 +156,10 @@ def register(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.add_argument("--trace", help="write one JSON object per prompt (tokens, steps, confidence, nfe) here")
     p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together (default: 32)")
+    p.add_argument("--slots", type=_positive, default=None, metavar="N",
+                   help="decode with the continuous-batching engine, N sequences at a time, a finished one replaced "
+                   "at once by the next prompt (same tokens as fixed batches; --batch-size is then unused). "
+                   "Default: fixed batches of --batch-size")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--progress", action="store_true", help="print progress per batch")

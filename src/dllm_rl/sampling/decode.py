@@ -276,14 +276,31 @@ def generate_batched(
     progress: bool = False,
     prefill: list[dict[int, int]] | None = None,
     images: PromptImages | None = None,
+    engine=None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
     sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in). ``images`` are
-    encoded already: every batch reuses their features."""
+    encoded already: every batch reuses their features.
+
+    ``engine`` (an :class:`~dllm_rl.sampling.engine.EngineConfig`) decodes with the continuous-batching engine
+    instead, ``engine.slots`` sequences at a time (``batch_size`` is then unused), wherever it serves the call
+    (:func:`~dllm_rl.sampling.engine.engine_refusal`); elsewhere fixed batches as without it. Both give every
+    prompt the tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside)."""
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
+    if engine is not None:
+        from dllm_rl.sampling.engine import Engine, engine_refusal
+
+        if engine_refusal(model, config, prefill, images) is None:
+            t0 = time.perf_counter()
+            rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds)
+            if progress:
+                tokens = int(rollout.completion_mask.sum())
+                print(f"generate: {len(prompts)} prompts, {tokens} tokens, "
+                      f"{tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s ({engine.slots} slots)", flush=True)
+            return rollout
     parts, t0, done = [], time.perf_counter(), 0
     for b0 in range(0, len(prompts), batch_size):
         chunk = slice(b0, b0 + batch_size)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_rl.config import Checked, field
+from dllm_rl.config import Checked, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
@@ -55,6 +55,12 @@ from dllm_rl.sampling.decode import _stop_finished, check_inputs, decode_block_l
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence
 from dllm_rl.sampling.slot_cache import SlotCache
+
+# DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
+PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "stop_on_eos",
+               "seed", "gen_length")
+SHARED = ("block_length", "block_size", "cache")
+CHOICE = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p")  # what one step uses
 
 # Block models: a joining sequence whose first forward (uncached prompt plus first block) exceeds this many blocks
 # runs in a forward of its own rather than widening every running row's queries to its length.
@@ -91,18 +97,31 @@ class Completion:
     rollout: Rollout
 
 
+def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, images=None) -> str | None:
+    """Why the engine cannot decode this call (``None``: it can); :func:`~dllm_rl.sampling.generate` serves
+    every case named here."""
+    if not model.is_block_causal and config.cache != "none":
+        return (f"the continuous-batching engine decodes full-attention models without a cache; cache "
+                f"{config.cache!r} (Fast-dLLM's approximation) needs generate's fixed batches; set cache: none")
+    if model.is_block_causal and model.family.shift:
+        return (f"the continuous-batching engine does not decode the shifted block family {model.family.name!r} "
+                "yet; use generate")
+    if images is not None:
+        return "the continuous-batching engine does not decode image prompts yet; use generate"
+    if prefill is not None and any(prefill):
+        return "the continuous-batching engine does not decode prefilled completion tokens yet; use generate"
+    return None
+
+
 class Engine:
     """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
 
     def __init__(self, model: DiffusionLM, config: DecodeConfig, engine: EngineConfig | None = None, tokenizer=None):
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-        if not model.is_block_causal and config.cache != "none":
-            raise UserError(f"the continuous-batching engine decodes full-attention models without a cache; cache "
-                            f"{config.cache!r} (Fast-dLLM's approximation) needs generate, or set cache: none")
-        if model.is_block_causal and model.family.shift:
-            raise UserError(f"the continuous-batching engine does not decode the shifted block family "
-                            f"{model.family.name!r} yet; use generate")
+        refusal = engine_refusal(model, config)
+        if refusal is not None:
+            raise UserError(refusal)
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
@@ -114,24 +133,40 @@ class Engine:
         self._next_id = 0
 
     # ---- the serving API -------------------------------------------------------------------------------------
-    def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None) -> int:
+    def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
+                    config: DecodeConfig | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
-        ``config.seed + request id``); ``gen_length`` overrides the config's for this request."""
+        ``config.seed + request id``); ``gen_length`` overrides the config's for this request.
+
+        ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
+        EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
+        block, the cache) must be the engine's: a request differing there is refused, naming the field."""
         rid = self._next_id
-        config = self.config if gen_length is None else dataclasses.replace(self.config, gen_length=gen_length)
+        config = self._request_config(config if config is not None else self.config, gen_length)
         try:
             [ids] = check_inputs(self.model, [prompt], config, None)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
         seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
                            self.model.mask_token_id, self.model.pad_token_id, self.model.device,
-                           self.config.seed + rid if seed is None else seed)
+                           config.seed + rid if seed is None else seed)
+        seq.config = config
         if self.cache is not None and seq.width > self.capacity:
             raise UserError(f"request {rid} needs {seq.width} cache positions (prompt {len(ids)} + completion); "
                             f"the engine's max_positions is {self.capacity}: raise it or shorten the request")
         self._next_id += 1
         self.waiting.append(seq)
         return rid
+
+    def _request_config(self, config: DecodeConfig, gen_length: int | None) -> DecodeConfig:
+        if not isinstance(config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+        for name in SHARED:
+            if getattr(config, name) != getattr(self.config, name):
+                raise FieldError(name, f"{getattr(config, name)!r} differs from the engine's "
+                                 f"{getattr(self.config, name)!r}; every request shares the engine's {name} "
+                                 "(it shapes the shared forward)")
+        return config if gen_length is None else dataclasses.replace(config, gen_length=gen_length)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting) or any(s is not None for s in self.running)
@@ -214,7 +249,7 @@ class Engine:
         s, e = seq.cols()
         if bool(seq.todo[s:e].any()):
             return False
-        if self.config.stop_on_eos:
+        if seq.config.stop_on_eos:
             stopped = torch.zeros(1, dtype=torch.bool, device=seq.x.device)
             _stop_finished(seq.canvas, torch.zeros(1, dtype=torch.long, device=seq.x.device), s, e, eos, pad, stopped)
             if bool(stopped[0]):
@@ -295,8 +330,18 @@ class Engine:
         self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes() + nbytes)
 
     def _decode(self, group: list[Sequence], logits: torch.Tensor) -> None:
-        """Choose and commit each row's tokens, as one step of :func:`~dllm_rl.sampling.decode.decode`."""
-        cfg = self.config
+        """Choose and commit each row's tokens, as one step of :func:`~dllm_rl.sampling.decode.decode`, for each
+        set of rows sharing their decoding rules (one set unless requests brought their own)."""
+        rules: dict[tuple, list[int]] = {}
+        for i, seq in enumerate(group):
+            rules.setdefault(tuple(getattr(seq.config, n) for n in CHOICE), []).append(i)
+        if len(rules) == 1:
+            self._choose(group, logits, group[0].config)
+            return
+        for rows in rules.values():
+            self._choose([group[i] for i in rows], logits[rows], group[rows[0]].config)
+
+    def _choose(self, group: list[Sequence], logits: torch.Tensor, cfg: DecodeConfig) -> None:
         spans = [s.cols() for s in group]
         todo = torch.stack([seq.todo[s:e] for seq, (s, e) in zip(group, spans)])
         needs_rng = cfg.temperature > 0 or cfg.confidence == "random"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_rl.sampling.canvas import Canvas, build_canvas
+from dllm_rl.sampling.config import DecodeConfig
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Sequence:
     nfe: int = 0
     cached: int = 0  # block models: columns [0, cached) are in the slot's cache
     slot: int = -1
+    config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
 
     @classmethod
     def new(cls, request_id: int, prompt: list[int], gen_length: int, block: int, block_causal: bool, mask_id: int,
@@ -85,6 +87,18 @@ class Sequence:
         todo = self.todo.clone()
         self.x[todo] = eos
         self.todo[todo] = False
+
+    def settled(self, eos: int) -> tuple[list[int], bool]:
+        """``(ids, ended)``: the answer's tokens committed so far without a gap (from the first completion slot up
+        to the first still-masked one, cut before the first EOS), and whether the answer is complete (an EOS
+        reached that way). Later steps never change them: what a stream may send."""
+        c0, c1 = int(self.canvas.comp_start[0]), int(self.canvas.comp_end[0])
+        todo = self.todo[c0:c1]
+        stop = int(todo.int().argmax()) if bool(todo.any()) else c1 - c0
+        ids = self.x[c0 : c0 + stop].tolist()
+        if eos in ids:
+            return ids[: ids.index(eos)], True
+        return ids, False
 
     def trace(self) -> dict[str, torch.Tensor]:
         """The trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of one."""

@@ -1,0 +1,8 @@
+"""`dllm-rl serve MODEL`: an OpenAI-compatible HTTP server over the continuous-batching engine.
+
+:mod:`~dllm_rl.serve.worker` owns the engine on one background thread (the only one that touches the model) and
+steps it while requests are held; :mod:`~dllm_rl.serve.app` is the FastAPI application (``/v1/completions``,
+``/v1/chat/completions``, ``/health``, ``/metrics``) that turns HTTP requests into engine requests and their
+results (or, streaming, the answer's text as it commits) back into responses; :mod:`~dllm_rl.serve.cli` runs it
+under uvicorn.
+"""

@@ -1,0 +1,349 @@
+"""The FastAPI application: OpenAI-compatible completions and chat completions over the engine's worker.
+
+A request's decoding options (``temperature``, ``top_p``, ``top_k``, ``threshold``, ``steps``, ``seed``,
+``max_tokens``) act per request: the engine applies each request's own rules after a shared forward
+(:data:`~dllm_rl.sampling.engine.PER_REQUEST`). ``block_length`` / ``block_size`` shape the shared forward, so a
+request asking for other values than the server's is refused with 400 naming the field. ``max_tokens`` is rounded
+up to the decoding block for the engine and the answer cut back to it. ``seed`` defaults to the server's
+(``--seed``), never to the arrival order, so a request's answer does not depend on who else is served.
+
+Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
+field), 429 (queue full), 504 (timeout), 503 (shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from dllm_rl.config import FieldError
+from dllm_rl.errors import UserError
+from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.engine import Engine, EngineConfig
+from dllm_rl.serve.config import ServeConfig
+from dllm_rl.serve.worker import Ticket, Worker
+
+DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": None}}, status_code=self.status)
+
+
+class Decoding(BaseModel):
+    """The request fields both endpoints share (unknown OpenAI fields are ignored; the unsupported are refused)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    threshold: float | None = None
+    steps: int | None = None
+    seed: int | None = None
+    block_length: int | None = None
+    block_size: int | None = None
+    stream: bool = False
+    n: int = 1
+    stop: str | list[str] | None = None
+
+
+class CompletionRequest(Decoding):
+    prompt: str | list[int]
+
+
+class Message(BaseModel):
+    role: str
+    content: str
+
+
+class ChatRequest(Decoding):
+    messages: list[Message]
+
+
+OPTIONS = ("temperature", "top_p", "top_k", "threshold", "steps", "seed")
+
+
+class Server:
+    """The model, its tokenizer, the worker and the limits behind one app."""
+
+    def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str):
+        self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
+        engine = Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop), tokenizer)
+        self.block = engine.block
+        self.worker = Worker(engine, model.eos_token_id)
+        self.held = 0  # requests accepted and not answered yet (asyncio thread only)
+        self.closing = False
+
+    # ---- requests -> tickets ---------------------------------------------------------------------------------
+    def config_for(self, req: Decoding) -> tuple[DecodeConfig, int]:
+        """The request's DecodeConfig and its max_tokens, or a 400 naming the field."""
+        if req.n != 1:
+            raise ApiError(400, f"n: {req.n} completions asked; this server returns one per request (n=1)", "n")
+        if req.stop:
+            raise ApiError(400, "stop: stop sequences are not supported (a diffusion model decodes whole blocks); "
+                           "leave stop out", "stop")
+        for name in ("block_length", "block_size"):
+            value, own = getattr(req, name), getattr(self.decode, name)
+            if value is not None and value != own:
+                raise ApiError(400, f"{name}: {value} asked, but this server decodes with {name} {own} (every "
+                               f"request shares its forward passes); leave {name} out or restart the server with "
+                               f"--{name.replace('_', '-')} {value}", name)
+        max_tokens = self.decode.gen_length if req.max_tokens is None else req.max_tokens
+        if not 1 <= max_tokens <= self.limits.max_tokens:
+            raise ApiError(400, f"max_tokens: {max_tokens} is outside [1, {self.limits.max_tokens}] (the server's "
+                           "--max-tokens)", "max_tokens")
+        over: dict[str, Any] = {k: getattr(req, k) for k in OPTIONS if getattr(req, k) is not None}
+        if "threshold" in over and "steps" not in over:
+            over["steps"] = None  # a request's threshold replaces the server's static schedule
+        if "steps" in over and "threshold" not in over:
+            over["threshold"], over["sub_block"] = None, None
+        gen = -(-max_tokens // self.block) * self.block
+        try:
+            return dataclasses.replace(self.decode, gen_length=gen, **over), max_tokens
+        except FieldError as err:
+            raise ApiError(400, str(err), err.key) from None
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(400, "messages: this model's tokenizer has no chat template; use /v1/completions",
+                           "messages")
+        if not req.messages:
+            raise ApiError(400, "messages: give at least one message", "messages")
+        return list(self.tokenizer.apply_chat_template([m.model_dump() for m in req.messages],
+                                                       add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    def text_prompt(self, req: CompletionRequest) -> list[int]:
+        if isinstance(req.prompt, str):
+            return self.tokenizer.encode(req.prompt, add_special_tokens=False)
+        return list(req.prompt)
+
+    def check_prompt(self, ids: list[int], config: DecodeConfig, param: str) -> None:
+        from dllm_rl.sampling.decode import check_inputs
+
+        try:
+            check_inputs(self.model, [ids], config, None)
+        except UserError as err:
+            raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
+
+    def ticket(self, ids: list[int], config: DecodeConfig, stream: bool) -> Ticket:
+        if self.closing:
+            raise ApiError(503, "the server is shutting down", kind="server_error")
+        if self.held >= self.limits.slots + self.limits.max_queue:
+            self.worker.counters.rejected_queue_full += 1
+            raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
+                           "retry later", kind="rate_limit_error")
+        return Ticket(ids, config, config.gen_length, config.seed, stream, asyncio.Queue(), asyncio.get_running_loop())
+
+    # ---- answers ---------------------------------------------------------------------------------------------
+    def answer(self, rollout, max_tokens: int) -> tuple[str, str, int]:
+        """``(text, finish_reason, completion_tokens)`` of a one-row rollout cut to ``max_tokens``."""
+        ids = rollout.completion_ids[0][rollout.completion_mask[0]].tolist()
+        ended = rollout.finish_reason[0] == "eos"
+        if ended:
+            ids = ids[:-1]
+        if len(ids) > max_tokens:
+            ids, ended = ids[:max_tokens], False
+        return self.tokenizer.decode(ids, skip_special_tokens=True), "stop" if ended else "length", len(ids)
+
+
+class Gone(Exception):
+    """The request's client left or its time ran out; its slot has been freed (``status``: 499 or 504)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def _next_event(server: Server, ticket: Ticket, request: Request):
+    """The request's next event; frees its slot and raises :class:`Gone` if the client leaves or time runs out
+    (checked every :data:`DISCONNECT_POLL_S`: the server notices a departed client only when it looks)."""
+    deadline = ticket.arrived + server.limits.timeout_s
+    while True:
+        try:
+            return await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            pass
+        if await request.is_disconnected():
+            server.worker.abort(ticket, "aborted_disconnect")
+            raise Gone(499, "client closed the request")
+        if time.monotonic() > deadline:
+            server.worker.abort(ticket, "timed_out")
+            raise Gone(504, f"the request took longer than the server's --timeout ({server.limits.timeout_s:g} s)")
+
+
+async def _wait(server: Server, ticket: Ticket, request: Request):
+    """The request's final event (``("done", rollout)`` or ``("error", message)``)."""
+    while True:
+        try:
+            kind, value = await _next_event(server, ticket, request)
+        except Gone as gone:
+            raise ApiError(gone.status, str(gone), kind="timeout" if gone.status == 504 else "client_closed") from None
+        if kind != "text":
+            return kind, value
+
+
+def create_app(server: Server) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.worker.start()
+        yield
+        server.closing = True
+        server.worker.stop()
+
+    app = FastAPI(title="dllm-rl serve", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        if err.status == 400:
+            server.worker.counters.rejected_invalid += 1
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        first = err.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = loc[0] if loc else None
+        server.worker.counters.rejected_invalid += 1
+        where = ".".join(loc) or "body"
+        return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param).response()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "shutting down" if server.closing else "ok", "model": server.name}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(_metrics_text(server))
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": server.name, "object": "model", "owned_by": "dllm-rl"}]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        config, max_tokens = server.config_for(req)
+        ids = server.text_prompt(req)
+        server.check_prompt(ids, config, "prompt")
+        return await _serve(server, ids, config, max_tokens, req.stream, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        config, max_tokens = server.config_for(req)
+        ids = server.chat_prompt(req)
+        server.check_prompt(ids, config, "messages")
+        return await _serve(server, ids, config, max_tokens, req.stream, request, chat=True)
+
+    return app
+
+
+async def _serve(server: Server, ids, config, max_tokens: int, stream: bool, request: Request, chat: bool):
+    ticket = server.ticket(ids, config, stream)
+    server.held += 1
+    server.worker.counters.requests += 1
+    server.worker.submit(ticket)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    if stream:
+        return StreamingResponse(_stream(server, ticket, max_tokens, rid, chat, request),
+                                 media_type="text/event-stream")
+    try:
+        kind, value = await _wait(server, ticket, request)
+    finally:
+        server.held -= 1
+    if kind == "error":
+        raise ApiError(503, value, kind="server_error")
+    text, reason, n = server.answer(value, max_tokens)
+    usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason} if chat
+              else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": server.name, "choices": [choice], "usage": usage, "nfe": int(value.nfe[0])}
+
+
+def _chunk(server: Server, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False) -> str:
+    if chat:
+        delta = {"role": "assistant"} if first else {}
+        choice = {"index": 0, "delta": delta | ({} if text is None else {"content": text}), "finish_reason": reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": server.name, "choices": [choice]}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, chat: bool, request: Request):
+    """Server-sent events: the answer's text as it settles (block by block), then the finish reason and
+    ``[DONE]``. A client that leaves (the generator is closed or cancelled) frees its slot."""
+    sent, finished = "", False
+    try:
+        if chat:
+            yield _chunk(server, rid, True, "", None, first=True)
+        while True:
+            try:
+                kind, value = await _next_event(server, ticket, request)
+            except Gone as gone:
+                finished = True  # its slot is freed already
+                yield f"data: {json.dumps({'error': {'message': str(gone), 'type': 'timeout'}})}\n\n"
+                return
+            if kind == "error":
+                finished = True
+                yield f"data: {json.dumps({'error': {'message': value, 'type': 'server_error'}})}\n\n"
+                return
+            if kind == "text":
+                text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
+                reason = None
+            else:
+                finished = True
+                text, reason, _ = server.answer(value, max_tokens)
+            if text.startswith(sent) and len(text) > len(sent):
+                yield _chunk(server, rid, chat, text[len(sent):], None)
+                sent = text
+            if reason is not None:
+                yield _chunk(server, rid, chat, None, reason)
+                yield "data: [DONE]\n\n"
+                return
+    finally:
+        server.held -= 1
+        if not finished:
+            server.worker.abort(ticket, "aborted_disconnect")
+
+
+def _metrics_text(server: Server) -> str:
+    """Prometheus text format: counters since start, and the engine's current occupancy."""
+    c, w = server.worker.counters, server.worker
+    rows = [
+        ("requests_total", "counter", "requests accepted", c.requests),
+        ("requests_finished_total", "counter", "requests answered in full", c.finished),
+        ("requests_rejected_queue_full_total", "counter", "requests answered 429", c.rejected_queue_full),
+        ("requests_rejected_invalid_total", "counter", "requests answered 400", c.rejected_invalid),
+        ("requests_aborted_disconnect_total", "counter", "slots freed because the client left",
+         c.aborted_disconnect),
+        ("requests_timed_out_total", "counter", "slots freed by the timeout", c.timed_out),
+        ("requests_failed_shutdown_total", "counter", "requests failed at shutdown", c.failed_shutdown),
+        ("engine_steps_total", "counter", "denoising steps (one forward per group of rows)", c.steps),
+        ("completion_tokens_total", "counter", "answer tokens produced", c.tokens),
+        ("requests_running", "gauge", "requests in a slot", w.running),
+        ("requests_waiting", "gauge", "requests queued for a slot", w.waiting),
+        ("slots", "gauge", "the engine's slots", server.limits.slots),
+    ]
+    out = []
+    for name, kind, help_text, value in rows:
+        out += [f"# HELP dllm_rl_{name} {help_text}", f"# TYPE dllm_rl_{name} {kind}", f"dllm_rl_{name} {value}"]
+    return "\n".join(out) + "\n"

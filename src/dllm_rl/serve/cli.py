@@ -1,0 +1,93 @@
+"""`dllm-rl serve MODEL [--host 127.0.0.1] [--port 8000]`: the OpenAI-compatible server under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+
+from dllm_rl.config import FieldError, describe
+from dllm_rl.config.reference import help_config_argument
+from dllm_rl.errors import UserError
+from dllm_rl.serve.config import ServeConfig
+
+
+def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32"):
+    """Load the model and tokenizer and wrap them in a :class:`~dllm_rl.serve.app.Server` (engine not started)."""
+    from pathlib import Path
+
+    from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.sampling.engine import engine_refusal
+    from dllm_rl.serve.app import Server
+
+    model = load_model(model_dir, dtype=dtype, device=device)
+    refusal = engine_refusal(model, decode)
+    if refusal is not None:
+        raise UserError(refusal.replace("; use generate", "; dllm-rl serve decodes with the engine only"))
+    tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
+    return Server(model, tokenizer, decode, limits, Path(model_dir).name or str(model_dir))
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from dllm_rl.serve.app import create_app
+    except ImportError as err:
+        raise UserError(f"dllm-rl serve needs FastAPI and uvicorn ({err.name} is missing): pip install "
+                        "'dllm-rl[serve]'") from None
+    from dllm_rl.sampling.cli import decode_config_from_args
+
+    try:
+        limits = ServeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeConfig)})
+    except FieldError as err:
+        raise UserError(f"--{err.key.replace('_', '-')}: {err.problem}") from None
+    server = build_server(args.model_dir, decode_config_from_args(args), limits, args.device, args.dtype)
+    print(f"serve: {server.name} on http://{args.host}:{args.port} ({limits.slots} slots, decoding in blocks of "
+          f"{server.block}); POST /v1/completions, /v1/chat/completions", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=limits.shutdown_timeout_s)
+    return 0
+
+
+def register(sub) -> None:
+    from dllm_rl.sampling.cli import add_decode_arguments
+
+    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible, continuous batching)",
+                       description="An OpenAI-compatible HTTP server: POST /v1/completions and /v1/chat/completions "
+                       "(streaming with \"stream\": true), GET /health and /metrics. Requests join the engine's "
+                       "continuous batch; each may set temperature, top_p, top_k, threshold, steps, seed and "
+                       "max_tokens. The decoding flags below are the defaults of every request.")
+    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer, "
+                   "or a hub id org/name[@revision]")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default: warning)")
+    limits = p.add_argument_group("limits (ServeConfig)")
+    hints = typing.get_type_hints(ServeConfig)
+    for f in dataclasses.fields(ServeConfig):
+        flag = "--" + f.name.removesuffix("_s").replace("_", "-")  # timeout_s: --timeout (seconds, as the help says)
+        text = f.metadata["help"] + f" (default: {f.default})"
+        if hints[f.name] is bool:
+            limits.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=text)
+        else:
+            kind = hints[f.name]
+            limits.add_argument(flag, dest=f.name, type=kind, default=f.default, metavar=f.name.upper(), help=text)
+    p.add_argument("--preset", choices=["llada2", "fast_dllm_v2", "sdar"],
+                   help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given override it")
+    add_decode_arguments(p, exclude=("seed",))
+    p.add_argument("--seed", type=int, default=0, help="the seed of a request that gives none (default: 0); a "
+                   "request's answer never depends on the others served beside it")
+    help_config_argument(p, lambda: ["limits:"] + describe(ServeConfig) + ["decoding (request defaults):"]
+                         + describe(_decode_config()))
+    p.set_defaults(func=serve_command)
+
+
+def _decode_config():
+    from dllm_rl.sampling.config import DecodeConfig
+
+    return DecodeConfig

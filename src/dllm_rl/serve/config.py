@@ -1,0 +1,27 @@
+"""`ServeConfig`: the server's limits, checked at construction (the decoding itself is a DecodeConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dllm_rl.config import Checked, field
+
+
+@dataclass
+class ServeConfig(Checked):
+    """Limits of ``dllm-rl serve``: how many requests decode at once, wait, and for how long."""
+
+    slots: int = field(32, ge=1, help="Requests decoded at once (the engine's slots); the rest wait in the queue.")
+    max_queue: int = field(
+        256, ge=0, help="Requests that may wait for a slot; one more is answered 429 (retry later).")
+    max_tokens: int = field(
+        1024, ge=1, help="The largest max_tokens a request may ask for; more is answered 400 naming max_tokens.")
+    timeout_s: float = field(
+        600.0, gt=0, help="Seconds a request may take from arrival to its last token; then its slot is freed and "
+        "it is answered 504 (or, streaming, an error event).")
+    shutdown_timeout_s: float = field(
+        30.0, ge=0, help="On SIGTERM: seconds the requests held may take to finish; those still running then "
+        "fail (never hang).")
+    early_stop: bool = field(
+        False, help="Stop a request as soon as its answer is decided (EngineConfig.early_stop: the same answer, "
+        "fewer forward passes).")

@@ -1,0 +1,50 @@
+"""rollout.engine: rollouts and the held-out evaluation decoded by the continuous-batching engine are the ones fixed
+batches give (the same tokens, so the same rewards, losses and accuracy); a decoding it cannot serve is refused
+when the run starts, naming the key."""
+
+import json
+
+import pytest
+from rl_helpers import digit_reward, rl_overrides
+
+from dllm_rl.config import ConfigError, load_config
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
+from dllm_rl.rl.trainer import RLTrainer
+
+TIMES = ("time", "seconds", "tok_s", "per_s", "elapsed", "_s")
+
+
+def _rows(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMES)} for r in rows]
+
+
+def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch):
+    import dllm_rl.sampling.engine as engine_mod
+
+    runs, real = [], engine_mod.Engine.run
+
+    def counted(self, prompts, seeds=None):
+        runs.append((self.engine.slots, len(prompts)))
+        return real(self, prompts, seeds)
+
+    monkeypatch.setattr(engine_mod.Engine, "run", counted)
+    common = ("algorithm=espo", "train.max_steps=1", "drop_zero_variance=false", "rollout.threshold=0.5",
+              "rollout.batch_size=3", "eval.limit=4", "eval.threshold=0.5")
+    rows = {}
+    for name, extra in (("fixed", ()), ("engine", ("rollout.engine=true",))):
+        cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / name, *common, *extra))
+        train(cfg, reward_fn=digit_reward)
+        rows[name] = _rows(tmp_path / name)
+    # held-out before, the step's 8 rollouts (2 prompts x 4), held-out after: all through 3 slots
+    assert runs == [(3, 4), (3, 8), (3, 4)]
+    assert rows["engine"] == rows["fixed"] and any("loss" in r for r in rows["fixed"])
+
+
+def test_rollout_engine_refuses_a_cache_it_cannot_decode(rl_setup, tmp_path):
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.engine=true",
+                                                   "rollout.cache=prefix"))
+    with pytest.raises(ConfigError, match=r"rollout.engine: .*cache 'prefix'.*set cache: none; or set "
+                                          r"rollout.engine: false"):
+        RLTrainer(cfg)

@@ -1,0 +1,68 @@
+"""Helpers for the serve tests and benchmarks/serve.py (imported by name; conftest.py holds only fixtures): a real
+server, uvicorn on 127.0.0.1 (a free port) in a thread, and a gate that holds the engine."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parents[2] / "src" / "dllm_rl" / "assets" / "demo"
+# A minimal chat template (the demo tokenizers have none): "user: TEXT\nassistant: "
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(server, graceful_s: float = 5.0):
+    """Serve ``server`` (a :class:`dllm_rl.serve.app.Server`) until the block ends; yields its base URL."""
+    import uvicorn
+
+    from dllm_rl.serve.app import create_app
+
+    port = free_port()
+    config = uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning",
+                            timeout_graceful_shutdown=graceful_s)
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+class Gate:
+    """Until opened, the engine's steps only seat waiting requests in free slots and decode nothing: requests stay
+    held (running or waiting) for as long as a test needs, while the worker still takes requests and aborts."""
+
+    def __init__(self, server):
+        self.open_event = threading.Event()
+        engine = server.worker.engine
+        real = engine.step
+
+        def gated():
+            if self.open_event.is_set():
+                return real()
+            engine._admit()
+            time.sleep(0.005)
+            return []
+
+        engine.step = gated
+
+    def open(self):
+        self.open_event.set()

@@ -1,0 +1,235 @@
+"""`dllm-rl serve` over HTTP on 127.0.0.1: completions and chat, streaming and not, the same answers whoever is
+served beside a request, 400 naming the field, 429 on a full queue, a departed client's slot freed, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import DEMO, Gate, free_port, running
+
+from dllm_rl.sampling import DecodeConfig, generate
+
+# the demo's held-out Countdown items in its compact prompt style
+PROMPTS = [f"nums {' '.join(map(str, row['nums']))} target {row['target']}\n"
+           for row in map(json.loads, (DEMO / "countdown_heldout.jsonl").read_text().splitlines()[:8])]
+BASE = DecodeConfig(gen_length=32, threshold=0.5)
+
+
+def _alone(model, tokenizer, ids, config, max_tokens):
+    """What `generate` gives this prompt alone, as the server words it: (text, finish_reason) of the answer (before
+    its EOS) cut to ``max_tokens`` tokens."""
+    roll = generate(model, [ids], config, seeds=[config.seed])
+    answer = roll.completion_ids[0][roll.completion_mask[0]].tolist()
+    ended = roll.finish_reason[0] == "eos"
+    answer = answer[:-1] if ended else answer
+    if len(answer) > max_tokens:
+        answer, ended = answer[:max_tokens], False
+    return tokenizer.decode(answer, skip_special_tokens=True), "stop" if ended else "length"
+
+
+def _events(response) -> list:
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            out.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    return out
+
+
+def _metrics(client) -> dict[str, float]:
+    text = client.get("/metrics").text
+    return {ln.split()[0].removeprefix("dllm_rl_"): float(ln.split()[1]) for ln in text.splitlines()
+            if ln and not ln.startswith("#")}
+
+
+def test_completions_and_chat_streaming_and_not(make_server, demo_model):
+    model, tok = demo_model
+    with running(make_server(BASE, slots=4)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        assert client.get("/health").json() == {"status": "ok", "model": "sdar-countdown"}
+        r = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 14}).json()
+        text, reason = _alone(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 14)
+        assert r["choices"][0]["text"] == text and r["choices"][0]["finish_reason"] == reason
+        assert r["object"] == "text_completion" and r["usage"]["prompt_tokens"] == 21
+        assert r["usage"]["completion_tokens"] == len(tok.encode(text, add_special_tokens=False))
+        # streaming: the deltas add up to the same text, sent in pieces as blocks settle, then the reason, [DONE]
+        cfg = DecodeConfig(gen_length=32, threshold=0.5, temperature=0.9, seed=3)
+        body = {"prompt": PROMPTS[2], "max_tokens": 32, "temperature": 0.9, "seed": 3, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            events = _events(resp)
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+        pieces = [e["choices"][0]["text"] for e in events[:-2]]
+        want, _ = _alone(model, tok, tok.encode(PROMPTS[2], add_special_tokens=False), cfg, 32)
+        assert "".join(pieces) == want and len(pieces) >= 2 and all(pieces)
+        # chat: the tokenizer's template, the same answer as generate on the templated prompt
+        msgs = [{"role": "user", "content": PROMPTS[1]}]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        chat_text, chat_reason = _alone(model, tok, ids, BASE, 32)
+        c = client.post("/v1/chat/completions", json={"messages": msgs}).json()
+        assert c["object"] == "chat.completion" and c["choices"][0]["message"] == {"role": "assistant",
+                                                                                 "content": chat_text}
+        assert c["choices"][0]["finish_reason"] == chat_reason and c["usage"]["prompt_tokens"] == len(ids)
+        with client.stream("POST", "/v1/chat/completions", json={"messages": msgs, "stream": True}) as resp:
+            events = _events(resp)
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == chat_text
+        assert events[-2]["choices"][0]["finish_reason"] == chat_reason
+        m = _metrics(client)
+        assert m["requests_total"] == 4 and m["requests_finished_total"] == 4 and m["slots"] == 4
+
+
+def test_concurrent_clients_get_what_sequential_calls_get(make_server):
+    bodies = [{"prompt": p, "max_tokens": 8 + 4 * (i % 3), "seed": i, "temperature": 0.8 * (i % 2),
+               **({"threshold": 0.4} if i % 3 else {"steps": 2})} for i, p in enumerate(PROMPTS * 4)]
+    with running(make_server(BASE, slots=32)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        one = [client.post("/v1/completions", json=b).json()["choices"][0] for b in bodies]
+        steps_one = _metrics(client)["engine_steps_total"]
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            many = list(pool.map(lambda b: client.post("/v1/completions", json=b).json()["choices"][0], bodies))
+        steps_many = _metrics(client)["engine_steps_total"] - steps_one
+    assert many == one and len({c["text"] for c in one}) > 5
+    assert steps_many < steps_one / 2  # the 32 requests shared their steps
+
+
+INVALID = [
+    ({"prompt": "1", "temperature": -1}, "temperature", "temperature: must be >= 0, got -1.0"),
+    ({"prompt": "1", "max_tokens": 65}, "max_tokens", "max_tokens: 65 is outside [1, 64]"),
+    ({"prompt": "1", "block_size": 8}, "block_size", "block_size: 8 asked, but this server decodes with block_size"),
+    ({"prompt": "1", "steps": 2, "threshold": 0.5}, "threshold", "threshold: set either steps (static schedule) or"),
+    ({"prompt": "1", "n": 2}, "n", "n: 2 completions"),
+    ({"prompt": "1", "stop": ["\n"]}, "stop", "stop: stop sequences are not supported"),
+    ({"prompt": [1, 500]}, "prompt", "prompt: the prompt has token ids outside the model's vocabulary [0, 91)"),
+    ({"prompt": "1", "top_p": "high"}, "top_p", "top_p: Input should be a valid number"),
+    ({"max_tokens": 4}, "prompt", "prompt: Field required"),
+]
+
+
+def test_an_invalid_request_gets_400_naming_the_field(make_server):
+    with running(make_server(BASE, max_tokens=64)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for body, param, message in INVALID:
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 400, (body, r.text)
+            err = r.json()["error"]
+            assert err["param"] == param and message in err["message"], (body, err)
+            assert err["type"] == "invalid_request_error"
+        m = _metrics(client)
+    assert m["requests_rejected_invalid_total"] == len(INVALID) and m["requests_total"] == 0
+
+
+def test_chat_without_a_template_and_a_bad_message_are_400(make_server, demo_model):
+    server = make_server(BASE)
+    server.tokenizer = type("NoTemplate", (), {"chat_template": None})()
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert "no chat template; use /v1/completions" in r.json()["error"]["message"]
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages.0.content: Field required")
+
+
+def test_a_full_queue_gets_429_and_the_held_requests_finish(make_server):
+    server = make_server(BASE, slots=1, max_queue=1)
+    gate = Gate(server)
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client, ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(client.post, "/v1/completions", json={"prompt": p}) for p in PROMPTS[:2]]
+        while _metrics(client)["requests_total"] < 2:
+            time.sleep(0.01)
+        r = client.post("/v1/completions", json={"prompt": "1,2,3"})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        assert "the queue is full (1 running, 1 waiting)" in r.json()["error"]["message"]
+        gate.open()
+        assert [h.result().status_code for h in held] == [200, 200]
+        assert client.post("/v1/completions", json={"prompt": "1,2,3"}).status_code == 200  # room again
+        assert _metrics(client)["requests_rejected_queue_full_total"] == 1
+
+
+def test_a_client_that_disconnects_frees_its_slot(make_server):
+    server = make_server(BASE, slots=1, max_queue=4)
+    gate = Gate(server)
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        # a streaming client that reads the first event and leaves; a plain one that gives up waiting
+        with client.stream("POST", "/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": "1"}], "stream": True}) as resp:
+            next(resp.iter_lines())
+            assert _metrics(client)["requests_running"] == 1  # it holds the one slot
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/completions", json={"prompt": "2"}, timeout=0.3)
+        deadline = time.monotonic() + 20
+        while _metrics(client)["requests_aborted_disconnect_total"] < 2:
+            assert time.monotonic() < deadline, _metrics(client)
+            time.sleep(0.02)
+        assert _metrics(client)["requests_running"] == 0  # both slots' (the streaming one's and the next) freed
+        gate.open()
+        while _metrics(client)["requests_running"] + _metrics(client)["requests_waiting"] > 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        r = client.post("/v1/completions", json={"prompt": "3"})
+        m = _metrics(client)
+    assert r.status_code == 200 and m["requests_finished_total"] == 1 and m["requests_aborted_disconnect_total"] == 2
+
+
+def test_a_stopped_worker_fails_what_it_holds(make_server):
+    """The server's shutdown (after uvicorn's grace period): every request still held is answered with an error."""
+    import asyncio
+
+    from dllm_rl.serve.worker import Ticket
+
+    server = make_server(BASE, slots=1)
+    gate = Gate(server)
+    server.worker.start()
+    loop = asyncio.new_event_loop()
+    tickets = [Ticket([5, 6], BASE, 16, 0, False, asyncio.Queue(), loop) for _ in range(3)]
+    for t in tickets:
+        server.worker.submit(t)
+    while len(server.worker.tickets) < 3:
+        time.sleep(0.01)
+    gate.open()
+    server.worker.stop()
+    loop.run_until_complete(asyncio.sleep(0))
+    kinds = [t.events.get_nowait()[0] for t in tickets]
+    assert "error" in kinds and set(kinds) <= {"done", "error"} and server.worker.tickets == {}
+    assert server.worker.counters.failed_shutdown == kinds.count("error")
+    loop.close()
+
+
+def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dllm_rl", "serve", str(DEMO / "sdar-countdown"), "--port",
+                             str(port), "--slots", "2", "--gen-length", "32"], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+                try:
+                    if client.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            with ThreadPoolExecutor(4) as pool:
+                held = [pool.submit(client.post, "/v1/completions", json={"prompt": p, "max_tokens": 32})
+                        for p in PROMPTS[:4]]
+                while float(next(ln for ln in client.get("/metrics").text.splitlines()
+                                 if ln.startswith("dllm_rl_requests_total")).split()[1]) < 4:
+                    time.sleep(0.01)
+                proc.send_signal(signal.SIGTERM)
+                codes = [h.result().status_code for h in held]
+        # after its graceful shutdown uvicorn re-raises the signal, so the exit status says why the server stopped
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert codes == [200] * 4  # held requests finish within the grace period
+    err = proc.stderr.read()
+    assert "serve: sdar-countdown on http://127.0.0.1:" in err and "Traceback" not in err
