@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "dllm_rl" / "assets" / "demo"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.M | re.S)
-NOT_OURS = {"tensorboard"}  # a viewer of what report_to=tensorboard writes
+NOT_OURS = {"tensorboard", "curl"}  # a viewer of what run.report_to=tensorboard writes; an HTTP client
 
 #: upper-case placeholders of the docs -> what the test puts there (RUN_DIR: a run the test makes)
 PLACEHOLDERS = {
@@ -159,6 +159,8 @@ def needs_more_than_the_repo(argv: list[str], cfg) -> str | None:
     """Why a command cannot run here (a hub id, a file or task data the repository does not hold), or None."""
     from dllm_rl.tasks import get_task
 
+    if argv[0] == "serve":  # runs until stopped: parsed here, served by tests/serve on 127.0.0.1
+        return "a server runs until it is stopped"
     for word in argv[1:]:
         if not word.startswith("-") and "=" not in word and HUB_ID.match(word) and _local(word) is None:
             return f"{word} is not in the repository"
@@ -264,6 +266,7 @@ def test_what_runs_and_what_is_only_parsed(tmp_path):
     why = [prepared(c.words, tmp_path)[1] for c in DISTINCT if dllm_rl_argv(c.words) is not None]
     assert sorted(w for w in why if w) == [
         "Gen-Verse/TraDo-4B-Instruct is not in the repository",  # dllm-rl eval Gen-Verse/TraDo-4B-Instruct
+        "a server runs until it is stopped",  # dllm-rl serve
         "model Gen-Verse/TraDo-4B-Instruct is on the hub",  # dllm-rl rl configs/trado-tracerl-math.yaml
         "runs/trado-tracerl-math is not in the repository",  # dllm-rl plot of that run
         "the gsm8k benchmark needs a real checkpoint",  # dllm-rl eval MODEL_DIR --task gsm8k
