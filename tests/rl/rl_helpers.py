@@ -27,7 +27,8 @@ def rl_overrides(root, family: str, out, *extra: str) -> list[str]:
             f"eval.data={root / 'test.jsonl'}", "data.prompt_style=compact", "train.prompts_per_step=2",
             "rollout.num_generations=4",
             "rollout.gen_length=8", "rollout.block_length=8", "eval.limit=0", f"run.output_dir={out}",
-            "run.progress=false", "log.samples_every=0", "optim.lr=0.003", "model.device=cpu", *extra]
+            "run.progress=false", "log.samples_every=0", "optim.lr=0.003", "model.device=cpu", "log.dashboard=false",
+            *extra]
 
 
 def image_overrides(root, family: str, out, *extra: str) -> list[str]:

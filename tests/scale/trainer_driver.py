@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from dllm_rl.config import load_config
-from dllm_rl.rl import loop as rl_loop
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
@@ -71,7 +70,7 @@ def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=d
             "rollout.gen_length=8",
             "rollout.block_length=8", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2", "optim.lr=0.003",
             "model.device=cpu", "run.progress=false", "model.logprob_chunk_size=3", "log.samples_every=0",
-            "run.keep_checkpoints=5",
+            "run.keep_checkpoints=5", "log.dashboard=false",  # nothing here reads it (tests/rl checks it)
             f"run.output_dir={out}", *extra]
     rl_train(load_config(RLConfig, None, args), reward_fn=reward)
 
@@ -146,19 +145,12 @@ def save_value_weights() -> None:
 SAVED = ("run.save_every=1",)
 
 
-def no_dashboard() -> None:
-    """Each RL run ends by drawing its dashboard PNG on the main rank: 2 of a tiny run's 3 seconds (matplotlib),
-    which nothing here reads (tests/rl and tests/training check the dashboard); the runs name the file but skip it."""
-    rl_loop.write_dashboard = lambda run_dirs, **kw: Path(run_dirs[0]) / "dashboard.png"
-
-
 VALUE = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
 TRACERL_LORA = ("sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")
 
 
 def main(root: Path, out: Path, mode: str = "all") -> None:
     save_value_weights()
-    no_dashboard()
     if mode == "fault":
         die_in_step_two()
         rl(root, out / "espo_fault", "sdar", "espo", "run.distributed_timeout_s=60", *SAVED)

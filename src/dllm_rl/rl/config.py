@@ -238,6 +238,8 @@ class LogConfig(Checked):
     samples_every: int = field(5, ge=0, help="print a few decoded samples every N steps (0 = never)")
     rollouts: int = field(
         4, ge=0, help="rollouts per step written to rollouts.jsonl (prompt, completion, reward)")
+    dashboard: bool = field(True, help="draw OUTPUT_DIR/dashboard.png at the end (matplotlib, about a CPU-second; "
+                            "`dllm-rl plot OUTPUT_DIR` draws it later)")
 
 
 @dataclass

@@ -104,6 +104,6 @@ def _run(trainer: RLTrainer) -> dict:
     trainer.save()
     summary["final_model"] = str(trainer.save_final_model())
     if trainer.is_main:
-        summary["plots"] = [str(write_dashboard([trainer.out]))]
+        summary["plots"] = [str(write_dashboard([trainer.out]))] if cfg.log.dashboard else []
         (trainer.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
