@@ -38,4 +38,4 @@ def image_overrides(root, family: str, out, *extra: str) -> list[str]:
             "rollout.num_generations=2",
             "rollout.gen_length=4", "rollout.block_length=4", "eval.limit=2", f"run.output_dir={out}",
             "run.progress=false", "log.samples_every=0", "optim.lr=0.003", "model.device=cpu",
-            "drop_zero_variance=false", *extra]
+            "drop_zero_variance=false", "log.dashboard=false", *extra]
