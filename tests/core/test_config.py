@@ -190,6 +190,8 @@ def _float_keys(cls: type, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         args = typing.get_args(hints[f.name]) or (hints[f.name],)
         section = next((a for a in args if dataclasses.is_dataclass(a)), None)
+        if section is not None and typing.get_origin(hints[f.name]) is list:
+            continue  # a list of entries (reward.terms): each entry is a Checked config, tested by its module
         if section is not None:
             keys += _float_keys(section, f"{prefix}{f.name}.")
         elif float in args or any(typing.get_args(a) == (float,) for a in args):

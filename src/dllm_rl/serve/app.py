@@ -172,16 +172,19 @@ class Gone(Exception):
         self.status = status
 
 
-async def _next_event(server: Server, ticket: Ticket, request: Request):
+async def _next_event(server: Server, ticket: Ticket, request: Request | None):
     """The request's next event; frees its slot and raises :class:`Gone` if the client leaves or time runs out
-    (checked every :data:`DISCONNECT_POLL_S`: the server notices a departed client only when it looks)."""
+    (checked every :data:`DISCONNECT_POLL_S`: the server notices a departed client only when it looks). A streamed
+    request passes no ``request``: Starlette's streaming response watches the connection itself and closes the
+    stream when the client leaves (whose ``finally`` frees the slot), and a second reader of the connection's
+    messages could take a message meant for it."""
     deadline = ticket.arrived + server.limits.timeout_s
     while True:
         try:
             return await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
         except TimeoutError:
             pass
-        if await request.is_disconnected():
+        if request is not None and await request.is_disconnected():
             server.worker.abort(ticket, "aborted_disconnect")
             raise Gone(499, "client closed the request")
         if time.monotonic() > deadline:
@@ -297,7 +300,7 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
             yield _chunk(server, rid, True, "", None, first=True)
         while True:
             try:
-                kind, value = await _next_event(server, ticket, request)
+                kind, value = await _next_event(server, ticket, None)
             except Gone as gone:
                 finished = True  # its slot is freed already
                 yield f"data: {json.dumps({'error': {'message': str(gone), 'type': 'timeout'}})}\n\n"
