@@ -13,11 +13,12 @@ def command_configs() -> list[tuple[str, type, Any]]:
     """``(title, config class, default instance or None)`` of every command's configuration."""
     from dllm_rl.eval.harness import EvalRunConfig
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.sampling.config import DecodeConfig
+    from dllm_rl.sampling.config import DecodeConfig, GenerateOptions
     from dllm_rl.sft.config import SFTConfig
 
     return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl sft", SFTConfig, SFTConfig()),
-            ("dllm-rl eval", EvalRunConfig, None), ("decoding (generate, eval and trace flags)", DecodeConfig, None)]
+            ("dllm-rl eval", EvalRunConfig, None), ("dllm-rl generate", GenerateOptions, None),
+            ("decoding (generate, eval and trace flags)", DecodeConfig, None)]
 
 
 def main() -> str:

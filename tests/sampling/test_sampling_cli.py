@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from dllm_rl.errors import UserError
 from dllm_rl.models import build_model, char_tokenizer, load_tokenizer, save_model, tiny_config
 from dllm_rl.sampling.cli import read_prompts_file, register
 
@@ -79,5 +80,5 @@ def test_generate_slots_decodes_with_the_engine_to_the_same_trace(model_dir, tmp
     assert len({r["nfe"] for r in rows["fixed"]}) > 1  # rows finished after different numbers of steps
     with pytest.raises(ValueError, match=r"--slots: .*cache 'prefix' .*set cache: none \(drop --slots\)"):
         _run(["generate", str(model_dir), "--prompt", "a", "--cache", "prefix", "--slots", "2"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match=r"^--slots: must be >= 1, got 0$"):  # GenerateOptions' range
         _run(["generate", str(model_dir), "--prompt", "a", "--slots", "0"])

@@ -10,10 +10,11 @@ import typing
 from pathlib import Path
 
 from dllm_rl.config import allowed_values, describe, to_dict
+from dllm_rl.config.flags import add_config_arguments, given_values
 from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import iter_jsonl, write_jsonl
-from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.config import DecodeConfig, GenerateOptions
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
@@ -93,9 +94,14 @@ def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, 
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    from dllm_rl.config import FieldError
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling.decode import decode_block_length, generate_batched
 
+    try:  # the flags are GenerateOptions' fields: its ranges checked here, before any loading
+        GenerateOptions(**given_values(args, GenerateOptions))
+    except FieldError as exc:
+        raise UserError(f"--{exc.key.replace('_', '-')}: {exc.problem}") from None
     texts = list(args.prompt or [])
     if args.prompts_file:
         texts += read_prompts_file(args.prompts_file)
@@ -139,13 +145,6 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def register(sub) -> None:
     p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
                        description="Decode completions; --trace writes each token's unmasking step as JSONL.")
@@ -153,19 +152,10 @@ def register(sub) -> None:
                    "or a hub id org/name[@revision]")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": TEXT} per line")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.add_argument("--trace", help="write one JSON object per prompt (tokens, steps, confidence, nfe) here")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together (default: 32)")
-    p.add_argument("--slots", type=_positive, default=None, metavar="N",
-                   help="decode with the continuous-batching engine, N sequences at a time, a finished one replaced "
-                   "at once by the next prompt (same tokens as fixed batches; --batch-size is then unused). "
-                   "Default: fixed batches of --batch-size")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
-    p.add_argument("--progress", action="store_true", help="print progress per batch")
-    p.add_argument("--preset", choices=["llada2", "fast_dllm_v2", "sdar"],
-                   help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given override it")
+    add_config_arguments(p, GenerateOptions, title="generate (GenerateOptions)")
     add_decode_arguments(p)
-    help_config_argument(p, lambda: ["decoding (one --flag per key: --gen-length, --threshold, ...):"]
-                         + describe(DecodeConfig))
+    help_config_argument(p, lambda: ["generate (one --flag per key: --batch-size, --slots, ...):"]
+                         + describe(GenerateOptions) + ["", "decoding (one --flag per key: --gen-length, "
+                                                            "--threshold, ...):"] + describe(DecodeConfig))
     p.set_defaults(func=generate_command)

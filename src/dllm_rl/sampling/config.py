@@ -118,3 +118,26 @@ class DecodeConfig(DecodeOptions):
         super().__post_init__()
         if self.sub_block is not None and self.threshold is None:
             raise FieldError("sub_block", "sub-blocks need the dynamic schedule: set threshold (Fast-dLLM v2 uses 0.9)")
+
+
+def _preset_names() -> tuple[str, ...]:
+    from dllm_rl.sampling.presets import PRESETS
+
+    return tuple(PRESETS)
+
+
+@dataclass
+class GenerateOptions(Checked):
+    """What ``dllm-rl generate`` sets besides the decoding (its flags are generated from these fields)."""
+
+    batch_size: int = field(32, ge=1, help="prompts decoded together")
+    slots: int | None = field(
+        None, ge=1, help="decode with the continuous-batching engine, N sequences at a time, a finished one replaced "
+        "at once by the next prompt (same tokens as fixed batches; batch_size is then unused). Default: fixed batches")
+    device: str = field("cpu", help="torch device")
+    dtype: str = field("float32", help="float32 | bfloat16")
+    chat: bool = field(False, help="wrap each prompt in the tokenizer's chat template")
+    progress: bool = field(False, help="print progress per batch")
+    preset: str | None = field(None, choices=_preset_names,
+                               help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given "
+                               "override it")
