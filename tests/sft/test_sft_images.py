@@ -145,5 +145,5 @@ def test_a_fresh_llada_v_takes_its_tower_shape_from_the_model_section():
     assert len(dlm.causal_lm.model.vision_tower.encoder.layers) == 2  # the published deletion
     widened, _ = prompt_images(dlm, [[IMAGE_TOKEN_INDEX, 5]], [[draw_scene(SCENE, 48)]])
     assert len(widened[0]) == 10 + 1
-    with pytest.raises(ConfigError, match=r"model.vision_image_size=48 is not a multiple of model.vision_patch_size=14"):
+    with pytest.raises(ConfigError, match=r"vision_image_size=48 is not a multiple of model.vision_patch_size=14"):
         ModelConfig(**{**shape, "vision_patch_size": 14})
