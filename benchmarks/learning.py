@@ -11,9 +11,10 @@ time budget (``max_time_minutes``, counted from the start of the run, so it incl
 before training; the default 9.2 keeps each whole run, both evaluations included, under 10 minutes), one CPU
 thread (plus the method's own demo settings, ``METHOD_EXTRA``), evaluated on ``--eval-limit`` held-out
 problems before and after. Runs go ``--parallel`` at a time.
-Each run is also evaluated, before and after, on a second held-out set: the demo-shaped puzzles that neither
-the training file nor the held-out file contains (the rare shapes, ``benchmarks/rare_shapes.py``; the
-"before" number is the demo checkpoint's, measured once per model). Prints a Markdown table (method x model:
+Each Countdown run (models ``full`` and ``block``) is also evaluated, before and after, on a second held-out
+set: the demo-shaped puzzles that neither the training file nor the held-out file contains (the rare shapes,
+``benchmarks/rare_shapes.py``; the "before" number is the demo checkpoint's, measured once per model); the
+``vision`` model's runs (the shapes image task) have the held-out set only. Prints a Markdown table (method x model:
 before, after per seed, gain, rare shapes before and after, steps, minutes, seconds per step in rollouts and
 in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
 ``summary.json`` exists are not rerun (``--force`` reruns them): the same command fills in missing runs and
@@ -42,6 +43,8 @@ NEW_METHODS = ["spg", "bgpo", "justgrpo", "wd1", "igpo"]
 DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo",
                 *(f"{model}:{m}" for m in NEW_METHODS for model in ("full", "block"))]
 RARE = Path(__file__).with_name("rare_shapes.py")
+# the models whose runs are also scored on the rare Countdown puzzles (``vision`` learns the shapes image task)
+COUNTDOWN_MODELS = ("full", "block")
 # per-method settings of the demo rows (a method-specific option cannot live in the shared demo configs):
 # BGPO's 16 draws (its preset, the paper's large-sample setting) make an update ~25 s on one CPU thread, 4 keep
 # it at ~3-9 s; its bound's memory does not depend on the draws either way (benchmarks/estimator_memory.py)
@@ -64,6 +67,11 @@ def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_li
                                                                                                        []), *extra]
 
 
+def finished_file(model: str) -> str:
+    """The file whose presence says a run of ``model`` is done: the rare-shape score, else the RL summary."""
+    return "rare_after.json" if model in COUNTDOWN_MODELS else "summary.json"
+
+
 def step_seconds(metrics: Path) -> tuple[float, float]:
     """Mean seconds per RL step spent in rollouts and in the update: how fast this machine ran the run
     (machines differ by 2x and more, which moves a time budget's step count)."""
@@ -75,7 +83,8 @@ def step_seconds(metrics: Path) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", nargs="*", default=DEFAULT_RUNS, help="model:algorithm pairs (model = full | block)")
+    ap.add_argument("--runs", nargs="*", default=DEFAULT_RUNS,
+                    help="model:algorithm pairs (model = full | block | vision)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
     ap.add_argument("--minutes", type=float, default=9.2,
                     help="time budget per run (wall, 1 thread), from the run's start: the evaluation before "
@@ -93,8 +102,8 @@ def main() -> None:
     out = Path(args.out)
     rare_file = write_rare_set(out / "rare_shapes.jsonl")
     jobs = []
-    for model in sorted({spec.split(":")[0] for spec in args.runs}):  # the checkpoints' own rare-shape accuracy
-        ckpt = DEMO_DIR / ("llada-countdown" if model == "full" else "sdar-countdown")
+    for model in sorted({spec.split(":")[0] for spec in args.runs} & set(COUNTDOWN_MODELS)):
+        ckpt = DEMO_DIR / ("llada-countdown" if model == "full" else "sdar-countdown")  # its own rare-shape accuracy
         jobs.append((model, "(start)", 0, out / f"{model}-start",
                      rare_command(ckpt, model, out / f"{model}-start" / "rare_after.json", rare_file)))
     for spec in args.runs:
@@ -103,12 +112,13 @@ def main() -> None:
             run_dir = out / f"{model}-{algo}-seed{seed}"
             rl = command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra, args.steps)
             rare = rare_command(run_dir / "final", model, run_dir / "rare_after.json", rare_file)
-            jobs.append((model, algo, seed, run_dir, ["sh", "-c", f"{shlex.join(rl)} && {shlex.join(rare)}"]))
+            script = f"{shlex.join(rl)} && {shlex.join(rare)}" if model in COUNTDOWN_MODELS else shlex.join(rl)
+            jobs.append((model, algo, seed, run_dir, ["sh", "-c", script]))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     running: list[tuple[subprocess.Popen, tuple]] = []
     # finished runs are kept (rerunning the same command only fills in what is missing, then prints the table);
     # a run started again (unfinished, or --force) replaces what its directory held (overwrite=true)
-    pending = [] if args.report else [j for j in jobs if args.force or not (j[3] / "rare_after.json").is_file()]
+    pending = [] if args.report else [j for j in jobs if args.force or not (j[3] / finished_file(j[0])).is_file()]
     while pending or running:
         while pending and len(running) < args.parallel:
             job = pending.pop(0)
@@ -156,8 +166,9 @@ def main() -> None:
         steps = [s["steps"] for s in ss]
         t_roll, t_upd = (statistics.mean(s["step_seconds"][k] for s in ss) for k in (0, 1))
         r0 = rare_before.get(model, float("nan"))
-        rare_s = (f"{r0:.1%} -> " + " / ".join(f"{s['rare_after']:.1%}" for s in ss)
-                  + f" ({(statistics.mean(s['rare_after'] for s in ss) - r0) * 100:+.1f} pts)")
+        rare_s = "(Countdown only)" if model not in COUNTDOWN_MODELS else (
+            f"{r0:.1%} -> " + " / ".join(f"{s['rare_after']:.1%}" for s in ss)
+            + f" ({(statistics.mean(s['rare_after'] for s in ss) - r0) * 100:+.1f} pts)")
         lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | {gain(after, before)} | "
                      f"{live} | {rare_s} | {'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
                      f"{statistics.mean(s['minutes'] for s in ss):.1f} | {t_roll:.2f} + {t_upd:.2f} | {len(ss)} |")

@@ -38,6 +38,10 @@ def test_demo_decodes_each_demo_model_as_its_rl_config_does():
     assert decode_lengths(DEMO_DIR / "llada-countdown") == (16, 16)
     assert decode_lengths(DEMO_DIR / "sdar-countdown") == (32, 4)
     assert decode_lengths(DEMO_DIR / "elsewhere") == (32, 32)
+    # the vision demo's checkpoint is evaluated on its own task and held-out file (rl-vision.yaml)
+    assert demo_defaults(DEMO_DIR / "llada_v-shapes", {}) == {
+        "task": "shapes", "data": str(DEMO_DIR / "shapes_heldout.jsonl"), "prompt_style": "compact",
+        "decode": {"gen_length": 16, "block_length": 16}}
     assert demo_defaults(DEMO_DIR / "sdar-countdown", {}) == {
         "task": "countdown", "data": str(HELDOUT), "prompt_style": "compact",
         "decode": {"gen_length": 32, "block_length": 4}}

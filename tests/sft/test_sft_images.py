@@ -124,3 +124,26 @@ def test_an_image_row_for_a_text_model_is_one_line(sft_images, tmp_path):
                                         "of an image family \\(llada_v, mmada\\) or a text task$"):
         trainer.next_micro_batch()
     trainer.close()
+
+
+def test_a_fresh_llada_v_takes_its_tower_shape_from_the_model_section():
+    """``model.family: llada_v`` with ``model.vision_*`` builds the demo's shape: a 48 px image in 16 px patches is
+    9 patches + the newline = 10 prompt positions; sizes that do not tile are one ConfigError naming both keys."""
+    from dllm_rl.config import ConfigError
+    from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
+    from dllm_rl.sft.config import ModelConfig
+    from dllm_rl.sft.trainer import build_tokenizer_and_model
+
+    shape = dict(family="llada_v", tokenizer="char", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
+                 intermediate_size=64, vision_image_size=48, vision_patch_size=16, vision_hidden_size=32,
+                 vision_num_heads=4, vision_num_layers=3, image_aspect_ratio="pad")
+    tok, dlm = build_tokenizer_and_model(ModelConfig(**shape))
+    tower = dlm.published_config["vision_config"]
+    assert (tower["image_size"], tower["patch_size"], tower["hidden_size"], tower["num_attention_heads"],
+            tower["num_hidden_layers"], tower["intermediate_size"]) == (48, 16, 32, 4, 3, 64)
+    assert dlm.published_config["mm_hidden_size"] == 32 and dlm.published_config["image_aspect_ratio"] == "pad"
+    assert len(dlm.causal_lm.model.vision_tower.encoder.layers) == 2  # the published deletion
+    widened, _ = prompt_images(dlm, [[IMAGE_TOKEN_INDEX, 5]], [[draw_scene(SCENE, 48)]])
+    assert len(widened[0]) == 10 + 1
+    with pytest.raises(ConfigError, match=r"vision_image_size=48 is not a multiple of model.vision_patch_size=14"):
+        ModelConfig(**{**shape, "vision_patch_size": 14})

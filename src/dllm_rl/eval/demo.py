@@ -5,7 +5,8 @@ checkpoints (``assets/demo/countdown_heldout.jsonl``), compact prompts, greedy d
 low-confidence (probability) order, at the ``gen_length`` / ``block_length`` of the demo RL config that trains the
 checkpoint (``assets/demo/rl-*.yaml``): ``llada-countdown`` decodes 16 slots as one block (its tokenizer spells
 ``<answer>`` and ``</answer>`` as one token each), ``sdar-countdown`` 32 slots in its own blocks of 4. Any other
-checkpoint: gen_length 32, one block of 32.
+checkpoint: gen_length 32, one block of 32. The vision demo's ``llada_v-shapes`` is evaluated on its own task
+(``shapes``) and held-out file (``shapes_heldout.jsonl``), as ``rl-vision.yaml`` names them.
 """
 
 from __future__ import annotations
@@ -17,21 +18,30 @@ DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 HELDOUT = DEMO_DIR / "countdown_heldout.jsonl"
 
 
-def decode_lengths(model_dir: str | Path) -> tuple[int, int]:
-    """``(gen_length, block_length)`` of the demo RL config whose ``model.path`` is ``model_dir``; (32, 32) else."""
+def demo_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The demo RL config (``assets/demo/rl-*.yaml``) whose ``model.path`` is ``model_dir``, or None."""
     import yaml
 
     for cfg in sorted(DEMO_DIR.glob("rl-*.yaml")):
         data = yaml.safe_load(cfg.read_text())
         if (DEMO_DIR / data["model"]["path"]).resolve() == Path(model_dir).resolve():
-            return int(data["rollout"]["gen_length"]), int(data["rollout"]["block_length"])
-    return 32, 32
+            return data
+    return None
+
+
+def decode_lengths(model_dir: str | Path) -> tuple[int, int]:
+    """``(gen_length, block_length)`` of the demo RL config whose ``model.path`` is ``model_dir``; (32, 32) else."""
+    data = demo_config(model_dir)
+    if data is None:
+        return 32, 32
+    return int(data["rollout"]["gen_length"]), int(data["rollout"]["block_length"])
 
 
 def demo_defaults(model_dir: str | Path, decode: dict[str, Any]) -> dict[str, Any]:
-    """The evaluation options of ``--demo`` (task, data, prompt style) and the base decoding: ``decode`` with
-    ``gen_length`` / ``block_length`` filled from :func:`decode_lengths` where not given (``block_length``
-    follows an explicit ``gen_length``)."""
+    """The evaluation options of ``--demo`` (the demo RL config's task, held-out data and prompt style; the
+    Countdown demo's for any other checkpoint) and the base decoding: ``decode`` with ``gen_length`` /
+    ``block_length`` filled from :func:`decode_lengths` where not given (``block_length`` follows an explicit
+    ``gen_length``)."""
     decode = dict(decode)
     if decode.get("gen_length") is None:
         gen_length, block_length = decode_lengths(model_dir)
@@ -39,4 +49,8 @@ def demo_defaults(model_dir: str | Path, decode: dict[str, Any]) -> dict[str, An
     else:
         block_length = decode["gen_length"]
     decode.setdefault("block_length", block_length)
-    return {"task": "countdown", "data": str(HELDOUT), "prompt_style": "compact", "decode": decode}
+    data = demo_config(model_dir)
+    if data is None:
+        return {"task": "countdown", "data": str(HELDOUT), "prompt_style": "compact", "decode": decode}
+    return {"task": data["data"]["task"], "data": str(DEMO_DIR / data["eval"]["data"]),
+            "prompt_style": data["data"]["prompt_style"], "decode": decode}

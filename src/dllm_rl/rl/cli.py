@@ -42,10 +42,17 @@ def demo_config_path(model_kind: str) -> Path:
 
 
 def demo_overrides(model_kind: str) -> list[str]:
-    """Absolute paths of the shipped demo checkpoint and data (the YAML names them relative to DEMO_DIR)."""
-    ckpt = "llada-countdown" if model_kind == "full" else "sdar-countdown"
-    return [f"model.path={DEMO_DIR / ckpt}", f"data.train_file={DEMO_DIR / 'countdown_train.jsonl'}",
-            f"eval.data={DEMO_DIR / 'countdown_heldout.jsonl'}"]
+    """Absolute paths of the shipped demo checkpoint and data: the demo YAML names them relative to DEMO_DIR."""
+    import yaml
+
+    data = yaml.safe_load(demo_config_path(model_kind).read_text())
+    keys = (("model", "path"), ("data", "train_file"), ("eval", "data"))
+    return [f"{section}.{key}={DEMO_DIR / data[section][key]}" for section, key in keys]
+
+
+#: what the demo's report calls each model
+DEMO_MODELS = {"full": "full-attention model", "block": "block-attention model", "block8": "block-attention model",
+               "vision": "LLaDA-V-shaped vision model"}
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -67,7 +74,7 @@ def run_demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)
     print()
-    print(f"demo ({cfg.algorithm} on the {args.model}-attention model): held-out greedy accuracy "
+    print(f"demo ({cfg.algorithm} on the {DEMO_MODELS[args.model]}): held-out greedy accuracy "
           f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
           + (f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
              if "accuracy_after_live" in summary else "")
@@ -88,9 +95,10 @@ def register(sub) -> None:
                    help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo | spg | bgpo | justgrpo | wd1 | "
                    "igpo (default: the demo config's: espo on the block model, tracerl on the full one; the demo "
                    "config's beta: 0 applies to any of them)")
-    d.add_argument("--model", choices=("full", "block", "block8"), default="block",
+    d.add_argument("--model", choices=tuple(DEMO_MODELS), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
-                   "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml)")
+                   "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml), vision = a "
+                   "llada_v-shaped model on the shapes image task (rl-vision.yaml)")
     d.add_argument("--output-dir", default="runs/demo",
                    help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
                    "unless run.resume=latest is given)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from dllm_rl.config import Checked, field
+from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.sft.data import DataConfig
 from dllm_rl.sft.objectives import ObjectiveConfig
 from dllm_rl.training import LoraOptions, OptimConfig
@@ -25,7 +25,7 @@ class ModelConfig(Checked):
     alphabet: str | None = field(None, help="characters of the char tokenizer (null = the default alphabet)")
     words: list[str] = field(default_factory=list, help="char tokenizer: whole strings that get one token each "
                              "(e.g. [\"<answer>\", \"</answer>\"]: shorter completions, cheaper decoding)")
-    family: Literal["llada", "dream", "sdar"] = field("llada", help="family of a fresh model (path: null)")
+    family: Literal["llada", "dream", "sdar", "llada_v"] = field("llada", help="family of a fresh model (path: null)")
     hidden_size: int = field(128, ge=1, help="fresh model: hidden size")
     num_layers: int = field(4, ge=1, help="fresh model: transformer layers")
     num_heads: int = field(4, ge=1, help="fresh model: attention heads")
@@ -34,6 +34,16 @@ class ModelConfig(Checked):
     block_size: int = field(4, ge=1, help="fresh block model (sdar): block size of block-causal attention")
     max_position_embeddings: int = field(256, ge=1, help="fresh model: context length")
     tie_word_embeddings: bool = field(False, help="fresh model: share input and output embeddings")
+    vision_image_size: int = field(384, ge=8, help="fresh llada_v: side in px of the SigLIP tower's input (LLaDA-V: "
+                                   "384); each image is padded to a square and resized to it")
+    vision_patch_size: int = field(14, ge=1, help="fresh llada_v: SigLIP patch side in px (LLaDA-V: 14); a `pad` "
+                                   "image fills (vision_image_size / vision_patch_size)^2 + 1 prompt positions")
+    vision_hidden_size: int = field(16, ge=1, help="fresh llada_v: SigLIP width (LLaDA-V: 1152)")
+    vision_num_heads: int = field(2, ge=1, help="fresh llada_v: SigLIP attention heads (LLaDA-V: 16)")
+    vision_num_layers: int = field(3, ge=2, help="fresh llada_v: SigLIP layers as the tower's config counts them "
+                                   "(LLaDA-V: 27); as published, the last is deleted, so one fewer runs")
+    image_aspect_ratio: Literal["pad", "anyres_max_4"] = field(
+        "anyres_max_4", help="fresh llada_v: pad (one tile) or anyres_max_4 (LLaDA-V's tiling over 1x1..6x6 tiles)")
     init_std: float | None = field(
         None, gt=0, help="fresh model: draw every weight matrix (embeddings, projections, head) from "
         "N(0, init_std^2) with a generator seeded by run.seed (null = HF's init, std 0.02). Tiny models without "
@@ -42,6 +52,16 @@ class ModelConfig(Checked):
     attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
     freeze_router: bool = field(False, help="MoE models: no gradient into the routers (gate weights)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.family == "llada_v" and self.vision_image_size % self.vision_patch_size:
+            raise ConfigError(f"model.vision_image_size={self.vision_image_size} is not a multiple of "
+                              f"model.vision_patch_size={self.vision_patch_size}: SigLIP tiles the image in whole "
+                              "patches; pick sizes that divide")
+        if self.family == "llada_v" and self.vision_hidden_size % self.vision_num_heads:
+            raise ConfigError(f"model.vision_hidden_size={self.vision_hidden_size} is not a multiple of "
+                              f"model.vision_num_heads={self.vision_num_heads}")
 
 
 @dataclass

@@ -26,6 +26,7 @@ from accelerate import DistributedDataParallelKwargs
 from dllm_rl.config import save_config, to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, tiny_config
+from dllm_rl.models.families.llada_v import SO400M_VISION
 from dllm_rl.models.image_inputs import PromptEncoder, copy_vq
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
@@ -83,6 +84,16 @@ def reinit_weights(dlm: DiffusionLM, std: float, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+def vision_shape(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` keys of a fresh LLaDA-V's vision side from ``model.vision_*``: the SigLIP tower's shape
+    (``vision_config``, its ``mm_hidden_size``) and ``image_aspect_ratio``; the rest is the published so400m's."""
+    tower = {**SO400M_VISION, "image_size": cfg.vision_image_size, "patch_size": cfg.vision_patch_size,
+             "hidden_size": cfg.vision_hidden_size, "intermediate_size": 2 * cfg.vision_hidden_size,
+             "num_attention_heads": cfg.vision_num_heads, "num_hidden_layers": cfg.vision_num_layers}
+    return {"vision_config": tower, "mm_hidden_size": cfg.vision_hidden_size,
+            "image_aspect_ratio": cfg.image_aspect_ratio}
+
+
 def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, DiffusionLM]:
     """The tokenizer and model of a :class:`ModelConfig` (a fresh model is sized to the tokenizer)."""
     if cfg.tokenizer == "char":
@@ -105,6 +116,8 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
             block_size=cfg.block_size, max_position_embeddings=cfg.max_position_embeddings,
             tie_word_embeddings=cfg.tie_word_embeddings,
         )
+        if cfg.family == "llada_v":
+            pub.update(vision_shape(cfg))
         dlm = build_model(cfg.family, pub, seed=seed, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
         if cfg.init_std is not None:
             reinit_weights(dlm, cfg.init_std, seed)
