@@ -127,17 +127,22 @@ def _values(vm, dlm, batch):
         return token_values(vm, dlm, batch, shrinkage=1)
 
 
-def test_the_value_model_sees_the_image(image_rl_setup, tmp_path):
-    """Values of the same completions under another image's features differ (the value model splices the
-    features the policy splices); a TraceRL step with the value model runs on LLaDA-V."""
-    trainer = _trainer(image_rl_setup, "llada_v", tmp_path, "algorithm=tracerl", "value_model.enabled=true")
+def _value_setup(trainer):
+    """One round of rollouts, its scoring batch, a value model with a random (non-zero) head, and its values."""
     batch = trainer.collect()
     sb = ScoringBatch.from_rollout(batch.rollout)
     vm = ValueModel(trainer.value.backbone)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(0)
         vm.head.weight.normal_()
-    base = _values(vm, trainer.value.backbone, sb)
+    return batch, sb, vm, _values(vm, trainer.value.backbone, sb)
+
+
+def test_the_value_model_sees_the_image(image_rl_setup, tmp_path):
+    """Values of the same completions under another image's features differ (the value model splices the
+    features the policy splices); a TraceRL step with the value model runs on LLaDA-V."""
+    trainer = _trainer(image_rl_setup, "llada_v", tmp_path, "algorithm=tracerl", "value_model.enabled=true")
+    batch, sb, vm, base = _value_setup(trainer)
     _, blank = prompt_images(trainer.model, [[IMAGE_TOKEN_INDEX]], [[Image.new("RGB", (32, 32), "white")]])
     swapped = ScoringBatch.from_rollout(batch.rollout)
     swapped.images = PromptImages([blank.features[0]] * len(sb.images.features), sb.images.rows)
@@ -154,13 +159,7 @@ def test_the_value_model_sees_the_image(image_rl_setup, tmp_path):
 
 def test_the_value_model_of_mmada_reads_the_image_codes(image_rl_setup, tmp_path):
     trainer = _trainer(image_rl_setup, "mmada", tmp_path, "algorithm=tracerl", "value_model.enabled=true")
-    batch = trainer.collect()
-    sb = ScoringBatch.from_rollout(batch.rollout)
-    vm = ValueModel(trainer.value.backbone)
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(0)
-        vm.head.weight.normal_()
-    base = _values(vm, trainer.value.backbone, sb)
+    batch, sb, vm, base = _value_setup(trainer)
     codes = sb.prompt_ids.clone()
     offset = len(trainer.tokenizer)
     is_code = (codes >= offset) & (codes < offset + 32)

@@ -158,7 +158,8 @@ def test_a_client_that_disconnects_frees_its_slot(make_server):
         # a streaming client that reads the first event and leaves; a plain one that gives up waiting
         with client.stream("POST", "/v1/chat/completions",
                            json={"messages": [{"role": "user", "content": "1"}], "stream": True}) as resp:
-            next(resp.iter_lines())
+            lines = resp.iter_lines()  # kept: a dropped iterator closes the response (the client would leave)
+            next(lines)
             held = time.monotonic() + 20
             while _metrics(client)["requests_running"] != 1:  # it holds the one slot (once the worker took it)
                 assert time.monotonic() < held, str(_metrics(client))
