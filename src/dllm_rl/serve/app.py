@@ -242,22 +242,21 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        config, max_tokens = server.config_for(req)
-        ids = server.text_prompt(req)
-        server.check_prompt(ids, config, "prompt")
-        return await _serve(server, ids, config, max_tokens, req.stream, request, chat=False)
+        return await _serve(server, req, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
-        config, max_tokens = server.config_for(req)
-        ids = server.chat_prompt(req)
-        server.check_prompt(ids, config, "messages")
-        return await _serve(server, ids, config, max_tokens, req.stream, request, chat=True)
+        return await _serve(server, req, request, chat=True)
 
     return app
 
 
-async def _serve(server: Server, ids, config, max_tokens: int, stream: bool, request: Request, chat: bool):
+async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
+    """One completion or chat request: its decoding and prompt checked, then answered whole or streamed."""
+    config, max_tokens = server.config_for(req)
+    ids = server.chat_prompt(req) if chat else server.text_prompt(req)
+    server.check_prompt(ids, config, "messages" if chat else "prompt")
+    stream = req.stream
     ticket = server.ticket(ids, config, stream)
     server.held += 1
     server.worker.counters.requests += 1
