@@ -15,6 +15,10 @@ image unless it places its own, and the count must match. The example keeps its 
 the images become (spliced features, or VQ codes) depends on the model, so the trainer encodes them per
 micro-batch (:func:`encode_images`). An unreadable image drops the row as ``bad_image``, naming it. Image
 positions are prompt context: never masked, never scored.
+
+One file on purpose (about 400 lines): it is one pipeline, row -> texts -> ids -> batch, and the row's place (file
+and line) and its reason for being dropped travel through every stage into one :class:`DataReport`; split by
+stage, each module would pass the same row context back and forth.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ fills up during a save ends it with a :class:`DiskFullError` naming the folder a
 that fills up while a run writes its published model (RL's ``final/``, SFT's ``model/``: :func:`save_published`).
 Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
 environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
+
+One file on purpose (about 410 lines): it owns one on-disk format. Saving, loading, naming, listing, pruning and
+the clean-up of a save cut short all read the same layout and the same rule (a checkpoint is complete only
+once its temporary directory was renamed into place), so a change of the format is one file's change.
 """
 
 from __future__ import annotations
