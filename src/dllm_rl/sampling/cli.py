@@ -6,10 +6,9 @@ import argparse
 import dataclasses
 import sys
 import time
-import typing
 from pathlib import Path
 
-from dllm_rl.config import allowed_values, describe, to_dict
+from dllm_rl.config import describe, to_dict
 from dllm_rl.config.flags import add_config_arguments, given_values
 from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
@@ -35,28 +34,13 @@ def read_prompts_file(path: str | Path) -> list[str]:
 
 def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (), dest_prefix: str = "",
                          with_defaults: bool = True, title: str = "decoding (DecodeConfig)") -> None:
-    """One ``--flag`` per :class:`DecodeConfig` field, with the field's help text.
+    """One ``--flag`` per :class:`DecodeConfig` field, with the field's help text (:func:`add_config_arguments`).
 
     ``dest_prefix`` namespaces the parsed values (``decode_gen_length``); with ``with_defaults=False``
     unset flags stay None, so a caller can tell which settings the user gave.
     """
-    hints = typing.get_type_hints(DecodeConfig)
-    group = parser.add_argument_group(title)
-    for f in dataclasses.fields(DecodeConfig):
-        if f.name in exclude:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        tp = hints[f.name]
-        choices = allowed_values(tp, f.metadata)
-        kind = str if choices else next((a for a in typing.get_args(tp) if a is not type(None)), tp)
-        text = f.metadata["help"].replace("%", "%%") + f" (default: {f.default})"  # argparse %-formats help
-        default = f.default if with_defaults else None
-        if kind is bool:
-            group.add_argument(flag, dest=dest_prefix + f.name, action=argparse.BooleanOptionalAction,
-                               default=default, help=text)
-        else:
-            group.add_argument(flag, dest=dest_prefix + f.name, type=kind, default=default,
-                               choices=choices, metavar=f.name.upper(), help=text)
+    add_config_arguments(parser, DecodeConfig, exclude=exclude, dest_prefix=dest_prefix, with_defaults=with_defaults,
+                         title=title)
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
