@@ -21,8 +21,9 @@ import time
 import torch
 
 from dllm_rl.config import load_config
-from dllm_rl.eval.heldout import encode_prompts, heldout_accuracy
+from dllm_rl.eval.heldout import heldout_accuracy
 from dllm_rl.models import load_model, load_tokenizer
+from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.rl.cli import demo_config_path, demo_overrides
 from dllm_rl.rl.config import RLConfig, decode_config
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
@@ -44,7 +45,7 @@ def main() -> None:
     copies = {"bfloat16": RolloutCopy(policy, torch.bfloat16),
               "bf16+compile": RolloutCopy(policy, torch.bfloat16, compile=True)}
     train = get_task(cfg.data.task, data=cfg.data.train_file, split="train", prompt_style=cfg.data.prompt_style)
-    _, ids = encode_prompts(train, [train[i] for i in range(cfg.train.prompts_per_step)], tok)
+    _, ids, _ = PromptEncoder(tok).task_prompts(policy, train, [train[i] for i in range(cfg.train.prompts_per_step)])
     group = [p for p in ids for _ in range(cfg.rollout.num_generations)]
     seeds = list(range(len(group)))
     dec = decode_config(cfg, policy)

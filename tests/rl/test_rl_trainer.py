@@ -9,7 +9,6 @@ import torch
 from rl_helpers import digit_reward, needs_cxx, rl_overrides
 
 from dllm_rl.config import ConfigError, load_config
-from dllm_rl.eval.heldout import encode_prompts
 from dllm_rl.models import load_model
 from dllm_rl.rl import losses as losses_mod
 from dllm_rl.rl.config import RLConfig
@@ -424,7 +423,7 @@ def test_dynamic_sampling_refills_dropped_groups_from_the_prompt_stream(rl_setup
         assert m["surplus_groups"] == max(0, even - P)
         assert m["kept_samples"] == G * len(kept)
         # the rewards saw the drawn prompts, G rollouts each, in stream order
-        texts, _ = encode_prompts(task, [task[i] for i in drawn], trainer.tokenizer)
+        texts, _, _ = trainer.prompts.task_prompts(trainer.model, task, [task[i] for i in drawn])
         assert [s[0] for s in res.samples] == [t for t in texts for _ in range(G)]
         # the update scored exactly the kept groups' samples, with the rollouts' own seeds
         want = [derive_seed(cfg.run.seed, step, 0, g * G + k) % (1 << 62) for g in kept for k in range(G)]

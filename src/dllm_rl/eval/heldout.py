@@ -30,13 +30,6 @@ class HeldOut:
     scores: list[Any] = field(default_factory=list)  # the task's scores (float-like, with ``.reason``)
 
 
-def encode_prompts(task: Any, examples: list[dict], tokenizer: Any) -> tuple[list[str], list[list[int]]]:
-    """The prompt texts of ``examples`` and their token ids (no special tokens added)."""
-    texts = [task.build_prompt(ex, tokenizer) for ex in examples]
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    return texts, ids
-
-
 def check_not_empty(task: Any, what: str, key: str) -> None:
     """Refuse a task without examples, naming its file and the key that chose it (an evaluation of no items
     would report an accuracy of 0)."""
