@@ -10,7 +10,7 @@ import torch
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.rl.draw_backward import backward_by_draw
-from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, sequence_clipped_loss
+from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, policy_objective, sequence_clipped_loss
 from dllm_rl.rl.methods.wd1 import wd1_weights
 
 
@@ -39,8 +39,8 @@ def test_spg_loss_by_hand():
     assert eubo_only.loss.item() == pytest.approx(-(1.0 * -2.0 + -0.5 * eubo1) / 3, abs=1e-6)
     with pytest.raises(ValueError, match="loss_options: beta not read by the 'spg' loss; valid: mode, eubo_beta"):
         POLICY_LOSSES["spg"](new, new, None, adv, LENGTHS, LossConfig(options={"beta": 2}))
-    with pytest.raises(ValueError, match="the spg loss has no KL term"):
-        POLICY_LOSSES["spg"](new, new, None, adv, LENGTHS, LossConfig(beta=0.01))
+    with pytest.raises(ValueError, match="the 'spg' loss defines no KL term: set beta=0"):
+        policy_objective(POLICY_LOSSES["spg"], new, new, None, adv, LENGTHS, LossConfig(beta=0.01))
 
 
 def test_bgpo_bound_by_hand_and_equivalent_to_espo_on_policy():
@@ -100,3 +100,13 @@ def test_draw_by_draw_backward_gives_the_full_gradient():
     assert torch.allclose(got_new.logp, new.logp.detach(), atol=1e-6)
     for p, w in zip(model.model.parameters(), want):
         assert torch.allclose(p.grad, w, atol=1e-6)
+
+
+def test_beta_on_a_loss_without_kl_is_a_config_error():
+    from dllm_rl.config import ConfigError, load_config
+    from dllm_rl.rl.algorithms import resolve
+    from dllm_rl.rl.config import RLConfig
+
+    cfg = load_config(RLConfig, None, ["model.path=m", "algorithm=spg", "beta=0.01"])
+    with pytest.raises(ConfigError, match="beta: the 'spg' loss defines no KL term"):
+        resolve(cfg, "full")

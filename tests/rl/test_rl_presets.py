@@ -1,4 +1,5 @@
-"""Presets follow their papers, the demo configs keep their (tuned) behaviour, every method has a recipe."""
+"""Presets follow their papers, the demo configs keep their (tuned) behaviour, every method has a recipe, and every
+list of the methods (README table, help) is derived from the methods' modules."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from dllm_rl.config import load_config
-from dllm_rl.rl.algorithms import PRESETS, resolve
+from dllm_rl.rl.algorithms import PRESETS, README_HEADER, readme_preset_table, resolve
 from dllm_rl.rl.cli import demo_config_path
 from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,16 +50,9 @@ def test_presets_use_their_papers_kl():
     }
 
 
-RECIPES = {"espo": "llada-espo-gsm8k.yaml", "tracerl": "trado-tracerl-math.yaml",
-           "diffu_grpo": "llada-diffu-grpo-gsm8k.yaml", "coupled_grpo": "diffucoder-coupled-grpo-code.yaml",
-           "random_mask_grpo": "mmada-random-mask-grpo-math.yaml", "spg": "llada-spg-countdown.yaml",
-           "bgpo": "llada-bgpo-math.yaml", "justgrpo": "llada-justgrpo-gsm8k.yaml", "wd1": "llada-wd1-countdown.yaml",
-           "igpo": "llada-igpo-math.yaml"}
-
-
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
 def test_every_preset_has_a_recipe_that_loads_without_its_model(algorithm):
-    path = REPO / "configs" / RECIPES[algorithm]
+    path = REPO / "configs" / METHODS[algorithm].recipe
     cfg = load_config(RLConfig, path)  # the model named there is not here: loading must not need it
     assert cfg.algorithm == algorithm
     assert not Path(cfg.model.path).exists()
@@ -66,9 +61,10 @@ def test_every_preset_has_a_recipe_that_loads_without_its_model(algorithm):
 
 
 def test_spg_block_length_follows_the_rollout_block():
-    cfg = resolve(load_config(RLConfig, REPO / "configs" / RECIPES["spg"]), "full")
+    cfg = resolve(load_config(RLConfig, REPO / "configs" / METHODS["spg"].recipe), "full")
     assert cfg.estimator_options == {"num_mc": 2, "block_length": 32}
-    assert resolve(load_config(RLConfig, REPO / "configs" / RECIPES["spg"]), "block").estimator_options == {"num_mc": 2}
+    recipe = REPO / "configs" / METHODS["spg"].recipe
+    assert resolve(load_config(RLConfig, recipe), "block").estimator_options == {"num_mc": 2}
 
 
 def test_help_config_prints_the_preset_table():
@@ -88,3 +84,38 @@ def test_unknown_hook_option_is_a_config_error():
     cfg = load_config(RLConfig, None, ["model.path=m", "algorithm=igpo", "rollout_hook_options={chunk: 3}"])
     with pytest.raises(ConfigError, match="rollout_hook_options: chunk not options of 'igpo'; valid: column, "):
         resolve(cfg, "full")
+
+
+def test_the_readme_preset_table_is_the_derived_one():
+    text = (REPO / "README.md").read_text()
+    start = text.index(README_HEADER[0])
+    shown = text[start:text.index("\n\n", start)].splitlines()
+    assert shown == readme_preset_table()
+    assert [row.split("`")[1] for row in shown[2:]] == sorted(METHODS)
+
+
+def test_help_clauses_are_derived_from_the_presets():
+    from dllm_rl.rl.algorithms import preset_clause
+
+    assert preset_clause("kl_estimator") == "Preset: k2 for bgpo, espo; k3 otherwise"
+    assert preset_clause("advantage").startswith("Preset: leave_one_out for espo; ")
+
+
+def test_a_method_is_one_module(tmp_path, monkeypatch):
+    """A new module in rl/methods declaring METHOD is a method: nothing else lists the methods."""
+    import dllm_rl.rl.methods as methods
+
+    (tmp_path / "toy_grpo.py").write_text(
+        "from dllm_rl.rl.method import Method\n"
+        "METHOD = Method(name='toy_grpo', paper='Toy, arXiv 0000.00000', recipe='toy.yaml', preset=dict(\n"
+        "    estimator='mean_field', estimator_options={}, loss_type='token', loss_aggregation='token_mean',\n"
+        "    beta=0.0, kl_estimator='k3', advantage='group_zscore', scale_rewards='group',\n"
+        "    estimator_noise='sample'))\n")
+    monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(tmp_path)])
+    found = methods._discover()
+    assert list(found) == sorted([*METHODS, "toy_grpo"])
+    assert found["toy_grpo"].preset["loss_type"] == "token"
+    (tmp_path / "toy_grpo.py").write_text("X = 1\n")
+    monkeypatch.delitem(sys.modules, "dllm_rl.rl.methods.toy_grpo")
+    with pytest.raises(TypeError, match="must declare METHOD = Method"):
+        methods._discover()

@@ -1,5 +1,6 @@
 """The RL trainer end to end on tiny models: every preset, resume, faults, common random numbers."""
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -179,6 +180,7 @@ def test_reward_that_raises_for_one_sample_scores_it_zero():
 
 
 def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
+    @functools.wraps(losses_mod.token_clipped_loss)  # keeps the loss's registered facts (kl_level, ...)
     def nan_loss(new, old, ref, adv, lengths, config):
         out = losses_mod.token_clipped_loss(new, old, ref, adv, lengths, config)
         return losses_mod.LossOutput(out.loss * float("nan"), out.stats)
@@ -199,7 +201,7 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
 
 
 def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
-    with pytest.raises(ConfigError, match="algorithm: 'grpo' is not allowed; choose one of espo, tracerl"):
+    with pytest.raises(ConfigError, match="algorithm: 'grpo' is not allowed; choose one of bgpo, coupled_grpo, diffu_grpo, espo, "):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=grpo")))
     with pytest.raises(ConfigError,
                        match="unknown key 'num_generation' in config; did you mean 'rollout.num_generations'"):

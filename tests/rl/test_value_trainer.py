@@ -1,6 +1,7 @@
 """TraceRL with the value model, process rewards and block-size adaptation through the RL trainer (tiny models,
 1-2 steps)."""
 
+import functools
 import json
 import math
 
@@ -46,6 +47,7 @@ def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_p
     seen = []
     real = trainer_mod.POLICY_LOSSES["token"]
 
+    @functools.wraps(real)  # keeps the loss's registered facts (kl_level, ...)
     def spy(new, old, ref, adv, lengths, cfg):
         seen.append(adv.detach().clone())
         return real(new, old, ref, adv, lengths, cfg)

@@ -17,6 +17,7 @@ of step 2 (before its first optimizer step there). Mode ``resume``: that run res
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -104,6 +105,7 @@ def nan_in_step_one(seed: int = 0) -> None:
         if self.step_idx != 0 or target not in sub.sample_seeds.tolist():
             return micro_loss(self, loss_fn, sub, *args)
 
+        @functools.wraps(loss_fn)  # keeps the loss's registered facts (kl_level, ...)
         def nan_loss(*a, **k):
             out = loss_fn(*a, **k)
             return replace(out, loss=out.loss * math.nan)

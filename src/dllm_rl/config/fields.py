@@ -14,19 +14,27 @@ from typing import Any
 from dllm_rl.errors import UserError
 
 
-def field(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
+def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str],
+          default_factory: Any = dataclasses.MISSING,
           ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
           choices: Any = None, check: Callable[[Any], str | None] | None = None):
     """A dataclass field with help text (shown by ``describe``) and the facts :func:`check_fields` checks:
     a numeric range (``ge`` / ``gt`` / ``le`` / ``lt``), the allowed values of a string field whose values
     come from a registry (``choices``: a container, or a function returning one, read when checked), or
     any other rule (``check(value)`` returns what is wrong, or None). ``Literal[...]`` annotations are
-    checked too. ``None`` (an optional field left unset) is never checked."""
+    checked too. ``None`` (an optional field left unset) is never checked. ``help`` may be a function returning
+    the text, read when shown (:func:`help_text`), for help derived from registries that import the config."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
     meta = {k: v for k, v in meta.items() if v is not None}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def help_text(f: dataclasses.Field) -> str:
+    """The help text of config field ``f`` (its ``help``, called when it is a function)."""
+    text = f.metadata.get("help", "")
+    return text() if callable(text) else text
 
 
 class ConfigError(UserError):

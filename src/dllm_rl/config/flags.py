@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dllm_rl.config.fields import allowed_values, field_types, strip_optional
+from dllm_rl.config.fields import allowed_values, field_types, help_text, strip_optional
 
 _SCALAR = (int, float, str)
 
@@ -33,7 +33,7 @@ def add_config_arguments(parser: Any, cls: type, *, exclude: tuple[str, ...] = (
             continue
         default = getattr(defaults, f.name) if defaults is not None else (
             f.default if f.default is not dataclasses.MISSING else None)
-        text = f.metadata.get("help", "").replace("%", "%%")  # argparse %-formats help
+        text = help_text(f).replace("%", "%%")  # argparse %-formats help
         text += "" if default is None else f" (default: {default})"
         flags = ("--" + f.name.replace("_", "-"), *(aliases or {}).get(f.name, ()))
         value = default if with_defaults else None

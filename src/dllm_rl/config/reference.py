@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from dllm_rl.config.fields import allowed_values, field_types, strip_optional
+from dllm_rl.config.fields import allowed_values, field_types, help_text, strip_optional
 
 
 def _default(f: dataclasses.Field, defaults: Any) -> Any:
@@ -29,13 +29,13 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
         name = f"{prefix}{f.name}"
         default = _default(f, defaults)
         if dataclasses.is_dataclass(tp):
-            lines.append(f"{name}: {f.metadata.get('help', '')}")
+            lines.append(f"{name}: {help_text(f)}")
             section = default if dataclasses.is_dataclass(default) else None
             lines.extend(describe(tp, prefix=name + ".", defaults=section))
             continue
         allowed = allowed_values(field_types(cls)[f.name], f.metadata)
         choices = f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else ""
-        lines.append(f"{name} (default {default!r}): {f.metadata.get('help', '')}{choices}")
+        lines.append(f"{name} (default {default!r}): {help_text(f)}{choices}")
     return lines
 
 

@@ -14,72 +14,21 @@ import torch
 
 from dllm_rl.config import ConfigError
 from dllm_rl.estimators import ScoringBatch, estimator_forwards
-from dllm_rl.rl import methods  # noqa: F401  (registers every method's parts)
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import make_hook
+from dllm_rl.rl.losses import POLICY_LOSSES
+from dllm_rl.rl.methods import METHODS
 from dllm_rl.rl.value_config import check_value_model
 
-# Paper defaults (paper fidelity; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo).
-# "trace_shrinkage" is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length
-# follows the rollout's decoding block. Settings a preset cannot hold (lr, train.num_iterations, lengths) are in
-# each method's recipe in configs/.
-PRESETS: dict[str, dict[str, Any]] = {
-    # ESPO (arXiv 2512.03759): sequence-level ratio on the ELBO, k2 KL with beta 0.01 (its train.yaml; 3e-3 for
-    # Countdown), leave-one-out advantages. Ours: a prompt's rollouts share the ELBO's masks
-    # (estimator_noise=group), so the leave-one-out gradients on the tokens they share cancel
-    # (benchmarks/LEARNING.md: it lifted ESPO on both demo models).
-    "espo": dict(estimator="elbo", estimator_options={"num_mc": 2, "coupled": True}, loss_type="sequence",
-                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k2", advantage="leave_one_out",
-                 scale_rewards="none", estimator_noise="group"),
-    # TraceRL (arXiv 2509.06949): the inference trace as the policy's action sequence, token-level ratio,
-    # KL beta 0.01 (the paper's setting).
-    "tracerl": dict(estimator="trace", estimator_options={}, loss_type="token", loss_aggregation="token_mean",
-                    beta=0.01, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
-                    estimator_noise="sample"),
-    # diffu-GRPO (d1, arXiv 2504.12216): mean-field one-step estimate with random prompt masking.
-    "diffu_grpo": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="token",
-                       loss_aggregation="seq_mean", beta=0.04, kl_estimator="k3", advantage="group_zscore",
-                       scale_rewards="group", estimator_noise="sample"),
-    # coupled-GRPO (DiffuCoder, arXiv 2506.20639): a mask and its complement score every token once.
-    "coupled_grpo": dict(estimator="coupled", estimator_options={}, loss_type="token",
-                         loss_aggregation="token_mean", beta=0.0, kl_estimator="k3", advantage="group_zscore",
-                         scale_rewards="group", estimator_noise="sample"),
-    # UniGRPO / random-masking GRPO (MMaDA, arXiv 2505.15809).
-    "random_mask_grpo": dict(estimator="random_mask", estimator_options={}, loss_type="token",
-                             loss_aggregation="token_mean", beta=0.0, kl_estimator="k3",
-                             advantage="group_zscore", scale_rewards="group", estimator_noise="sample"),
-    # SPG (arXiv 2510.09541, released code): block-wise masking with 2 draws, ELBO for A > 0 and the
-    # EUBO/ELBO mixture (eubo_beta 1.5, weight 0.5: its Countdown mixture script) for the rest, ratio-free,
-    # no KL, advantages r - mean (unscaled).
-    "spg": dict(estimator="spg_block", estimator_options={"num_mc": 2}, loss_type="spg",
-                loss_options={"mode": "mix", "eubo_beta": 1.5, "mix_weight": 0.5}, loss_aggregation="seq_mean",
-                beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="none",
-                estimator_noise="sample"),
-    # BGPO (arXiv 2510.11683): its linear lower bound on the ELBO, 16 MC draws (the paper's large-sample
-    # setting; not confirmed from its code), back-propagated draw by draw. Block models: the block ELBO (EBPO).
-    "bgpo": dict(estimator="elbo", estimator_options={"num_mc": 16, "coupled": False}, loss_type="bgpo",
-                 loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2", advantage="group_zscore",
-                 scale_rewards="group", estimator_noise="sample"),
-    # JustGRPO (arXiv 2601.15165, released code): exact left-to-right likelihood, token clip 0.2, sum over
-    # tokens / generation length, no KL, GRPO advantages. (Its rollouts decode one token per step, left to
-    # right: rollout.block_length=1 in its recipe.)
-    "justgrpo": dict(estimator="left_to_right", estimator_options={}, loss_type="token",
-                     loss_aggregation="fixed_length", beta=0.0, kl_estimator="k3", advantage="group_zscore",
-                     scale_rewards="group", estimator_noise="sample"),
-    # wd1 (arXiv 2507.08838, released wll_d1_neg trainer): d1's mean-field estimate, ratio-free weighted
-    # log-likelihood with softmax(A) - softmax(-A) weights, no reference policy.
-    "wd1": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="weighted_loglik",
-                loss_aggregation="seq_mean", beta=0.0, kl_estimator="k3", advantage="wd1_weights",
-                scale_rewards="none", estimator_noise="sample"),
-    # IGPO (arXiv 2509.10396, released run_igpo.sh): GRPO with d1's masking and GSPO's sequence ratio, beta
-    # 0.01, plus the inpainting hook on all-fail groups (ratio U(0.2, 0.6), chunks 5-10, <= 4 replacements).
-    "igpo": dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="sequence",
-                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k3", advantage="group_zscore",
-                 scale_rewards="group", estimator_noise="sample", rollout_hook="igpo",
-                 rollout_hook_options={"max_replacements": 4, "ratio_low": 0.2, "ratio_high": 0.6,
-                                       "min_chunk": 5, "max_chunk": 10}),
-}
+#: Each method's preset, by name (paper defaults: each method's module, :mod:`dllm_rl.rl.methods`, says where each
+#: value comes from; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo). "shrinkage" of the trace
+#: estimator is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length follows the
+#: rollout's decoding block. Settings a preset cannot hold (lr, train.num_iterations, lengths) are in each method's
+#: recipe in configs/.
+PRESETS: dict[str, dict[str, Any]] = {name: dict(m.preset) for name, m in METHODS.items()}
+#: Each method's paper, by name.
+PAPERS: dict[str, str] = {name: m.paper for name, m in METHODS.items()}
 
 
 def _fill_preset(cfg: RLConfig, attention: str) -> RLConfig:
@@ -103,6 +52,8 @@ def check_combination(cfg: RLConfig) -> None:
         raise ConfigError("rollout.num_generations: leave_one_out needs at least 2 generations per prompt")
     if cfg.reference == "base" and not cfg.lora.enabled:
         raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
+    if cfg.beta and getattr(POLICY_LOSSES[cfg.loss_type], "kl_level", None) is None:
+        raise ConfigError(f"beta: the {cfg.loss_type!r} loss defines no KL term (its paper has none); set beta=0")
     try:
         make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
     except ValueError as exc:
@@ -137,14 +88,6 @@ def resolve(cfg: RLConfig, attention: str) -> RLConfig:
     return out
 
 
-PAPERS: dict[str, str] = {
-    "espo": "ESPO, arXiv 2512.03759", "tracerl": "TraceRL, arXiv 2509.06949", "diffu_grpo": "d1, arXiv 2504.12216",
-    "coupled_grpo": "DiffuCoder, arXiv 2506.20639", "random_mask_grpo": "MMaDA UniGRPO, arXiv 2505.15809",
-    "spg": "SPG, arXiv 2510.09541", "bgpo": "BGPO, arXiv 2510.11683", "justgrpo": "JustGRPO, arXiv 2601.15165",
-    "wd1": "wd1, arXiv 2507.08838", "igpo": "IGPO, arXiv 2509.10396",
-}
-
-
 def preset_table() -> list[str]:
     """One line per preset: its paper and the fields it fills (for ``dllm-rl rl --help-config``)."""
     lines = ["presets (algorithm=NAME fills the fields left unset; anything you set wins):"]
@@ -158,3 +101,56 @@ def preset_table() -> list[str]:
             parts.append(f"hook={preset['rollout_hook']}")
         lines.append(f"  {name} ({PAPERS[name]}): " + ", ".join(parts))
     return lines
+
+
+def _shown(value: Any) -> str:
+    """A preset value as the help and the tables print it (``{num_mc: 2}``, ``0.01``, ``none``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def preset_clause(key: str) -> str:
+    """The "Preset: ..." clause of config field ``key``'s help: each value the presets give it and which presets
+    give it, the most common one last as "otherwise" (derived from the methods' modules)."""
+    by_value: dict[str, list[str]] = {}
+    for name, preset in PRESETS.items():
+        by_value.setdefault(_shown(preset.get(key)), []).append(name)
+    common = max(by_value, key=lambda v: len(by_value[v]))
+    parts = [f"{value} for {', '.join(names)}" for value, names in by_value.items() if value != common]
+    return "Preset: " + "; ".join(parts + [f"{common} otherwise" if parts else f"{common} for every preset"])
+
+
+def algorithm_help() -> str:
+    """The help of ``algorithm``: every preset with its paper."""
+    listed = " | ".join(f"{name} ({paper})" for name, paper in PAPERS.items())
+    return f"preset that fills the None fields: {listed}; the preset table is printed at the end of --help-config"
+
+
+README_HEADER = ("| preset | paper | estimator | policy loss | beta (KL) | advantage / scaling | rollout hook | "
+                 "recipe |",
+                 "|---|---|---|---|---|---|---|---|")
+
+
+def readme_preset_table() -> list[str]:
+    """The README's preset table, one row per method (the README shows exactly these lines; a test checks it)."""
+    rows = list(README_HEADER)
+    for name, method in METHODS.items():
+        p = method.preset
+
+        def cell(code: str, note_key: str, extra: str = "", notes=method.notes) -> str:
+            note = notes.get(note_key)
+            return f"`{code}`{extra}" + (f" ({note})" if note else "")
+
+        opts = p["estimator_options"]
+        beta = f"{_shown(p['beta'])} ({p['kl_estimator']})" if p["beta"] else "0"
+        hook = cell(p["rollout_hook"], "hook") if p.get("rollout_hook") else "-"
+        rows.append(" | ".join([
+            f"| `{name}`", method.paper, cell(p["estimator"], "estimator", f" {_shown(opts)}" if opts else ""),
+            cell(p["loss_type"], "loss", f", {p['loss_aggregation']}"), beta,
+            f"`{p['advantage']}` / {p['scale_rewards']}", hook, f"`{method.recipe}` |"]))
+    return rows

@@ -44,6 +44,17 @@ def _registry(module: str, name: str):
     return lambda: tuple(getattr(importlib.import_module(module), name))
 
 
+def _algorithms(name: str):
+    """Help text made by ``dllm_rl.rl.algorithms.NAME()`` when shown (it is derived from the methods' modules,
+    which import this module)."""
+    return lambda: getattr(importlib.import_module("dllm_rl.rl.algorithms"), name)()
+
+
+def _preset_help(key: str, text: str):
+    """``text`` and the "Preset: ..." clause of field ``key``, derived from the methods when shown."""
+    return lambda: f"{text}. {importlib.import_module('dllm_rl.rl.algorithms').preset_clause(key)}"
+
+
 def _reward_problem(spec: str) -> str | None:
     """What is wrong with a ``module:function`` reward (it is imported now, at config time), or None."""
     from dllm_rl.tasks.base import load_callable
@@ -302,62 +313,55 @@ class RLConfig(Checked):
     data: RLDataConfig = field(default_factory=RLDataConfig, help="training prompts")
     reward: RewardConfig = field(default_factory=RewardConfig, help="scoring of completions")
 
-    # the method (None: the preset's value; see rl/algorithms.py for each preset's paper)
+    # the method (None: the preset's value; each method's module in rl/methods/ says where its values come from)
     algorithm: str = field(
-        "espo", choices=_registry("dllm_rl.rl.algorithms", "PRESETS"),
-        help="preset that fills the None fields: espo (ESPO, arXiv 2512.03759) | tracerl (TraceRL, arXiv "
-        "2509.06949) | diffu_grpo (d1, arXiv 2504.12216) | coupled_grpo (DiffuCoder, arXiv 2506.20639) | "
-        "random_mask_grpo (MMaDA, arXiv 2505.15809) | spg (SPG, arXiv 2510.09541) | bgpo (BGPO, arXiv "
-        "2510.11683) | justgrpo (JustGRPO, arXiv 2601.15165) | wd1 (wd1, arXiv 2507.08838) | igpo (IGPO, "
-        "arXiv 2509.10396); the preset table is printed at the end of --help-config")
+        "espo", choices=_registry("dllm_rl.rl.algorithms", "PRESETS"), help=_algorithms("algorithm_help"))
     estimator: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "ESTIMATORS"),
-        help="log-likelihood estimator. Preset: elbo (ESPO), trace (TraceRL), mean_field (d1), coupled "
-        "(DiffuCoder), random_mask (MMaDA)")
+        help=_preset_help("estimator", "log-likelihood estimator (dllm_rl.estimators)"))
     estimator_options: dict | None = field(
-        None, help="estimator options. Preset: {num_mc: 2, coupled: true} (ESPO's two coupled ELBO draws), "
-        "{shrinkage: s} (TraceRL's s: 1 on block models, 8 on full attention), {p_mask_prompt: 0.15} (d1)")
+        None, help=_preset_help("estimator_options", "estimator options (the trace estimator's shrinkage s defaults "
+                                "to TraceRL's: 1 on block models, 8 on full attention)"))
     loss_type: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "POLICY_LOSSES"),
-        help="policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | sequence (ESPO's "
-        "sequence-level ratio, arXiv 2512.03759 eq. 7-9). Preset: sequence for espo, token otherwise")
-    loss_options: dict | None = field(
-        None, help="settings of the chosen loss. Preset: {mode: mix, eubo_beta: 1.5, mix_weight: 0.5} for spg "
-        "(arXiv 2510.09541), {} otherwise")
+        help=_preset_help("loss_type", "policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | "
+                          "sequence (ESPO's sequence-level ratio, arXiv 2512.03759 eq. 7-9) | a method's own"))
+    loss_options: dict | None = field(None, help=_preset_help("loss_options", "settings of the chosen loss"))
     rollout_hook: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "ROLLOUT_HOOKS"),
-        help="hook called after each round's rewards that may replace rollouts (dllm_rl.rl.hooks). Preset: igpo "
-        "(IGPO's inpainting of all-fail groups, arXiv 2509.10396) for igpo, none otherwise")
-    rollout_hook_options: dict | None = field(None, help="options of rollout_hook (preset: the igpo preset's)")
+        help=_preset_help("rollout_hook", "hook called after each round's rewards that may replace rollouts "
+                          "(dllm_rl.rl.hooks)"))
+    rollout_hook_options: dict | None = field(
+        None, help=_preset_help("rollout_hook_options", "options of rollout_hook"))
     loss_aggregation: Literal["token_mean", "seq_mean", "fixed_length"] | None = field(
-        None, help="token loss reduction. Preset: fixed_length for justgrpo (its sum / generation length); "
-        "seq_mean for espo (per-sequence normalisation, arXiv "
-        "2512.03759) and diffu_grpo (GRPO's 1/|o_i| mean, arXiv 2402.03300), token_mean (DAPO's token-level "
-        "mean, arXiv 2503.14476) otherwise")
+        None, help=_preset_help("loss_aggregation", "token loss reduction: token_mean (DAPO's token-level mean, "
+                                "arXiv 2503.14476) | seq_mean (GRPO's 1/|o_i| per sequence, arXiv 2402.03300) | "
+                                "fixed_length (sum / generation length, Dr. GRPO arXiv 2503.20783)"))
     estimator_noise: Literal["sample", "group"] | None = field(
-        None, help="random masks of the estimator: sample (each sample its own) | group (the samples of one "
-        "prompt share them: same noise levels and positions, so the group's advantage-weighted gradients on "
-        "the tokens its samples share cancel more exactly; each sample's estimate stays unbiased). "
-        "Preset: group for espo (this library's choice, benchmarks/LEARNING.md), sample otherwise")
+        None, help=_preset_help(
+            "estimator_noise", "random masks of the estimator: sample (each sample its own) | group (the samples "
+            "of one prompt share them: same noise levels and positions, so the group's advantage-weighted "
+            "gradients on the tokens its samples share cancel more exactly; each sample's estimate stays unbiased; "
+            "ESPO's, this library's choice, benchmarks/LEARNING.md)"))
     epsilon: float = field(0.2, ge=0, help="PPO clip range (TRL epsilon; 0.2 as in PPO, arXiv 1707.06347, and "
                            "GRPO, arXiv 2402.03300)")
     epsilon_high: float | None = field(
         None, ge=0, help="upper clip range (DAPO clip-higher, arXiv 2503.14476, which uses 0.28); default epsilon")
     beta: float | None = field(
-        None, ge=0, help="KL coefficient against the reference policy (TRL beta; 0 = no reference). Preset: 0.04 "
-        "for diffu_grpo (d1, arXiv 2504.12216, after GRPO's 0.04, arXiv 2402.03300), 0.01 for espo (its "
-        "train.yaml), tracerl (arXiv 2509.06949) and igpo, 0 otherwise (the demo configs set 0)")
+        None, ge=0, help=_preset_help("beta", "KL coefficient against the reference policy (TRL beta; 0 = no "
+                                      "reference; the demo configs set 0), added once at the level the loss "
+                                      "declares (token or sequence)"))
     kl_estimator: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "KL_ESTIMATORS"),
-        help="KL estimator: k1 | k2 (ESPO, arXiv 2512.03759) | k3 (GRPO, arXiv 2402.03300). Preset: k2 for "
-        "espo, k3 otherwise")
+        help=_preset_help("kl_estimator", "KL estimator: k1 | k2 (ESPO, arXiv 2512.03759) | k3 (GRPO, arXiv "
+                          "2402.03300)"))
     advantage: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "ADVANTAGES"),
-        help="advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out (RLOO, as in ESPO, arXiv "
-        "2512.03759). Preset: leave_one_out for espo, group_zscore otherwise")
+        help=_preset_help("advantage", "advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out "
+                          "(RLOO, as in ESPO, arXiv 2512.03759) | a method's own"))
     scale_rewards: Literal["group", "batch", "none"] | None = field(
-        None, help="advantage scaling (TRL scale_rewards): group | batch | none. Preset: none for espo (its "
-        "leave-one-out baseline is not scaled), group (GRPO's per-group std, arXiv 2402.03300) otherwise")
+        None, help=_preset_help("scale_rewards", "advantage scaling (TRL scale_rewards): group (GRPO's per-group "
+                                "std, arXiv 2402.03300) | batch | none"))
     drop_zero_variance: bool = field(
         True, help="drop groups whose rewards are all equal (no GRPO signal; DAPO, arXiv 2503.14476, filters "
         "them too); counted in the logs")

@@ -8,9 +8,15 @@ settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from
 loss is one such function registered with ``@register_loss("name")`` (in its method's module,
 :mod:`dllm_rl.rl.methods`); its own settings come from ``config.options`` (the RL config's ``loss_options``).
 
-A loss may set the attribute ``linear_in_draws = True`` when it is a sum of terms that each depend on one
-Monte-Carlo draw of the current policy (BGPO): the trainer then back-propagates draw by draw, so the memory
-of an update does not grow with the number of draws (:mod:`dllm_rl.rl.draw_backward`).
+A loss declares two facts when it is registered (``@register_loss(name, kl_level=..., linear_in_draws=...)``):
+
+* ``kl_level``: where the KL to the reference applies, ``"token"`` (per token, reduced as the loss's token terms
+  are) or ``"sequence"`` (on the length-normalised sequence scores), or ``None`` (the loss defines none: ``beta``
+  must be 0). No loss adds a KL itself: :func:`policy_objective` adds ``beta * KL`` once, at that level (as verl
+  adds its KL loss outside the policy loss).
+* ``linear_in_draws``: the loss is a sum of terms that each depend on one Monte-Carlo draw of the current policy
+  (BGPO): the trainer then back-propagates draw by draw, so the memory of an update does not grow with the number
+  of draws (:mod:`dllm_rl.rl.draw_backward`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from typing import Any
 import torch
 
 from dllm_rl.estimators import TokenScores
-from dllm_rl.registry import registrar
 from dllm_rl.rl.kl import KL_ESTIMATORS, kl_estimate
 
 
@@ -123,7 +128,7 @@ def token_clipped_loss(
 
     ``ratio = exp(logp_new - logp_old)`` per token and draw, clipped to ``[1 - epsilon, 1 + epsilon_high]``
     (DAPO's clip-higher when ``epsilon_high`` > ``epsilon``), each token's term multiplied by the
-    estimator's weight and reduced by ``config.aggregation``; KL to the reference per token with ``beta``.
+    estimator's weight and reduced by ``config.aggregation`` (KL: per token, :func:`policy_objective`).
     ``lengths`` is not used (the token weights say which tokens count). ``advantages`` is ``[B]`` (one per
     sample) or ``[B, G]`` (one per completion token: the value model's GAE advantages, :mod:`dllm_rl.rl.value`).
     """
@@ -139,11 +144,6 @@ def token_clipped_loss(
         "ratio_mean": float(ratio.detach()[active].mean()) if active.any() else 1.0,
         "ratio_max_dev": float((ratio.detach()[active] - 1).abs().max()) if active.any() else 0.0,
     }
-    if config.beta and ref is not None:
-        kl = kl_estimate(config.kl_estimator, new.logp, ref.logp.detach())
-        kl_term = aggregate(active.float() * kl, active.float(), config.max_length)
-        loss = loss + config.beta * kl_term
-        stats["kl"] = float(kl_term.detach())
     return LossOutput(loss, stats)
 
 
@@ -156,7 +156,7 @@ def sequence_clipped_loss(
     The whole completion is one action with log-likelihood proxy ``E`` (the ELBO estimate,
     ``TokenScores.sequence_score``). ``ratio = exp((E_new - E_old) / L)`` with ``L`` the completion
     length (ESPO's per-token normalisation of the sequence ratio), clipped as in PPO (arXiv 1707.06347 Eq. 7);
-    KL at sequence level on ``(E_new - E_ref) / L`` with ``config.kl_estimator`` (ESPO uses k2).
+    KL at sequence level (:func:`policy_objective`: ``(E_new - E_ref) / L``; ESPO uses k2).
     ``config.aggregation`` is unused (one term per sequence; mean over sequences).
     """
     if advantages.dim() != 1:
@@ -169,24 +169,69 @@ def sequence_clipped_loss(
     loss = per_seq.mean()
     stats = {"clip_frac": float(was_clipped.float().mean()), "ratio_mean": float(ratio.detach().mean()),
              "ratio_max_dev": float((ratio.detach() - 1).abs().max())}
-    if config.beta and ref is not None:
-        kl = kl_estimate(config.kl_estimator, e_new / L, ref.sequence_score().detach() / L).mean()
-        loss = loss + config.beta * kl
-        stats["kl"] = float(kl.detach())
     return LossOutput(loss, stats)
 
 
 PolicyLoss = Callable[[TokenScores, TokenScores, TokenScores | None, torch.Tensor, torch.Tensor, LossConfig],
                       LossOutput]
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "token": token_clipped_loss,
-    "sequence": sequence_clipped_loss,
-}
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+KL_LEVELS = ("token", "sequence")
 
 
-#: ``@register_loss("name")``: register ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`.
-register_loss = registrar(POLICY_LOSSES, "policy loss")
+def register_loss(name: str, *, kl_level: str | None, linear_in_draws: bool = False) -> Callable[[PolicyLoss],
+                                                                                               PolicyLoss]:
+    """``@register_loss("name", kl_level=...)``: file ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`
+    with the facts the trainer reads (the module docstring); a name registered twice raises ``ValueError``."""
+    if kl_level is not None and kl_level not in KL_LEVELS:
+        raise ValueError(f"policy loss {name!r}: kl_level is one of {', '.join(KL_LEVELS)} or None, got {kl_level!r}")
+
+    def deco(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} registered twice")
+        fn.loss_name = name  # type: ignore[attr-defined]
+        fn.kl_level = kl_level  # type: ignore[attr-defined]
+        fn.linear_in_draws = linear_in_draws  # type: ignore[attr-defined]
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+register_loss("token", kl_level="token")(token_clipped_loss)
+register_loss("sequence", kl_level="sequence")(sequence_clipped_loss)
+
+
+def kl_penalty(level: str, new: TokenScores, ref: TokenScores, lengths: torch.Tensor, config: LossConfig
+               ) -> torch.Tensor:
+    """The KL of the current policy to the reference (``config.kl_estimator``) at ``level``: ``token``, per scored
+    token (weight != 0), reduced by ``config.aggregation`` as the token terms are (GRPO, arXiv 2402.03300 Eq. 3);
+    ``sequence``, on the sequence scores divided by the completion length ``L``, mean over sequences (ESPO, arXiv
+    2512.03759)."""
+    if level == "token":
+        active = (new.weight != 0).float()
+        kl = kl_estimate(config.kl_estimator, new.logp, ref.logp.detach())
+        return AGGREGATIONS[config.aggregation](active * kl, active, config.max_length)
+    L = lengths.float().clamp(min=1.0)
+    return kl_estimate(config.kl_estimator, new.sequence_score() / L, ref.sequence_score().detach() / L).mean()
+
+
+def policy_objective(
+    loss_fn: PolicyLoss, new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor,
+    lengths: torch.Tensor, config: LossConfig,
+) -> LossOutput:
+    """What the trainer back-propagates: ``loss_fn``'s loss plus ``beta * KL`` at the loss's ``kl_level`` (the one
+    place a KL is added; statistic ``kl``). A loss without a KL level refuses ``beta > 0``."""
+    out = loss_fn(new, old, ref, advantages, lengths, config)
+    if not config.beta:
+        return out
+    level = getattr(loss_fn, "kl_level", None)
+    if level is None:
+        raise ValueError(f"the {getattr(loss_fn, 'loss_name', loss_fn.__name__)!r} loss defines no KL term: set beta=0")
+    if ref is None:
+        return out
+    kl = kl_penalty(level, new, ref, lengths, config)
+    return LossOutput(out.loss + config.beta * kl, {**out.stats, "kl": float(kl.detach())})
 
 
 def check_options(config: LossConfig, loss: str, valid: tuple[str, ...]) -> None:

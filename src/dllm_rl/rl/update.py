@@ -29,7 +29,7 @@ from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.models import DiffusionLM
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.draw_backward import backward_by_draw
-from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig
+from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, policy_objective
 from dllm_rl.sampling import Rollout
 from dllm_rl.seeding import ESTIMATOR_MASKS, derive_seed
 from dllm_rl.training.backend import backward, clip_gradients, discard_gradients, micro_step
@@ -169,7 +169,8 @@ class PolicyUpdater:
                                     ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator),
                                     self._all_finite)
         new = self.scores(self.model, sub, est_seed)
-        out = loss_fn(new, old if old is not None else _detached(new), ref, adv, sub.lengths, loss_cfg)
+        out = policy_objective(loss_fn, new, old if old is not None else _detached(new), ref, adv, sub.lengths,
+                               loss_cfg)
         if not self._all_finite(out.loss):
             return replace(out, loss=torch.full_like(out.loss.detach(), math.nan)), new
         self._backward(out.loss * scale)

@@ -15,41 +15,16 @@ Estimator ``left_to_right``: deterministic. Full attention: one row per counted 
 columns ``>= i`` masked, weight 1 on ``i``); ``G`` rows per sample. Block models (two-stream layout, where
 a block sees the clean earlier blocks and only its own noisy state): row ``j`` masks in-block offsets
 ``>= j`` of every block and scores offset ``j`` of each, which is the same left-to-right likelihood in
-``block_size`` rows. Deviation: the released code also scores the EOS padding after the answer; here only
-counted tokens are scored (padding stays masked as the future).
+``block_size`` rows (:mod:`dllm_rl.estimators.left_to_right`). Deviation: the released code also scores the EOS
+padding after the answer; here only counted tokens are scored (padding stays masked as the future).
 """
 
-from __future__ import annotations
+from dllm_rl.rl.method import Method
 
-import torch
-
-from dllm_rl.estimators import MaskedRows, ScoringBatch, register
-from dllm_rl.estimators.rows import build_rows
-from dllm_rl.models.diffusion_lm import DiffusionLM
-from dllm_rl.models.masks import position_ids_from_valid
-
-
-@register("left_to_right")
-def plan_left_to_right(
-    model: DiffusionLM, batch: ScoringBatch, generator: torch.Generator | None = None
-) -> MaskedRows:
-    """JustGRPO's exact left-to-right likelihood (arXiv 2601.15165, method section): token ``i`` scored with
-    every completion token ``>= i`` masked (see the module docstring). The generator is not used."""
-    b_n, g_n = batch.batch_size, batch.completion_len
-    dev = batch.completion_ids.device
-    g = torch.arange(g_n, device=dev)
-    valid = batch.valid()[:, batch.prompt_len :]
-    if model.is_block_causal:  # offsets inside the (absolute) blocks of the library's block rule
-        n_rows = model.layout_block(batch.block_size)
-        offset = position_ids_from_valid(batch.valid())[:, batch.prompt_len :] % n_rows
-    else:
-        n_rows, offset = g_n, g[None, :].expand(b_n, -1)
-    j = torch.arange(n_rows, device=dev)[:, None, None]  # [J, 1, 1]
-    masked = (offset[None] >= j) & valid[None]  # [J, B, G]
-    weight = ((offset[None] == j) & batch.completion_mask[None]).float()
-    keep = weight.ne(0).any(-1)  # [J, B]
-    rows_j, rows_b = torch.nonzero(keep, as_tuple=True)
-    return build_rows(
-        batch, rows_b, torch.zeros_like(rows_b), masked[rows_j, rows_b], weight[rows_j, rows_b],
-        model.mask_token_id, 1, two_stream=model.is_block_causal,
-    )
+METHOD = Method(
+    name="justgrpo", paper="JustGRPO, arXiv 2601.15165", recipe="llada-justgrpo-gsm8k.yaml",
+    preset=dict(estimator="left_to_right", estimator_options={}, loss_type="token", loss_aggregation="fixed_length",
+                beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
+                estimator_noise="sample"),
+    notes={"estimator": "exact left-to-right likelihood"},
+)

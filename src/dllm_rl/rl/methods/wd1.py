@@ -23,8 +23,8 @@ import torch
 
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.advantages import _groups, register_advantage
-from dllm_rl.rl.kl import kl_estimate
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss
+from dllm_rl.rl.method import Method
 
 
 @register_advantage("wd1_weights")
@@ -36,7 +36,7 @@ def wd1_weights(rewards: torch.Tensor, group_size: int, scale_rewards: str = "no
     return (torch.softmax(a, dim=1) - torch.softmax(-a, dim=1)).reshape(-1)
 
 
-@register_loss("weighted_loglik")
+@register_loss("weighted_loglik", kl_level="sequence")
 def weighted_loglik_loss(
     new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
     config: LossConfig,
@@ -47,9 +47,13 @@ def weighted_loglik_loss(
     score = new.sequence_score()
     loss = -(advantages.float() * score).mean()
     stats = {"weight_abs_mean": float(advantages.float().abs().mean())}
-    if config.beta and ref is not None:
-        L = lengths.float().clamp(min=1.0)
-        kl = kl_estimate(config.kl_estimator, score / L, ref.sequence_score().detach() / L).mean()
-        loss = loss + config.beta * kl
-        stats["kl"] = float(kl.detach())
     return LossOutput(loss, stats)
+
+
+METHOD = Method(
+    name="wd1", paper="wd1, arXiv 2507.08838", recipe="llada-wd1-countdown.yaml",
+    preset=dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="weighted_loglik",
+                loss_aggregation="seq_mean", beta=0.0, kl_estimator="k3", advantage="wd1_weights",
+                scale_rewards="none", estimator_noise="sample"),
+    notes={"loss": "ratio-free"},
+)
