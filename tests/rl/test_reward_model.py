@@ -53,6 +53,9 @@ def test_prompt_column_chat_prompts_normalisation_clip_and_exact_resume(rm_dir):
     assert col.texts(["ignored"], ["4"], {"question": ["2+2?"]}) == ["<user>2+2?\n<assistant>4\n"]
     assert base.texts([[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]], ["a"], {}) == [
         "<system>s\n<user>q\n<assistant>a\n"]
+    # chat data (the chat task's messages column): the conversation before the completion, by default
+    assert base.texts(["ignored"], ["a"], {"messages": [[{"role": "user", "content": "q"}]]}) == [
+        "<user>q\n<assistant>a\n"]
     with pytest.raises(UserError, match="reward.model: prompt_column 'nope' is not a column"):
         RewardModel(RewardModelConfig(model=str(rm_dir), device="cpu", prompt_column="nope"),
                     loaded=(base.model, base.tokenizer))(["p"], ["c"])

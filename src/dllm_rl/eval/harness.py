@@ -157,6 +157,9 @@ def load_task(cfg: EvalRunConfig):
             raise
         raise UserError(f"task {cfg.task!r} takes no option {m.group(1)}={kwargs.get(m.group(1))!r}; remove that "
                         "--task-option") from None
+    if not task.has_verifier and task.custom_reward is None:
+        raise UserError(f"task {task.name!r} has no verifier to score an evaluation; pass "
+                        "--task-option reward_fn=package.module:function")
     examples = task.load()
     if not examples:
         from dllm_rl.tasks.base import DataError

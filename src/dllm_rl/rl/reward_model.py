@@ -40,8 +40,10 @@ class RewardModelConfig(Checked):
         "auto", help="the reward model's dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     max_length: int = field(4096, ge=1, help="tokens of a chat-formatted pair scored; longer pairs are cut at "
                                              "this length (their end is dropped)")
-    prompt_column: str | None = field(None, help="a data column whose value is the user turn the reward model "
-                                                 "reads (e.g. the raw question), instead of the policy's prompt text")
+    prompt_column: str | None = field(
+        None, help="a data column whose value is the user turn (text) or the conversation (a list of turns) the "
+        "reward model reads before the completion (e.g. the raw question); default: the data's messages column "
+        "when it has one (the chat task's), else the policy's prompt text")
     normalize: bool = field(False, help="subtract the running mean and divide by the running std of every score "
                                         "seen so far (state saved with checkpoints for an exact resume)")
     clip: float | None = field(None, gt=0, help="clip scores to [-clip, clip] (after normalisation); null: no clip")
@@ -146,7 +148,7 @@ class RewardModel:
 
     def texts(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list[Any]]) -> list[str]:
         """Each pair as the reward model reads it: its chat template over the user turn and the completion."""
-        users = columns.get(self.cfg.prompt_column) if self.cfg.prompt_column else prompts
+        users = columns.get(self.cfg.prompt_column) if self.cfg.prompt_column else columns.get("messages", prompts)
         if users is None:
             raise UserError(f"{self.key}: prompt_column {self.cfg.prompt_column!r} is not a column of the data")
         return [self.tokenizer.apply_chat_template(

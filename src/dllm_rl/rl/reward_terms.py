@@ -155,14 +155,15 @@ class CombinedReward:
 
 
 def _task_reward(spec: str, key: str, task: Any) -> Callable[..., Sequence[Any]]:
-    if task is not None and spec == getattr(task, "name", None):
-        return task.reward_fn
     if ":" in spec:
         return load_callable(spec)
     if spec not in list_tasks():
         raise UserError(f"{key}: unknown task {spec!r}; give one of {', '.join(list_tasks())} or "
                         "package.module:function")
-    return get_task(spec).reward_fn
+    scorer = task if task is not None and spec == getattr(task, "name", None) else get_task(spec)
+    if not scorer.has_verifier:
+        raise UserError(f"{key}: the {spec} task has no verifier; name a reward model, a judge or a function")
+    return scorer.reward_fn
 
 
 def build_reward(terms: Sequence[RewardTerm], reward_model: RewardModelConfig | None = None,

@@ -72,6 +72,19 @@ class StepResult:
     samples: list[tuple[str, str, float, str]]
 
 
+def check_scored(task, cfg: RLConfig) -> None:
+    """A task without a verifier (``chat``) needs the run to score it (a reward model, judge, terms or function),
+    and no held-out accuracy (which a verifier gives): a ConfigError before any rollout otherwise."""
+    if task.has_verifier:
+        return
+    if task.custom_reward is None and not cfg.reward.combined:
+        raise ConfigError(f"data.task: the {task.name} task has no verifier; score it with reward.model, "
+                          "reward.judge.model, reward.terms or reward.function")
+    if cfg.eval.limit != 0:
+        raise ConfigError(f"eval.limit: the {task.name} task has no verifier for held-out accuracy; set "
+                          "eval.limit=0 (each step logs the run's reward)")
+
+
 class RLTrainer(RLCheckpoints):
     """Holds the policy, optional reference, optimiser, data stream and logger of one run (its checkpoints:
     :class:`~dllm_rl.rl.checkpoints.RLCheckpoints`)."""
@@ -123,6 +136,7 @@ class RLTrainer(RLCheckpoints):
             limit=cfg.eval.limit,
             reward_fn=reward)
         check_not_empty(self.train_task, "training", "data.train_file")
+        check_scored(self.train_task, cfg)
         if self.eval_task is not None:
             check_not_empty(self.eval_task, "held-out", "eval.data")
         # reward terms, reward model, judge: loaded and checked now, before any rollout (None: the task's reward)

@@ -8,7 +8,8 @@ Entry point: :func:`get_task` -> :class:`~dllm_rl.tasks.base.Task`::
     scores[0].reason                                           # why, for logs
 
 Built-in names: ``gsm8k``, ``math``, ``countdown``, ``sudoku``, ``arith``, ``code`` (HumanEval by
-default), ``humaneval``, ``mbpp``, and the image tasks ``shapes``, ``image_choice`` and ``image_math`` (rows carry
+default), ``humaneval``, ``mbpp``, ``chat`` (conversations without a verifier: UltraFeedback, HH-RLHF, ...),
+and the image tasks ``shapes``, ``image_choice`` and ``image_math`` (rows carry
 images: :mod:`dllm_rl.tasks.image_task`; ``task.images(example)`` gives them as PIL images). A local file or
 ``hf:owner/name`` needs ``task_type=<name>``; its reward may be replaced by any TRL-style callable
 (``reward=...``).
@@ -44,6 +45,7 @@ _REGISTRY: dict[str, str | Callable[..., Task]] = {
     "countdown": "dllm_rl.tasks.countdown:CountdownTask",
     "sudoku": "dllm_rl.tasks.sudoku:SudokuTask",
     "arith": "dllm_rl.tasks.arith:ArithTask",
+    "chat": "dllm_rl.tasks.chat:ChatTask",
     "code": "dllm_rl.tasks.code:CodeTask",
     "humaneval": "dllm_rl.tasks.code:code_task_for:humaneval",
     "mbpp": "dllm_rl.tasks.code:code_task_for:mbpp",

@@ -156,6 +156,8 @@ class Task:
     #: split -> the canonical hub dataset, ``hf:owner/name[:config]@split`` (read when no file is found)
     hub_datasets: ClassVar[dict[str, str]] = {}
     prompt_styles: ClassVar[tuple[str, ...]] = ("chat", "plain")
+    #: whether the task scores completions itself (False: a reward model, judge or function must)
+    has_verifier: ClassVar[bool] = True
 
     def __init__(
         self,
