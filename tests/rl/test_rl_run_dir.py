@@ -200,3 +200,23 @@ def test_tilde_in_the_paths_is_the_home_directory(rl_setup, tmp_path, monkeypatc
     assert f"  path: {tmp_path}/llada\n" in saved and f"  output_dir: {tmp_path}/runs/x\n" in saved
     assert f"  train_file: {tmp_path}/train.jsonl\n" in saved
     assert not (tmp_path / "~").exists()
+
+
+def test_the_last_step_is_saved_once(rl_setup, tmp_path, monkeypatch):
+    """With save_every dividing max_steps the loop's checkpoint of the last step is the run's last one (an 8B
+    checkpoint written twice costs minutes); otherwise the end of the run writes it."""
+    from dllm_rl.rl.loop import train
+
+    saved = []
+    real = RLTrainer.save
+
+    def counted(self, *a, **k):
+        saved.append(self.step_idx)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(RLTrainer, "save", counted)
+    for every, want in ((1, [1, 2]), (0, [2])):
+        saved.clear()
+        train(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / f"every{every}",
+                                                       "train.max_steps=2", f"run.save_every={every}")))
+        assert saved == want

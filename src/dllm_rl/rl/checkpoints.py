@@ -67,7 +67,14 @@ class RLCheckpoints:
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.run.keep_checkpoints)
             self.run_dir.record()
+        self.saved_step = self.step_idx
         return path
+
+    def save_last(self) -> None:
+        """The checkpoint of the run's last step, unless the loop wrote it already (at a ``save_every`` boundary,
+        before the last evaluation) or the run resumed from it: an 8B checkpoint written twice costs minutes."""
+        if self.saved_step != self.step_idx:
+            self.save()
 
     def _resume(self) -> None:
         """Continue from the checkpoint ``run.resume`` names (``auto`` without one: nothing to continue)."""
@@ -77,6 +84,7 @@ class RLCheckpoints:
         state = load_checkpoint(path, self._plain(), optimizer=self.optimizer, scheduler=self.scheduler,
                                 accelerator=self.accelerator, ema=self.ema)
         self.step_idx = state.step
+        self.saved_step = state.step
         if self.value is not None:  # its value_model.pt (TraceRL's value model, dllm_rl.rl.value)
             self.value.load(path)
         saved = (state.extra or {}).get("curriculum")

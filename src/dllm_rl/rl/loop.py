@@ -101,7 +101,7 @@ def _run(trainer: RLTrainer) -> dict:
                    output_dir=str(trainer.out))
     if trainer.eval_task is not None:
         _evaluate_after(trainer, summary, say)
-    trainer.save()
+    trainer.save_last()
     summary["final_model"] = str(trainer.save_final_model())
     if trainer.is_main:
         summary["plots"] = [str(write_dashboard([trainer.out]))] if cfg.log.dashboard else []

@@ -175,6 +175,7 @@ class RLTrainer(RLCheckpoints):
         _, self.train_block, _ = run_block_sizes(cfg, self.model.block_size)  # checks all three
         self.stream = IndexStream(len(self.train_task), seed=cfg.run.seed)
         self.step_idx = 0
+        self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
         self.skipped_steps = 0  # steps in a row without an update (no group with reward signal)
         # the step's two stages: rollouts -> rewards -> advantages, then the optimisation passes
         self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image prompts: ids and features (MMaDA's VQ)
