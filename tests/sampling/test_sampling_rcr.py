@@ -79,6 +79,18 @@ def test_low_confidence_keeps_committed_tokens_and_records_predictions(fakes):
     assert plain.step_tokens is None and torch.equal(plain.completion_ids, out.completion_ids)
 
 
+def test_rcr_never_remasks_a_finished_block(fakes):
+    # block 1 (slots 0-2) is less confident than block 2 (slots 3-5): ranking the whole sequence, as the authors'
+    # code does, would re-mask block 1's tokens while block 2 decodes and never refill them
+    table = fakes.table_from({P + j: (j + 1, p) for j, p in enumerate([0.3, 0.2, 0.25, 0.9, 0.8, 0.7])})
+    cfg = DecodeConfig(gen_length=6, block_length=3, steps=3, remasking="rcr", stop_on_eos=False)
+    out = generate(fakes.fake_model(table), [[1, 2]], cfg)
+    # block 1: keep 0.3, then 0.3 and 0.25 (slot 1's 0.2 re-masked), then slot 1; block 2 likewise from step 3
+    assert out.step_map[0].tolist() == [0, 2, 1, 3, 4, 5]
+    assert out.completion_ids[0].tolist() == [1, 2, 3, 4, 5, 6]
+    assert out.nfe.tolist() == [6]
+
+
 def test_rcr_needs_the_static_schedule():
     with pytest.raises(FieldError, match="rcr re-masks on the static schedule"):
         DecodeConfig(gen_length=6, threshold=0.9, remasking="rcr")
@@ -93,3 +105,34 @@ def test_recorded_steps_travel_through_select_and_cat(fakes):
     both = Rollout.cat([a, b]).select([1, 0])
     assert torch.equal(both.step_tokens[1], a.step_tokens[0]) and torch.equal(both.step_masked[0], b.step_masked[0])
     assert both.step_confidence.shape == (2, 3, 6)
+
+
+def test_rcr_and_recording_decode_in_fixed_batches_not_the_engine(fakes):
+    from dllm_rl.sampling import generate_batched
+    from dllm_rl.sampling.engine import EngineConfig, engine_refusal
+
+    model = _rcr_model(fakes)
+    cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
+    assert "does not decode with remasking 'rcr' yet" in engine_refusal(model, cfg)
+    plain = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
+    assert engine_refusal(model, plain) is None
+    out = generate_batched(model, [[1, 2]], plain, engine=EngineConfig(slots=2), record_steps=True)
+    alone = generate(model, [[1, 2]], plain, record_steps=True)
+    assert torch.equal(out.step_tokens, alone.step_tokens) and torch.equal(out.step_masked, alone.step_masked)
+
+
+def test_the_rl_rollout_section_selects_rcr():
+    from dllm_rl.config import ConfigError, load_config
+    from dllm_rl.models import build_model, tiny_config
+    from dllm_rl.rl.config import RLConfig, decode_config
+
+    model = build_model("llada", tiny_config("llada", vocab_size=32, hidden_size=16, intermediate_size=32, num_heads=2,
+                                              num_kv_heads=1, num_layers=1), seed=0)
+    cfg = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.gen_length=8",
+                                       "rollout.steps=4", "rollout.cache=none"])
+    assert decode_config(cfg, model).remasking == "rcr"
+    engine = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.cache=none",
+                                          "rollout.engine=true"])
+    with pytest.raises(ConfigError, match="rollout.engine: the continuous-batching engine does not decode with "
+                                          "remasking 'rcr' yet"):
+        decode_config(engine, model)
