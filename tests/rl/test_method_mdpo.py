@@ -156,3 +156,25 @@ def test_mdpo_refuses_dynamic_sampling(rl_setup, tmp_path):
     over = rl_overrides(rl_setup, "llada", tmp_path / "run", "algorithm=mdpo", "dynamic_sampling=true")
     with pytest.raises(ConfigError, match="dynamic_sampling: rollout hook 'mdpo' trains on rows of its own"):
         RLTrainer(load_config(RLConfig, None, over), reward_fn=digit_reward)
+
+
+def test_the_trainer_rewards_every_step_with_the_prompts_data(rl_setup, tmp_path):
+    calls = []
+
+    def reward(prompts, completions, **columns):  # digit_reward, recording what each call receives
+        calls.append((len(completions), columns["target"], columns["nums"]))
+        return digit_reward(prompts, completions)
+
+    over = rl_overrides(rl_setup, "llada", tmp_path / "run", "algorithm=mdpo", "train.prompts_per_step=1",
+                        "rollout.gen_length=4", "rollout.block_length=4", "rollout.cache=none")
+    trainer = RLTrainer(load_config(RLConfig, None, over), reward_fn=reward)
+    try:
+        metrics = trainer.step().metrics
+    finally:
+        trainer.close()
+    # 4 samples of one prompt, one token per step: the completions' call, then one call per step (4 steps)
+    assert [n for n, _, _ in calls] == [4] * 5
+    assert all(target == calls[0][1] and nums == calls[0][2] and len(set(map(str, target))) == 1
+               for _, target, nums in calls)  # every call carries the prompt's own data, once per sample
+    assert metrics["mdpo_pairs"] == 16.0  # 4 samples x min(train_steps 16, 4 steps)
+    assert metrics["ratio_dev_first_update"] == 0.0 and "loss" in metrics
