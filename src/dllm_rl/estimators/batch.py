@@ -43,6 +43,8 @@ class ScoringBatch:
     row (``None``: the model's own block; TraceRL's block-size adaptation scores at a larger block than the
     rollout's). Full-attention models ignore it. ``images`` (LLaDA-V, a rollout's ``images``): the image features
     spliced into each prompt, offsets counted in the prompt's real tokens; every row of a sample splices them.
+    ``confidence`` (optional, ``[B, G]`` float, a rollout's ``confidence``): each completion token's score when it
+    was sampled; MDPO's loss weights its token terms by it (the ``one_step`` estimator hands it on).
     """
 
     prompt_ids: torch.Tensor
@@ -54,6 +56,7 @@ class ScoringBatch:
     sample_seeds: torch.Tensor | None = None
     block_size: int | None = None
     images: PromptImages | None = None
+    confidence: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
@@ -81,6 +84,7 @@ class ScoringBatch:
             sample_seeds=getattr(rollout, "sample_seeds", None),
             block_size=getattr(rollout, "block_size", None),
             images=getattr(rollout, "images", None),
+            confidence=getattr(rollout, "confidence", None),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -126,7 +130,7 @@ class ScoringBatch:
         return ScoringBatch(
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
-            self.images.select(index) if self.images is not None else None,
+            self.images.select(index) if self.images is not None else None, pick(self.confidence),
         )
 
     def validate(self) -> None:
@@ -146,6 +150,8 @@ class ScoringBatch:
             checks["step_map"] = (self.step_map, tuple(self.completion_ids.shape))
         if self.completion_valid is not None:
             checks["completion_valid"] = (self.completion_valid, tuple(self.completion_ids.shape))
+        if self.confidence is not None:
+            checks["confidence"] = (self.confidence, tuple(self.completion_ids.shape))
         if self.sample_seeds is not None:
             checks["sample_seeds"] = (self.sample_seeds, (b,))
         for name, (t, shape) in checks.items():

@@ -25,7 +25,7 @@ from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
-from dllm_rl.rl.hooks import HookContext, RoundView
+from dllm_rl.rl.hooks import HookContext, RoundView, TrainingRows
 from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.value import steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
@@ -51,6 +51,7 @@ class Round:
     reward_failed: int = 0  # samples whose reward raised or timed out (scored 0)
     reward_nonfinite: int = 0  # NaN / inf / None rewards (scored 0)
     reward_error: str = ""  # the reward's last failure
+    training: TrainingRows | None = None  # the rows the update trains on instead (a rollout hook's, e.g. MDPO's)
 
 
 @dataclass
@@ -77,6 +78,28 @@ class StepBatch:
     reward_health: dict[str, float]
     t_rollout: float
     t_reward: float
+    training: TrainingRows | None = None  # every round's training rows, sources numbered over the step's samples
+
+    def trained(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, list[int]]:
+        """``(rollout, keep, advantages, mask_seeds)`` the update trains on: the kept samples, or every training row
+        when a rollout hook made them (each with its source sample's mask seed)."""
+        t = self.training
+        if t is None:
+            return self.rollout, self.keep, self.advantages, self.mask_seeds
+        return t.rollout, torch.arange(len(t.rollout)), t.advantages, [self.mask_seeds[i] for i in t.source]
+
+
+def _training_rows(rounds: list[Round]) -> TrainingRows | None:
+    """The rounds' training rows in one, their sources counted over all the rounds' samples (None: no hook made
+    any)."""
+    if all(x.training is None for x in rounds):
+        return None
+    if any(x.training is None for x in rounds):
+        raise ValueError("the rollout hook made training rows in some rounds only; it must make them in every round")
+    offsets = [sum(len(x.rewards) for x in rounds[:k]) for k in range(len(rounds))]
+    return TrainingRows(Rollout.cat([x.training.rollout for x in rounds]),
+                        torch.cat([x.training.advantages for x in rounds]),
+                        [i + off for x, off in zip(rounds, offsets) for i in x.training.source])
 
 
 def rollout_columns(rollout: Rollout) -> dict[str, list[list[int]]]:
@@ -155,7 +178,7 @@ class RolloutCollector:
             hook_stats={k: sum(x.stats.get(k, 0.0) for x in rounds) for k in sorted({k for x in rounds
                                                                                       for k in x.stats})},
             reward_health=reward_health, t_rollout=sum(x.t_rollout for x in rounds),
-            t_reward=sum(x.t_reward for x in rounds))
+            t_reward=sum(x.t_reward for x in rounds), training=_training_rows(rounds))
 
     def draw(self, k: int) -> list[int]:
         """The next ``k`` prompts of the stream; with online difficulty filtering (``curriculum.pass_rate_band``)
@@ -239,7 +262,8 @@ class RolloutCollector:
             group_ids, group_images = repeat_rows(ids, images, G)
             rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
                                        tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
-                                       images=group_images, engine=rollout_engine(cfg))
+                                       images=group_images, engine=rollout_engine(cfg),
+                                       record_steps=getattr(self.rollout_hook, "records_steps", False))
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]
@@ -255,7 +279,7 @@ class RolloutCollector:
             steps = steps_after_hook(steps, rollout, rewards, view.rollout, view.rewards)
         return Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
                       t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps,
-                      scored.failed, scored.nonfinite, scored.error)
+                      scored.failed, scored.nonfinite, scored.error, view.training)
 
     def _reward_options(self) -> dict:
         """How the trainer calls the reward: its name in messages and the time one call may take."""

@@ -423,7 +423,7 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     config = DecodeConfig(gen_length=r.gen_length, block_length=block, block_size=block_size, steps=steps,
                           threshold=schedule.threshold, sub_block=r.sub_block,
                           confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
-                          top_k=r.top_k, top_p=r.top_p, cache=r.cache)
+                          top_k=r.top_k, top_p=r.top_p, cache=r.cache, remasking=r.remasking)
     if r.engine:
         from dllm_rl.sampling.engine import engine_refusal
 

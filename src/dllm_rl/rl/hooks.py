@@ -15,6 +15,14 @@ A hook is registered by name with a factory that takes its options::
         return hook
 
 IGPO's inpainting (:mod:`dllm_rl.rl.methods.igpo`) is one.
+
+A hook may also say what the update trains on instead of the round's samples (``RoundView.training``, a
+:class:`TrainingRows`: rows built from the samples, with their own advantages): MDPO (:mod:`dllm_rl.rl.methods.mdpo`)
+trains on (state before a decoding step, that step's prediction) pairs. The samples' rewards stay what the round
+reports (metrics, logs); the training rows all train (the group filter and the advantage rule judge samples, not
+them). A hook whose factory sets ``records_steps = True`` on the hook gets rollouts that record every step's
+prediction (``generate(record_steps=True)``); one that sets ``makes_training_rows = True`` cannot run with the
+value model or ``dynamic_sampling`` (both work on the samples).
 """
 
 from __future__ import annotations
@@ -24,8 +32,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import torch
+
 from dllm_rl.registry import registrar
 from dllm_rl.sampling import Rollout
+
+
+@dataclass
+class TrainingRows:
+    """What the update trains on instead of a round's samples: ``rollout`` (one row per training row), their
+    ``advantages`` (``[M]`` float32) and ``source[m]``, the round's sample row ``m`` comes from (its mask seed)."""
+
+    rollout: Rollout
+    advantages: torch.Tensor
+    source: list[int]
+
+    def __post_init__(self) -> None:
+        if not len(self.rollout) == len(self.advantages) == len(self.source):
+            raise ValueError(f"TrainingRows: {len(self.rollout)} rows, {len(self.advantages)} advantages and "
+                             f"{len(self.source)} sources")
 
 
 @dataclass
@@ -43,6 +68,7 @@ class RoundView:
     columns: dict[str, list]
     group_size: int
     stats: dict[str, float] = field(default_factory=dict)
+    training: TrainingRows | None = None  # set by a hook that trains on rows of its own (see the module docstring)
 
 
 @dataclass

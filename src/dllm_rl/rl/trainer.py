@@ -145,6 +145,11 @@ class RLTrainer(RLCheckpoints):
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
         self.rollout_hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
+        own_rows = getattr(self.rollout_hook, "makes_training_rows", False)
+        if own_rows and (cfg.value_model.enabled or cfg.dynamic_sampling):
+            key = "value_model.enabled" if cfg.value_model.enabled else "dynamic_sampling"
+            raise ConfigError(f"{key}: rollout hook {cfg.rollout_hook!r} trains on rows of its own, not on the "
+                              f"samples that {key} works on; turn {key} off")
         self.reference = None
         if cfg.beta > 0 and cfg.reference == "copy":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -230,13 +235,13 @@ class RLTrainer(RLCheckpoints):
         before them and its fit after, the weight check and the weight average; skipped only when no rank kept a
         sample (a rank with none still joins the others' all-reduces). Returns the metrics and the seconds."""
         t0 = time.perf_counter()
-        any_kept = max_over_ranks(self.accelerator, len(batch.keep)) > 0
+        rollout, keep, adv, mask_seeds = batch.trained()  # the kept samples, or a rollout hook's training rows
+        any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
         self._count_skipped(any_kept, batch.filt)
-        adv, keep = batch.advantages, batch.keep
-        scoring = self.updater.batch(batch.rollout, keep, batch.mask_seeds) if self.value and any_kept else None
+        scoring = self.updater.batch(rollout, keep, mask_seeds) if self.value and any_kept else None
         if scoring is not None:  # the values before any update; their GAE token advantages replace `adv`
             targets, adv = self.value.token_advantages(scoring, batch.rewards, keep, batch.step_scores)
-        result = (self.updater.run(batch.rollout, keep, adv, batch.mask_seeds, self.step_idx) if any_kept
+        result = (self.updater.run(rollout, keep, adv, mask_seeds, self.step_idx) if any_kept
                   else {"skipped_step": 1.0})
         if scoring is not None:  # after the policy update, which used the values from before it
             result.update(self.value.fit(scoring, targets))

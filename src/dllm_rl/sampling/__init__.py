@@ -28,6 +28,11 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
   ``b`` carry consecutive steps; for block models the *local* step inside a block is
   ``step_map - min(step_map over that block's generated slots)``.
 * ``confidence`` ``[B, G]`` float32: the rule's score of the token at commit time (0 where ``-1``).
+  With ``remasking="rcr"`` (MDPO's Running-Confidence Remasking) a committed token can be re-masked and
+  re-predicted within its block: ``step_map`` / ``confidence`` are then those of its last commit.
+* ``step_tokens`` / ``step_masked`` / ``step_confidence`` ``[B, S, G]`` (``generate(..., record_steps=True)``
+  only): per step, the state before it with the step's sampled token at every masked slot of the block, which
+  slots were masked, and their scores (:mod:`~dllm_rl.sampling.step_record`; MDPO rewards them).
 * ``nfe`` ``[B]``: forward passes that decoded something for that sequence (the same with and without
   cache: block models fold the cache write of a finished block into the next block's first step).
 * ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.

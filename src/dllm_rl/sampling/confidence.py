@@ -142,6 +142,24 @@ def transfer_counts(masked: torch.Tensor, steps: int, step: int) -> torch.Tensor
     return base + (step < masked % steps).long()
 
 
+def left_after(masked: torch.Tensor, steps: int, step: int) -> torch.Tensor:
+    """Masks the static schedule leaves after local ``step`` of a block that started with ``masked``:
+    ``masked - sum_{k <= step} transfer_counts(masked, steps, k)`` (MDPO's RCR re-masks this many, arXiv
+    2508.13148)."""
+    base = torch.div(masked, steps, rounding_mode="floor")
+    return masked - (step + 1) * base - (masked % steps).clamp(max=step + 1)
+
+
+def rcr_remask(running: torch.Tensor, drawn: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Which slots to re-mask ``[n, L]`` (bool): MDPO's Running-Confidence Remasking (He et al. 2025, arXiv
+    2508.13148; authors' ``diffusion_generate`` with ``rcr``): the ``counts[r]`` slots of row r with the lowest
+    running confidence ``running`` (each token's score when it was last sampled), among the slots the sampler
+    drew in this block (``drawn``), ties to the lower position. The authors rank every slot of the sequence, so
+    with several blocks a finished block's tokens can be re-masked and never refilled; ranking only the
+    current block's drawn slots is our guard (the same with one block, the authors' setting)."""
+    return select_commits(-running, drawn, counts=counts)
+
+
 def current_sub_block(candidates: torch.Tensor, size: int) -> torch.Tensor:
     """``candidates`` ``[n, L]`` (bool) kept only in each row's first sub-block of ``size`` slots (from column 0)
     that holds one: Fast-dLLM v2 (Wu et al. 2025, arXiv 2509.26328) finishes a sub-block before the next. A row

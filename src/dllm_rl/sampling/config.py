@@ -17,8 +17,10 @@ from dllm_rl.config import Checked, FieldError, field
 
 Confidence = Literal["prob", "margin", "entropy", "random"]
 CacheMode = Literal["none", "prefix", "dual"]
+Remasking = Literal["low_confidence", "rcr"]
 CONFIDENCE_RULES: tuple[str, ...] = typing.get_args(Confidence)
 CACHE_MODES: tuple[str, ...] = typing.get_args(CacheMode)
+REMASKING_RULES: tuple[str, ...] = typing.get_args(Remasking)
 
 
 #: the one rule of a decoding schedule, wherever one is given (the sampler, RL's rollout and held-out sections, eval
@@ -39,6 +41,8 @@ class DecodeOptions(Checked):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_schedule(self.steps, self.threshold)
+        if self.remasking == "rcr" and self.threshold is not None:
+            raise FieldError("remasking", "rcr re-masks on the static schedule: set steps, not threshold")
 
     gen_length: int = field(
         64, ge=1,
@@ -93,6 +97,14 @@ class DecodeOptions(Checked):
     top_p: float = field(
         1.0, gt=0, le=1,
         help="Nucleus sampling: keep the smallest set of tokens with mass >= top_p (1 = off; no effect when greedy).",
+    )
+    remasking: Remasking = field(
+        "low_confidence",
+        help="What happens to committed tokens: low_confidence (they stay, LLaDA) or rcr (MDPO's Running-Confidence "
+        "Remasking, arXiv 2508.13148: each step fills every masked slot of the block, then re-masks the slots of "
+        "lowest running confidence, the confidence each token had when last sampled, so that as many stay as the "
+        "static schedule has committed so far; only slots of the current block are re-masked). rcr needs the "
+        "static schedule (steps).",
     )
     cache: CacheMode = field(
         "none",

@@ -10,7 +10,12 @@ forward pass that commits, for each row still holding masks in the block:
 * dynamic schedule (``threshold``): every masked token with confidence > threshold, at least one
   (Fast-dLLM confidence-aware parallel decoding, Wu et al. 2025, arXiv 2505.22618; SDAR
   ``low_confidence_dynamic``); with ``sub_block`` only in the block's first sub-block that still holds
-  masks (Fast-dLLM v2).
+  masks (Fast-dLLM v2);
+* RCR (``remasking="rcr"``, MDPO's Running-Confidence Remasking, He et al. 2025, arXiv 2508.13148): on the
+  static schedule each step fills every masked slot of the block, then re-masks the block's slots of lowest
+  running confidence (:func:`~dllm_rl.sampling.confidence.rcr_remask`) so that as many stay as the schedule has
+  committed so far; a committed token can be re-masked and re-predicted later. ``step_map`` is then the step of
+  a token's last commit, ``confidence`` its score then.
 
 A row's step counter (= its NFE so far) stamps ``step_map``. A row that is not active in a step (its block
 is done while neighbours still decode) draws no random numbers and spends no NFE, so its trace is the same
@@ -27,10 +32,18 @@ from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
-from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
+from dllm_rl.sampling.confidence import (
+    choose_tokens,
+    current_sub_block,
+    left_after,
+    rcr_remask,
+    select_commits,
+    transfer_counts,
+)
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.runner import ModelRunner
+from dllm_rl.sampling.step_record import StepRecorder
 
 
 def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
@@ -107,10 +120,12 @@ def decode(
     *,
     block_cache: bool = True,
     progress: bool = False,
+    recorder: StepRecorder | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run the loop on ``canvas`` in place; return ``step_map``/``confidence`` ``[B, T]`` and ``nfe`` ``[B]``.
 
-    ``block_cache=False`` runs block models without their KV cache (the exact reference path).
+    ``block_cache=False`` runs block models without their KV cache (the exact reference path); ``recorder`` keeps
+    every step's full prediction (:mod:`dllm_rl.sampling.step_record`).
     """
     bsz, width = canvas.x.shape
     device = canvas.x.device
@@ -122,6 +137,7 @@ def decode(
     steps = config.steps or canvas.block
     needs_rng = config.temperature > 0 or config.confidence == "random"
     eos, pad = model.eos_token_id, model.pad_token_id
+    rcr = config.remasking == "rcr"
     bar = _progress_bar(canvas.num_blocks, progress)
     live = torch.arange(bsz, device=device)
     for j in range(canvas.num_blocks):
@@ -132,6 +148,7 @@ def decode(
         runner.begin_block()
         runner.set_rows(live)
         masked0 = canvas.todo[live, s:e].sum(-1)
+        drawn = canvas.todo[live, s:e].clone()  # the slots this block decodes (RCR may re-mask only these)
         t = 0
         while True:
             todo = canvas.todo[live, s:e]
@@ -144,19 +161,23 @@ def decode(
             tokens, conf = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
                                          gens)
             del logits
-            candidates = todo[active]
-            if config.sub_block is not None:
-                candidates = current_sub_block(candidates, config.sub_block)
-            if config.threshold is not None:
-                chosen = select_commits(conf, candidates, threshold=config.threshold)
-            else:
-                chosen = select_commits(conf, candidates, counts=transfer_counts(masked0[active], steps, t))
+            if recorder is not None:
+                recorder.add(rows, nfe[rows], s, e, tokens, conf)
+            chosen = _commits(config, conf, todo[active], masked0[active], steps, t)
             r_idx, c_idx = chosen.nonzero(as_tuple=True)
             rr, cc = rows[r_idx], c_idx + s
             canvas.x[rr, cc] = tokens[r_idx, c_idx]
             canvas.todo[rr, cc] = False
             step_map[rr, cc] = nfe[rr]
             conf_map[rr, cc] = conf[r_idx, c_idx].float()
+            if rcr:
+                back = rcr_remask(conf_map[rows, s:e].double(), drawn[active], left_after(masked0[active], steps, t))
+                r_idx, c_idx = back.nonzero(as_tuple=True)
+                rr, cc = rows[r_idx], c_idx + s
+                canvas.x[rr, cc] = model.mask_token_id
+                canvas.todo[rr, cc] = True
+                step_map[rr, cc] = -1
+                conf_map[rr, cc] = 0.0
             nfe[rows] += 1
             t += 1
         if config.stop_on_eos:
@@ -164,6 +185,18 @@ def decode(
         bar.update(1)
     bar.close()
     return {"step_map": step_map, "confidence": conf_map, "nfe": nfe}
+
+
+def _commits(config: DecodeConfig, conf: torch.Tensor, todo: torch.Tensor, masked0: torch.Tensor, steps: int,
+             t: int) -> torch.Tensor:
+    """The slots one step commits (``[n, L]`` bool) among the block's masked slots ``todo``: all of them under RCR
+    (its re-masking then takes some back), else the threshold's or the static schedule's most confident."""
+    if config.remasking == "rcr":
+        return todo
+    candidates = current_sub_block(todo, config.sub_block) if config.sub_block is not None else todo
+    if config.threshold is not None:
+        return select_commits(conf, candidates, threshold=config.threshold)
+    return select_commits(conf, candidates, counts=transfer_counts(masked0, steps, t))
 
 
 def _stop_finished(canvas: Canvas, live: torch.Tensor, s: int, e: int, eos: int, pad: int,
@@ -216,6 +249,9 @@ def to_rollout(canvas: Canvas, trace: dict[str, torch.Tensor], model: DiffusionL
         texts=texts,
         confidence=canvas.gather_completion(trace["confidence"], 0.0),
         pad_token_id=pad,
+        step_tokens=trace.get("step_tokens"),
+        step_masked=trace.get("step_masked"),
+        step_confidence=trace.get("step_confidence"),
     )
 
 
@@ -230,6 +266,7 @@ def generate(
     block_cache: bool = True,
     prefill: list[dict[int, int]] | None = None,
     images: PromptImages | None = None,
+    record_steps: bool = False,
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
 
@@ -242,7 +279,9 @@ def generate(
 
     ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
-    cache of block models — the slow reference path, for tests and benchmarks.
+    cache of block models — the slow reference path, for tests and benchmarks. ``record_steps`` keeps every
+    step's full prediction in the rollout (``step_tokens`` / ``step_masked`` / ``step_confidence``,
+    :mod:`dllm_rl.sampling.step_record`; MDPO rewards them).
     """
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
@@ -253,11 +292,15 @@ def generate(
     if prefill is not None:
         apply_prefill(canvas, prefill)
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    recorder = StepRecorder(canvas) if record_steps else None
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress)
+            trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress,
+                           recorder=recorder)
+            if recorder is not None:
+                trace.update(recorder.tensors(len(prompts), model.pad_token_id))
     finally:
         model.train(was_training)
     rollout = to_rollout(canvas, trace, model, tokenizer)
@@ -277,6 +320,7 @@ def generate_batched(
     prefill: list[dict[int, int]] | None = None,
     images: PromptImages | None = None,
     engine=None,
+    record_steps: bool = False,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
     sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in). ``images`` are
@@ -285,7 +329,8 @@ def generate_batched(
     ``engine`` (an :class:`~dllm_rl.sampling.engine.EngineConfig`) decodes with the continuous-batching engine
     instead, ``engine.slots`` sequences at a time (``batch_size`` is then unused), wherever it serves the call
     (:func:`~dllm_rl.sampling.engine.engine_refusal`); elsewhere fixed batches as without it. Both give every
-    prompt the tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside)."""
+    prompt the tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside). ``record_steps``: as
+    in :func:`generate` (it decodes in fixed batches)."""
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     prompts = check_inputs(model, prompts, config, seeds, images)
@@ -293,7 +338,7 @@ def generate_batched(
     if engine is not None:
         from dllm_rl.sampling.engine import Engine, engine_refusal
 
-        if engine_refusal(model, config, prefill, images) is None:
+        if engine_refusal(model, config, prefill, images) is None and not record_steps:
             t0 = time.perf_counter()
             rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds)
             if progress:
@@ -306,7 +351,8 @@ def generate_batched(
         chunk = slice(b0, b0 + batch_size)
         parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer,
                               prefill=prefill[chunk] if prefill is not None else None,
-                              images=images.select(chunk) if images is not None else None))
+                              images=images.select(chunk) if images is not None else None,
+                              record_steps=record_steps))
         done += len(parts[-1])
         if progress:
             tokens = int(sum(p.completion_mask.sum() for p in parts))

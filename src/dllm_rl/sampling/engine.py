@@ -108,6 +108,8 @@ def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, image
                 "yet; use generate")
     if images is not None:
         return "the continuous-batching engine does not decode image prompts yet; use generate"
+    if config.remasking != "low_confidence":
+        return f"the continuous-batching engine does not decode with remasking {config.remasking!r} yet; use generate"
     if prefill is not None and any(prefill):
         return "the continuous-batching engine does not decode prefilled completion tokens yet; use generate"
     return None

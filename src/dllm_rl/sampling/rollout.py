@@ -2,7 +2,8 @@
 
 Semantics of the fields are documented in :mod:`dllm_rl.sampling` (the package docstring); in short,
 ``step_map[b, j]`` is the 0-based step of sequence b at which completion token j was committed, -1 where
-it was never generated.
+it was never generated. ``step_tokens`` / ``step_masked`` / ``step_confidence`` (``[B, S, G]``, only with
+``generate(..., record_steps=True)``) hold every step's full prediction (:mod:`dllm_rl.sampling.step_record`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ def _pad_cols(t: torch.Tensor, width: int, value, left: bool = False) -> torch.T
     return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
+def _pad_steps(t: torch.Tensor, steps: int, width: int, value) -> torch.Tensor:
+    """``t`` (``[B, S, G]``) right-padded with ``value`` to ``[B, steps, width]``."""
+    out = torch.full((t.shape[0], steps, width), value, dtype=t.dtype, device=t.device)
+    out[:, :t.shape[1], :t.shape[2]] = t
+    return out
+
+
 @dataclass
 class Rollout:
     """Prompts (left-padded), completions (left-aligned, right-padded) and their decoding trace."""
@@ -38,9 +46,15 @@ class Rollout:
     pad_token_id: int = 0
     block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
     images: PromptImages | None = None  # LLaDA-V: the image features spliced into each prompt (offsets in it)
+    # record_steps: per step s, the state before it with its sampled tokens at the block's masked slots (int32),
+    # which slots were masked then, and their scores (0 elsewhere); steps past a row's nfe: pad id, False, 0
+    step_tokens: torch.Tensor | None = None  # [B, S, G] int32
+    step_masked: torch.Tensor | None = None  # [B, S, G] bool
+    step_confidence: torch.Tensor | None = None  # [B, S, G] float32
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
-                    "confidence")
+                    "confidence", "step_tokens", "step_masked", "step_confidence")
+    _STEP_FILL = {"step_tokens": None, "step_masked": False, "step_confidence": 0.0}  # None: the pad id
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -79,6 +93,11 @@ class Rollout:
         g_w = max(r.completion_ids.shape[1] for r in rollouts)
         with_conf = all(r.confidence is not None for r in rollouts)
         with_text = all(r.texts is not None for r in rollouts)
+        steps = {}
+        if all(r.step_tokens is not None for r in rollouts):
+            s_w = max(r.step_tokens.shape[1] for r in rollouts)
+            steps = {name: torch.cat([_pad_steps(getattr(r, name), s_w, g_w, pad if fill is None else fill)
+                                      for r in rollouts]) for name, fill in Rollout._STEP_FILL.items()}
         blocks = {r.block_size for r in rollouts}
         if len(blocks) > 1:
             raise ValueError(f"Rollout.cat: rollouts decoded at different blocks ({sorted(blocks, key=str)})")
@@ -95,6 +114,7 @@ class Rollout:
             pad_token_id=pad,
             block_size=first.block_size,
             images=PromptImages.cat([r.images for r in rollouts], [len(r) for r in rollouts]),
+            **steps,
         )
 
     def completion_lengths(self) -> torch.Tensor:

@@ -1,0 +1,138 @@
+"""MDPO's Running-Confidence Remasking and the recorded step predictions, on hand-built confidence traces."""
+
+import pytest
+import torch
+
+from dllm_rl.config import FieldError
+from dllm_rl.sampling import DecodeConfig, Rollout, generate
+from dllm_rl.sampling.confidence import left_after, rcr_remask, transfer_counts
+
+# confidence of completion slot j at local step t of a one-block decode of 6 slots in 3 steps (2, 2, 2 commits)
+CONF = {0: [0.9, 0.2, 0.6, 0.5, 0.4, 0.8], 1: [0, 0.95, 0.3, 0.85, 0.99, 0], 2: [0, 0, 0.4, 0, 0, 0.7]}
+P = 2  # prompt length: completion slot j sits at position P + j
+
+
+def _token(slot: int, step: int) -> int:
+    return (slot + 3 * step) % 10 + 1  # a new token at each re-prediction, never EOS/PAD/MASK
+
+
+def _rcr_model(fakes):
+    """Logits read the state: 6, 4 or 2 masked slots = steps 0, 1, 2; slot j then puts CONF[step][j] on its token."""
+
+    def fn(input_ids, position_ids, logits):
+        out = torch.zeros_like(logits)
+        for r in range(input_ids.shape[0]):
+            step = {6: 0, 4: 1, 2: 2}[int((input_ids[r] == fakes.MASK).sum())]
+            for j in range(6):
+                p = CONF[step][j] or 0.5
+                out[r, P + j, _token(j, step)] = fakes.logit_for(p)
+        return out
+
+    return fakes.fake_model(torch.zeros(16, fakes.V), fn=fn)
+
+
+def test_left_after_and_rcr_remask_hand_computed():
+    masked = torch.tensor([10, 6, 2])
+    left = torch.stack([left_after(masked, 4, t) for t in range(4)], dim=1)
+    counts = torch.stack([transfer_counts(masked, 4, t) for t in range(4)], dim=1)
+    assert left.tolist() == [[7, 4, 2, 0], [4, 2, 1, 0], [1, 0, 0, 0]]
+    assert (masked[:, None] - counts.cumsum(1)).tolist() == left.tolist()
+    running = torch.tensor([[0.9, 0.3, 0.3, 0.1, 0.8]], dtype=torch.float64)
+    drawn = torch.tensor([[True, True, True, False, True]])  # slot 3 (0.1) was not decoded here: never re-masked
+    assert rcr_remask(running, drawn, torch.tensor([2]))[0].tolist() == [False, True, True, False, False]
+    # the tie at 0.3 goes to the lower position
+    assert rcr_remask(running, drawn, torch.tensor([1]))[0].tolist() == [False, True, False, False, False]
+
+
+def test_rcr_remasks_the_lowest_running_confidence_at_each_step(fakes):
+    model = _rcr_model(fakes)
+    cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
+    out = generate(model, [[1, 2]], cfg, record_steps=True)
+    # step 0: all 6 filled, keep the 2 most confident (slots 0: 0.9, 5: 0.8), re-mask 1-4
+    # step 1: 1-4 filled (0.95, 0.3, 0.85, 0.99); running [0.9, 0.95, 0.3, 0.85, 0.99, 0.8]: re-mask slot 2 (0.3)
+    #         and slot 5 (0.8), committed at step 0
+    # step 2: 2 and 5 filled (0.4, 0.7); nothing left to re-mask
+    assert out.step_masked[0].int().tolist() == [[1] * 6, [0, 1, 1, 1, 1, 0], [0, 0, 1, 0, 0, 1]]
+    assert out.step_map[0].tolist() == [0, 1, 2, 1, 1, 2]
+    assert out.completion_ids[0].tolist() == [_token(0, 0), _token(1, 1), _token(2, 2), _token(3, 1), _token(4, 1),
+                                              _token(5, 2)]
+    assert out.confidence[0].tolist() == pytest.approx([0.9, 0.95, 0.4, 0.85, 0.99, 0.7], abs=1e-6)
+    assert out.nfe.tolist() == [3]
+    # each step's prediction: the state before it with that step's token at every masked slot
+    assert out.step_tokens[0, 1].tolist() == [_token(0, 0), _token(1, 1), _token(2, 1), _token(3, 1), _token(4, 1),
+                                              _token(5, 0)]
+    assert out.step_tokens[0, 2].tolist() == [_token(0, 0), _token(1, 1), _token(2, 2), _token(3, 1), _token(4, 1),
+                                              _token(5, 2)]
+    assert out.step_confidence[0].flatten().tolist() == pytest.approx(CONF[0] + CONF[1] + CONF[2], abs=1e-6)
+
+
+def test_low_confidence_keeps_committed_tokens_and_records_predictions(fakes):
+    model = _rcr_model(fakes)
+    cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
+    out = generate(model, [[1, 2]], cfg, record_steps=True)
+    # step 0 commits slots 0 and 5; step 1 slots 4 (0.99) and 1 (0.95); step 2 slots 3 and 2 (confidences of
+    # step 2's state, 2 masked: 0.5 where CONF has no entry, 0.4 at slot 2)
+    assert out.step_map[0].tolist() == [0, 1, 2, 2, 1, 0]
+    assert out.step_masked[0].int().tolist() == [[1] * 6, [0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 0, 0]]
+    assert out.step_tokens[0, 0].tolist() == [_token(j, 0) for j in range(6)]
+    plain = generate(model, [[1, 2]], cfg)
+    assert plain.step_tokens is None and torch.equal(plain.completion_ids, out.completion_ids)
+
+
+def test_rcr_never_remasks_a_finished_block(fakes):
+    # block 1 (slots 0-2) is less confident than block 2 (slots 3-5): ranking the whole sequence, as the authors'
+    # code does, would re-mask block 1's tokens while block 2 decodes and never refill them
+    table = fakes.table_from({P + j: (j + 1, p) for j, p in enumerate([0.3, 0.2, 0.25, 0.9, 0.8, 0.7])})
+    cfg = DecodeConfig(gen_length=6, block_length=3, steps=3, remasking="rcr", stop_on_eos=False)
+    out = generate(fakes.fake_model(table), [[1, 2]], cfg)
+    # block 1: keep 0.3, then 0.3 and 0.25 (slot 1's 0.2 re-masked), then slot 1; block 2 likewise from step 3
+    assert out.step_map[0].tolist() == [0, 2, 1, 3, 4, 5]
+    assert out.completion_ids[0].tolist() == [1, 2, 3, 4, 5, 6]
+    assert out.nfe.tolist() == [6]
+
+
+def test_rcr_needs_the_static_schedule():
+    with pytest.raises(FieldError, match="rcr re-masks on the static schedule"):
+        DecodeConfig(gen_length=6, threshold=0.9, remasking="rcr")
+
+
+def test_recorded_steps_travel_through_select_and_cat(fakes):
+    model = _rcr_model(fakes)
+    cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
+    a = generate(model, [[1, 2]], cfg, record_steps=True)
+    short = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
+    b = generate(_rcr_model(fakes), [[1, 2]], short, record_steps=True)
+    both = Rollout.cat([a, b]).select([1, 0])
+    assert torch.equal(both.step_tokens[1], a.step_tokens[0]) and torch.equal(both.step_masked[0], b.step_masked[0])
+    assert both.step_confidence.shape == (2, 3, 6)
+
+
+def test_rcr_and_recording_decode_in_fixed_batches_not_the_engine(fakes):
+    from dllm_rl.sampling import generate_batched
+    from dllm_rl.sampling.engine import EngineConfig, engine_refusal
+
+    model = _rcr_model(fakes)
+    cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
+    assert "does not decode with remasking 'rcr' yet" in engine_refusal(model, cfg)
+    plain = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
+    assert engine_refusal(model, plain) is None
+    out = generate_batched(model, [[1, 2]], plain, engine=EngineConfig(slots=2), record_steps=True)
+    alone = generate(model, [[1, 2]], plain, record_steps=True)
+    assert torch.equal(out.step_tokens, alone.step_tokens) and torch.equal(out.step_masked, alone.step_masked)
+
+
+def test_the_rl_rollout_section_selects_rcr():
+    from dllm_rl.config import ConfigError, load_config
+    from dllm_rl.models import build_model, tiny_config
+    from dllm_rl.rl.config import RLConfig, decode_config
+
+    model = build_model("llada", tiny_config("llada", vocab_size=32, hidden_size=16, intermediate_size=32, num_heads=2,
+                                              num_kv_heads=1, num_layers=1), seed=0)
+    cfg = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.gen_length=8",
+                                       "rollout.steps=4", "rollout.cache=none"])
+    assert decode_config(cfg, model).remasking == "rcr"
+    engine = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.cache=none",
+                                          "rollout.engine=true"])
+    with pytest.raises(ConfigError, match="rollout.engine: the continuous-batching engine does not decode with "
+                                          "remasking 'rcr' yet"):
+        decode_config(engine, model)
