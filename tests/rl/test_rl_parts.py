@@ -164,12 +164,14 @@ def test_losses_kl_and_advantages_each_share_one_signature():
     def params(fn):
         return list(inspect.signature(fn).parameters)
 
+    # every registered part, whichever module registered it, has its kind's signature
     assert {n: params(f) for n, f in POLICY_LOSSES.items()} == {
-        n: ["new", "old", "ref", "advantages", "lengths", "config"]
-        for n in ("token", "sequence", "spg", "bgpo", "weighted_loglik")}
+        n: ["new", "old", "ref", "advantages", "lengths", "config"] for n in POLICY_LOSSES}
+    assert {"token", "sequence", "spg", "bgpo", "weighted_loglik"} <= set(POLICY_LOSSES)
     assert {n: params(f) for n, f in KL_ESTIMATORS.items()} == {n: ["logp", "logp_ref"] for n in ("k1", "k2", "k3")}
     assert {n: params(f) for n, f in ADVANTAGES.items()} == {
-        n: ["rewards", "group_size", "scale_rewards"] for n in ("group_zscore", "leave_one_out", "wd1_weights")}
+        n: ["rewards", "group_size", "scale_rewards"] for n in ADVANTAGES}
+    assert {"group_zscore", "leave_one_out", "wd1_weights"} <= set(ADVANTAGES)
 
 
 def test_loss_config_is_read_from_the_resolved_rl_config_and_validated():
