@@ -8,15 +8,15 @@ settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from
 loss is one such function registered with ``@register_loss("name")`` (in its method's module,
 :mod:`dllm_rl.rl.methods`); its own settings come from ``config.options`` (the RL config's ``loss_options``).
 
-A loss declares two facts when it is registered (``@register_loss(name, kl_level=..., linear_in_draws=...)``):
+A loss declares two facts when it is registered (``@register_loss(name, kl_level=..., draw_by_draw=...)``):
 
 * ``kl_level``: where the KL to the reference applies, ``"token"`` (per token, reduced as the loss's token terms
   are) or ``"sequence"`` (on the length-normalised sequence scores), or ``None`` (the loss defines none: ``beta``
   must be 0). No loss adds a KL itself: :func:`policy_objective` adds ``beta * KL`` once, at that level (as verl
   adds its KL loss outside the policy loss).
-* ``linear_in_draws``: the loss is a sum of terms that each depend on one Monte-Carlo draw of the current policy
-  (BGPO): the trainer then back-propagates draw by draw, so the memory of an update does not grow with the number
-  of draws (:mod:`dllm_rl.rl.draw_backward`).
+* ``draw_by_draw``: the trainer back-propagates the loss one Monte-Carlo draw at a time (BGPO, EBPO: many draws),
+  with the exact gradient of any loss, so the memory of an update does not grow with the number of draws
+  (:mod:`dllm_rl.rl.draw_backward`).
 """
 
 from __future__ import annotations
@@ -179,8 +179,8 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 KL_LEVELS = ("token", "sequence")
 
 
-def register_loss(name: str, *, kl_level: str | None, linear_in_draws: bool = False) -> Callable[[PolicyLoss],
-                                                                                               PolicyLoss]:
+def register_loss(name: str, *, kl_level: str | None, draw_by_draw: bool = False) -> Callable[[PolicyLoss],
+                                                                                            PolicyLoss]:
     """``@register_loss("name", kl_level=...)``: file ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`
     with the facts the trainer reads (the module docstring); a name registered twice raises ``ValueError``."""
     if kl_level is not None and kl_level not in KL_LEVELS:
@@ -191,7 +191,7 @@ def register_loss(name: str, *, kl_level: str | None, linear_in_draws: bool = Fa
             raise ValueError(f"policy loss {name!r} registered twice")
         fn.loss_name = name  # type: ignore[attr-defined]
         fn.kl_level = kl_level  # type: ignore[attr-defined]
-        fn.linear_in_draws = linear_in_draws  # type: ignore[attr-defined]
+        fn.draw_by_draw = draw_by_draw  # type: ignore[attr-defined]
         POLICY_LOSSES[name] = fn
         return fn
 
