@@ -43,6 +43,8 @@ class ScoringBatch:
     row (``None``: the model's own block; TraceRL's block-size adaptation scores at a larger block than the
     rollout's). Full-attention models ignore it. ``images`` (LLaDA-V, a rollout's ``images``): the image features
     spliced into each prompt, offsets counted in the prompt's real tokens; every row of a sample splices them.
+    ``entropy`` (optional, ``[B, G]`` float, a rollout's ``entropy``): the model distribution's entropy at each
+    completion token's commit (EGSPO's step selection, ``egspo_steps``).
     """
 
     prompt_ids: torch.Tensor
@@ -54,6 +56,7 @@ class ScoringBatch:
     sample_seeds: torch.Tensor | None = None
     block_size: int | None = None
     images: PromptImages | None = None
+    entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
@@ -81,6 +84,7 @@ class ScoringBatch:
             sample_seeds=getattr(rollout, "sample_seeds", None),
             block_size=getattr(rollout, "block_size", None),
             images=getattr(rollout, "images", None),
+            entropy=getattr(rollout, "entropy", None),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -126,7 +130,7 @@ class ScoringBatch:
         return ScoringBatch(
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
-            self.images.select(index) if self.images is not None else None,
+            self.images.select(index) if self.images is not None else None, pick(self.entropy),
         )
 
     def validate(self) -> None:
@@ -144,6 +148,8 @@ class ScoringBatch:
         }
         if self.step_map is not None:
             checks["step_map"] = (self.step_map, tuple(self.completion_ids.shape))
+        if self.entropy is not None:
+            checks["entropy"] = (self.entropy, tuple(self.completion_ids.shape))
         if self.completion_valid is not None:
             checks["completion_valid"] = (self.completion_valid, tuple(self.completion_ids.shape))
         if self.sample_seeds is not None:

@@ -82,7 +82,8 @@ class PolicyUpdater:
         return ScoringBatch(*(None if t is None else t.to(device) for t in (
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
             batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block,
-            images=batch.images.to(device) if batch.images is not None else None)
+            images=batch.images.to(device) if batch.images is not None else None,
+            entropy=batch.entropy.to(device) if batch.entropy is not None else None)
 
     def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
         """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages

@@ -28,6 +28,8 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
   ``b`` carry consecutive steps; for block models the *local* step inside a block is
   ``step_map - min(step_map over that block's generated slots)``.
 * ``confidence`` ``[B, G]`` float32: the rule's score of the token at commit time (0 where ``-1``).
+* ``entropy`` ``[B, G]`` float32: the full-vocabulary entropy of the (untempered) model distribution the token was
+  chosen from, at commit time (0 where ``-1``); computed with the confidence, a few rows of a step at a time.
 * ``nfe`` ``[B]``: forward passes that decoded something for that sequence (the same with and without
   cache: block models fold the cache write of a finished block into the next block's first step).
 * ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.

@@ -108,7 +108,8 @@ def decode(
     block_cache: bool = True,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Run the loop on ``canvas`` in place; return ``step_map``/``confidence`` ``[B, T]`` and ``nfe`` ``[B]``.
+    """Run the loop on ``canvas`` in place; return ``step_map``/``confidence``/``entropy`` ``[B, T]`` and ``nfe``
+    ``[B]``.
 
     ``block_cache=False`` runs block models without their KV cache (the exact reference path).
     """
@@ -117,6 +118,7 @@ def decode(
     runner = ModelRunner(model, canvas, runner_mode(model, config, block_cache))
     step_map = torch.full((bsz, width), -1, dtype=torch.long, device=device)
     conf_map = torch.zeros((bsz, width), dtype=torch.float32, device=device)
+    ent_map = torch.zeros((bsz, width), dtype=torch.float32, device=device)
     nfe = torch.zeros(bsz, dtype=torch.long, device=device)
     stopped = torch.zeros(bsz, dtype=torch.bool, device=device)
     steps = config.steps or canvas.block
@@ -141,7 +143,7 @@ def decode(
             logits = runner.logits(s, e)[active]
             rows = live[active]
             gens = [generators[r] for r in rows.tolist()] if needs_rng else None
-            tokens, conf = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
+            tokens, conf, ent = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
                                          gens)
             del logits
             candidates = todo[active]
@@ -157,13 +159,14 @@ def decode(
             canvas.todo[rr, cc] = False
             step_map[rr, cc] = nfe[rr]
             conf_map[rr, cc] = conf[r_idx, c_idx].float()
+            ent_map[rr, cc] = ent[r_idx, c_idx].float()
             nfe[rows] += 1
             t += 1
         if config.stop_on_eos:
             _stop_finished(canvas, live, s, e, eos, pad, stopped)
         bar.update(1)
     bar.close()
-    return {"step_map": step_map, "confidence": conf_map, "nfe": nfe}
+    return {"step_map": step_map, "confidence": conf_map, "entropy": ent_map, "nfe": nfe}
 
 
 def _stop_finished(canvas: Canvas, live: torch.Tensor, s: int, e: int, eos: int, pad: int,
@@ -215,6 +218,7 @@ def to_rollout(canvas: Canvas, trace: dict[str, torch.Tensor], model: DiffusionL
         finish_reason=["eos" if bool(r) else "length" for r in is_eos.any(-1).tolist()],
         texts=texts,
         confidence=canvas.gather_completion(trace["confidence"], 0.0),
+        entropy=canvas.gather_completion(trace["entropy"], 0.0),
         pad_token_id=pad,
     )
 
