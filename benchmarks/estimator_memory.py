@@ -71,7 +71,7 @@ def measure(method: str, num_mc: int, quick: bool, device: str) -> float:
         with torch.no_grad():
             old = estimate(model, "elbo", batch, torch.Generator().manual_seed(1), max_rows=2 * b_n, **opts)
         backward_by_draw(model, "elbo", batch, 1, opts, POLICY_LOSSES["bgpo"], old, None, adv, config, 1.0,
-                         lambda loss: loss.backward())
+                         lambda loss, last: loss.backward(), current=old)  # on-policy, as the trainer
     if cuda:
         torch.cuda.synchronize()
         return float(torch.cuda.max_memory_allocated() - before)

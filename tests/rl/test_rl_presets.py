@@ -48,6 +48,8 @@ def test_presets_use_their_papers_kl():
         "random_mask_grpo": (0.0, "k3"), "spg": (0.0, "k3"), "bgpo": (0.0, "k2"), "justgrpo": (0.0, "k3"),
         "wd1": (0.0, "k3"), "igpo": (0.01, "k3"),
         "mdpo": (0.0, "k2"),
+        "ebpo": (0.0, "k3"),  # DARE's recipes: KL off; low_var_kl (k3) when on
+        "egspo": (0.02, "k3"),  # its train.yaml: 0.04 inside the division by 2 tokens per step
     }
 
 

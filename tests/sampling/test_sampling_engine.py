@@ -61,6 +61,7 @@ def test_engine_equals_one_at_a_time_generate(tiny_models, sharp_sdar, family, d
         assert torch.equal(got.nfe, one.nfe), rid
         assert torch.equal(got.prompt_ids, one.prompt_ids) and got.finish_reason == one.finish_reason
         assert torch.allclose(got.confidence, one.confidence, atol=1e-6)
+        assert torch.allclose(got.entropy, one.entropy, atol=1e-5) and bool((got.entropy > 0).any())
     nfe = torch.cat([done[i].nfe for i in ids])
     assert len(set(nfe.tolist())) > 3  # rows took very different numbers of steps
     if family == "sdar":

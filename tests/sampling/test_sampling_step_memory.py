@@ -36,9 +36,9 @@ def test_row_chunks_give_the_same_tokens_and_confidences(monkeypatch, rule, temp
     seen = _spy_rows(monkeypatch)
     for budget, rows in ((1, [1, 1, 1, 1, 1]), (2 * 4 * 64, [2, 2, 1])):
         seen.clear()
-        tokens, conf = run(budget)
+        tokens, conf, ent = run(budget)
         assert seen == rows
-        assert torch.equal(tokens, whole[0]) and torch.equal(conf, whole[1])
+        assert torch.equal(tokens, whole[0]) and torch.equal(conf, whole[1]) and torch.equal(ent, whole[2])
     assert whole[0].shape == (5, 4) and conf.dtype == torch.float64
     assert len(set(whole[0].flatten().tolist())) > 3  # not a constant answer
 
@@ -56,3 +56,4 @@ def test_generate_is_unchanged_when_each_step_runs_one_row_at_a_time(tiny_models
     assert torch.equal(got.completion_ids, want.completion_ids)
     assert torch.equal(got.step_map, want.step_map)
     assert torch.equal(got.confidence, want.confidence)
+    assert torch.equal(got.entropy, want.entropy)

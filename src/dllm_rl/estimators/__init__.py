@@ -1,5 +1,5 @@
 """Log-likelihood estimators for diffusion LMs: ``trace``, ``elbo``, ``mean_field``, ``random_mask``, ``coupled``,
-``block``, ``ar``, ``spg_block``, ``left_to_right`` and ``one_step``.
+``block``, ``ar``, ``spg_block``, ``left_to_right``, ``one_step``, ``ebpo_block`` and ``egspo_steps``.
 
 An estimator is one *row planner* registered by name in :data:`ESTIMATORS` (verl's ``core_algos`` style,
 :mod:`~dllm_rl.estimators.registry`); :func:`estimate` plans the rows with it and scores them with the one
@@ -16,6 +16,8 @@ from dllm_rl.estimators.ar import plan_ar
 from dllm_rl.estimators.batch import MaskedRows, ScoringBatch, TokenScores
 from dllm_rl.estimators.block import plan_block
 from dllm_rl.estimators.coupled import plan_coupled
+from dllm_rl.estimators.ebpo_block import plan_ebpo_block
+from dllm_rl.estimators.egspo_steps import plan_egspo_steps
 from dllm_rl.estimators.elbo import plan_elbo
 from dllm_rl.estimators.left_to_right import plan_left_to_right
 from dllm_rl.estimators.mean_field import plan_mean_field
@@ -36,7 +38,7 @@ from dllm_rl.estimators.trace import merged_steps, plan_trace
 
 __all__ = [
     "ESTIMATORS", "MaskedRows", "Planner", "ScoringBatch", "TokenScores", "estimate", "estimator_forwards",
-    "estimator_options", "merged_steps", "plan_ar", "plan_block", "plan_coupled", "plan_elbo", "plan_left_to_right",
-    "plan_mean_field", "plan_one_step", "plan_random_mask", "plan_rows", "plan_spg_block", "plan_trace", "register",
-    "score_rows",
+    "estimator_options", "merged_steps", "plan_ar", "plan_block", "plan_coupled", "plan_ebpo_block", "plan_egspo_steps",
+    "plan_elbo", "plan_left_to_right", "plan_mean_field", "plan_one_step", "plan_random_mask", "plan_rows",
+    "plan_spg_block", "plan_trace", "register", "score_rows",
 ]

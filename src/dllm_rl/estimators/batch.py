@@ -45,6 +45,8 @@ class ScoringBatch:
     spliced into each prompt, offsets counted in the prompt's real tokens; every row of a sample splices them.
     ``confidence`` (optional, ``[B, G]`` float, a rollout's ``confidence``): each completion token's score when it
     was sampled; MDPO's loss weights its token terms by it (the ``one_step`` estimator hands it on).
+    ``entropy`` (optional, ``[B, G]`` float, a rollout's ``entropy``): the model distribution's entropy at each
+    completion token's commit (EGSPO's step selection, ``egspo_steps``).
     """
 
     prompt_ids: torch.Tensor
@@ -57,6 +59,7 @@ class ScoringBatch:
     block_size: int | None = None
     images: PromptImages | None = None
     confidence: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
@@ -85,6 +88,7 @@ class ScoringBatch:
             block_size=getattr(rollout, "block_size", None),
             images=getattr(rollout, "images", None),
             confidence=getattr(rollout, "confidence", None),
+            entropy=getattr(rollout, "entropy", None),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -130,7 +134,7 @@ class ScoringBatch:
         return ScoringBatch(
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
-            self.images.select(index) if self.images is not None else None, pick(self.confidence),
+            self.images.select(index) if self.images is not None else None, pick(self.confidence), pick(self.entropy),
         )
 
     def validate(self) -> None:
@@ -148,6 +152,8 @@ class ScoringBatch:
         }
         if self.step_map is not None:
             checks["step_map"] = (self.step_map, tuple(self.completion_ids.shape))
+        if self.entropy is not None:
+            checks["entropy"] = (self.entropy, tuple(self.completion_ids.shape))
         if self.completion_valid is not None:
             checks["completion_valid"] = (self.completion_valid, tuple(self.completion_ids.shape))
         if self.confidence is not None:

@@ -156,3 +156,13 @@ def completion_segments(model: DiffusionLM, batch: ScoringBatch) -> tuple[torch.
     first = torch.div(batch.prompt_mask.sum(-1), bs, rounding_mode="floor")
     seg = (blk - first[:, None]).clamp(min=0)
     return seg.to(dev), (bs + g_n - 2) // bs + 1
+
+
+def decoding_blocks(model: DiffusionLM, batch: ScoringBatch, block_length: int | None) -> torch.Tensor:
+    """``[B, G]``: the decoding block of each completion token, counted from the completion's first block (block
+    models: their layout's blocks; full attention: ``block_length`` columns each, or one block when ``None``)."""
+    if model.is_block_causal:
+        return completion_segments(model, batch)[0]
+    g = torch.arange(batch.completion_len, device=batch.completion_ids.device)
+    seg = g // block_length if block_length else torch.zeros_like(g)
+    return seg[None, :].expand(batch.batch_size, -1)

@@ -20,17 +20,8 @@ from dllm_rl.estimators.batch import MaskedRows, ScoringBatch
 from dllm_rl.estimators.checks import check_int, check_unit_interval
 from dllm_rl.estimators.elbo import random_subsets
 from dllm_rl.estimators.registry import register
-from dllm_rl.estimators.rows import RowRandom, completion_segments, draw_rows
+from dllm_rl.estimators.rows import RowRandom, decoding_blocks, draw_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
-
-
-def _blocks(model: DiffusionLM, batch: ScoringBatch, block_length: int | None) -> torch.Tensor:
-    """``[B, G]``: the block of each completion token (counted from the completion's first block)."""
-    if model.is_block_causal:
-        return completion_segments(model, batch)[0]
-    g = torch.arange(batch.completion_len, device=batch.completion_ids.device)
-    seg = g // block_length if block_length else torch.zeros_like(g)
-    return seg[None, :].expand(batch.batch_size, -1)
 
 
 @register("spg_block")
@@ -60,7 +51,7 @@ def plan_spg_block(
     rng = RowRandom(generator, batch)
     dev = batch.completion_ids.device
     counted = batch.completion_mask
-    seg = _blocks(model, batch, block_length).to(dev)  # [B, G]
+    seg = decoding_blocks(model, batch, block_length).to(dev)  # [B, G]
     u_block, u_count = rng.rand(d_n).to(dev), rng.rand(d_n).to(dev)  # [B, D]
     keys = rng.rand(d_n, batch.completion_len).to(dev)  # [B, D, G]
     prompt_draw = rng.rand(d_n, batch.prompt_len).to(dev) < p_prompt  # [B, D, P]

@@ -73,6 +73,7 @@ def check_estimator_options(cfg: RLConfig, model) -> None:
     token = torch.full((1, n), model.eos_token_id, dtype=torch.long)
     batch = ScoringBatch(token[:, :1], torch.ones(1, 1, dtype=torch.bool), token, torch.ones(1, n, dtype=torch.bool),
                          step_map=torch.arange(n)[None], sample_seeds=torch.zeros(1, dtype=torch.long),
+                         entropy=torch.zeros(1, n),
                          block_size=run_block_sizes(cfg, model.block_size)[1])
     try:
         estimator_forwards(model, cfg.estimator, batch, **(cfg.estimator_options or {}))

@@ -1,11 +1,18 @@
-"""Back-propagating a loss that is linear in the Monte-Carlo draws one draw at a time (BGPO, arXiv 2510.11683).
+"""Back-propagating a loss one Monte-Carlo draw at a time, so the memory of an update does not grow with the draws.
 
-A loss marked ``linear_in_draws`` (:mod:`dllm_rl.rl.losses`) is a sum of terms that each depend on one draw
-of the current policy's scores. Its gradient is then the sum over draws of the gradient of the loss in
-which only draw ``d`` is live and every other draw holds the old policy's (detached) scores, so the rows
-of one draw are forwarded, back-propagated and freed before the next: the memory of an update does not
-grow with the number of draws. The rows are planned once (all randomness first, as everywhere), and the
-reported loss and statistics are those of the assembled scores of all draws.
+A loss marked ``draw_by_draw`` (:mod:`dllm_rl.rl.losses`; BGPO, EBPO) depends on the current policy only through its
+per-draw, per-token log-probs ``logp[d]``, and each draw's log-probs come from that draw's own rows. By the chain
+rule its gradient is ``sum_d sum_{b,g} (dloss / dlogp[d, b, g]) * grad logp[d, b, g]``, so (as DARE's EBPO actor
+does, yjyddq/DARE ``verl/workers/actor/ebpo_actor_mixin.py``):
+
+1. score every draw without a graph (one draw's rows per model call) and compute the loss on those scores held as
+   a leaf, which gives the loss and ``G = dloss / dlogp`` (``[D, B, G]``) — the ratio, the clip decision and the
+   KL see all draws together, never one draw alone;
+2. for each draw ``d``: score its rows with a graph and back-propagate ``sum(logp[d] * G[d])``, then free it.
+
+The gradient is the all-at-once one for *any* loss (not only one linear in the draws); the cost is one graph-free
+pass over the rows besides the graphed one (none when the caller hands in the current scores, as on-policy the
+old scores are). The rows are planned once (all randomness first, as everywhere).
 """
 
 from __future__ import annotations
@@ -40,28 +47,34 @@ def backward_by_draw(
     loss_fn: PolicyLoss, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, config: LossConfig,
     scale: float, backward: Callable[[torch.Tensor, bool], None], agree_calls: Callable[[int], int] | None = None,
     all_finite: Callable[[torch.Tensor], bool] = lambda loss: bool(torch.isfinite(loss)),
+    current: TokenScores | None = None,
 ) -> tuple[LossOutput, TokenScores]:
-    """Back-propagate ``scale * loss_fn(...)`` draw by draw (see the module docstring); ``old`` must be the
-    old policy's scores of the same rows (same generator ``seed``). ``backward(loss, last)`` is told which
-    part is the last (a DeepSpeed engine steps only there). Returns the loss (detached) and statistics of all
-    draws together, and the current policy's scores (detached). A draw loss that ``all_finite`` refuses (the
-    trainer asks every rank) stops the loop: the returned loss is then non-finite and the caller discards
-    the gradients."""
+    """Back-propagate ``scale * policy_objective(loss_fn, ...)`` draw by draw (see the module docstring). ``old``
+    (and ``ref``) must score the same rows (same generator ``seed``); ``current``: the current policy's scores of
+    them when the caller has them (on-policy, ``old`` itself), else they are computed without a graph.
+    ``backward(loss, last)`` is told which part is the last (a DeepSpeed engine steps only there). Returns the loss
+    (detached) and statistics of all draws together, and the current policy's scores (detached). A loss that
+    ``all_finite`` refuses (the trainer asks every rank) is not back-propagated: the returned loss is NaN."""
     opts = dict(options or {})
     scorer = {k: opts.pop(k) for k in SCORER_OPTIONS if k in opts}
     rows = plan_rows(model, estimator, batch, torch.Generator(device="cpu").manual_seed(seed), **opts)
-    base = old.logp.detach()
-    logp = base.clone()
-    draws = torch.arange(rows.num_draws, device=base.device)[:, None, None]
+    if current is None:
+        with torch.no_grad():
+            flat = {**scorer, "max_rows": min(scorer.get("max_rows") or batch.batch_size, batch.batch_size)}
+            current = score_rows(model, rows, agree_calls=agree_calls, **flat)
+    leaf = current.logp.detach().requires_grad_(True)
+    out = policy_objective(loss_fn, replace(current, logp=leaf), old, ref, advantages, batch.lengths, config)
+    new = replace(current, logp=leaf.detach())
+    if not all_finite(out.loss):
+        return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), new
+    grad = None
+    if out.loss.requires_grad:
+        (grad,) = torch.autograd.grad(out.loss * scale, leaf, allow_unused=True)
+    if grad is None:  # a loss that does not depend on the scores
+        grad = torch.zeros_like(leaf)
     for d in range(rows.num_draws):
         part = score_rows(model, rows_of_draw(rows, d), agree_calls=agree_calls, **scorer)
-        mixed = replace(old, logp=torch.where(draws == d, part.logp, base))
-        out = policy_objective(loss_fn, mixed, old, ref, advantages, batch.lengths, config)
-        if not all_finite(out.loss):
-            return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), replace(old, logp=logp)
-        backward(out.loss * scale, d == rows.num_draws - 1)
-        logp[d] = part.logp[d].detach()
-    new = replace(old, logp=logp)
-    with torch.no_grad():
-        out = policy_objective(loss_fn, new, old, ref, advantages, batch.lengths, config)
+        term = (part.logp[d] * grad[d]).sum()
+        if term.requires_grad:  # a draw without rows (every sample empty) has nothing to back-propagate
+            backward(term, d == rows.num_draws - 1)
     return LossOutput(out.loss.detach(), out.stats), new

@@ -8,15 +8,16 @@ settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from
 loss is one such function registered with ``@register_loss("name")`` (in its method's module,
 :mod:`dllm_rl.rl.methods`); its own settings come from ``config.options`` (the RL config's ``loss_options``).
 
-A loss declares two facts when it is registered (``@register_loss(name, kl_level=..., linear_in_draws=...)``):
+A loss declares two facts when it is registered (``@register_loss(name, kl_level=..., draw_by_draw=...)``):
 
 * ``kl_level``: where the KL to the reference applies, ``"token"`` (per token, reduced as the loss's token terms
-  are) or ``"sequence"`` (on the length-normalised sequence scores), or ``None`` (the loss defines none: ``beta``
-  must be 0). No loss adds a KL itself: :func:`policy_objective` adds ``beta * KL`` once, at that level (as verl
-  adds its KL loss outside the policy loss).
-* ``linear_in_draws``: the loss is a sum of terms that each depend on one Monte-Carlo draw of the current policy
-  (BGPO): the trainer then back-propagates draw by draw, so the memory of an update does not grow with the number
-  of draws (:mod:`dllm_rl.rl.draw_backward`).
+  are), ``"sequence"`` (on the length-normalised sequence scores) or ``"draw"`` (on each draw's summed scores, one
+  action per draw: EGSPO's denoising steps), or ``None`` (the loss defines none: ``beta`` must be 0). No loss adds
+  a KL itself: :func:`policy_objective` adds ``beta * KL`` once, at that level (as verl adds its KL loss outside
+  the policy loss).
+* ``draw_by_draw``: the trainer back-propagates the loss one Monte-Carlo draw at a time (BGPO, EBPO: many draws),
+  with the exact gradient of any loss, so the memory of an update does not grow with the number of draws
+  (:mod:`dllm_rl.rl.draw_backward`).
 """
 
 from __future__ import annotations
@@ -176,11 +177,11 @@ PolicyLoss = Callable[[TokenScores, TokenScores, TokenScores | None, torch.Tenso
                       LossOutput]
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
-KL_LEVELS = ("token", "sequence")
+KL_LEVELS = ("token", "sequence", "draw")
 
 
-def register_loss(name: str, *, kl_level: str | None, linear_in_draws: bool = False) -> Callable[[PolicyLoss],
-                                                                                               PolicyLoss]:
+def register_loss(name: str, *, kl_level: str | None, draw_by_draw: bool = False) -> Callable[[PolicyLoss],
+                                                                                            PolicyLoss]:
     """``@register_loss("name", kl_level=...)``: file ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`
     with the facts the trainer reads (the module docstring); a name registered twice raises ``ValueError``."""
     if kl_level is not None and kl_level not in KL_LEVELS:
@@ -191,7 +192,7 @@ def register_loss(name: str, *, kl_level: str | None, linear_in_draws: bool = Fa
             raise ValueError(f"policy loss {name!r} registered twice")
         fn.loss_name = name  # type: ignore[attr-defined]
         fn.kl_level = kl_level  # type: ignore[attr-defined]
-        fn.linear_in_draws = linear_in_draws  # type: ignore[attr-defined]
+        fn.draw_by_draw = draw_by_draw  # type: ignore[attr-defined]
         POLICY_LOSSES[name] = fn
         return fn
 
@@ -207,7 +208,12 @@ def kl_penalty(level: str, new: TokenScores, ref: TokenScores, lengths: torch.Te
     """The KL of the current policy to the reference (``config.kl_estimator``) at ``level``: ``token``, per scored
     token (weight != 0), reduced by ``config.aggregation`` as the token terms are (GRPO, arXiv 2402.03300 Eq. 3);
     ``sequence``, on the sequence scores divided by the completion length ``L``, mean over sequences (ESPO, arXiv
-    2512.03759)."""
+    2512.03759); ``draw``, on each (draw, sample)'s weighted sum of scores, mean over those with a scored token
+    (EGSPO's step-level k3, arXiv 2603.12554)."""
+    if level == "draw":
+        cell = (new.weight != 0).any(-1).float()
+        kl = kl_estimate(config.kl_estimator, (new.weight * new.logp).sum(-1), (ref.weight * ref.logp.detach()).sum(-1))
+        return (kl * cell).sum() / cell.sum().clamp(min=1.0)
     if level == "token":
         active = (new.weight != 0).float()
         kl = kl_estimate(config.kl_estimator, new.logp, ref.logp.detach())

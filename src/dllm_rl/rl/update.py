@@ -83,7 +83,8 @@ class PolicyUpdater:
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, batch.step_map,
             batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block,
             images=batch.images.to(device) if batch.images is not None else None,
-            confidence=batch.confidence.to(device) if batch.confidence is not None else None)
+            confidence=batch.confidence.to(device) if batch.confidence is not None else None,
+            entropy=batch.entropy.to(device) if batch.entropy is not None else None)
 
     def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
         """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages
@@ -159,16 +160,17 @@ class PolicyUpdater:
     def _micro_loss(self, loss_fn, sub: ScoringBatch, est_seed: int, old: TokenScores | None,
                     ref: TokenScores | None, adv: torch.Tensor, loss_cfg: LossConfig, scale: float):
         """Score ``sub``, compute the loss and back-propagate ``scale`` times it when it is finite on every rank
-        (else no rank back-propagates it, and the returned loss is NaN on every rank); a loss that is linear in
-        the draws (BGPO) is back-propagated draw by draw (:mod:`dllm_rl.rl.draw_backward`)."""
+        (else no rank back-propagates it, and the returned loss is NaN on every rank); a ``draw_by_draw`` loss
+        (BGPO, EBPO) is back-propagated one draw at a time (:mod:`dllm_rl.rl.draw_backward`)."""
         cfg = self.cfg
-        if getattr(loss_fn, "linear_in_draws", False):
-            if old is None:  # one draw's rows per model call, so this pass is flat in the draws too
+        if getattr(loss_fn, "draw_by_draw", False):
+            current = None
+            if old is None:  # on-policy: the old scores are the current ones (one draw's rows per model call)
                 with torch.no_grad():
-                    old = self.scores(self.model, sub, est_seed, max_rows=sub.batch_size)
+                    old = current = self.scores(self.model, sub, est_seed, max_rows=sub.batch_size)
             return backward_by_draw(self.model, cfg.estimator, sub, est_seed, self.scorer_options(), loss_fn, old,
                                     ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator),
-                                    self._all_finite)
+                                    self._all_finite, current=current)
         new = self.scores(self.model, sub, est_seed)
         out = policy_objective(loss_fn, new, old if old is not None else _detached(new), ref, adv, sub.lengths,
                                loss_cfg)

@@ -33,6 +33,8 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
 * ``step_tokens`` / ``step_masked`` / ``step_confidence`` ``[B, S, G]`` (``generate(..., record_steps=True)``
   only): per step, the state before it with the step's sampled token at every masked slot of the block, which
   slots were masked, and their scores (:mod:`~dllm_rl.sampling.step_record`; MDPO rewards them).
+* ``entropy`` ``[B, G]`` float32: the full-vocabulary entropy of the (untempered) model distribution the token was
+  chosen from, at commit time (0 where ``-1``); computed with the confidence, a few rows of a step at a time.
 * ``nfe`` ``[B]``: forward passes that decoded something for that sequence (the same with and without
   cache: block models fold the cache write of a finished block into the next block's first step).
 * ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.

@@ -93,6 +93,16 @@ def confidence_scores(
     raise ValueError(f"unknown confidence rule {rule!r}")
 
 
+def entropies(logits: torch.Tensor) -> torch.Tensor:
+    """``[n, L]``: the full-vocabulary Shannon entropy ``H = -sum_v p_v log p_v`` of ``p = softmax(logits)`` (the
+    untempered model distribution, as the confidence rules use), as ``logsumexp(l) - sum_v p_v l_v`` (no
+    ``p log p`` at ``p = 0``). EGSPO (arXiv 2603.12554) selects the denoising steps to train on by it."""
+    finite = torch.isfinite(logits)
+    probs = torch.softmax(logits, dim=-1)
+    mean_logit = (probs * torch.where(finite, logits, torch.zeros_like(logits))).sum(-1)
+    return torch.logsumexp(logits, dim=-1) - mean_logit
+
+
 # float64 elements of one [rows, block, vocab] copy per chunk of rows: 2**24 (128 MiB), e.g. 3 rows of a block of
 # 32 at a 152k vocabulary; the whole batch when the vocabulary is small.
 STEP_ELEMENTS = 1 << 24
@@ -106,29 +116,31 @@ def choose_tokens(
     rule: str,
     generators: list[torch.Generator] | None,
     max_elements: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens [n, L], confidence [n, L] float64)`` of one step from logits ``[n, L, V]`` (any dtype).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens [n, L], confidence [n, L] float64, entropy [n, L] float64)`` of one step from logits ``[n, L, V]``
+    (any dtype; the entropy is :func:`entropies`', recorded in ``Rollout.entropy``).
 
-    :func:`sample_tokens` then :func:`confidence_scores` in float64, over as many rows at a time as keep one
-    float64 copy within ``max_elements`` (default :data:`STEP_ELEMENTS`; at least one row). Every row draws
+    :func:`sample_tokens`, :func:`confidence_scores` and :func:`entropies` in float64, over as many rows at a time
+    as keep one float64 copy within ``max_elements`` (default :data:`STEP_ELEMENTS`; at least one row). Every row draws
     from its own generator in the same order (token noise, then random scores), so the result does not
     depend on ``max_elements``.
     """
     n, length, vocab = logits.shape
     budget = STEP_ELEMENTS if max_elements is None else max_elements
     per = max(1, budget // max(length * vocab, 1))
-    tokens, conf = [], []
+    tokens, conf, ent = [], [], []
     for start in range(0, n, per):
         x = logits[start : start + per].double()
         gens = generators[start : start + per] if generators is not None else None
         t = sample_tokens(x, temperature, top_k, top_p, gens)
         tokens.append(t)
         conf.append(confidence_scores(rule, x, t, gens))
+        ent.append(entropies(x))
         del x
     if not tokens:
         empty = logits.new_zeros((0, length))
-        return empty.long(), empty.double()
-    return torch.cat(tokens), torch.cat(conf)
+        return empty.long(), empty.double(), empty.double()
+    return torch.cat(tokens), torch.cat(conf), torch.cat(ent)
 
 
 def transfer_counts(masked: torch.Tensor, steps: int, step: int) -> torch.Tensor:

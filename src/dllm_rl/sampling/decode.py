@@ -122,7 +122,8 @@ def decode(
     progress: bool = False,
     recorder: StepRecorder | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Run the loop on ``canvas`` in place; return ``step_map``/``confidence`` ``[B, T]`` and ``nfe`` ``[B]``.
+    """Run the loop on ``canvas`` in place; return ``step_map``/``confidence``/``entropy`` ``[B, T]`` and ``nfe``
+    ``[B]``.
 
     ``block_cache=False`` runs block models without their KV cache (the exact reference path); ``recorder`` keeps
     every step's full prediction (:mod:`dllm_rl.sampling.step_record`).
@@ -132,6 +133,7 @@ def decode(
     runner = ModelRunner(model, canvas, runner_mode(model, config, block_cache))
     step_map = torch.full((bsz, width), -1, dtype=torch.long, device=device)
     conf_map = torch.zeros((bsz, width), dtype=torch.float32, device=device)
+    ent_map = torch.zeros((bsz, width), dtype=torch.float32, device=device)
     nfe = torch.zeros(bsz, dtype=torch.long, device=device)
     stopped = torch.zeros(bsz, dtype=torch.bool, device=device)
     steps = config.steps or canvas.block
@@ -158,7 +160,7 @@ def decode(
             logits = runner.logits(s, e)[active]
             rows = live[active]
             gens = [generators[r] for r in rows.tolist()] if needs_rng else None
-            tokens, conf = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
+            tokens, conf, ent = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
                                          gens)
             del logits
             if recorder is not None:
@@ -170,6 +172,7 @@ def decode(
             canvas.todo[rr, cc] = False
             step_map[rr, cc] = nfe[rr]
             conf_map[rr, cc] = conf[r_idx, c_idx].float()
+            ent_map[rr, cc] = ent[r_idx, c_idx].float()
             if rcr:
                 back = rcr_remask(conf_map[rows, s:e].double(), drawn[active], left_after(masked0[active], steps, t))
                 r_idx, c_idx = back.nonzero(as_tuple=True)
@@ -178,13 +181,14 @@ def decode(
                 canvas.todo[rr, cc] = True
                 step_map[rr, cc] = -1
                 conf_map[rr, cc] = 0.0
+                ent_map[rr, cc] = 0.0
             nfe[rows] += 1
             t += 1
         if config.stop_on_eos:
             _stop_finished(canvas, live, s, e, eos, pad, stopped)
         bar.update(1)
     bar.close()
-    return {"step_map": step_map, "confidence": conf_map, "nfe": nfe}
+    return {"step_map": step_map, "confidence": conf_map, "entropy": ent_map, "nfe": nfe}
 
 
 def _commits(config: DecodeConfig, conf: torch.Tensor, todo: torch.Tensor, masked0: torch.Tensor, steps: int,
@@ -248,6 +252,7 @@ def to_rollout(canvas: Canvas, trace: dict[str, torch.Tensor], model: DiffusionL
         finish_reason=["eos" if bool(r) else "length" for r in is_eos.any(-1).tolist()],
         texts=texts,
         confidence=canvas.gather_completion(trace["confidence"], 0.0),
+        entropy=canvas.gather_completion(trace["entropy"], 0.0),
         pad_token_id=pad,
         step_tokens=trace.get("step_tokens"),
         step_masked=trace.get("step_masked"),

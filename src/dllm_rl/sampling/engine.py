@@ -348,7 +348,7 @@ class Engine:
         todo = torch.stack([seq.todo[s:e] for seq, (s, e) in zip(group, spans)])
         needs_rng = cfg.temperature > 0 or cfg.confidence == "random"
         gens = [s.generator for s in group] if needs_rng else None
-        tokens, conf = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
+        tokens, conf, ent = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
         candidates = todo if cfg.sub_block is None else current_sub_block(todo, cfg.sub_block)
         if cfg.threshold is not None:
             chosen = select_commits(conf, candidates, threshold=cfg.threshold)
@@ -359,4 +359,4 @@ class Engine:
             chosen = select_commits(conf, candidates, counts=counts)
         for i, (seq, (s, _e)) in enumerate(zip(group, spans)):
             c = chosen[i].nonzero().flatten()
-            seq.commit(c + s, tokens[i, c], conf[i, c])
+            seq.commit(c + s, tokens[i, c], conf[i, c], ent[i, c])

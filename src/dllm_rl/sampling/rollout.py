@@ -43,6 +43,7 @@ class Rollout:
     finish_reason: list[str]  # "eos" | "length"
     texts: list[str] | None = None  # decoded answers (up to the first EOS, special tokens skipped)
     confidence: torch.Tensor | None = None  # [B, G] float32, the rule's score at commit time (0 where -1)
+    entropy: torch.Tensor | None = None  # [B, G] float32, the model distribution's entropy at commit time (0 where -1)
     pad_token_id: int = 0
     block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
     images: PromptImages | None = None  # LLaDA-V: the image features spliced into each prompt (offsets in it)
@@ -53,7 +54,7 @@ class Rollout:
     step_confidence: torch.Tensor | None = None  # [B, S, G] float32
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
-                    "confidence", "step_tokens", "step_masked", "step_confidence")
+                    "confidence", "entropy", "step_tokens", "step_masked", "step_confidence")
     _STEP_FILL = {"step_tokens": None, "step_masked": False, "step_confidence": 0.0}  # None: the pad id
 
     def __len__(self) -> int:
@@ -92,6 +93,7 @@ class Rollout:
         p_w = max(r.prompt_ids.shape[1] for r in rollouts)
         g_w = max(r.completion_ids.shape[1] for r in rollouts)
         with_conf = all(r.confidence is not None for r in rollouts)
+        with_ent = all(r.entropy is not None for r in rollouts)
         with_text = all(r.texts is not None for r in rollouts)
         steps = {}
         if all(r.step_tokens is not None for r in rollouts):
@@ -111,6 +113,7 @@ class Rollout:
             finish_reason=[f for r in rollouts for f in r.finish_reason],
             texts=[t for r in rollouts for t in r.texts] if with_text else None,
             confidence=torch.cat([_pad_cols(r.confidence, g_w, 0.0) for r in rollouts]) if with_conf else None,
+            entropy=torch.cat([_pad_cols(r.entropy, g_w, 0.0) for r in rollouts]) if with_ent else None,
             pad_token_id=pad,
             block_size=first.block_size,
             images=PromptImages.cat([r.images for r in rollouts], [len(r) for r in rollouts]),

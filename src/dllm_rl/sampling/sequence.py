@@ -25,6 +25,7 @@ class Sequence:
     generator: torch.Generator
     step_map: torch.Tensor  # [T] long, -1 = not generated
     conf_map: torch.Tensor  # [T] float32
+    entropy_map: torch.Tensor  # [T] float32
     block_idx: int = 0  # the decoded block being worked on
     local_step: int = 0  # steps spent on it (static schedule counts)
     masked0: int = 0  # masks it held when it began
@@ -40,6 +41,7 @@ class Sequence:
         width = canvas.x.shape[1]
         seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)),
                   torch.full((width,), -1, dtype=torch.long, device=device),
+                  torch.zeros(width, dtype=torch.float32, device=device),
                   torch.zeros(width, dtype=torch.float32, device=device))
         seq.begin_block()
         return seq
@@ -63,12 +65,13 @@ class Sequence:
         s, e = self.cols()
         self.local_step, self.masked0 = 0, int(self.todo[s:e].sum())
 
-    def commit(self, cols: torch.Tensor, tokens: torch.Tensor, conf: torch.Tensor) -> None:
-        """Commit ``tokens`` at canvas columns ``cols`` with their confidences; one more step spent."""
+    def commit(self, cols: torch.Tensor, tokens: torch.Tensor, conf: torch.Tensor, entropy: torch.Tensor) -> None:
+        """Commit ``tokens`` at canvas columns ``cols`` with their confidences and entropies; one more step spent."""
         self.x[cols] = tokens
         self.todo[cols] = False
         self.step_map[cols] = self.nfe
         self.conf_map[cols] = conf.float()
+        self.entropy_map[cols] = entropy.float()
         self.nfe += 1
         self.local_step += 1
 
@@ -102,5 +105,5 @@ class Sequence:
 
     def trace(self) -> dict[str, torch.Tensor]:
         """The trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of one."""
-        return {"step_map": self.step_map[None], "confidence": self.conf_map[None],
+        return {"step_map": self.step_map[None], "confidence": self.conf_map[None], "entropy": self.entropy_map[None],
                 "nfe": torch.tensor([self.nfe], device=self.x.device)}

@@ -14,9 +14,9 @@ With ``z_d = (E_new,d - E_old,d) / L`` the per-token log-ratio of draw ``d`` (``
 * ``A < 0``: ``A exp(mean_d z_d) >= A mean_d exp(z_d)`` (Jensen: ``exp`` of a mean <= mean of ``exp``).
 
 Both sides are sums over draws, equal ``A`` with gradient ``A grad(mean_d z_d)`` when new = old. The loss
-is minus the mean over sequences. Its block-level form for block models (as EBPO, LLaDA2.1, does) is the
+is minus the mean over sequences. Its block-level form for block models is the
 ``elbo`` estimator on a block model: every block its own noise level given the clean earlier blocks. With
-``linear_in_draws`` the trainer back-propagates one draw at a time (:mod:`dllm_rl.rl.draw_backward`).
+``draw_by_draw`` the trainer back-propagates one draw at a time (:mod:`dllm_rl.rl.draw_backward`).
 No clipping (the bound is used on-policy; ``train.num_iterations=1``), KL as in ESPO's sequence loss.
 """
 
@@ -36,7 +36,7 @@ def draw_log_ratios(new: TokenScores, old: TokenScores, lengths: torch.Tensor) -
     return (e_new - e_old) / lengths.float().clamp(min=1.0)[None, :]
 
 
-@register_loss("bgpo", kl_level="sequence", linear_in_draws=True)
+@register_loss("bgpo", kl_level="sequence", draw_by_draw=True)
 def bgpo_loss(
     new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
     config: LossConfig,
