@@ -46,7 +46,7 @@ def test_presets_use_their_papers_kl():
     assert {name: (p["beta"], p["kl_estimator"]) for name, p in PRESETS.items()} == {
         "espo": (0.01, "k2"), "tracerl": (0.01, "k3"), "diffu_grpo": (0.04, "k3"), "coupled_grpo": (0.0, "k3"),
         "random_mask_grpo": (0.0, "k3"), "spg": (0.0, "k3"), "bgpo": (0.0, "k2"), "justgrpo": (0.0, "k3"),
-        "wd1": (0.0, "k3"), "igpo": (0.01, "k3"),
+        "wd1": (0.0, "k3"), "igpo": (0.01, "k3"), "cj_grpo": (0.0, "k3"),
     }
 
 
