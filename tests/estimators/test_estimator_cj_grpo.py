@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import EOS, MASK, Spy, blockwise_logp, direct_logp, gen
+from conftest import EOS, MASK, Spy, blockwise_logp, direct_logp, gen, tiny
 
-from dllm_rl.estimators import ScoringBatch, estimate
+from dllm_rl.estimators import ScoringBatch, estimate, plan_rows
+from dllm_rl.sampling import DecodeConfig, generate
 
 M = MASK
 CJ = {"shrinkage": 1, "mask_uncounted": True}  # the cj_grpo preset's estimator options
@@ -49,6 +50,50 @@ def test_transition_loglik_equals_hand_built_per_step_forwards(models, family):
     for got, w in zip(_by_transition(sc, [0, 1, 2, 3]), want):
         torch.testing.assert_close(got, w, atol=1e-5, rtol=0)
     assert sc.weight[0, 0].tolist() == [1.0, 1, 1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_rows_are_the_samplers_own_states(family):
+    """A real rollout (cache off, so each step forwards the whole canvas): EOS is pushed from completion slot 6 on,
+    so the answer ends in block 1, block 2 decodes to EOS only and the sampler stops, filling block 3 with EOS
+    (step -1). The trace rows with the preset's options are exactly the canvases the sampler forwarded before each
+    step that committed an answer token; TraceRL's default (padding as clean context) is not."""
+    model, states = tiny(family), []
+
+    def hook(module, args, kwargs, out):
+        states.append(args[0].clone())
+        out.logits[:, kwargs["logits_to_keep"] - 3 >= 6, EOS] += 30.0
+        return out
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        r = generate(model, [[10, 11, 12]], DecodeConfig(gen_length=16, block_length=4, steps=3, cache="none", seed=0))
+    finally:
+        handle.remove()
+    assert r.completion_mask[0].tolist() == [True] * 7 + [False] * 9
+    assert (r.step_map[0, :12] >= 0).all() and r.step_map[0, 12:].tolist() == [-1] * 4
+    assert (r.completion_ids[0, 6:] == EOS).all() and len(states) == 9
+    batch = ScoringBatch.from_rollout(r)
+    steps = torch.unique(r.step_map[r.completion_mask]).tolist()
+    assert steps == [0, 1, 2, 3, 4, 5]
+    rows = plan_rows(model, "trace", batch, None, **CJ)
+    assert torch.equal(rows.input_ids, torch.cat([states[k] for k in steps]))
+    default = plan_rows(model, "trace", batch, None, shrinkage=1)
+    assert not torch.equal(default.input_ids, rows.input_ids)
+
+
+def test_mask_uncounted_masks_the_early_stop_fill_not_prefilled_tokens(models):
+    """Token 1 was prefilled (step -1, counted) and token 3 too (step -1, after the answer's EOS, before the last
+    committed token): both clean from the start. Token 4 was committed at step 2 after the answer; token 5 is the
+    EOS fill after an early stop (step -1 after the last committed token): a mask in every state."""
+    comp = torch.tensor([[20, 21, EOS, 30, 31, EOS]])
+    mask = torch.tensor([[True, True, True, False, False, False]])
+    batch = ScoringBatch(torch.tensor([[10, 11, 12]]), torch.ones(1, 3, dtype=torch.bool), comp, mask,
+                         torch.tensor([[1, -1, 0, -1, 2, -1]]))
+    rows = plan_rows(models["llada"], "trace", batch, None, **CJ)
+    assert rows.input_ids.tolist() == [[10, 11, 12, M, 21, M, 30, M, M], [10, 11, 12, M, 21, EOS, 30, M, M]]
+    rows = plan_rows(models["llada"], "trace", batch, None, shrinkage=1)  # TraceRL's default: clean context
+    assert rows.input_ids.tolist() == [[10, 11, 12, M, 21, M, 30, 31, EOS], [10, 11, 12, M, 21, EOS, 30, 31, EOS]]
 
 
 def test_block_model_transitions_are_block_and_local_step(models):

@@ -40,8 +40,10 @@ Tokens that are never committed (``step = -1``) or lie outside ``completion_mask
 answer) get weight 0 and by default stay in the input as they are — unmasked clean context, the same
 convention as the other estimators (the answer's end is visible). ``mask_uncounted=True`` instead masks
 uncounted committed tokens according to their own recorded steps, rebuilding the exact inference state;
-they are still not scored. Tokens with step -1 are never masked. ``D = 1``; every counted committed
-token is scored exactly once.
+they are still not scored, and the EOS fill after an early stop (the never-committed uncounted tokens after
+the last committed one, which the sampler held as masks while it decoded) is masked in every row. Other tokens
+with step -1 (a rollout hook's prefilled tokens, clean from the start) are never masked. ``D = 1``; every
+counted committed token is scored exactly once.
 """
 
 from __future__ import annotations
@@ -116,6 +118,18 @@ def decoding_order(merged: torch.Tensor, blk: torch.Tensor | None) -> torch.Tens
     return torch.where(merged >= 0, blk * span + merged, -1)
 
 
+def _early_stop_fill(batch: ScoringBatch) -> torch.Tensor:
+    """``[B, G]`` bool: the EOS fill after an early stop (``DecodeConfig.stop_on_eos``): uncounted tokens never
+    committed (step -1) that follow the sample's last committed token. The sampler held them as masks in every
+    step it ran (:mod:`dllm_rl.sampling`: "-1 = never generated")."""
+    step = batch.step_map
+    if step.numel() == 0:
+        return torch.zeros_like(batch.completion_mask)
+    pos = torch.arange(batch.completion_len, device=step.device).expand_as(step)
+    last = torch.where(step >= 0, pos, -1).amax(-1, keepdim=True)
+    return (step < 0) & (pos > last) & ~batch.completion_mask
+
+
 @register("trace")
 def plan_trace(
     model: DiffusionLM,
@@ -161,6 +175,7 @@ def plan_trace(
     committed = merged >= 0
     counted = committed & batch.completion_mask
     maskable = committed & (batch.completion_mask | mask_uncounted)
+    fill = _early_stop_fill(batch) if mask_uncounted else torch.zeros_like(committed)
     key = decoding_order(merged, blk) if block and not two_stream else merged
 
     samples, masks, weights = [], [], []
@@ -170,7 +185,7 @@ def plan_trace(
             continue
         k = key[b][None, :]
         g = groups[:, None]
-        masks.append(maskable[b][None, :] & (k >= g))
+        masks.append((maskable[b][None, :] & (k >= g)) | fill[b][None, :])
         weights.append((counted[b][None, :] & (k == g)).float())
         samples.append(torch.full((groups.numel(),), b, dtype=torch.long, device=key.device))
     dev = batch.completion_ids.device
