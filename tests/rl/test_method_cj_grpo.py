@@ -6,12 +6,16 @@ import math
 
 import pytest
 import torch
+import yaml
+from rl_helpers import digit_reward, rl_overrides
 
-from dllm_rl.config import load_config
+from dllm_rl.config import load_config, to_dict
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, policy_objective
+from dllm_rl.rl.trainer import RLTrainer
+from dllm_rl.training.resume_check import RL_APPLICABLE, check_resumed_config
 
 LOSS = POLICY_LOSSES["cj_grpo"]
 A = 0.866
@@ -104,3 +108,31 @@ def test_preset_resolves_and_step_merge_takes_the_rollout_block():
     trace = resolve(load_config(RLConfig, None, ["model.path=m", "algorithm=tracerl", "rollout.gen_length=64",
                                                  "estimator_options={step_merge: true}"]), "full")
     assert trace.estimator_options == {"step_merge": True, "block_length": 64}
+
+
+def test_a_cj_grpo_step_with_gradient_checkpointing_matches_one_without(rl_setup, tmp_path):
+    """model.gradient_checkpointing (an update keeps only the layers' inputs of its rows: CJ-GRPO forwards every
+    decoding step) recomputes the layers in backward: the step's weights are the same as without it."""
+    weights = []
+    for on in (False, True):
+        over = rl_overrides(rl_setup, "llada", tmp_path / f"run{on}", "algorithm=cj_grpo", "rollout.steps=4",
+                            f"model.gradient_checkpointing={str(on).lower()}")
+        trainer = RLTrainer(load_config(RLConfig, None, over), reward_fn=digit_reward)
+        try:
+            assert trainer.model.hf_model.is_activation_checkpointing is on
+            before = [p.detach().clone() for p in trainer.model.model.parameters()]
+            metrics = trainer.step().metrics
+            assert metrics["ratio_dev_first_update"] == 0.0 and math.isfinite(metrics["loss"])
+            weights.append([p.detach().clone() for p in trainer.model.model.parameters()])
+        finally:
+            trainer.close()
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(*weights))
+    assert any(not torch.equal(a, b) for a, b in zip(weights[1], before))
+
+
+def test_gradient_checkpointing_may_change_on_resume(tmp_path):
+    """It changes how an update is computed, not what: a resumed run may turn it on or off (RL_APPLICABLE)."""
+    saved = load_config(RLConfig, None, ["model.path=m", "algorithm=cj_grpo"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(saved)))
+    now = load_config(RLConfig, None, ["model.path=m", "algorithm=cj_grpo", "model.gradient_checkpointing=true"])
+    assert check_resumed_config(tmp_path, now, RL_APPLICABLE) == ["model.gradient_checkpointing False -> True"]

@@ -159,6 +159,10 @@ class RLModelConfig(Checked):
         DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
         "recomputed "
         "in backward (memory independent of the vocabulary; 0 = all at once)")
+    gradient_checkpointing: bool = field(
+        False, help="recompute each decoder layer in backward (HF activation checkpointing): an update then keeps "
+        "only the layers' inputs of the rows it scores, which estimators with many rows per sample need at real "
+        "model sizes (cj_grpo: one forward per decoding step)")
 
 
 @dataclass
