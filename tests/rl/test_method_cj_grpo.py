@@ -136,3 +136,21 @@ def test_gradient_checkpointing_may_change_on_resume(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(saved)))
     now = load_config(RLConfig, None, ["model.path=m", "algorithm=cj_grpo", "model.gradient_checkpointing=true"])
     assert check_resumed_config(tmp_path, now, RL_APPLICABLE) == ["model.gradient_checkpointing False -> True"]
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_step_merge_trains_one_transition_per_block(rl_setup, tmp_path, family):
+    """step_merge through the trainer: the rollout's block (4) fills block_length on full attention, the block model
+    merges its layout blocks; the first update's ratio is 1 and the weights move."""
+    over = rl_overrides(rl_setup, family, tmp_path / "run", "algorithm=cj_grpo", "rollout.block_length=4",
+                        "estimator_options={step_merge: true, mask_uncounted: true}")
+    trainer = RLTrainer(load_config(RLConfig, None, over), reward_fn=digit_reward)
+    try:
+        want = {"step_merge": True, "mask_uncounted": True, **({"block_length": 4} if family == "llada" else {})}
+        assert trainer.cfg.estimator_options == want
+        before = [p.detach().clone() for p in trainer.model.model.parameters()]
+        metrics = trainer.step().metrics
+        assert metrics["ratio_dev_first_update"] == 0.0 and math.isfinite(metrics["loss"])
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.model.parameters()))
+    finally:
+        trainer.close()
