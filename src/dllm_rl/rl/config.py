@@ -325,7 +325,8 @@ class RLConfig(Checked):
         help=_preset_help("estimator", "log-likelihood estimator (dllm_rl.estimators)"))
     estimator_options: dict | None = field(
         None, help=_preset_help("estimator_options", "estimator options (the trace estimator's shrinkage s defaults "
-                                "to TraceRL's: 1 on block models, 8 on full attention)"))
+                                "to TraceRL's: 1 on block models, 8 on full attention; its step_merge: true makes "
+                                "each decoding block one transition, at the rollout's block_length)"))
     loss_type: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "POLICY_LOSSES"),
         help=_preset_help("loss_type", "policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | "
