@@ -156,7 +156,8 @@ def test_options_are_the_planner_keywords_then_the_scorers():
     scorer = ["max_rows", "logprob_chunk_size"]
     assert estimator_options("block") == ["eps", "block_size", "mask_ratio", *scorer]
     assert estimator_options("ar") == scorer
-    assert estimator_options("trace") == ["shrinkage", "layout", "mask_uncounted", *scorer]
+    assert estimator_options("trace") == ["shrinkage", "layout", "mask_uncounted", "step_merge", "block_length",
+                                          *scorer]
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

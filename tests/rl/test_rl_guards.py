@@ -182,7 +182,8 @@ def test_a_finite_absurd_learning_rate_stops_the_run_in_one_line_naming_the_step
     ("train.max_steps=0", "CONFIG: train.max_steps: must be >= 1, got 0"),
     ("algorithm=espo;estimator_options={num_mc: -4}", "estimator_options: num_mc must be an integer >= 1, got -4"),
     ("estimator_options={shrinkage: 1, numm_mc: 2}", "estimator_options: estimator 'trace' got unknown option(s) "
-     "numm_mc; valid options: shrinkage, layout, mask_uncounted, max_rows, logprob_chunk_size"),
+     "numm_mc; valid options: shrinkage, layout, mask_uncounted, step_merge, block_length, max_rows, "
+     "logprob_chunk_size"),
     ("optim.lr=inf", "CONFIG: optim.lr: must be a finite number, got inf"),
     ("beta=1e309", "CONFIG: beta: must be a finite number, got inf"),
 ])

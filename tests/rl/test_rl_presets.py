@@ -50,6 +50,7 @@ def test_presets_use_their_papers_kl():
         "mdpo": (0.0, "k2"),
         "ebpo": (0.0, "k3"),  # DARE's recipes: KL off; low_var_kl (k3) when on
         "egspo": (0.02, "k3"),  # its train.yaml: 0.04 inside the division by 2 tokens per step
+        "cj_grpo": (0.0, "k3"),
     }
 
 

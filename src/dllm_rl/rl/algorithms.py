@@ -23,9 +23,9 @@ from dllm_rl.rl.value_config import check_value_model
 
 #: Each method's preset, by name (paper defaults: each method's module, :mod:`dllm_rl.rl.methods`, says where each
 #: value comes from; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo). "shrinkage" of the trace
-#: estimator is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length follows the
-#: rollout's decoding block. Settings a preset cannot hold (lr, train.num_iterations, lengths) are in each method's
-#: recipe in configs/.
+#: estimator is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length, and the trace
+#: estimator's with step_merge, follow the rollout's decoding block. Settings a preset cannot hold (lr,
+#: train.num_iterations, lengths) are in each method's recipe in configs/.
 PRESETS: dict[str, dict[str, Any]] = {name: dict(m.preset) for name, m in METHODS.items()}
 #: Each method's paper, by name.
 PAPERS: dict[str, str] = {name: m.paper for name, m in METHODS.items()}
@@ -37,7 +37,10 @@ def _fill_preset(cfg: RLConfig, attention: str) -> RLConfig:
     preset = PRESETS[cfg.algorithm]
     out = dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None})
     opts = dict(out.estimator_options or {})
-    if out.estimator == "trace":
+    if out.estimator == "trace" and opts.get("step_merge"):  # one transition per decoding block
+        if attention == "full":
+            opts.setdefault("block_length", cfg.rollout.block_length or cfg.rollout.gen_length)
+    elif out.estimator == "trace":
         opts.setdefault("shrinkage", 1 if attention == "block" else 8)
     if out.estimator == "spg_block" and attention == "full":
         opts.setdefault("block_length", cfg.rollout.block_length)

@@ -159,6 +159,10 @@ class RLModelConfig(Checked):
         DEFAULT_CHUNK_SIZE, ge=0, help="scored positions the LM head projects onto the vocabulary at a time, "
         "recomputed "
         "in backward (memory independent of the vocabulary; 0 = all at once)")
+    gradient_checkpointing: bool = field(
+        False, help="recompute each decoder layer in backward (HF activation checkpointing): an update then keeps "
+        "only the layers' inputs of the rows it scores, which estimators with many rows per sample need at real "
+        "model sizes (cj_grpo: one forward per decoding step)")
 
 
 @dataclass
@@ -321,7 +325,8 @@ class RLConfig(Checked):
         help=_preset_help("estimator", "log-likelihood estimator (dllm_rl.estimators)"))
     estimator_options: dict | None = field(
         None, help=_preset_help("estimator_options", "estimator options (the trace estimator's shrinkage s defaults "
-                                "to TraceRL's: 1 on block models, 8 on full attention)"))
+                                "to TraceRL's: 1 on block models, 8 on full attention; its step_merge: true makes "
+                                "each decoding block one transition, at the rollout's block_length)"))
     loss_type: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "POLICY_LOSSES"),
         help=_preset_help("loss_type", "policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | "

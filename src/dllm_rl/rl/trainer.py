@@ -155,6 +155,8 @@ class RLTrainer(RLCheckpoints):
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         if cfg.model.freeze_router:
             freeze_routers(self.model.model)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.optimizer = build_optimizer(self.model.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_optimizer_steps())
