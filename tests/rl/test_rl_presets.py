@@ -47,6 +47,7 @@ def test_presets_use_their_papers_kl():
         "espo": (0.01, "k2"), "tracerl": (0.01, "k3"), "diffu_grpo": (0.04, "k3"), "coupled_grpo": (0.0, "k3"),
         "random_mask_grpo": (0.0, "k3"), "spg": (0.0, "k3"), "bgpo": (0.0, "k2"), "justgrpo": (0.0, "k3"),
         "wd1": (0.0, "k3"), "igpo": (0.01, "k3"),
+        "d_treerpo": (0.01, "k3"),
     }
 
 
@@ -98,7 +99,7 @@ def test_help_clauses_are_derived_from_the_presets():
     from dllm_rl.rl.algorithms import preset_clause
 
     assert preset_clause("kl_estimator") == "Preset: k2 for bgpo, espo; k3 otherwise"
-    assert preset_clause("advantage").startswith("Preset: leave_one_out for espo; ")
+    assert preset_clause("advantage").startswith("Preset: leave_one_out for d_treerpo, espo; ")
 
 
 def test_a_method_is_one_module(tmp_path, monkeypatch):
