@@ -36,6 +36,18 @@ def test_a_segment_is_scored_by_one_forward_on_its_parent_state(models, family):
     torch.testing.assert_close(sc.logp[0], hand * sc.weight[0], atol=1e-5, rtol=0)
 
 
+def test_siblings_are_the_samples_sharing_a_parent_state(models):
+    batch = _segments()
+    sib = ScoringBatch(batch.prompt_ids[[0, 1, 1]], batch.prompt_mask[[0, 1, 1]],
+                       torch.cat([batch.completion_ids, torch.tensor([[M, 41, M, 43, M, M]])]),
+                       torch.ones(3, 6, dtype=torch.bool), torch.cat([batch.step_map, torch.tensor([[-1, 0, -1, 1,
+                                                                                                      -1, -1]])]))
+    sc = estimate(models["llada"], "tree_segment", sib, gen(0))
+    group = sc.info["sibling_group"].tolist()
+    assert group[1] == group[2] != group[0]  # nodes 1 and 2 both continue the masked completion
+    assert torch.equal(sc.info["tokens"], sib.completion_ids)
+
+
 def test_a_node_that_decoded_nothing_has_no_row_and_step_map_is_required(models):
     batch = _segments()
     batch.step_map[1] = -1

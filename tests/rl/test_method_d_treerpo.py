@@ -10,9 +10,11 @@ import torch
 from rl_helpers import rl_overrides
 
 from dllm_rl.config import load_config
+from dllm_rl.estimators import TokenScores
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.methods.d_treerpo import sd_schedule, self_distillation
+from dllm_rl.rl.losses import LossConfig, token_clipped_loss
+from dllm_rl.rl.methods.d_treerpo import d_treerpo_loss, sd_schedule, self_distillation
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.rl.tree import TreeShape, grow_tree, node_values, sibling_advantages, until_block
 from dllm_rl.sampling import DecodeConfig, generate
@@ -113,11 +115,35 @@ def test_self_distillation_on_the_worked_example():
     assert -math.log(0.5) == pytest.approx(0.693147, abs=1e-6)
 
 
+def test_the_loss_is_the_clipped_surrogate_plus_the_scheduled_self_distillation():
+    # the worked example's siblings (rows 0-1) and a third, negative one, at progress 0.5 (lambda = 8.06824e-4)
+    logp = torch.log(torch.tensor([[0.5, 0.5, 0.3], [0.25, 0.5, 0.3], [0.1, 0.1, 0.1]]))[None]
+    weight = torch.tensor([[[1.0, 1, 0], [1, 1, 0], [1, 1, 1]]])
+    info = {"sibling_group": torch.tensor([4, 4, 4]), "tokens": torch.tensor([[7, 7, 1], [9, 7, 2], [7, 7, 7]])}
+    new = TokenScores(logp.clone().requires_grad_(), weight, forwards=3, info=info)
+    old = TokenScores(logp + 0.1, weight, forwards=3)
+    adv, lengths = torch.tensor([0.5, 0.25, -0.75]), torch.tensor([3, 3, 3])
+    cfg = LossConfig(epsilon=0.4, aggregation="seq_mean", progress=0.5)
+    out = d_treerpo_loss(new, old, None, adv, lengths, cfg)
+    surrogate = token_clipped_loss(new, old, None, adv, lengths, cfg).loss
+    sd = (0.316634 + 0.693147) / 2
+    assert float(out.loss.detach()) == pytest.approx(float(surrogate.detach()) + 8.06824e-4 * sd, abs=1e-8)
+    assert out.stats["sd"] == pytest.approx(sd, abs=2e-6) and out.stats["sd_lambda"] == pytest.approx(8.06824e-4)
+    off = d_treerpo_loss(new, old, None, adv, lengths, LossConfig(epsilon=0.4, aggregation="seq_mean",
+                                                                   progress=0.5, options={"sd_lambda_max": 0.0}))
+    assert float(off.loss.detach()) == float(surrogate.detach())
+    with pytest.raises(ValueError, match="needs the tree_segment estimator"):
+        d_treerpo_loss(TokenScores(logp, weight, forwards=3), old, None, adv, lengths, cfg)
+    with pytest.raises(ValueError, match="sd_lambda not read by the 'd_treerpo' loss"):
+        d_treerpo_loss(new, old, None, adv, lengths, LossConfig(options={"sd_lambda": 1.0}))
+
+
 def test_a_trainer_round_is_the_tree_with_its_values_and_sibling_advantages(rl_setup, tmp_path):
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=d_treerpo",
                                                    "rollout.num_generations=2", "rollout.gen_length=8",
                                                    "rollout.block_length=4", "train.prompts_per_step=1",
-                                                   "rollout_hook_options={branch: 2, depth: 2}"))
+                                                   "rollout_hook_options={branch: 2, depth: 2}", "train.max_steps=2",
+                                                   "drop_zero_variance=false"))
     trainer = RLTrainer(cfg, reward_fn=lambda prompts, completions, **kw: [float(len(c) % 3) for c in completions])
     try:
         batch = trainer.collect()
@@ -128,5 +154,8 @@ def test_a_trainer_round_is_the_tree_with_its_values_and_sibling_advantages(rl_s
         assert batch.advantages.tolist() == sibling_advantages(TreeShape(2, 2, 2), want[None])[0].tolist()
         assert torch.equal(batch.rollout.step_map[:2, 4:], torch.full((2, 4), -1))  # level 0: block 0 only
         assert (batch.rollout.step_map[2:, :4] == -1).all() and (batch.rollout.step_map[2:, 4:] >= 0).all()
+        trainer.step_idx = 1  # of train.max_steps = 2: the self-distillation's progress is 0.5
+        metrics = trainer.step().metrics
+        assert metrics["sd_lambda"] == pytest.approx(8.06824e-4) and metrics["ratio_dev_first_update"] == 0.0
     finally:
         trainer.close()

@@ -11,6 +11,10 @@ segment's log-likelihood is ONE forward on the parent state, every token the nod
 (the child's answer up to its first EOS); every other token gets weight 0. No per-step replay (contrast ``trace``)
 and no temperature. Block models are scored the same way, in one block-causal row on the parent state (the
 released code covers LLaDA and Dream only). ``D = 1``, one row per sample that scores a token; deterministic.
+
+``info["sibling_group"]`` (``[B]``) numbers the samples' parent states (prompt and parent completion): samples with
+one number are siblings, which d-TreeRPO's self-distillation compares; ``info["tokens"]`` (``[B, G]``) are the
+completions whose tokens they compare.
 """
 
 from __future__ import annotations
@@ -33,5 +37,8 @@ def plan_tree_segment(model: DiffusionLM, batch: ScoringBatch, generator: torch.
     decoded = batch.step_map >= 0
     weight = (decoded & batch.completion_mask).float()
     sample = torch.nonzero(weight.any(-1)).flatten()
+    parent = torch.where(decoded, model.mask_token_id, batch.completion_ids)
+    prompt = torch.where(batch.prompt_mask, batch.prompt_ids, -1)
+    _, group = torch.unique(torch.cat([prompt, parent], dim=1), dim=0, return_inverse=True)
     return build_rows(batch, sample, torch.zeros_like(sample), decoded[sample], weight[sample], model.mask_token_id,
-                      1)
+                      1, info={"sibling_group": group, "tokens": batch.completion_ids})

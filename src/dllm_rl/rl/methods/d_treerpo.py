@@ -11,9 +11,12 @@ checked here, only its abstract and the released code).
   A round holds ``M (1 + T + ... + T^(s-1))`` samples per prompt (20 for the released M = T = 4, s = 2).
 * Likelihood: the ``tree_segment`` estimator (:mod:`dllm_rl.estimators.tree_segment`), one forward on the
   parent's state scoring the tokens the node committed.
-* Loss: PPO's clipped token surrogate (``token``), per segment the token mean over its scored tokens, then the
-  mean over segments (``seq_mean``); no dual clip; ``epsilon = 0.4``. KL: k3 per token, same reduction,
-  ``beta = 0.01``. Old log-probs once per step, reused over ``train.num_iterations`` (12 in the released recipe).
+* Loss ``d_treerpo``: PPO's clipped token surrogate (:func:`~dllm_rl.rl.losses.token_clipped_loss`), per segment
+  the token mean over its scored tokens, then the mean over segments (``seq_mean``); no dual clip;
+  ``epsilon = 0.4``; plus ``lambda(p) * SD``, the scheduled self-distillation (:func:`self_distillation`,
+  :func:`sd_schedule`; ``p = step / train.max_steps``, the released ``max_steps`` being 30000). KL: k3 per token,
+  same reduction, ``beta = 0.01`` (added by the trainer). Old log-probs once per step, reused over
+  ``train.num_iterations`` (12 in the released recipe).
 
 Deviations (we follow the code where paper and code could differ):
 
@@ -21,11 +24,13 @@ Deviations (we follow the code where paper and code could differ):
 * The completion mask cuts at the model's EOS (the authors; DARE uses the pad id, the same token for LLaDA).
 * Update schedule: all segments of a step in ``train.num_iterations`` passes of micro-batches (DARE's PPO epochs);
   the authors instead take one parent's children per optimizer step, 12 times in a row.
-* The scheduled self-distillation term (``lambda(p) * KL(q || p_theta)`` over each parent's positive-advantage
-  children, :func:`self_distillation` with :func:`sd_schedule`) is implemented and tested as a function but not
-  yet added to the update (it needs whole sibling groups in one micro-batch and the training progress in the
-  loss); the released recipe's lambda ramps from 0 (3e-4 at a quarter of 30000 steps), so runs without it differ
-  little early on.
+* Self-distillation groups: the siblings of one parent state within a micro-batch (``tree_segment``'s
+  ``sibling_group``). The authors pack whole sibling groups per optimizer step; DARE groups within micro-batches
+  of one row, where the term all but vanishes. Ours holds whole groups when micro-batches do not cut them: a
+  prompt's samples are level by level, so ``train.micro_batch_size`` a multiple of M with M a multiple of T (the
+  recipe: M = T = 4, micro-batches of 8) never cuts one; other sizes compute the term over the parts of a group a
+  micro-batch holds (DARE's behaviour). Two parents with the same state (e.g. root children that decoded nothing)
+  form one group.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from dataclasses import replace
 
 import torch
 
+from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, register_hook
+from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss, token_clipped_loss
 from dllm_rl.rl.method import Method
 from dllm_rl.rl.tree import TreeShape, grow_tree, node_values, sibling_advantages
 
@@ -119,13 +126,42 @@ def self_distillation(logp: torch.Tensor, active: torch.Tensor, tokens: torch.Te
     return torch.cat(terms).mean()
 
 
+SD_OPTIONS = ("sd_lambda_max", "sd_gamma", "sd_tau_max", "sd_beta")
+
+
+@register_loss("d_treerpo", kl_level="token")
+def d_treerpo_loss(
+    new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
+    config: LossConfig,
+) -> LossOutput:
+    """d-TreeRPO's objective (arXiv 2512.09675; released ``compute_loss``): the clipped token surrogate
+    (:func:`~dllm_rl.rl.losses.token_clipped_loss`) plus ``lambda(p) * SD`` (:func:`self_distillation` over the
+    siblings of each parent state in the micro-batch, at :func:`sd_schedule` of ``config.progress``). Options
+    (``loss_options``): ``sd_lambda_max`` (3e-3; 0 turns the term off), ``sd_gamma`` (2), ``sd_tau_max`` (2),
+    ``sd_beta`` (0.7). Needs the ``tree_segment`` estimator (its ``sibling_group``). Statistics: ``sd``,
+    ``sd_lambda``."""
+    check_options(config, "d_treerpo", SD_OPTIONS)
+    if "sibling_group" not in new.info:
+        raise ValueError("the d_treerpo loss needs the tree_segment estimator (estimator=tree_segment)")
+    out = token_clipped_loss(new, old, ref, advantages, lengths, config)
+    lam, tau = sd_schedule(config.progress, float(config.option("sd_lambda_max", 3e-3)),
+                           float(config.option("sd_gamma", 2.0)), float(config.option("sd_tau_max", 2.0)),
+                           float(config.option("sd_beta", 0.7)))
+    sd = self_distillation(new.logp[0], new.weight[0] != 0, new.info["tokens"], advantages,
+                           new.info["sibling_group"], tau)
+    return LossOutput(out.loss + lam * sd, {**out.stats, "sd": float(sd.detach()), "sd_lambda": lam})
+
+
 METHOD = Method(
     name="d_treerpo", paper="d-TreeRPO, arXiv 2512.09675", recipe="llada-d-treerpo-math.yaml",
-    preset=dict(estimator="tree_segment", estimator_options={}, loss_type="token", loss_aggregation="seq_mean",
+    preset=dict(estimator="tree_segment", estimator_options={}, loss_type="d_treerpo",
+                loss_options={"sd_lambda_max": 3e-3, "sd_gamma": 2.0, "sd_tau_max": 2.0, "sd_beta": 0.7},
+                loss_aggregation="seq_mean",
                 beta=0.01, kl_estimator="k3", advantage="leave_one_out", scale_rewards="none",
                 estimator_noise="sample", rollout_hook="d_treerpo",
                 rollout_hook_options={"branch": 4, "depth": 2}),
     notes={"estimator": "one forward on the parent state per tree segment",
+           "loss": "clipped token surrogate + scheduled self-distillation toward the better siblings",
            "hook": "tree rollouts: M = rollout.num_generations root children, branch T, depth s; sibling "
                    "advantages"},
 )
