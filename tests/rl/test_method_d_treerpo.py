@@ -110,6 +110,8 @@ def test_self_distillation_on_the_worked_example():
     flipped = self_distillation(logp, active, tokens, -adv, groups, tau)
     assert float(flipped) == pytest.approx(-math.log(0.1), abs=1e-6)
     assert float(self_distillation(logp, active, tokens, -adv.abs(), groups, tau)) == 0.0
+    # kept siblings that scored no token (nodes that decoded nothing): no position counts, the term is 0, not NaN
+    assert float(self_distillation(logp, active & False, tokens, adv, groups, tau)) == 0.0
     w = torch.softmax(torch.tensor([0.5, 0.25]) / tau, 0)
     assert w.tolist() == pytest.approx([0.550592, 0.449408], abs=1e-6)
     assert -math.log(0.5) == pytest.approx(0.693147, abs=1e-6)

@@ -121,9 +121,8 @@ def self_distillation(logp: torch.Tensor, active: torch.Tensor, tokens: torch.Te
         q = (same * w[None, :, :]).sum(1) / (z + 1e-8)  # [K, G]: q_j(token of k)
         kl = (w * act / (z + 1e-8) * (torch.log(q + 1e-8) - logp[rows])).sum(0)  # [G]
         terms.append(kl[z > 0])
-    if not terms:
-        return logp.new_zeros(())
-    return torch.cat(terms).mean()
+    counted = torch.cat(terms) if terms else logp.new_zeros(0)
+    return counted.mean() if counted.numel() else logp.new_zeros(())
 
 
 SD_OPTIONS = ("sd_lambda_max", "sd_gamma", "sd_tau_max", "sd_beta")
