@@ -166,7 +166,7 @@ def test_losses_kl_and_advantages_each_share_one_signature():
 
     assert {n: params(f) for n, f in POLICY_LOSSES.items()} == {
         n: ["new", "old", "ref", "advantages", "lengths", "config"]
-        for n in ("token", "sequence", "spg", "bgpo", "weighted_loglik")}
+        for n in ("token", "sequence", "spg", "bgpo", "weighted_loglik", "d_treerpo")}
     assert {n: params(f) for n, f in KL_ESTIMATORS.items()} == {n: ["logp", "logp_ref"] for n in ("k1", "k2", "k3")}
     assert {n: params(f) for n, f in ADVANTAGES.items()} == {
         n: ["rewards", "group_size", "scale_rewards"] for n in ("group_zscore", "leave_one_out", "wd1_weights")}
