@@ -235,3 +235,21 @@ def test_tree_rollouts_are_batch_invariant(tiny_models, family):
         n = alone.nodes.completion_ids.shape[1]
         assert torch.equal(alone.nodes.completion_ids, together.nodes.completion_ids[rows, :n])
         assert torch.equal(alone.nodes.step_map, together.nodes.step_map[rows, :n])
+
+
+def test_a_tree_node_that_stopped_on_eos_passes_its_filled_state_on(fakes):
+    # block 0 decodes to EOS only: the row stops and EOS fills block 1 (step_map -1 from the sampler). The tree
+    # counts the fill as the node's own, at its last step, so its children inherit it and decode nothing.
+    from dllm_rl.rl.tree import TreeShape, grow_tree
+
+    eos = fakes.EOS
+    model = fakes.fake_model(fakes.table_from({2: (eos, 0.9), 3: (eos, 0.89), 4: (eos, 0.88), 5: (eos, 0.87)}))
+    config = DecodeConfig(gen_length=8, block_length=4, steps=2)
+
+    def decode(idx, prefill, until):
+        return generate(model, [[1, 2]] * len(idx), config, prefill=prefill, until_block=until)
+
+    tree = grow_tree(decode, TreeShape(1, 2, 2), [2], [8], fakes.MASK)
+    assert tree.nodes.completion_ids.eq(eos).all() and tree.committed.all()
+    assert tree.nodes.step_map.tolist() == [[0, 0, 1, 1, 1, 1, 1, 1], [-1] * 8, [-1] * 8]
+    assert tree.nodes.nfe.tolist() == [2, 0, 0]
