@@ -51,6 +51,7 @@ def test_presets_use_their_papers_kl():
         "ebpo": (0.0, "k3"),  # DARE's recipes: KL off; low_var_kl (k3) when on
         "egspo": (0.02, "k3"),  # its train.yaml: 0.04 inside the division by 2 tokens per step
         "cj_grpo": (0.0, "k3"),
+        "d_treerpo": (0.01, "k3"),
     }
 
 
@@ -102,7 +103,7 @@ def test_help_clauses_are_derived_from_the_presets():
     from dllm_rl.rl.algorithms import preset_clause
 
     assert preset_clause("kl_estimator") == "Preset: k2 for bgpo, espo, mdpo; k3 otherwise"
-    assert preset_clause("advantage").startswith("Preset: leave_one_out for espo; ")
+    assert preset_clause("advantage").startswith("Preset: leave_one_out for d_treerpo, espo; ")
 
 
 def test_a_method_is_one_module(tmp_path, monkeypatch):

@@ -201,7 +201,7 @@ def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
 
 
 def test_bad_config_fails_before_any_compute(rl_setup, tmp_path):
-    with pytest.raises(ConfigError, match="algorithm: 'grpo' is not allowed; choose one of bgpo, coupled_grpo, "):
+    with pytest.raises(ConfigError, match="algorithm: 'grpo' is not allowed; choose one of bgpo, cj_grpo, "):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=grpo")))
     with pytest.raises(ConfigError,
                        match="unknown key 'num_generation' in config; did you mean 'rollout.num_generations'"):

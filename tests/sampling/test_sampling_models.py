@@ -182,3 +182,74 @@ def test_step_map_replays_the_decoding_states(tiny_models, family):
             assert torch.equal(probs.argmax(-1)[at_k], comp[at_k]), (i, k)
             got = r.confidence[i, :n][at_k].double()
             assert torch.allclose(got, probs.max(-1).values[at_k], atol=1e-5), (i, k)
+
+
+@pytest.mark.parametrize("family, cache", [("llada", "none"), ("dream", "prefix"), ("sdar", "none")])
+def test_a_partial_state_continued_from_its_prefill_is_the_one_decode(tiny_models, family, cache):
+    # until_block stops each row after its first blocks (the rest masked); continuing from that state (its tokens
+    # prefilled) decodes the rest exactly as the one decode did, in the same steps: the tree rollouts' continuation
+    model = tiny_models[family]
+    config = DecodeConfig(gen_length=12, block_length=4, cache=cache, steps=2, stop_on_eos=False)
+    prompts = _prompts([3, 6, 5], seed=4)
+    full = generate(model, prompts, config)
+    part = generate(model, prompts, config, until_block=[1, 2, 0])
+    for i, blocks in enumerate([1, 2, 0]):
+        done = part.step_map[i] >= 0
+        assert int(done.sum()) == [4, 8, 0][i] - (len(prompts[i]) % 4 if family == "sdar" and blocks else 0)
+        assert torch.equal(part.completion_ids[i][done], full.completion_ids[i][done])
+        assert torch.equal(part.step_map[i][done], full.step_map[i][done])
+        assert (part.completion_ids[i][~done & (full.step_map[i] >= 0)] == model.mask_token_id).all()
+    prefill = [{j: int(part.completion_ids[i, j]) for j in (part.step_map[i] >= 0).nonzero().flatten().tolist()}
+               for i in range(len(prompts))]
+    rest = generate(model, prompts, config, prefill=prefill)
+    assert torch.equal(rest.completion_ids, full.completion_ids)
+    assert torch.equal(rest.nfe + part.nfe, full.nfe)
+    resumed = rest.step_map >= 0
+    assert torch.equal(rest.step_map[resumed], (full.step_map - part.nfe[:, None])[resumed])
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_tree_rollouts_are_batch_invariant(tiny_models, family):
+    # a prompt's tree (its nodes' tokens and steps) is the same grown with other prompts' trees or alone
+    from dllm_rl.rl.tree import TreeShape, grow_tree
+
+    model = tiny_models[family]
+    config = DecodeConfig(gen_length=8, block_length=4, steps=2, temperature=1.0)
+    prompts = _prompts([3, 6, 5], seed=5)
+    shape = TreeShape(2, 2, 2)
+
+    def tree(which: list[int]):
+        def decode(idx, prefill, until):
+            owners = [which[i // shape.samples] for i in idx]
+            seeds = [1000 * p + i % shape.samples for p, i in zip(owners, idx)]
+            return generate(model, [prompts[p] for p in owners], config, seeds=seeds, prefill=prefill,
+                            until_block=until)
+        tail = [len(prompts[p]) % 4 if family == "sdar" else 0 for p in which]
+        blocks = [-(-(t + 8) // 4) for t in tail]
+        return grow_tree(decode, shape, blocks, [4 * b - t for b, t in zip(blocks, tail)], model.mask_token_id)
+
+    together = tree([0, 1, 2])
+    for p in range(3):
+        alone = tree([p])
+        rows = list(range(p * shape.samples, (p + 1) * shape.samples))
+        n = alone.nodes.completion_ids.shape[1]
+        assert torch.equal(alone.nodes.completion_ids, together.nodes.completion_ids[rows, :n])
+        assert torch.equal(alone.nodes.step_map, together.nodes.step_map[rows, :n])
+
+
+def test_a_tree_node_that_stopped_on_eos_passes_its_filled_state_on(fakes):
+    # block 0 decodes to EOS only: the row stops and EOS fills block 1 (step_map -1 from the sampler). The tree
+    # counts the fill as the node's own, at its last step, so its children inherit it and decode nothing.
+    from dllm_rl.rl.tree import TreeShape, grow_tree
+
+    eos = fakes.EOS
+    model = fakes.fake_model(fakes.table_from({2: (eos, 0.9), 3: (eos, 0.89), 4: (eos, 0.88), 5: (eos, 0.87)}))
+    config = DecodeConfig(gen_length=8, block_length=4, steps=2)
+
+    def decode(idx, prefill, until):
+        return generate(model, [[1, 2]] * len(idx), config, prefill=prefill, until_block=until)
+
+    tree = grow_tree(decode, TreeShape(1, 2, 2), [2], [8], fakes.MASK)
+    assert tree.nodes.completion_ids.eq(eos).all() and tree.committed.all()
+    assert tree.nodes.step_map.tolist() == [[0, 0, 1, 1, 1, 1, 1, 1], [-1] * 8, [-1] * 8]
+    assert tree.nodes.nfe.tolist() == [2, 0, 0]

@@ -25,10 +25,12 @@ from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
 from dllm_rl.rl.advantages import compute_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
-from dllm_rl.rl.hooks import HookContext, RoundView, TrainingRows
+from dllm_rl.rl.hooks import HookContext, RoundView, TrainingRows, samples_per_prompt
 from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.value import steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
+from dllm_rl.sampling.canvas import span
+from dllm_rl.sampling.decode import decode_block_length
 from dllm_rl.seeding import HOOK_ROLLOUTS, derive_seed
 from dllm_rl.training.ranks import max_over_ranks, skip_together
 
@@ -52,6 +54,7 @@ class Round:
     reward_nonfinite: int = 0  # NaN / inf / None rewards (scored 0)
     reward_error: str = ""  # the reward's last failure
     training: TrainingRows | None = None  # the rows the update trains on instead (a rollout hook's, e.g. MDPO's)
+    advantages: list[float] | None = None  # per sample, when the rollout hook computed them (tree rollouts)
 
 
 @dataclass
@@ -136,13 +139,18 @@ class RolloutCollector:
         self.curriculum: Any = None  # a Curriculum with pass_rate_band: drawn prompts out of the band are skipped
         self.skipped_prompts = 0
 
+    @property
+    def group_size(self) -> int:
+        """Samples per prompt: ``rollout.num_generations``, or a tree's non-root nodes (:func:`samples_per_prompt`)."""
+        return samples_per_prompt(self.rollout_hook, self.cfg.rollout.num_generations)
+
     def collect(self, policy: DiffusionLM, step_idx: int) -> StepBatch:
         """Step ``step_idx``'s samples, rolled out with ``policy``'s weights: one round, or (``dynamic_sampling``)
         rounds until ``train.prompts_per_step`` groups have signal; then advantages, and which samples train (groups
         with no signal are dropped, and with ``dynamic_sampling`` the groups with signal beyond the target)."""
         cfg = self.cfg
         self.step_idx = step_idx
-        G, target = cfg.rollout.num_generations, cfg.train.prompts_per_step
+        G, target = self.group_size, cfg.train.prompts_per_step
         rounds: list[Round] = []
         signal, self.skipped_prompts = 0, 0
         for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
@@ -173,7 +181,7 @@ class RolloutCollector:
             prompts=[p for x in rounds for p in x.prompts],
             reasons=[why for x in rounds for why in x.reasons],
             step_scores=[s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))],
-            advantages=self.advantages(rewards), keep=torch.nonzero(keep_group.repeat_interleave(G)).flatten(),
+            advantages=self.advantages(rewards, rounds), keep=torch.nonzero(keep_group.repeat_interleave(G)).flatten(),
             mask_seeds=mask_seeds, filt=filt, rounds=len(rounds), surplus=surplus,
             hook_stats={k: sum(x.stats.get(k, 0.0) for x in rounds) for k in sorted({k for x in rounds
                                                                                       for k in x.stats})},
@@ -200,21 +208,24 @@ class RolloutCollector:
             return
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         for mine, values in gather_object([(idx[rank::world], list(rewards))]):
-            self.curriculum.record(mine, values, self.cfg.rollout.num_generations)
+            self.curriculum.record(mine, values, self.group_size)
 
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+    def advantages(self, rewards: torch.Tensor, rounds: list[Round] | None = None) -> torch.Tensor:
         """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
-        whole step's standard deviation, as one process holding all the samples would)."""
+        whole step's standard deviation, as one process holding all the samples would); or those the rollout hook
+        computed (tree rollouts: per sibling group, within a prompt)."""
         acc, cfg = self.accelerator, self.cfg
+        if rounds and all(x.advantages is not None for x in rounds):
+            return torch.tensor([a for x in rounds for a in x.advantages], dtype=torch.float32)
         parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])
-        adv = compute_advantages(cfg.advantage, every, cfg.rollout.num_generations, cfg.scale_rewards)
+        adv = compute_advantages(cfg.advantage, every, self.group_size, cfg.scale_rewards)
         return adv[start:start + len(rewards)]
 
     def filter(self, rewards: torch.Tensor):
         band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
-        return group_filter(rewards, self.cfg.rollout.num_generations, drop_zero_variance=self.cfg.drop_zero_variance,
+        return group_filter(rewards, self.group_size, drop_zero_variance=self.cfg.drop_zero_variance,
                             accuracy_band=band)
 
     def check_rewards(self, rounds: list[Round]) -> dict[str, float]:
@@ -250,7 +261,7 @@ class RolloutCollector:
         t0 = time.perf_counter()
         rank, world = acc.process_index, acc.num_processes
         examples = [self.train_task[i] for i in idx[rank::world]]
-        G = cfg.rollout.num_generations
+        G = self.group_size
         # sample j of this rank belongs to prompt idx[rank + world * (j // G)]; the 0 keeps one process's seeds
         # those of earlier versions (which put the rank there)
         seeds = [derive_seed(cfg.run.seed, self.step_idx, 0, first_sample + (rank + world * (j // G)) * G + j % G)
@@ -260,16 +271,23 @@ class RolloutCollector:
             # each prompt (and its image) encoded once, then repeated for its group
             texts, ids, images = self.prompts.task_prompts(policy, self.train_task, examples)
             group_ids, group_images = repeat_rows(ids, images, G)
-            rollout = generate_batched(policy, group_ids, decode_config(cfg, policy), seeds=seeds,
-                                       tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
-                                       images=group_images, engine=rollout_engine(cfg),
-                                       record_steps=getattr(self.rollout_hook, "records_steps", False))
+            replaces = getattr(self.rollout_hook, "replaces_round", False)  # the hook decodes the round (a tree)
+            rollout = None if replaces else generate_batched(
+                policy, group_ids, decode_config(cfg, policy), seeds=seeds, tokenizer=self.tokenizer,
+                batch_size=cfg.rollout.batch_size, images=group_images, engine=rollout_engine(cfg),
+                record_steps=getattr(self.rollout_hook, "records_steps", False))
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]
         columns: dict[str, list] = {}
         for k in sorted({k for ex in examples for k in ex} - {"prompt"}):
             columns[k] = [ex.get(k) for ex in examples for _ in range(G)]
+        if rollout is None:
+            view = RoundView(group_ids, prompts_rep, None, [], [], seeds, columns, G)
+            view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)],
+                                                              group_images))
+            return Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
+                         time.perf_counter() - t0, 0.0, dict(view.stats), advantages=view.advantages)
         columns.update(rollout_columns(rollout))
         scored = safe_scores(self.reward_fn, prompts_rep, rollout.texts, columns, **self._reward_options())
         rewards, steps = scored.totals, scored.steps
@@ -285,20 +303,30 @@ class RolloutCollector:
         """How the trainer calls the reward: its name in messages and the time one call may take."""
         return {"name": self.reward_name, "timeout_s": self.cfg.reward.timeout_s}
 
-    def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict]) -> HookContext:
-        """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`)."""
+    def _hook_context(self, policy: DiffusionLM, view: RoundView, examples: list[dict],
+                      images: Any = None) -> HookContext:
+        """What a rollout hook may call for this round (see :class:`dllm_rl.rl.hooks.HookContext`); ``images``: the
+        samples' image features when the hook decodes the round itself (``view.rollout`` is None)."""
         cfg = self.cfg
+        config = decode_config(cfg, policy)
+        block = decode_block_length(policy, config)
+        source = view.rollout.images if view.rollout is not None else images
 
-        def generate(indices: list[int], prefill: list[dict[int, int]]) -> Rollout:
+        def generate(indices: list[int], prefill: list[dict[int, int]], until_block: list[int] | None = None
+                     ) -> Rollout:
             seeds = [derive_seed(view.seeds[i], HOOK_ROLLOUTS) for i in indices]
-            images = view.rollout.images.select(indices) if view.rollout.images is not None else None
             self.model.eval()
             with torch.no_grad():
-                out = generate_batched(policy, [view.prompt_ids[i] for i in indices], decode_config(cfg, policy),
+                out = generate_batched(policy, [view.prompt_ids[i] for i in indices], config,
                                        seeds=seeds, tokenizer=self.tokenizer, batch_size=cfg.rollout.batch_size,
-                                       prefill=prefill, images=images, engine=rollout_engine(cfg))
+                                       prefill=prefill, images=source.select(indices) if source is not None else None,
+                                       engine=rollout_engine(cfg), until_block=until_block)
             self.model.train()
             return out
+
+        def span_of(i: int) -> tuple[int, int]:
+            tail, blocks = span(len(view.prompt_ids[i]), cfg.rollout.gen_length, block, policy.is_block_causal)
+            return blocks, blocks * block - tail
 
         def reward(indices: list[int], rollout: Rollout) -> tuple[list[float], list[str]]:
             cols = {k: [v[i] for i in indices] for k, v in view.columns.items()}
@@ -309,4 +337,6 @@ class RolloutCollector:
         return HookContext(generate=generate, reward=reward,
                            reference=lambda i: self.train_task.reference_completion(examples[i]),
                            tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
-                           gen_length=cfg.rollout.gen_length, step=self.step_idx)
+                           gen_length=cfg.rollout.gen_length, step=self.step_idx, span=span_of,
+                           mask_token_id=policy.mask_token_id, advantage=cfg.advantage,
+                           scale_rewards=cfg.scale_rewards)

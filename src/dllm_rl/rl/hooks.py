@@ -14,7 +14,11 @@ A hook is registered by name with a factory that takes its options::
             ...
         return hook
 
-IGPO's inpainting (:mod:`dllm_rl.rl.methods.igpo`) is one.
+IGPO's inpainting (:mod:`dllm_rl.rl.methods.igpo`) is one. A hook whose function has ``replaces_round = True``
+decodes the round itself (d-TreeRPO's tree rollouts, :mod:`dllm_rl.rl.methods.d_treerpo`): the trainer then
+decodes and rewards nothing before calling it (``view.rollout`` is None, ``view.rewards`` empty), and the hook
+returns the round's samples, rewards and ``advantages``; its ``samples_per_prompt(num_generations)`` says how
+many samples it returns per prompt (:func:`samples_per_prompt`).
 
 A hook may also say what the update trains on instead of the round's samples (``RoundView.training``, a
 :class:`TrainingRows`: rows built from the samples, with their own advantages): MDPO (:mod:`dllm_rl.rl.methods.mdpo`)
@@ -57,11 +61,12 @@ class TrainingRows:
 class RoundView:
     """One round: ``group_size`` consecutive samples per prompt. ``prompt_ids``/``prompts`` (token ids and
     text), ``rewards``/``reasons``, ``seeds`` (rollout noise) and every ``columns`` value are per sample;
-    ``stats`` collects the hook's numbers for the step's metrics (summed over rounds)."""
+    ``stats`` collects the hook's numbers for the step's metrics (summed over rounds); ``advantages`` (per sample)
+    are set by a hook that computes them itself (tree rollouts), else the trainer computes them from the rewards."""
 
     prompt_ids: list[list[int]]
     prompts: list[str]
-    rollout: Rollout
+    rollout: Rollout | None
     rewards: list[float]
     reasons: list[str]
     seeds: list[int]
@@ -69,6 +74,7 @@ class RoundView:
     group_size: int
     stats: dict[str, float] = field(default_factory=dict)
     training: TrainingRows | None = None  # set by a hook that trains on rows of its own (see the module docstring)
+    advantages: list[float] | None = None
 
 
 @dataclass
@@ -77,15 +83,22 @@ class HookContext:
     prompts, fresh seeds) with ``prefill[k]`` (completion offset -> token id) committed before decoding;
     ``reward(indices, rollout)`` rewards them as the round was (``(rewards, reasons)``); ``reference(i)`` is
     the task's reference completion text of sample ``i`` (or None); ``tokenizer``, ``eos_token_id`` and
-    ``gen_length`` describe the completions; ``step`` is the RL step."""
+    ``gen_length`` describe the completions; ``step`` is the RL step. ``generate(..., until_block=[...])`` stops
+    sample ``indices[k]`` after ``until_block[k]`` decoded blocks (a partial state); ``span(i)`` is sample ``i``'s
+    ``(decoded blocks, completion slots)``; ``mask_token_id`` marks the slots a partial state has not decoded;
+    ``advantage``/``scale_rewards`` are the run's advantage rule and scaling."""
 
-    generate: Callable[[list[int], list[dict[int, int]]], Rollout]
+    generate: Callable[..., Rollout]
     reward: Callable[[list[int], Rollout], tuple[list[float], list[str]]]
     reference: Callable[[int], str | None]
     tokenizer: Any
     eos_token_id: int
     gen_length: int
     step: int
+    span: Callable[[int], tuple[int, int]] | None = None
+    mask_token_id: int = -1
+    advantage: str = "group_zscore"
+    scale_rewards: str = "group"
 
 
 class RolloutHook(Protocol):
@@ -97,6 +110,13 @@ ROLLOUT_HOOKS: dict[str, Callable[..., RolloutHook]] = {}
 
 #: ``@register_hook("name")``: register a hook factory (keyword options -> hook) as ``rollout_hook: name``.
 register_hook = registrar(ROLLOUT_HOOKS, "rollout hook")
+
+
+def samples_per_prompt(hook: RolloutHook | None, num_generations: int) -> int:
+    """The samples a round holds per prompt: ``rollout.num_generations``, or what a hook that decodes the round
+    itself returns (its ``samples_per_prompt``; a tree's non-root nodes)."""
+    count = getattr(hook, "samples_per_prompt", None)
+    return int(count(num_generations)) if count is not None else num_generations
 
 
 def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHook | None:

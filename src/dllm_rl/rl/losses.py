@@ -68,8 +68,9 @@ class LossConfig:
     the token-term ``aggregation`` (a name in :data:`AGGREGATIONS`; the sequence loss has one term per
     sequence), the KL coefficient ``beta`` and ``kl_estimator`` (a name in
     :data:`dllm_rl.rl.kl.KL_ESTIMATORS`), ``max_length`` (``fixed_length``'s divisor: the completion
-    columns of the batch) and ``options``, the settings of one loss (``loss_options``, e.g. SPG's
-    ``eubo_beta``; each loss reads and checks its own)."""
+    columns of the batch), ``options``, the settings of one loss (``loss_options``, e.g. SPG's
+    ``eubo_beta``; each loss reads and checks its own) and ``progress``, the training progress in [0, 1]
+    (``step / train.max_steps``) for losses whose terms follow a schedule (d-TreeRPO's self-distillation)."""
 
     epsilon: float = 0.2
     epsilon_high: float | None = None
@@ -78,6 +79,7 @@ class LossConfig:
     kl_estimator: str = "k3"
     max_length: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+    progress: float = 0.0
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -96,11 +98,11 @@ class LossConfig:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     @classmethod
-    def from_rl_config(cls, cfg: Any, max_length: int) -> LossConfig:
-        """The loss settings of a resolved ``RLConfig`` (the one place they are read from it)."""
+    def from_rl_config(cls, cfg: Any, max_length: int, progress: float = 0.0) -> LossConfig:
+        """The loss settings of a resolved ``RLConfig`` (the one place they are read from it) at ``progress``."""
         return cls(epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, aggregation=cfg.loss_aggregation,
                    beta=cfg.beta, kl_estimator=cfg.kl_estimator, max_length=max_length,
-                   options=dict(getattr(cfg, "loss_options", None) or {}))
+                   options=dict(getattr(cfg, "loss_options", None) or {}), progress=progress)
 
     def option(self, name: str, default: Any) -> Any:
         """Loss option ``name`` (from ``loss_options``), or ``default``."""

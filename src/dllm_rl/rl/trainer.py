@@ -40,7 +40,7 @@ from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.collect import RolloutCollector, StepBatch
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.curriculum import Curriculum, check_stages
-from dllm_rl.rl.hooks import make_hook
+from dllm_rl.rl.hooks import make_hook, samples_per_prompt
 from dllm_rl.rl.reward_terms import build_reward
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.update import PolicyUpdater
@@ -209,7 +209,7 @@ class RLTrainer(RLCheckpoints):
         return max(1, math.ceil(n / self.cfg.train.micro_batch_size))
 
     def total_optimizer_steps(self) -> int:
-        n = self.cfg.train.prompts_per_step * self.cfg.rollout.num_generations
+        n = self.cfg.train.prompts_per_step * samples_per_prompt(self.rollout_hook, self.cfg.rollout.num_generations)
         per_pass = self.micro_batches_per_pass(n)
         accum = self.cfg.train.gradient_accumulation_steps or per_pass
         return self.cfg.train.max_steps * self.cfg.train.num_iterations * math.ceil(per_pass / accum)
@@ -300,7 +300,7 @@ class RLTrainer(RLCheckpoints):
         self.skipped_steps = 0 if any_kept else self.skipped_steps + 1
         if any_kept:
             return
-        groups = len(filt.keep) // cfg.rollout.num_generations
+        groups = len(filt.keep) // samples_per_prompt(self.rollout_hook, cfg.rollout.num_generations)
         why = f"{filt.zero_variance_groups} of {groups} groups had all-equal rewards"
         if filt.out_of_band_groups:
             why += f", {filt.out_of_band_groups} were outside accuracy_band"

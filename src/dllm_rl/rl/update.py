@@ -122,7 +122,7 @@ class PolicyUpdater:
                     with acc.unwrap_model(self.model.model).disable_adapter():
                         ref = [self.scores(self.model, batch.select(mb), est_seed) for mb in mbs]
         loss_fn = POLICY_LOSSES[cfg.loss_type]
-        loss_cfg = LossConfig.from_rl_config(cfg, max_length=max_len)
+        loss_cfg = LossConfig.from_rl_config(cfg, max_length=max_len, progress=step_idx / cfg.train.max_steps)
         self.grad_norms = []
         stats: dict[str, list[float]] = {}
         losses = []

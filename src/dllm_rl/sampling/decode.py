@@ -121,12 +121,15 @@ def decode(
     block_cache: bool = True,
     progress: bool = False,
     recorder: StepRecorder | None = None,
+    until_block: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run the loop on ``canvas`` in place; return ``step_map``/``confidence``/``entropy`` ``[B, T]`` and ``nfe``
     ``[B]``.
 
     ``block_cache=False`` runs block models without their KV cache (the exact reference path); ``recorder`` keeps
-    every step's full prediction (:mod:`dllm_rl.sampling.step_record`).
+    every step's full prediction (:mod:`dllm_rl.sampling.step_record`). ``until_block``
+    (``[B]``, optional): row ``b`` decodes only its blocks ``j < until_block[b]`` and leaves the later slots
+    masked (a partial state, e.g. a tree rollout's inner node); the blocks it decodes are decoded as without it.
     """
     bsz, width = canvas.x.shape
     device = canvas.x.device
@@ -145,6 +148,8 @@ def decode(
     for j in range(canvas.num_blocks):
         s, e = canvas.cols(j)
         live = live[(canvas.comp_end[live] > s) & ~stopped[live]]
+        if until_block is not None:
+            live = live[until_block[live] > j]
         if live.numel() == 0:
             break
         runner.begin_block()
@@ -272,6 +277,7 @@ def generate(
     prefill: list[dict[int, int]] | None = None,
     images: PromptImages | None = None,
     record_steps: bool = False,
+    until_block: list[int] | None = None,
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
 
@@ -280,7 +286,10 @@ def generate(
     reuses the same features.
 
     ``prefill[i]`` (optional; completion offset -> token id) commits those tokens of sequence i before
-    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1.
+    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1. ``until_block[i]``
+    (optional) stops sequence i after its first ``until_block[i]`` decoded blocks: the rest of its completion stays
+    masked (mask ids, ``step_map`` -1). Blocks whose slots are all prefilled are skipped without a forward, so a
+    prefilled partial state continues as the sampler would have continued it (d-TreeRPO's tree rollouts).
 
     ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
@@ -296,6 +305,9 @@ def generate(
                           model.mask_token_id, model.pad_token_id, device, images)
     if prefill is not None:
         apply_prefill(canvas, prefill)
+    if until_block is not None and len(until_block) != len(prompts):
+        raise ValueError(f"until_block has {len(until_block)} entries for {len(prompts)} prompts")
+    stop = torch.tensor(until_block, dtype=torch.long, device=device) if until_block is not None else None
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     recorder = StepRecorder(canvas) if record_steps else None
     was_training = model.training
@@ -303,7 +315,7 @@ def generate(
     try:
         with torch.inference_mode():
             trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress,
-                           recorder=recorder)
+                           recorder=recorder, until_block=stop)
             if recorder is not None:
                 trace.update(recorder.tensors(len(prompts), model.pad_token_id))
     finally:
@@ -326,6 +338,7 @@ def generate_batched(
     images: PromptImages | None = None,
     engine=None,
     record_steps: bool = False,
+    until_block: list[int] | None = None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
     sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in). ``images`` are
@@ -334,13 +347,14 @@ def generate_batched(
     ``engine`` (an :class:`~dllm_rl.sampling.engine.EngineConfig`) decodes with the continuous-batching engine
     instead, ``engine.slots`` sequences at a time (``batch_size`` is then unused), wherever it serves the call
     (:func:`~dllm_rl.sampling.engine.engine_refusal`); elsewhere fixed batches as without it. Both give every
-    prompt the tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside). ``record_steps``: as
-    in :func:`generate` (it decodes in fixed batches)."""
+    prompt the tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside). ``prefill``,
+    ``until_block`` and ``record_steps``: see :func:`generate` (the engine decodes none of them: such calls take
+    fixed batches)."""
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
-    if engine is not None:
+    if engine is not None and until_block is None:
         from dllm_rl.sampling.engine import Engine, engine_refusal
 
         if engine_refusal(model, config, prefill, images) is None and not record_steps:
@@ -357,7 +371,8 @@ def generate_batched(
         parts.append(generate(model, prompts[chunk], config, seeds[chunk], tokenizer,
                               prefill=prefill[chunk] if prefill is not None else None,
                               images=images.select(chunk) if images is not None else None,
-                              record_steps=record_steps))
+                              record_steps=record_steps,
+                              until_block=until_block[chunk] if until_block is not None else None))
         done += len(parts[-1])
         if progress:
             tokens = int(sum(p.completion_mask.sum() for p in parts))
