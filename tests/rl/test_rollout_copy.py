@@ -8,13 +8,16 @@ from rl_helpers import needs_cxx
 from torch._dynamo.utils import counters
 
 from dllm_rl.config import ConfigError
-from dllm_rl.models import load_model
+from dllm_rl.models import build_model, load_model, tiny_config
 from dllm_rl.rl.rollout_copy import RolloutCopy, native_bfloat16, rollout_dtype
 
 
 @needs_cxx
-def test_compiled_copy_follows_the_policy_through_refreshes_and_shapes(rl_setup):
-    policy = load_model(rl_setup / "llada").eval()
+def test_compiled_copy_follows_the_policy_through_refreshes_and_shapes():
+    # One layer: the compile (minutes on a fresh clone's empty inductor cache) grows with the layers it traces,
+    # and a second layer would run the same kernels again.
+    policy = build_model("llada", tiny_config("llada", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                              num_heads=2, num_kv_heads=1, num_layers=1, mask_token_id=63)).eval()
     copy_ = RolloutCopy(policy, torch.float32, compile=True)
     gen = torch.Generator().manual_seed(0)
 

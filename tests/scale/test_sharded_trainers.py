@@ -86,11 +86,25 @@ def run_driver(root: Path, backend: str, *mode: str, timeout: float = 400) -> tu
     return rc, log, time.monotonic() - start
 
 
-def launch(root: Path, backend: str) -> Path:
-    """The driver's runs on 2 ranks under ``backend``; returns their output folder (cached per backend)."""
+@pytest.fixture(scope="module")
+def fault(root) -> tuple[int, str, float, list[str]]:
+    """The DDP run whose rank 1 is SIGKILLed in step 2 (driver mode ``fault``): (exit status, output, seconds,
+    the checkpoints it left). The DDP launch of the other runs resumes it first (``all+resume``): one 2-rank
+    launch fewer."""
+    rc, log, seconds = run_driver(root, "ddp", "fault", timeout=240)
+    saved = root / "ddp" / "espo_fault" / "checkpoints"
+    return rc, log, seconds, sorted(p.name for p in saved.iterdir() if not p.name.endswith(".tmp"))
+
+
+def launch(root: Path, backend: str, request: pytest.FixtureRequest) -> Path:
+    """The driver's runs on 2 ranks under ``backend`` (under DDP also the resume of the :func:`fault` run);
+    returns their output folder (cached per backend)."""
     out = root / backend
     if not (out / "done").is_file():
-        rc, log, _ = run_driver(root, backend, *(("short",) if runs(backend) == SHORT else ()))
+        mode = {"ddp": ("all+resume",)}.get(backend, ("short",) if runs(backend) == SHORT else ())
+        if backend == "ddp":
+            request.getfixturevalue("fault")
+        rc, log, _ = run_driver(root, backend, *mode)
         assert rc == 0, log[-8000:]
         (out / "done").write_text("ok\n")
     return out
@@ -123,10 +137,10 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2", "zero2", "zero3", "zero3_offload"])
-def test_two_rank_runs_resume_exactly_and_publish(root, backend):
+def test_two_rank_runs_resume_exactly_and_publish(root, backend, request):
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed)")
-    out = launch(root, backend)
+    out = launch(root, backend, request)
     done = runs(backend)
     for run in done:
         start = weights(root, "sdar")
@@ -147,10 +161,10 @@ def test_two_rank_runs_resume_exactly_and_publish(root, backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2", "zero2", "zero3", "zero3_offload"])
-def test_two_rank_runs_equal_one_process(root, backend):
+def test_two_rank_runs_equal_one_process(root, backend, request):
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed)")
-    single, ranks = launch(root, "single"), launch(root, backend)
+    single, ranks = launch(root, "single", request), launch(root, backend, request)
     state = json.loads((ranks / "espo" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["sharded"] == (backend != "ddp")  # no silent DDP fallback
     assert json.loads((single / "espo" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text()
@@ -178,18 +192,16 @@ def test_two_rank_runs_equal_one_process(root, backend):
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_step_ends_the_run_and_resume_continues_exactly(root):
+def test_a_rank_killed_mid_step_ends_the_run_and_resume_continues_exactly(root, fault, request):
     """Rank 1 is SIGKILLed in step 2's update while rank 0 waits in the gradient all-reduce: the run ends
     non-zero well within distributed_timeout_s (60 s; gloo raises once the dead peer's socket closes, the
     launcher stops the other rank) and the launcher names rank 1 and its signal. Resumed from the step-1
-    checkpoint, the run ends with the weights of the uninterrupted 2-rank run."""
-    rc, log, seconds = run_driver(root, "ddp", "fault", timeout=240)
+    checkpoint (in the DDP launch), the run ends with the weights of the uninterrupted 2-rank run."""
+    rc, log, seconds, checkpoints = fault
     assert rc != 0
     print(f"fault run ended after {seconds:.1f} s")
     assert seconds < 120, seconds  # launch + imports + step 1 included
     assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9", log), log[-3000:]
-    fault = root / "ddp" / "espo_fault"
-    assert [p.name for p in (fault / "checkpoints").iterdir() if not p.name.endswith(".tmp")] == ["step-0000001"]
-    rc, log, _ = run_driver(root, "ddp", "resume")
-    assert rc == 0, log[-8000:]
-    assert max_diff(weights(root / "ddp", "espo_fault"), weights(launch(root, "ddp"), "espo")) == 0.0
+    assert checkpoints == ["step-0000001"]
+    out = launch(root, "ddp", request)
+    assert max_diff(weights(out, "espo_fault"), weights(out, "espo")) == 0.0
