@@ -54,8 +54,10 @@ $(VENV)/.deepspeed-ops: $(VENV)/.installed
 	touch $@
 
 # ruff (with the C90 complexity gate of pyproject.toml) runs first: a lint failure stops `make test` before the suite.
+# --dist loadgroup: the tests of one xdist_group run on one worker, so a module's shared 2-rank launches (cached in
+# its module fixture, per worker) run once rather than once on each worker (tests/scale/test_sharded_trainers.py).
 test: lint sysdeps $(VENV)/.deepspeed-ops
-	$(PY) scripts/run_tests.py -n $(TEST_WORKERS) --maxprocesses 4 $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts

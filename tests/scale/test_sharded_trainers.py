@@ -26,6 +26,9 @@ from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
 from dllm_rl.tasks.synthetic import make_countdown
 
+# one worker runs this module (make test: --dist loadgroup): its 2-rank launches are cached per worker
+pytestmark = pytest.mark.xdist_group("sharded_trainers")
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "accelerate"
 DRIVER = Path(__file__).with_name("trainer_driver.py")
