@@ -39,17 +39,17 @@ from dllm_rl.rl.algorithms import PRESETS
 from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides
 from dllm_rl.training import METRICS_FILE, read_metrics
 
-NEW_METHODS = ["spg", "bgpo", "justgrpo", "wd1", "igpo"]
-DEFAULT_RUNS = ["full:espo", "full:tracerl", "full:diffu_grpo", "full:coupled_grpo", "block:tracerl", "block:espo",
-                *(f"{model}:{m}" for m in NEW_METHODS for model in ("full", "block"))]
+# every preset (the methods' modules, dllm_rl.rl.methods) on both Countdown demo models
+DEFAULT_RUNS = [f"{model}:{m}" for m in PRESETS for model in ("full", "block")]
 RARE = Path(__file__).with_name("rare_shapes.py")
 # the models whose runs are also scored on the rare Countdown puzzles (``vision`` learns the shapes image task)
 COUNTDOWN_MODELS = ("full", "block")
 # per-method settings of the demo rows (a method-specific option cannot live in the shared demo configs):
-# BGPO's 16 draws (its preset, the paper's large-sample setting) make an update ~25 s on one CPU thread, 4 keep
-# it at ~3-9 s; its bound's memory does not depend on the draws either way (benchmarks/estimator_memory.py)
+# BGPO's and EBPO's 16 draws (their presets; BGPO's paper's large-sample setting) make an update ~25 s on one CPU
+# thread, 4 keep it at ~3-9 s; their memory does not depend on the draws either way (benchmarks/estimator_memory.py)
 # (an override replaces the whole options dict, so the preset's other options are carried over from it)
-METHOD_EXTRA = {"bgpo": [f"estimator_options={json.dumps({**PRESETS['bgpo']['estimator_options'], 'num_mc': 4})}"]}
+METHOD_EXTRA = {m: [f"estimator_options={json.dumps({**PRESETS[m]['estimator_options'], 'num_mc': 4})}"]
+                for m in ("bgpo", "ebpo")}  # EBPO: 16 draws too (DARE's setting)
 
 
 def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) -> list[str]:
