@@ -43,6 +43,9 @@ class ScoringBatch:
     row (``None``: the model's own block; TraceRL's block-size adaptation scores at a larger block than the
     rollout's). Full-attention models ignore it. ``images`` (LLaDA-V, a rollout's ``images``): the image features
     spliced into each prompt, offsets counted in the prompt's real tokens; every row of a sample splices them.
+    ``loss_mask`` (optional, ``[B, G]`` bool): the counted tokens that train; the others are drawn and masked as
+    the estimator plans but get weight 0 (:func:`~dllm_rl.estimators.plan_rows`), so no loss sees them (IGPO's
+    entropy filter on inpainted tokens, :mod:`dllm_rl.rl.inpaint_filter`). ``loss_lengths`` counts the rest.
     """
 
     prompt_ids: torch.Tensor
@@ -54,10 +57,13 @@ class ScoringBatch:
     sample_seeds: torch.Tensor | None = None
     block_size: int | None = None
     images: PromptImages | None = None
+    loss_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
         self.completion_mask = self.completion_mask.bool()
+        if self.loss_mask is not None:
+            self.loss_mask = self.loss_mask.bool()
         if self.completion_valid is not None:
             self.completion_valid = self.completion_valid.bool()
         self.validate()
@@ -101,6 +107,13 @@ class ScoringBatch:
         """``L`` per sample: the number of counted completion tokens, ``[B]``."""
         return self.completion_mask.sum(-1)
 
+    @property
+    def loss_lengths(self) -> torch.Tensor:
+        """``[B]``: the counted tokens that train (``lengths`` within ``loss_mask``), the ``L`` the losses see."""
+        if self.loss_mask is None:
+            return self.lengths
+        return (self.completion_mask & self.loss_mask).sum(-1)
+
     def input_ids(self) -> torch.Tensor:
         """The clean ``[B, P + G]`` sequences."""
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
@@ -126,7 +139,7 @@ class ScoringBatch:
         return ScoringBatch(
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
-            self.images.select(index) if self.images is not None else None,
+            self.images.select(index) if self.images is not None else None, pick(self.loss_mask),
         )
 
     def validate(self) -> None:
@@ -146,6 +159,8 @@ class ScoringBatch:
             checks["step_map"] = (self.step_map, tuple(self.completion_ids.shape))
         if self.completion_valid is not None:
             checks["completion_valid"] = (self.completion_valid, tuple(self.completion_ids.shape))
+        if self.loss_mask is not None:
+            checks["loss_mask"] = (self.loss_mask, tuple(self.completion_ids.shape))
         if self.sample_seeds is not None:
             checks["sample_seeds"] = (self.sample_seeds, (b,))
         for name, (t, shape) in checks.items():

@@ -56,12 +56,12 @@ def backward_by_draw(
     for d in range(rows.num_draws):
         part = score_rows(model, rows_of_draw(rows, d), agree_calls=agree_calls, **scorer)
         mixed = replace(old, logp=torch.where(draws == d, part.logp, base))
-        out = policy_objective(loss_fn, mixed, old, ref, advantages, batch.lengths, config)
+        out = policy_objective(loss_fn, mixed, old, ref, advantages, batch.loss_lengths, config)
         if not all_finite(out.loss):
             return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), replace(old, logp=logp)
         backward(out.loss * scale, d == rows.num_draws - 1)
         logp[d] = part.logp[d].detach()
     new = replace(old, logp=logp)
     with torch.no_grad():
-        out = policy_objective(loss_fn, new, old, ref, advantages, batch.lengths, config)
+        out = policy_objective(loss_fn, new, old, ref, advantages, batch.loss_lengths, config)
     return LossOutput(out.loss.detach(), out.stats), new

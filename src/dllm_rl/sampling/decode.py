@@ -238,7 +238,8 @@ def generate(
     reuses the same features.
 
     ``prefill[i]`` (optional; completion offset -> token id) commits those tokens of sequence i before
-    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1.
+    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1 and
+    ``Rollout.prefilled`` marks them.
 
     ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
@@ -263,6 +264,10 @@ def generate(
     rollout = to_rollout(canvas, trace, model, tokenizer)
     rollout.block_size = canvas.block if model.is_block_causal else None
     rollout.images = images
+    if prefill is not None:
+        rollout.prefilled = torch.zeros_like(rollout.completion_mask)
+        for i, slots in enumerate(prefill):
+            rollout.prefilled[i, [int(k) for k in slots]] = True
     return rollout
 
 

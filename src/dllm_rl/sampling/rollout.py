@@ -38,9 +38,10 @@ class Rollout:
     pad_token_id: int = 0
     block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
     images: PromptImages | None = None  # LLaDA-V: the image features spliced into each prompt (offsets in it)
+    prefilled: torch.Tensor | None = None  # [B, G] bool, tokens committed before decoding (inpainted); None: none
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
-                    "confidence")
+                    "confidence", "prefilled")
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -79,6 +80,7 @@ class Rollout:
         g_w = max(r.completion_ids.shape[1] for r in rollouts)
         with_conf = all(r.confidence is not None for r in rollouts)
         with_text = all(r.texts is not None for r in rollouts)
+        with_prefill = any(r.prefilled is not None for r in rollouts)
         blocks = {r.block_size for r in rollouts}
         if len(blocks) > 1:
             raise ValueError(f"Rollout.cat: rollouts decoded at different blocks ({sorted(blocks, key=str)})")
@@ -95,6 +97,9 @@ class Rollout:
             pad_token_id=pad,
             block_size=first.block_size,
             images=PromptImages.cat([r.images for r in rollouts], [len(r) for r in rollouts]),
+            prefilled=torch.cat([_pad_cols(r.prefilled if r.prefilled is not None else
+                                           torch.zeros_like(r.completion_mask), g_w, False)
+                                 for r in rollouts]) if with_prefill else None,
         )
 
     def completion_lengths(self) -> torch.Tensor:
