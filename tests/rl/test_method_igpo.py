@@ -20,6 +20,7 @@ from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.sampling import DecodeConfig, Rollout, generate
 from dllm_rl.tasks.synthetic import make_countdown
 
+
 @pytest.fixture(scope="module")
 def igpo_setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("igpo")
