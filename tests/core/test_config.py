@@ -219,3 +219,17 @@ def test_every_float_option_of_every_config_must_be_finite(value):
     assert checked >= 25  # optim.lr, beta, epsilon, the value model's, SFT's, the sampler's, ...
     with pytest.raises(ConfigError, match=r"^beta: must be a finite number, got inf$"):
         RLConfig(beta=float("inf"))  # built in code, too
+
+
+def test_a_config_class_annotations_are_evaluated_once(monkeypatch):
+    """Loading an RL config evaluates no annotation the first load already did (once cost ~0.5 s per load)."""
+    import typing
+
+    from dllm_rl.rl.config import RLConfig
+
+    load_config(RLConfig, None, ["model.path=m", "train.max_steps=3"])
+    calls = []
+    original = typing.get_type_hints
+    monkeypatch.setattr(typing, "get_type_hints", lambda *a, **k: calls.append(a) or original(*a, **k))
+    cfg = load_config(RLConfig, None, ["model.path=m", "train.max_steps=3"])
+    assert cfg.train.max_steps == 3 and calls == []

@@ -1,6 +1,7 @@
 """Every preset x every family runs 2 RL steps on tiny models: finite loss, first-update ratio exactly 1
-where the method has a ratio, weights changed. The image families (LLaDA-V, MMaDA) run on the shapes task with
-2 prompts of one image each (``image_rl_setup``, tests/rl/conftest.py)."""
+where the method has a ratio, weights changed. The seven text families run one layer (LLaDA2 two: its first is
+dense) of hidden size 16 on 1 prompt x 4 samples of 4 tokens; the image families (LLaDA-V, MMaDA) run on the
+shapes task with 2 prompts of one image each (``image_rl_setup``, tests/rl/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.tasks.synthetic import make_countdown
 
-FAMILIES = ("llada", "dream", "sdar")
+FAMILIES = ("llada", "dream", "sdar", "llada2", "llada_moe", "sdar_moe", "fast_dllm_v2")
 IMAGE_FAMILIES = ("llada_v", "mmada")
 RATIO_FREE = {"spg", "wd1"}  # no importance ratio: nothing to check at the first update
 
@@ -30,9 +31,10 @@ def matrix_setup(tmp_path_factory):
     write_jsonl(root / "test.jsonl", make_countdown(2, seed=1, numbers=3, max_value=9))
     tok = char_tokenizer()
     for fam in FAMILIES:
+        # one layer, except LLaDA2, whose first layer is dense: its second is its MoE layer
         cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id, hidden_size=16, intermediate_size=32, num_heads=2,
-                          num_kv_heads=1, num_layers=1)
+                          num_kv_heads=1, num_layers=2 if fam == "llada2" else 1)
         save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
     return root
 

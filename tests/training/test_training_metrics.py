@@ -100,6 +100,17 @@ def test_dashboard_of_an_sft_run_shows_the_loss(tmp_path):
     assert [t.get_text() for t in fig.axes[1].texts] == ["no data"]
 
 
+def test_dashboard_draws_the_policys_own_reward_beside_the_reward_after_a_hook(tmp_path):
+    log = MetricsLogger(tmp_path / "metrics.jsonl")
+    for s, (after, own) in enumerate([(0.5, 0.0), (0.75, 0.25), (1.0, 1.0)], 1):
+        log.log(s, reward=after, reward_policy=own)
+    lines = dashboard_figure([tmp_path], smooth_window=1).axes[0].lines
+    assert [line.get_label().split(" ", 1)[1] for line in lines] == ["reward", "reward (smoothed)",
+                                                                      "reward_policy (smoothed)"]
+    assert lines[2].get_xydata().tolist() == [[1.0, 0.0], [2.0, 0.25], [3.0, 1.0]]
+    assert lines[2].get_linestyle() == "--"
+
+
 def test_progress_line_shows_reward_held_out_kl_clip_tokens_and_eta(capsys):
     bar = Progress(total=4, initial=1, disable=False, desc="rl/espo", note=ZERO_LOSS_NOTE)
     assert ZERO_LOSS_NOTE in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -127,9 +128,12 @@ def suggest(key: str, valid: list[str], renamed: Mapping[str, str] | None = None
     return f"{hint} valid keys: {', '.join(valid)}"
 
 
-def field_types(cls: type) -> dict[str, Any]:
+@functools.cache
+def field_types(cls: type) -> Mapping[str, Any]:
+    """Field name -> its evaluated annotation, read-only. Evaluated once per class: ``typing.get_type_hints`` of
+    the config classes cost about half a CPU-second per loaded RL config (every test run loads several)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return types.MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls)})
 
 
 def type_origin(tp: Any) -> Any:

@@ -47,6 +47,9 @@ class ScoringBatch:
     was sampled; MDPO's loss weights its token terms by it (the ``one_step`` estimator hands it on).
     ``entropy`` (optional, ``[B, G]`` float, a rollout's ``entropy``): the model distribution's entropy at each
     completion token's commit (EGSPO's step selection, ``egspo_steps``).
+    ``loss_mask`` (optional, ``[B, G]`` bool): the counted tokens that train; the others are drawn and masked as
+    the estimator plans but get weight 0 (:func:`~dllm_rl.estimators.plan_rows`), so no loss sees them (IGPO's
+    entropy filter on inpainted tokens, :mod:`dllm_rl.rl.inpaint_filter`). ``loss_lengths`` counts the rest.
     """
 
     prompt_ids: torch.Tensor
@@ -60,10 +63,13 @@ class ScoringBatch:
     images: PromptImages | None = None
     confidence: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
         self.completion_mask = self.completion_mask.bool()
+        if self.loss_mask is not None:
+            self.loss_mask = self.loss_mask.bool()
         if self.completion_valid is not None:
             self.completion_valid = self.completion_valid.bool()
         self.validate()
@@ -109,6 +115,13 @@ class ScoringBatch:
         """``L`` per sample: the number of counted completion tokens, ``[B]``."""
         return self.completion_mask.sum(-1)
 
+    @property
+    def loss_lengths(self) -> torch.Tensor:
+        """``[B]``: the counted tokens that train (``lengths`` within ``loss_mask``), the ``L`` the losses see."""
+        if self.loss_mask is None:
+            return self.lengths
+        return (self.completion_mask & self.loss_mask).sum(-1)
+
     def input_ids(self) -> torch.Tensor:
         """The clean ``[B, P + G]`` sequences."""
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
@@ -135,6 +148,7 @@ class ScoringBatch:
             pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids), pick(self.completion_mask),
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
             self.images.select(index) if self.images is not None else None, pick(self.confidence), pick(self.entropy),
+            pick(self.loss_mask),
         )
 
     def validate(self) -> None:
@@ -150,14 +164,10 @@ class ScoringBatch:
             "completion_ids": (self.completion_ids, (b, self.completion_ids.shape[1])),
             "completion_mask": (self.completion_mask, tuple(self.completion_ids.shape)),
         }
-        if self.step_map is not None:
-            checks["step_map"] = (self.step_map, tuple(self.completion_ids.shape))
-        if self.entropy is not None:
-            checks["entropy"] = (self.entropy, tuple(self.completion_ids.shape))
-        if self.completion_valid is not None:
-            checks["completion_valid"] = (self.completion_valid, tuple(self.completion_ids.shape))
-        if self.confidence is not None:
-            checks["confidence"] = (self.confidence, tuple(self.completion_ids.shape))
+        g_shape = tuple(self.completion_ids.shape)
+        for name in ("step_map", "entropy", "completion_valid", "confidence", "loss_mask"):  # optional, [B, G] each
+            if getattr(self, name) is not None:
+                checks[name] = (getattr(self, name), g_shape)
         if self.sample_seeds is not None:
             checks["sample_seeds"] = (self.sample_seeds, (b,))
         for name, (t, shape) in checks.items():

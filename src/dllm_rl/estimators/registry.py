@@ -62,7 +62,7 @@ def _check_options(name: str, options: dict[str, Any]) -> None:
 
 def estimate(
     model: DiffusionLM, name: str, batch: ScoringBatch, generator: torch.Generator | None, *,
-    agree_calls: Callable[[int], int] | None = None, **options: Any
+    agree_calls: Callable[[int], int] | None = None, entropy: bool = False, **options: Any
 ) -> TokenScores:
     """Per-token log-probs and weights of estimator ``name`` (see :data:`ESTIMATORS`) for ``batch``.
 
@@ -70,22 +70,27 @@ def estimate(
     ``max_rows`` rows per model call, the LM head projecting ``logprob_chunk_size`` scored positions at a time
     (default :data:`dllm_rl.models.logprobs.DEFAULT_CHUNK_SIZE`; 0 = off). Unknown names or options raise
     ``ValueError`` naming the valid ones. ``agree_calls``: see :func:`~dllm_rl.estimators.scoring.score_rows`
-    (sharded training only).
+    (sharded training only). ``entropy``: the scores hold each scored token's predictive entropy instead of its
+    log-prob (:func:`~dllm_rl.estimators.scoring.score_rows`).
     """
     _check_options(name, options)
     scorer = {k: options.pop(k) for k in SCORER_OPTIONS if k in options}
-    return score_rows(model, plan_rows(model, name, batch, generator, **options), agree_calls=agree_calls, **scorer)
+    return score_rows(model, plan_rows(model, name, batch, generator, **options), agree_calls=agree_calls,
+                      entropy=entropy, **scorer)
 
 
 def plan_rows(model: DiffusionLM, name: str, batch: ScoringBatch, generator: torch.Generator | None,
          **options: Any) -> MaskedRows:
     """The rows estimator ``name``'s planner draws for ``batch`` (planner options only), laid out at the batch's
-    block (``batch.block_size``; the model's own when unset): ``rows.block_size`` is that block, resolved."""
+    block (``batch.block_size``; the model's own when unset): ``rows.block_size`` is that block, resolved. Tokens
+    outside ``batch.loss_mask`` get weight 0: drawn and masked as planned, never scored."""
     if batch.images is not None and model.is_block_causal:
         raise ValueError(f"ScoringBatch.images: image features are spliced into full-attention models' prompts "
                          f"(llada_v); a {model.family.name} model takes none")
     rows = _lookup(name)(model, batch, generator, **options)
     rows.block_size = model.layout_block(batch.block_size)
+    if batch.loss_mask is not None:  # the tokens that do not train keep their place in the rows, unscored
+        rows.weight = rows.weight * batch.loss_mask[rows.sample.to(batch.loss_mask.device)].to(rows.weight)
     return rows
 
 

@@ -92,10 +92,11 @@ def row_inputs(
 
 
 def _scored_logp(
-    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, w: torch.Tensor, chunk_size: int
+    model: DiffusionLM, rows: MaskedRows, idx: torch.Tensor, w: torch.Tensor, chunk_size: int, entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Run rows ``idx`` (weights ``w`` ``[r, G]``) and return ``(logp [N], rr, gg, width)``: the float32
-    log-prob of completion token ``gg[n]`` of row ``rr[n]`` for every scored token, and the model input width.
+    log-prob of completion token ``gg[n]`` of row ``rr[n]`` for every scored token, and the model input width
+    (``entropy``: the entropy of the predicted distribution at that token instead of its log-prob).
 
     ``chunk_size > 0``: inside the model's forward the LM head projects the scored positions ``chunk_size``
     at a time (:class:`~dllm_rl.models.diffusion_lm.Selection`), so no
@@ -114,17 +115,19 @@ def _scored_logp(
     target = rows.targets[rows.sample[idx]].to(device)[rr, gg]
     if chunk_size:
         # columns asked for unaligned (the shifted two-stream layout) already name the raw column
-        select = Selection(rr, out_col, target, chunk_size, aligned=inputs.pop("align", True))
+        select = Selection(rr, out_col, None if entropy else target, chunk_size, aligned=inputs.pop("align", True))
         return model(**inputs, select=select).logprobs, rr, gg, width
     first = int(out_col.min().item()) if out_col.numel() else width - 1
     logits = model(**inputs, logits_to_keep=width - first).logits
-    picked = logits[rr, out_col - first].float()
-    return torch.log_softmax(picked, dim=-1).gather(-1, target[:, None]).squeeze(-1), rr, gg, width
+    logp = torch.log_softmax(logits[rr, out_col - first].float(), dim=-1)
+    if entropy:
+        return -(logp.exp() * logp).sum(-1), rr, gg, width
+    return logp.gather(-1, target[:, None]).squeeze(-1), rr, gg, width
 
 
 def score_rows(
     model: DiffusionLM, rows: MaskedRows, max_rows: int | None = None, logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
-    agree_calls: Callable[[int], int] | None = None,
+    agree_calls: Callable[[int], int] | None = None, entropy: bool = False,
 ) -> TokenScores:
     """Forward ``rows`` (``max_rows`` at a time) and gather float32 log-probs of the scored tokens.
 
@@ -140,6 +143,10 @@ def score_rows(
     and the difference runs as one-token forwards whose output enters ``logp`` times 0. Under FSDP2 / ZeRO-3
     every forward (and its backward) gathers parameters, so ranks whose rows need fewer calls (``max_rows``,
     no scored token) would otherwise leave the others waiting.
+
+    ``entropy`` (no gradient): ``logp`` holds the entropy (nats) of the model's full-vocabulary distribution at
+    each scored token instead of its log-prob, computed as chunked (IGPO's entropy filter,
+    :mod:`dllm_rl.rl.inpaint_filter`).
     """
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
@@ -167,7 +174,7 @@ def score_rows(
     for start in starts:
         idx = live[start : start + chunk]
         w = weight_rows[idx].to(device)
-        lp, rr, gg, width = _scored_logp(model, rows, idx, w, logprob_chunk_size)
+        lp, rr, gg, width = _scored_logp(model, rows, idx, w, logprob_chunk_size, entropy)
         calls += 1
         tokens += int(len(idx) * width)
         sample = rows.sample[idx].to(device)

@@ -41,12 +41,14 @@ class DLMOutput:
 class Selection:
     """Which log-probabilities a forward returns instead of logits: ``log p(targets[n])`` of the token at column
     ``cols[n]`` of row ``rows[n]``, projected through the LM head ``chunk_size`` positions at a time
-    (:func:`dllm_rl.models.logprobs.selected_logprobs`). ``aligned=False``: ``cols`` already name the raw
-    output columns (a shifted family's two-stream layout), so Dream's shift is not applied to them."""
+    (:func:`dllm_rl.models.logprobs.selected_logprobs`); ``targets=None``: the entropy of the predicted
+    distribution there instead (:func:`~dllm_rl.models.logprobs.selected_entropy`). ``aligned=False``: ``cols``
+    already name the raw output columns (a shifted family's two-stream layout), so Dream's shift is not applied
+    to them."""
 
     rows: torch.Tensor
     cols: torch.Tensor
-    targets: torch.Tensor
+    targets: torch.Tensor | None
     chunk_size: int
     aligned: bool = True
 

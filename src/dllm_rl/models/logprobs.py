@@ -151,13 +151,27 @@ def selected_logprobs(
     return torch.cat(parts)
 
 
+def selected_entropy(hidden: torch.Tensor, head: Head, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """The Shannon entropy (nats, float32, ``[N]``) of ``softmax(head(hidden))`` over the whole vocabulary, from
+    hidden states ``[N, H]``, ``chunk_size`` positions at a time (0: all at once), so at most one chunk's
+    ``[chunk, V]`` logits exist. No gradient (IGPO ranks tokens by it, :mod:`dllm_rl.rl.inpaint_filter`)."""
+    check_chunk_size(chunk_size, "chunk_size")
+    step = chunk_size or max(hidden.shape[0], 1)
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    with torch.no_grad():
+        for start in range(0, hidden.shape[0], step):
+            logp = torch.log_softmax(head(hidden[start : start + step]).float(), dim=-1)
+            out[start : start + step] = -(logp.exp() * logp).sum(-1)
+    return out
+
+
 @contextmanager
 def head_selects(
-    head: nn.Module, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor, chunk_size: int
+    head: nn.Module, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None, chunk_size: int
 ) -> Iterator[None]:
     """Within the block, ``head(hidden)`` (``hidden`` ``[B, T, H]``, as a causal LM's forward calls its LM head)
     returns :func:`selected_logprobs` of ``hidden[rows, cols]`` for ``targets``, ``[N]`` float32, instead of
-    ``[B, T, V]`` logits.
+    ``[B, T, V]`` logits (``targets=None``: their :func:`selected_entropy`).
 
     The module's hooks run once around the call, as for any forward (FSDP2 / ZeRO-3 gather the head's
     parameters there); the chunks call the head's own forward, so its parameters are read in full, and the
@@ -168,6 +182,8 @@ def head_selects(
     linear = _plain_linear(head)  # read before the instance's forward is replaced below
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
+        if targets is None:
+            return selected_entropy(hidden[rows, cols], original, chunk_size)
         return selected_logprobs(hidden[rows, cols], original, targets, chunk_size, linear=linear)
 
     head.forward = forward

@@ -55,6 +55,7 @@ class Round:
     reward_error: str = ""  # the reward's last failure
     training: TrainingRows | None = None  # the rows the update trains on instead (a rollout hook's, e.g. MDPO's)
     advantages: list[float] | None = None  # per sample, when the rollout hook computed them (tree rollouts)
+    policy_rewards: list[float] | None = None  # with a rollout hook: the rewards of the policy's own samples
 
 
 @dataclass
@@ -67,6 +68,7 @@ class StepBatch:
     rollout: Rollout
     rewards: torch.Tensor
     reward_values: list[float]  # the same, as the reward gave them
+    policy_rewards: list[float] | None  # with a rollout hook: the rewards before it replaced samples (else None)
     seeds: list[int]
     prompts: list[str]
     reasons: list[str]
@@ -178,6 +180,7 @@ class RolloutCollector:
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         return StepBatch(
             rollout=rollout, rewards=rewards, reward_values=reward_values, seeds=seeds,
+            policy_rewards=None if self.rollout_hook is None else [v for x in rounds for v in x.policy_rewards],
             prompts=[p for x in rounds for p in x.prompts],
             reasons=[why for x in rounds for why in x.reasons],
             step_scores=[s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))],
@@ -287,7 +290,8 @@ class RolloutCollector:
             view = self.rollout_hook(view, self._hook_context(policy, view, [ex for ex in examples for _ in range(G)],
                                                               group_images))
             return Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
-                         time.perf_counter() - t0, 0.0, dict(view.stats), advantages=view.advantages)
+                         time.perf_counter() - t0, 0.0, dict(view.stats), advantages=view.advantages,
+                         policy_rewards=list(view.rewards))  # the tree's samples are all the policy's own
         columns.update(rollout_columns(rollout))
         scored = safe_scores(self.reward_fn, prompts_rep, rollout.texts, columns, **self._reward_options())
         rewards, steps = scored.totals, scored.steps
@@ -297,7 +301,8 @@ class RolloutCollector:
             steps = steps_after_hook(steps, rollout, rewards, view.rollout, view.rewards)
         return Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
                       t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps,
-                      scored.failed, scored.nonfinite, scored.error, view.training)
+                      scored.failed, scored.nonfinite, scored.error, view.training,
+                      policy_rewards=list(rewards))
 
     def _reward_options(self) -> dict:
         """How the trainer calls the reward: its name in messages and the time one call may take."""

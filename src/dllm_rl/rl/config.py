@@ -338,6 +338,12 @@ class RLConfig(Checked):
                           "(dllm_rl.rl.hooks)"))
     rollout_hook_options: dict | None = field(
         None, help=_preset_help("rollout_hook_options", "options of rollout_hook"))
+    inpaint_entropy_keep: float | None = field(
+        None, gt=0, le=1, help=_preset_help(
+            "inpaint_entropy_keep", "fraction of each sample's inpainted completion tokens (a rollout hook's, "
+            "IGPO's hints) that train: the max(1, floor(fraction x n)) of its n with the highest predictive entropy "
+            "under the estimator's masks; the others leave the loss only (IGPO's entropy filter, arXiv 2509.10396; "
+            "none or 1 = all train)"))
     loss_aggregation: Literal["token_mean", "seq_mean", "fixed_length"] | None = field(
         None, help=_preset_help("loss_aggregation", "token loss reduction: token_mean (DAPO's token-level mean, "
                                 "arXiv 2503.14476) | seq_mean (GRPO's 1/|o_i| per sequence, arXiv 2402.03300) | "

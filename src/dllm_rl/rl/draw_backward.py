@@ -63,7 +63,7 @@ def backward_by_draw(
             flat = {**scorer, "max_rows": min(scorer.get("max_rows") or batch.batch_size, batch.batch_size)}
             current = score_rows(model, rows, agree_calls=agree_calls, **flat)
     leaf = current.logp.detach().requires_grad_(True)
-    out = policy_objective(loss_fn, replace(current, logp=leaf), old, ref, advantages, batch.lengths, config)
+    out = policy_objective(loss_fn, replace(current, logp=leaf), old, ref, advantages, batch.loss_lengths, config)
     new = replace(current, logp=leaf.detach())
     if not all_finite(out.loss):
         return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), new

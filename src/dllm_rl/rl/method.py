@@ -20,7 +20,7 @@ from typing import Any
 PRESET_KEYS = ("estimator", "estimator_options", "loss_type", "loss_aggregation", "beta", "kl_estimator",
                "advantage", "scale_rewards", "estimator_noise")
 #: The fields a preset may fill besides (their config defaults otherwise).
-OPTIONAL_KEYS = ("loss_options", "rollout_hook", "rollout_hook_options")
+OPTIONAL_KEYS = ("loss_options", "rollout_hook", "rollout_hook_options", "inpaint_entropy_keep")
 #: The words a method may add to its row of the preset table, by column.
 NOTE_COLUMNS = ("estimator", "loss", "hook")
 

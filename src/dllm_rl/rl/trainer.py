@@ -276,6 +276,8 @@ class RLTrainer(RLCheckpoints):
             "time_rollout": batch.t_rollout, "time_reward": batch.t_reward, "time_update": t_update,
             "lr": float(self.scheduler.get_last_lr()[0]),
         }
+        if batch.policy_rewards is not None:  # a rollout hook ran: the policy's own samples' reward beside it
+            m["reward_policy"] = sum(batch.policy_rewards) / max(len(batch.policy_rewards), 1)
         if cfg.dynamic_sampling:
             m.update(sampling_rounds=float(batch.rounds), surplus_groups=float(batch.surplus))
         m.update(batch.hook_stats)

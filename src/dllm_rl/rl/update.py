@@ -29,12 +29,13 @@ from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
 from dllm_rl.models import DiffusionLM
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.draw_backward import backward_by_draw
+from dllm_rl.rl.inpaint_filter import inpaint_loss_mask
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, policy_objective
 from dllm_rl.sampling import Rollout
 from dllm_rl.seeding import ESTIMATOR_MASKS, derive_seed
 from dllm_rl.training.backend import backward, clip_gradients, discard_gradients, micro_step
 from dllm_rl.training.finite import TrainingStopped
-from dllm_rl.training.ranks import forward_agreement, micro_batches, skip_together, sum_over_ranks
+from dllm_rl.training.ranks import forward_agreement, max_over_ranks, micro_batches, skip_together, sum_over_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +65,32 @@ class PolicyUpdater:
         """The estimator's options (``estimator_options``) with the LM-head chunk (``model.logprob_chunk_size``)."""
         return {"logprob_chunk_size": self.chunk_size, **defaults, **(self.cfg.estimator_options or {})}
 
-    def scores(self, model, batch: ScoringBatch, gen_seed: int, **defaults) -> TokenScores:
-        """``model``'s scores of ``batch`` (masks from ``gen_seed``); under FSDP2 / ZeRO-3 every rank runs as many
-        forwards (``agree_calls``: every rank scores each micro-batch, padding included)."""
+    def scores(self, model, batch: ScoringBatch, gen_seed: int, entropy: bool = False, **defaults) -> TokenScores:
+        """``model``'s scores of ``batch`` (masks from ``gen_seed``; ``entropy``: the predictive entropies of the
+        scored tokens instead); under FSDP2 / ZeRO-3 every rank runs as many forwards (``agree_calls``: every
+        rank scores each micro-batch, padding included)."""
         gen = torch.Generator(device="cpu").manual_seed(gen_seed)
         return estimate(model, self.cfg.estimator, batch, gen, agree_calls=forward_agreement(self.accelerator),
-                        **self.scorer_options(**defaults))
+                        entropy=entropy, **self.scorer_options(**defaults))
+
+    def inpaint_filter(self, batch: ScoringBatch, inpainted: torch.Tensor, mbs: list[list[int]], est_seed: int,
+                       result: dict) -> None:
+        """IGPO's entropy filter (:mod:`dllm_rl.rl.inpaint_filter`, ``inpaint_entropy_keep``): set
+        ``batch.loss_mask`` to drop the low-entropy inpainted tokens (``inpainted`` ``[N, G]``, per sample of
+        ``batch``), ranked under the current (old) policy and the masks the update scores with; metrics
+        ``inpaint_tokens`` / ``inpaint_trained``. Every rank scores when any has inpainted tokens."""
+        if self.cfg.inpaint_entropy_keep is None or not max_over_ranks(self.accelerator, int(bool(inpainted.any()))):
+            return
+        mask = torch.ones_like(batch.completion_mask)
+        total = trained = 0
+        with torch.no_grad(), self.gathered(self.model):
+            for mb in mbs:
+                ent = self.scores(self.model, batch.select(mb), est_seed, entropy=True)
+                keep, n, k = inpaint_loss_mask(ent, inpainted[mb], self.cfg.inpaint_entropy_keep)
+                mask[mb] = keep.to(mask.device)
+                total, trained = total + n, trained + k
+        batch.loss_mask = mask
+        result.update(inpaint_tokens=float(total), inpaint_trained=float(trained))
 
     def batch(self, rollout: Rollout, keep: torch.Tensor, mask_seeds: list[int]) -> ScoringBatch:
         """The kept samples of ``rollout`` on the policy's device, with their estimator mask seeds and image features
@@ -107,6 +128,11 @@ class PolicyUpdater:
         batch = self.batch(rollout, keep, mask_seeds)
         adv_k = adv[keep].to(self.model.device)
         est_seed = derive_seed(cfg.run.seed, self.step_idx, ESTIMATOR_MASKS)
+        filtered: dict[str, float] = {}
+        if cfg.inpaint_entropy_keep is not None:
+            inpainted = (rollout.prefilled if rollout.prefilled is not None
+                         else torch.zeros_like(rollout.completion_mask))[keep.to(rollout.completion_mask.device)]
+            self.inpaint_filter(batch, inpainted.to(self.model.device), mbs, est_seed, filtered)
         max_len = batch.completion_len
         # Old log-probs: needed whenever the weights can move before a micro-batch is scored again.
         need_old = cfg.train.num_iterations > 1 or accum < len(mbs)
@@ -150,6 +176,7 @@ class PolicyUpdater:
                 if last_in_group:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
+        result.update(filtered)
         result["ratio_dev_first_update"] = first_dev
         if self.grad_norms:
             result["grad_norm"] = max(self.grad_norms)
@@ -172,7 +199,7 @@ class PolicyUpdater:
                                     ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator),
                                     self._all_finite, current=current)
         new = self.scores(self.model, sub, est_seed)
-        out = policy_objective(loss_fn, new, old if old is not None else _detached(new), ref, adv, sub.lengths,
+        out = policy_objective(loss_fn, new, old if old is not None else _detached(new), ref, adv, sub.loss_lengths,
                                loss_cfg)
         if not self._all_finite(out.loss):
             return replace(out, loss=torch.full_like(out.loss.detach(), math.nan)), new

@@ -35,6 +35,10 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
   slots were masked, and their scores (:mod:`~dllm_rl.sampling.step_record`; MDPO rewards them).
 * ``entropy`` ``[B, G]`` float32: the full-vocabulary entropy of the (untempered) model distribution the token was
   chosen from, at commit time (0 where ``-1``); computed with the confidence, a few rows of a step at a time.
+* ``prefilled`` ``[B, G]`` bool (``None`` when nothing was): the tokens committed before decoding
+  (``generate(..., prefill=)``: inpainting, IGPO's hints); they have ``step_map`` -1 too, but unlike the EOS fill
+  they lie inside ``completion_mask`` and are trained on (IGPO keeps only the highest-entropy ones,
+  :mod:`dllm_rl.rl.inpaint_filter`).
 * ``nfe`` ``[B]``: forward passes that decoded something for that sequence (the same with and without
   cache: block models fold the cache write of a finished block into the next block's first step).
 * ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.

@@ -286,7 +286,8 @@ def generate(
     reuses the same features.
 
     ``prefill[i]`` (optional; completion offset -> token id) commits those tokens of sequence i before
-    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1. ``until_block[i]``
+    decoding (:func:`~dllm_rl.sampling.canvas.apply_prefill`); they get ``step_map`` -1 and
+    ``Rollout.prefilled`` marks them. ``until_block[i]``
     (optional) stops sequence i after its first ``until_block[i]`` decoded blocks: the rest of its completion stays
     masked (mask ids, ``step_map`` -1). Blocks whose slots are all prefilled are skipped without a forward, so a
     prefilled partial state continues as the sampler would have continued it (d-TreeRPO's tree rollouts).
@@ -323,6 +324,10 @@ def generate(
     rollout = to_rollout(canvas, trace, model, tokenizer)
     rollout.block_size = canvas.block if model.is_block_causal else None
     rollout.images = images
+    if prefill is not None:
+        rollout.prefilled = torch.zeros_like(rollout.completion_mask)
+        for i, slots in enumerate(prefill):
+            rollout.prefilled[i, [int(k) for k in slots]] = True
     return rollout
 
 

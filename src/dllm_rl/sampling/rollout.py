@@ -47,6 +47,7 @@ class Rollout:
     pad_token_id: int = 0
     block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
     images: PromptImages | None = None  # LLaDA-V: the image features spliced into each prompt (offsets in it)
+    prefilled: torch.Tensor | None = None  # [B, G] bool, tokens committed before decoding (inpainted); None: none
     # record_steps: per step s, the state before it with its sampled tokens at the block's masked slots (int32),
     # which slots were masked then, and their scores (0 elsewhere); steps past a row's nfe: pad id, False, 0
     step_tokens: torch.Tensor | None = None  # [B, S, G] int32
@@ -54,7 +55,7 @@ class Rollout:
     step_confidence: torch.Tensor | None = None  # [B, S, G] float32
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
-                    "confidence", "entropy", "step_tokens", "step_masked", "step_confidence")
+                    "confidence", "entropy", "prefilled", "step_tokens", "step_masked", "step_confidence")
     _STEP_FILL = {"step_tokens": None, "step_masked": False, "step_confidence": 0.0}  # None: the pad id
 
     def __len__(self) -> int:
@@ -100,6 +101,7 @@ class Rollout:
             s_w = max(r.step_tokens.shape[1] for r in rollouts)
             steps = {name: torch.cat([_pad_steps(getattr(r, name), s_w, g_w, pad if fill is None else fill)
                                       for r in rollouts]) for name, fill in Rollout._STEP_FILL.items()}
+        with_prefill = any(r.prefilled is not None for r in rollouts)
         blocks = {r.block_size for r in rollouts}
         if len(blocks) > 1:
             raise ValueError(f"Rollout.cat: rollouts decoded at different blocks ({sorted(blocks, key=str)})")
@@ -117,6 +119,9 @@ class Rollout:
             pad_token_id=pad,
             block_size=first.block_size,
             images=PromptImages.cat([r.images for r in rollouts], [len(r) for r in rollouts]),
+            prefilled=torch.cat([_pad_cols(r.prefilled if r.prefilled is not None else
+                                           torch.zeros_like(r.completion_mask), g_w, False)
+                                 for r in rollouts]) if with_prefill else None,
             **steps,
         )
 

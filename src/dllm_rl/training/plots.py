@@ -2,7 +2,9 @@
 
 Panels of :func:`dashboard_figure`, in order (each run one colour, labelled by its directory name):
 
-1. ``reward`` raw (thin) with a trailing moving average (thick); an SFT run (no reward) shows ``loss``;
+1. ``reward`` raw (thin) with a trailing moving average (thick); an SFT run (no reward) shows ``loss``; a run with
+   a rollout hook adds ``reward_policy`` smoothed (dashed): the reward of the policy's own samples, before the hook
+   replaced any (IGPO's inpainted ones);
 2. held-out accuracy (``eval_accuracy``, markers);
 3. ``kl`` (left axis) and ``clip_frac`` (right axis, dashed);
 4. ``completion_length`` and ``nfe`` (dashed);
@@ -86,6 +88,10 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
         x, y = series(rows, key)
         axes[0].plot(x, y, color=colour, alpha=0.3, linewidth=0.8, label=f"{name} {key}")
         axes[0].plot(x, smooth(y, smooth_window), color=colour, linewidth=2, label=f"{name} {key} (smoothed)")
+        x_policy, y_policy = series(rows, "reward_policy")
+        if key == "reward" and len(x_policy):
+            axes[0].plot(x_policy, smooth(y_policy, smooth_window), color=colour, linewidth=1.5, linestyle="--",
+                         label=f"{name} reward_policy (smoothed)")
         axes[1].plot(*series(rows, "eval_accuracy"), color=colour, marker="o", label=name)
         axes[2].plot(*series(rows, "kl"), color=colour, label=f"{name} kl")
         clip_ax.plot(*series(rows, "clip_frac"), color=colour, linestyle="--", label=f"{name} clip_frac")

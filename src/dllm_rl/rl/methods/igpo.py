@@ -12,8 +12,18 @@ The paper's equation numbers could not be checked here.
 Deviations: the reference inpainted is the task's reference completion unless ``column`` names a data
 column (the released code inpaints the data's worked solution; ``configs/llada-igpo-math.yaml`` sets
 ``column: solution``); the reference tokens keep their own offsets in the completion (the released code
-spaces chunks over the generation window); the released entropy filter on inpainted tokens (train only on the
-top 20% entropy hint tokens) is not implemented - inpainted tokens are trained like generated ones.
+spaces chunks over the generation window).
+
+The entropy filter (``inpaint_entropy_keep: 0.2``, :mod:`dllm_rl.rl.inpaint_filter`; the released
+``entropy_clipping_ratio_inpaint``): of each sample's inpainted tokens only the ``max(1, floor(0.2 n))`` with the
+highest full-vocabulary entropy under the update's masks (the old policy, d1's fully masked completion) train; the
+others leave the loss mask only, generated tokens always train. As the released code: per sample, ``torch.topk``,
+computed once per step before the update. Deviations: the entropy is ``-sum p log p`` (the code adds 1e-8 inside
+the log); the masks are the step's (the code draws one per inner iteration, which with d1's masking are the same
+for the completion); under the GSPO ratio the filtered tokens leave the ratio too (``exp(mean over trained tokens
+of the log-ratio)``; the code's GSPO ratio averages over every completion position, filtered ones included, and
+the filter only changes each sample's weight - its trained-token count - and the token KL), and a sample's term
+is not weighted by its trained-token count (the sequence loss takes the mean over samples).
 """
 
 from __future__ import annotations
@@ -102,7 +112,8 @@ METHOD = Method(
                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k3", advantage="group_zscore",
                 scale_rewards="group", estimator_noise="sample", rollout_hook="igpo",
                 rollout_hook_options={"max_replacements": 4, "ratio_low": 0.2, "ratio_high": 0.6,
-                                      "min_chunk": 5, "max_chunk": 10}),
+                                      "min_chunk": 5, "max_chunk": 10},
+                inpaint_entropy_keep=0.2),
     notes={"loss": "GSPO ratio",
            "hook": "inpaints the task's reference completion, or a `column` of the data, into all-fail groups"},
 )
