@@ -1,5 +1,5 @@
 """Log-likelihood estimators for diffusion LMs: ``trace``, ``elbo``, ``mean_field``, ``random_mask``, ``coupled``,
-``block``, ``ar``, ``spg_block`` and ``left_to_right``.
+``block``, ``ar``, ``spg_block``, ``left_to_right`` and ``vrpo``.
 
 An estimator is one *row planner* registered by name in :data:`ESTIMATORS` (verl's ``core_algos`` style,
 :mod:`~dllm_rl.estimators.registry`); :func:`estimate` plans the rows with it and scores them with the one
@@ -32,9 +32,11 @@ from dllm_rl.estimators.registry import (
 from dllm_rl.estimators.scoring import score_rows
 from dllm_rl.estimators.spg_block import plan_spg_block
 from dllm_rl.estimators.trace import merged_steps, plan_trace
+from dllm_rl.estimators.vrpo import plan_vrpo
 
 __all__ = [
     "ESTIMATORS", "MaskedRows", "Planner", "ScoringBatch", "TokenScores", "estimate", "estimator_forwards",
     "estimator_options", "merged_steps", "plan_ar", "plan_block", "plan_coupled", "plan_elbo", "plan_left_to_right",
-    "plan_mean_field", "plan_random_mask", "plan_rows", "plan_spg_block", "plan_trace", "register", "score_rows",
+    "plan_mean_field", "plan_random_mask", "plan_rows", "plan_spg_block", "plan_trace", "plan_vrpo", "register",
+    "score_rows",
 ]
