@@ -7,6 +7,7 @@ dllm-rl data make countdown --n 5000 --out train.jsonl --test-out test.jsonl --t
 dllm-rl data make shapes --n 2000 --out shapes.jsonl --test-out shapes_rare.jsonl --image-size 48
 dllm-rl data show gsm8k --n 2
 dllm-rl data show my.jsonl --task-type countdown --prompt-style compact
+dllm-rl data pairs --model DIR --task countdown --data train.jsonl --k 8 --temperature 1 --out pairs.jsonl
 dllm-rl data sandbox
 """
 
@@ -89,6 +90,10 @@ def register(subparsers: Any) -> None:
 
     sub.add_parser("sandbox", help="show how code is sandboxed on this machine and run a quick self-test")
 
+    from dllm_rl.dpo.cli import add_pairs_parser
+
+    add_pairs_parser(sub)
+
 
 _KNOBS = {
     "countdown": ("numbers", "max_value", "max_target"),
@@ -108,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
             return _show(args)
         if cmd == "sandbox":
             return _sandbox()
+        if cmd == "pairs":
+            from dllm_rl.dpo.cli import make_pairs
+
+            return make_pairs(args)
     except ImportError as exc:  # an optional package (datasets, pyarrow) is missing: one clear line
         raise UserError(str(exc)) from exc
-    raise UserError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
+    raise UserError("missing action: use 'dllm-rl data make|show|pairs|sandbox' (see dllm-rl data --help)")
 
 
 def _make(args: argparse.Namespace) -> int:
