@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from dllm_rl.config import load_config
+from dllm_rl.dpo.config import DPOConfig
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.sft.config import SFTConfig
@@ -17,6 +18,8 @@ YAMLS = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "src/dllm_rl/
 def test_shipped_config_loads(path):
     if "sft" in path.name:
         load_config(SFTConfig, path)
+    elif "dpo" in path.name or "vrpo" in path.name:
+        load_config(DPOConfig, path)
     else:
         cfg = load_config(RLConfig, path)
         resolve(cfg, "block" if any(k in path.name for k in ("trado", "block", "llada2", "sdar")) else "full")

@@ -34,6 +34,9 @@ class PairDataConfig(Checked):
         "auto", help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one")
     system_prompt: str | None = field(None, help="system message for the chat template")
     add_eos: bool = field(True, help="end every response with the EOS token")
+    pad_response_to: int | None = field(
+        None, ge=1, help="pad each response with EOS tokens to this many tokens, all scored (as data.pad_response_to "
+        "in SFT: the demo models fill their gen_length with EOS); longer responses are dropped, never cut")
     max_length: int = field(1024, ge=1, help="drop (never truncate) pairs whose prompt + longer response exceed "
                             "this many tokens")
     on_bad_row: Literal["skip", "error"] = field(

@@ -46,7 +46,8 @@ def encode_pair(row: dict[str, Any], cfg: PairDataConfig, tokenizer: Any, eos_to
                 where: str) -> PairExample:
     """Tokenize one row's pair; raises :class:`BadRow` when it cannot be used."""
     sft = DataConfig(prompt_field="prompt", response_field="response", chat_template=cfg.chat_template,
-                     system_prompt=cfg.system_prompt, add_eos=cfg.add_eos, max_length=cfg.max_length)
+                     system_prompt=cfg.system_prompt, add_eos=cfg.add_eos, max_length=cfg.max_length,
+                     pad_response_to=cfg.pad_response_to)
     if cfg.prompt_field not in row:
         raise BadRow("missing_field", f"missing field {cfg.prompt_field!r}; row has: {', '.join(sorted(row))}")
     prompt = row[cfg.prompt_field]
