@@ -131,3 +131,28 @@ def test_the_command_runs_and_lists_its_keys(tmp_path, capsys):
     assert main(["dpo", *_cfg(tmp_path, "beta=0", name="bad")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dllm-rl dpo: error:") and "beta" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("family", ["llada_v", "mmada"])
+def test_image_pairs_train_with_their_images(tmp_path, family):
+    from image_fixture import write_image_checkpoints
+    from PIL import Image
+
+    from dllm_rl.models import char_tokenizer
+
+    write_image_checkpoints(tmp_path, char_tokenizer())
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(tmp_path / "red.png")
+    rows = [{"image": "red.png", "prompt": "colour\n", "chosen": "<answer>red</answer>",
+             "rejected": "<answer>blue</answer>"}, {"image": "red.png", "prompt": "count\n", "chosen": "1",
+                                                   "rejected": "2"}]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(DPOConfig, None, [
+        f"model.path={tmp_path / family}", f"data.train_file={tmp_path / 'pairs.jsonl'}", "data.chat_template=never",
+        "train.batch_size=2", "train.max_steps=2", "run.progress=false", f"run.output_dir={tmp_path / 'run'}",
+        "train.log_every=1", "optim.lr=1e-2", "num_mc=2"])
+    trainer = DPOTrainer(cfg, verbose=False)
+    assert all(len(p.chosen.images) == 1 and len(p.rejected.images) == 1 for p in trainer.examples)
+    result = trainer.run()
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-6) and math.isfinite(losses[1]) and losses[1] != losses[0]
+    assert (result.model_dir / "config.json").is_file()

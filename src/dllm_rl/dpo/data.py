@@ -4,6 +4,8 @@ Rows come through the task data reader (:func:`dllm_rl.tasks.io.read_rows`: JSON
 naming the file and line of what it cannot read). Each response is tokenized as the SFT data's ``response`` is
 (:func:`dllm_rl.sft.data.encode_row`: chat template, EOS), so a pair is exactly two SFT examples with one prompt.
 A chosen / rejected value may be chat messages (UltraFeedback binarized's layout): its last message is the response.
+Image pairs (LLaDA-V, MMaDA): the row's image column goes with the prompt of both responses, read as SFT reads it
+(a path relative to the data file's folder, bytes, a data URI, ...).
 Unusable rows are counted in a :class:`~dllm_rl.sft.data.DataReport` and skipped, or stop loading
 (``on_bad_row: error``), as SFT's are.
 """
@@ -11,6 +13,7 @@ Unusable rows are counted in a :class:`~dllm_rl.sft.data.DataReport` and skipped
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dllm_rl.dpo.config import PairDataConfig
@@ -43,8 +46,11 @@ def _response(value: Any, name: str) -> str:
 
 
 def encode_pair(row: dict[str, Any], cfg: PairDataConfig, tokenizer: Any, eos_token_id: int, templated: bool,
-                where: str) -> PairExample:
-    """Tokenize one row's pair; raises :class:`BadRow` when it cannot be used."""
+                where: str, base_dir: Path | None = None) -> PairExample:
+    """Tokenize one row's pair (its images read with relative paths from ``base_dir``); raises :class:`BadRow`
+    when it cannot be used."""
+    from dllm_rl.tasks.images import IMAGE_COLUMNS
+
     sft = DataConfig(prompt_field="prompt", response_field="response", chat_template=cfg.chat_template,
                      system_prompt=cfg.system_prompt, add_eos=cfg.add_eos, max_length=cfg.max_length,
                      pad_response_to=cfg.pad_response_to)
@@ -55,19 +61,21 @@ def encode_pair(row: dict[str, Any], cfg: PairDataConfig, tokenizer: Any, eos_to
     rejected = _response(row.get(cfg.rejected_field), cfg.rejected_field)
     if chosen == rejected:
         raise BadRow("same_responses", "chosen and rejected are the same text (no preference)")
-    pair = [encode_row({"prompt": prompt, "response": text}, sft, tokenizer, eos_token_id, templated, where)
-            for text in (chosen, rejected)]
+    images = {c: row[c] for c in IMAGE_COLUMNS if row.get(c) is not None}
+    pair = [encode_row({**images, "prompt": prompt, "response": text}, sft, tokenizer, eos_token_id, templated, where,
+                       base_dir=base_dir) for text in (chosen, rejected)]
     return PairExample(pair[0], pair[1], where)
 
 
 def load_pairs(cfg: PairDataConfig, tokenizer: Any, eos_token_id: int,
                verbose: bool = True) -> tuple[list[PairExample], DataReport]:
     """Read and tokenize the pairs of ``cfg.train_file`` (see the module docs); none usable is a UserError."""
-    from dllm_rl.tasks.io import read_rows
+    from dllm_rl.tasks.io import is_hf_name, read_rows
 
     if not cfg.train_file:
         raise UserError("no preference pairs: set data.train_file (a .jsonl / .parquet / .csv file or hf:org/name)")
     templated = _use_template(tokenizer, cfg.chat_template)
+    base_dir = None if is_hf_name(cfg.train_file) else Path(cfg.train_file).expanduser().parent
     report = DataReport(source=cfg.train_file)
     pairs: list[PairExample] = []
     for where, row in read_rows(cfg.train_file):
@@ -75,7 +83,7 @@ def load_pairs(cfg: PairDataConfig, tokenizer: Any, eos_token_id: int,
             break
         report.read += 1
         try:
-            pairs.append(encode_pair(row, cfg, tokenizer, eos_token_id, templated, where))
+            pairs.append(encode_pair(row, cfg, tokenizer, eos_token_id, templated, where, base_dir))
         except BadRow as bad:
             if cfg.on_bad_row == "error":
                 raise UserError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
