@@ -60,7 +60,7 @@ def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) ->
 
 def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str],
             steps: int | None = None):
-    if algo == "dpo":  # offline preference training (benchmarks/dpo_demo.py): a step budget only (default 100)
+    if algo == "dpo":  # offline preference training (benchmarks/dpo_demo.py): a step budget only (default 60)
         return [sys.executable, str(DPO_DEMO), "--model", model, "--seed", str(seed), "--out", str(out),
                 "--eval-limit", str(eval_limit), *(["--steps", str(steps)] if steps else []), *extra]
     # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
