@@ -23,15 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def heldout(model_dir: Path, limit: int) -> float:
-    """Greedy held-out accuracy of a checkpoint with the demo's decoding (``dllm-rl eval --demo``'s settings)."""
+def heldout(model_dir: Path, limit: int, demo_model: Path) -> float:
+    """Greedy held-out accuracy of a checkpoint with the decoding of ``demo_model`` (the start checkpoint:
+    ``dllm-rl eval --demo``'s settings for it; a trained copy outside the demo folder would get the default lengths)."""
     from dllm_rl.eval.demo import demo_defaults
     from dllm_rl.eval.heldout import heldout_accuracy
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling import DecodeConfig
     from dllm_rl.tasks import get_task
 
-    demo = demo_defaults(model_dir, {})
+    demo = demo_defaults(demo_model, {})
     model = load_model(model_dir)
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
     task = get_task(demo["task"], data=demo["data"], split="test", prompt_style=demo["prompt_style"], limit=limit)
@@ -69,8 +70,8 @@ def main() -> None:
                     f"run.output_dir={out}", "run.overwrite=true", "run.progress=false", f"run.seed={args.seed}",
                     f"train.max_steps={args.steps}", *args.extra], check=True)
     minutes = (time.time() - t0) / 60
-    summary = {"accuracy_before": heldout(start_model, args.eval_limit),
-               "accuracy_after": heldout(out / "model", args.eval_limit), "steps": args.steps, "minutes": minutes,
+    summary = {"accuracy_before": heldout(start_model, args.eval_limit, start_model),
+               "accuracy_after": heldout(out / "model", args.eval_limit, start_model), "steps": args.steps, "minutes": minutes,
                "pairs": sum(1 for _ in pairs.open()), "output_dir": str(out)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
