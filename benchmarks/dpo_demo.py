@@ -71,7 +71,8 @@ def main() -> None:
                     f"train.max_steps={args.steps}", *args.extra], check=True)
     minutes = (time.time() - t0) / 60
     summary = {"accuracy_before": heldout(start_model, args.eval_limit, start_model),
-               "accuracy_after": heldout(out / "model", args.eval_limit, start_model), "steps": args.steps, "minutes": minutes,
+               "accuracy_after": heldout(out / "model", args.eval_limit, start_model), "steps": args.steps,
+               "minutes": minutes,
                "pairs": sum(1 for _ in pairs.open()), "output_dir": str(out)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
