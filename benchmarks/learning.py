@@ -5,6 +5,7 @@
     python benchmarks/learning.py --runs full:espo --seeds 0 1 --steps 250 # equal updates, any machine speed
     python benchmarks/learning.py --runs full:espo --seeds 0 1 2 --report  # the table of finished runs only
     python benchmarks/learning.py --steps 40 --out runs/learning-40  # every method at 40 updates (docs/results.md)
+    python benchmarks/learning.py --runs full:dpo --seeds 0 1 2    # DPO (VRPO) on the model's own answer pairs
 
 Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation
@@ -42,6 +43,7 @@ from dllm_rl.training import METRICS_FILE, read_metrics
 # every preset (the methods' modules, dllm_rl.rl.methods) on both Countdown demo models
 DEFAULT_RUNS = [f"{model}:{m}" for m in PRESETS for model in ("full", "block")]
 RARE = Path(__file__).with_name("rare_shapes.py")
+DPO_DEMO = Path(__file__).with_name("dpo_demo.py")  # the offline row ``full:dpo``: pairs, dllm-rl dpo, evaluations
 # the models whose runs are also scored on the rare Countdown puzzles (``vision`` learns the shapes image task)
 COUNTDOWN_MODELS = ("full", "block")
 # per-method settings of the demo rows (a method-specific option cannot live in the shared demo configs):
@@ -58,6 +60,9 @@ def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) ->
 
 def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str],
             steps: int | None = None):
+    if algo == "dpo":  # offline preference training (benchmarks/dpo_demo.py): a step budget only (default 60)
+        return [sys.executable, str(DPO_DEMO), "--model", model, "--seed", str(seed), "--out", str(out),
+                "--eval-limit", str(eval_limit), *(["--steps", str(steps)] if steps else []), *extra]
     # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
     budget = [f"train.max_steps={steps}",
               "train.max_time_minutes=null"] if steps else [f"train.max_time_minutes={minutes}"]
@@ -111,7 +116,8 @@ def main() -> None:
         for seed in args.seeds:
             run_dir = out / f"{model}-{algo}-seed{seed}"
             rl = command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra, args.steps)
-            rare = rare_command(run_dir / "final", model, run_dir / "rare_after.json", rare_file)
+            final = run_dir / ("model" if algo == "dpo" else "final")  # dllm-rl dpo publishes model/, rl final/
+            rare = rare_command(final, model, run_dir / "rare_after.json", rare_file)
             script = f"{shlex.join(rl)} && {shlex.join(rare)}" if model in COUNTDOWN_MODELS else shlex.join(rl)
             jobs.append((model, algo, seed, run_dir, ["sh", "-c", script]))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

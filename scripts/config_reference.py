@@ -11,12 +11,14 @@ from typing import Any
 
 def command_configs() -> list[tuple[str, type, Any]]:
     """``(title, config class, default instance or None)`` of every command's configuration."""
+    from dllm_rl.dpo.config import DPOConfig
     from dllm_rl.eval.harness import EvalRunConfig
     from dllm_rl.rl.config import RLConfig
     from dllm_rl.sampling.config import DecodeConfig, GenerateOptions
     from dllm_rl.sft.config import SFTConfig
 
     return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl sft", SFTConfig, SFTConfig()),
+            ("dllm-rl dpo", DPOConfig, DPOConfig()),
             ("dllm-rl eval", EvalRunConfig, None), ("dllm-rl generate", GenerateOptions, None),
             ("decoding (generate, eval and trace flags)", DecodeConfig, None)]
 

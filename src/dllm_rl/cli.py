@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "generate": "dllm_rl.sampling.cli",
     "data": "dllm_rl.tasks.cli",
     "sft": "dllm_rl.sft.cli",
+    "dpo / pairs": "dllm_rl.dpo.cli",
     "rl / demo": "dllm_rl.rl.cli",
     "eval / trace / plot": "dllm_rl.eval.cli",
     "serve": "dllm_rl.serve.cli",

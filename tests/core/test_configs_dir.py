@@ -1,10 +1,12 @@
 """Every YAML shipped in configs/ and the demo folder loads into its config class (no stale keys)."""
 
+import re
 from pathlib import Path
 
 import pytest
 
 from dllm_rl.config import load_config
+from dllm_rl.dpo.config import DPOConfig
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.sft.config import SFTConfig
@@ -17,6 +19,8 @@ YAMLS = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "src/dllm_rl/
 def test_shipped_config_loads(path):
     if "sft" in path.name:
         load_config(SFTConfig, path)
+    elif re.search(r"(^|-)(dpo|vrpo)[-.]", path.name):  # not mdpo (an RL preset)
+        load_config(DPOConfig, path)
     else:
         cfg = load_config(RLConfig, path)
         resolve(cfg, "block" if any(k in path.name for k in ("trado", "block", "llada2", "sdar")) else "full")

@@ -13,6 +13,7 @@ SRC = ROOT / "src" / "dllm_rl"
 #: top to bottom, as the README's architecture table (a listed package that does not exist yet is allowed)
 LAYERS = [
     ("cli", ("cli", "__main__", "serve")),
+    ("preference", ("dpo",)),
     ("trainers", ("rl", "sft")),
     ("eval", ("eval",)),
     ("estimators", ("estimators",)),

@@ -42,7 +42,7 @@ BACKENDS = {
 }
 FINAL = {"espo_fault": "final", "sft": "model", "sft_resumed": "model", "sft_lora": "model", "espo": "final",
          "espo_uneven": "final", "espo_nan": "final", "espo_resumed": "final", "tracerl": "final",
-         "tracerl_lora": "final", "value": "final", "value_resumed": "final"}
+         "tracerl_lora": "final", "value": "final", "value_resumed": "final", "dpo": "model"}
 VALUE_RUNS = ("value", "value_resumed")  # TraceRL with its value model: its gathered weights are compared too
 
 RUNS = [run for run in FINAL if run != "espo_fault"]
@@ -64,6 +64,8 @@ def root(tmp_path_factory) -> Path:
     write_jsonl(root / "train.jsonl", make_countdown(16, seed=0, numbers=3, max_value=9))
     write_jsonl(root / "sft.jsonl", [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a in range(4)
                                      for b in range(4)])
+    write_jsonl(root / "dpo.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}
+                                     for a in range(4) for b in range(4)])
     tok = char_tokenizer()
     for family in ("sdar",):
         cfg = tiny_config(family, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,

@@ -5,8 +5,8 @@ Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one pro
 SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
 its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0), TraceRL with LoRA and the
 adapter-disabled base as its reference, TraceRL with its value model 2 steps and resumed from step 1 (the
-gathered value weights in ``value_weights.pt``). Each run writes its final model in the published layout
-under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
+gathered value weights in ``value_weights.pt``), DPO (VRPO) 2 steps with its frozen reference copy. Each run
+writes its final model in the published layout under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
 
 ESPO with uneven kept samples (``uneven``; also alone as mode ``uneven``) and ESPO with a NaN loss in step 1
 (``nan``) follow ESPO. Mode ``short``: SFT, ESPO, ESPO with the NaN, ESPO resumed and TraceRL with its value model.
@@ -14,6 +14,7 @@ ESPO with uneven kept samples (``uneven``; also alone as mode ``uneven``) and ES
 Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 SIGKILLs itself in the middle
 of step 2 (before its first optimizer step there). Mode ``resume``: that run resumed from its latest checkpoint;
 ``all+resume``: that resume, then the full set.
+Mode ``dpo``: the DPO run alone.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 import torch
 
 from dllm_rl.config import load_config
+from dllm_rl.dpo.config import DPOConfig
+from dllm_rl.dpo.trainer import train as dpo_train
 from dllm_rl.rl import trainer as rl_trainer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train as rl_train
@@ -64,6 +67,15 @@ def sft(root: Path, out: Path, *extra: str) -> None:
             "train.mixed_precision=no", "objective.logprob_chunk_size=3",
             "optim.lr=0.003", f"run.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
+
+
+def dpo(root: Path, out: Path, *extra: str) -> None:
+    """VRPO on ``dpo.jsonl``: 2 pairs per micro-batch (chosen and rejected: 4 rows), the reference a sharded copy."""
+    args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'dpo.jsonl'}", "train.max_steps=2",
+            f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
+            "train.mixed_precision=no", "logprob_chunk_size=3", "num_mc=2", "beta=0.5",
+            "optim.lr=0.003", f"run.output_dir={out}", *extra]
+    dpo_train(load_config(DPOConfig, None, args), verbose=False)
 
 
 def rl(root: Path, out: Path, family: str, algorithm: str, *extra: str, reward=dense_reward) -> None:
@@ -167,6 +179,9 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     if mode == "uneven":
         uneven(root, out)
         return
+    if mode == "dpo":
+        dpo(root, out / "dpo")
+        return
     if mode in ("resume", "all+resume"):  # all+resume: the fault run's resume, then the full set (one launch)
         rl(root, out / "espo_fault", "sdar", "espo", "run.resume=latest", *SAVED)
         if mode == "resume":
@@ -192,6 +207,7 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     rl(root, out / "value", "sdar", "tracerl", *VALUE, *SAVED)
     rl(root, out / "value_resumed", "sdar", "tracerl", *VALUE,
        f"run.resume={out / 'value' / 'checkpoints' / 'step-0000001'}")
+    dpo(root, out / "dpo")
 
 
 if __name__ == "__main__":

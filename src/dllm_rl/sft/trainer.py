@@ -127,7 +127,14 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
 
 
 class SFTTrainer:
-    """Set-up and loop of one SFT run; :func:`train` is ``SFTTrainer(cfg).run()``."""
+    """Set-up and loop of one SFT run; :func:`train` is ``SFTTrainer(cfg).run()``.
+
+    Other offline trainers (``dllm-rl dpo``) subclass it and change only its seams: :meth:`load_examples`,
+    :meth:`before_prepare` / :meth:`after_prepare` (extra models), :meth:`next_micro_batch` and
+    :meth:`micro_loss`; the loop, accelerate, checkpoints, resume, LoRA and logs stay this class's."""
+
+    name = "sft"  # the command: messages' prefix, the progress bar
+    applicable = SFT_APPLICABLE  # settings that may change on resume
 
     def __init__(self, cfg: SFTConfig, verbose: bool = True):
         self.cfg = cfg = expand_user(cfg, SFT_PATHS)
@@ -143,8 +150,7 @@ class SFTTrainer:
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
         setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
-        self.objective_options = {**cfg.objective.options(),
-                                  "logprob_chunk_size": cfg.objective.logprob_chunk_size}
+        self.objective_options = self.objective_settings()
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
             self.out, SFT_RUN_FILES, resume=cfg.run.resume is not None, overwrite=cfg.run.overwrite,
@@ -160,6 +166,27 @@ class SFTTrainer:
             self.close()
             raise
 
+    def objective_settings(self) -> dict[str, Any]:
+        """The options :meth:`micro_loss` passes to the objective."""
+        return {**self.cfg.objective.options(), "logprob_chunk_size": self.cfg.objective.logprob_chunk_size}
+
+    def load_examples(self) -> tuple[list[Any], DataReport]:
+        """The run's examples (each with ``num_tokens`` and ``where``) and their data report."""
+        cfg = self.cfg
+        examples, report = load_sft_data(
+            cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=self.verbose and self.accelerator.is_main_process)
+        if cfg.objective.name == "trace" and any(e.step_map is None for e in examples):
+            bad = next(e for e in examples if e.step_map is None)
+            raise ValueError(
+                f"{bad.where}: the trace objective needs a {cfg.data.step_map_field!r} column in every row")
+        return examples, report
+
+    def before_prepare(self) -> None:
+        """After the model (and its LoRA) is built, before accelerate prepares it: nothing for SFT."""
+
+    def after_prepare(self) -> None:
+        """After accelerate prepared the model and optimizer: nothing for SFT."""
+
     def _build(self) -> None:
         cfg, t, acc, verbose = self.cfg, self.cfg.train, self.accelerator, self.verbose
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=cfg.run.seed)
@@ -171,17 +198,12 @@ class SFTTrainer:
             self.dlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dlm.to(acc.device)
         self.dlm.train()
-        self.examples, self.report = load_sft_data(
-            cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=verbose and acc.is_main_process)
+        self.examples, self.report = self.load_examples()
         self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image rows (MMaDA's VQ: model.path's)
         too_long = [e for e in self.examples if e.num_tokens > self.dlm.max_length]
         if too_long:
             raise ValueError(f"{too_long[0].where}: {too_long[0].num_tokens} tokens exceed the model's context "
                              f"{self.dlm.max_length}; lower data.max_length")
-        if cfg.objective.name == "trace" and any(e.step_map is None for e in self.examples):
-            bad = next(e for e in self.examples if e.step_map is None)
-            raise ValueError(
-                f"{bad.where}: the trace objective needs a {cfg.data.step_map_field!r} column in every row")
         world = acc.num_processes
         self.global_micro = t.batch_size * world
         per_step = self.global_micro * t.grad_accum
@@ -191,9 +213,11 @@ class SFTTrainer:
             self.max_steps = t.max_steps
         self.optimizer = build_optimizer(self.dlm, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
+        self.before_prepare()
         # one prepare call: under FSDP2 accelerate re-points the optimizer at the sharded parameters
         prepared, self.optimizer = acc.prepare(self.dlm, self.optimizer)
         self.model = PreparedModel(prepared, self.dlm)
+        self.after_prepare()
         self.stream = IndexStream(len(self.examples), seed=cfg.run.seed)
         self.step = 0
         self.tokens_seen = 0  # real tokens through the model over the whole run (all ranks)
@@ -205,7 +229,7 @@ class SFTTrainer:
             self.stream.load_state_dict(state.data_state["stream"])
             self.tokens_seen = int(state.extra.get("tokens", 0))
             if verbose and acc.is_main_process:
-                print(f"sft: resumed from {resume_from} at step {self.step}")
+                print(f"{self.name}: resumed from {resume_from} at step {self.step}")
         if acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
@@ -216,10 +240,10 @@ class SFTTrainer:
     def _check_resumed_config(self) -> None:
         """A resume's config against its checkpoint's, before any compute (:mod:`dllm_rl.training.resume_check`)."""
         path = self._resume_dir()
-        applied = check_resumed_config(path, self.cfg, SFT_APPLICABLE) \
+        applied = check_resumed_config(path, self.cfg, self.applicable) \
             if path is not None else []
         if applied:
-            print(f"sft: resume: applied changed settings: {'; '.join(applied)}")
+            print(f"{self.name}: resume: applied changed settings: {'; '.join(applied)}")
 
     def _resume_dir(self) -> Path | None:
         return resume_checkpoint(self.cfg.run, self.out)
@@ -248,22 +272,29 @@ class SFTTrainer:
         ``sample_seeds`` make their masks differ)."""
         return torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, MASK_STREAM))
 
+    def micro_loss(self, batch: Any) -> tuple[torch.Tensor, int, dict[str, float]]:
+        """One micro-batch's loss (to back-propagate), scored tokens and extra metrics (averaged over the step)."""
+        out = compute_objective(self.cfg.objective.name, self.model, batch, self.mask_generator(),
+                                agree_calls=forward_agreement(self.accelerator), **self.objective_options)
+        return out.loss, out.scored_tokens, {}
+
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns this rank's metrics."""
         acc, cfg = self.accelerator, self.cfg
         accum = cfg.train.grad_accum
         total_loss, tokens, scored = 0.0, 0, 0
+        extra: dict[str, float] = {}
         for micro in range(accum):
             _, batch = self.next_micro_batch()
             tokens += int(batch.valid().sum().item())
             ctx = micro_step(acc, self.model.prepared, micro == accum - 1)
             with ctx:
-                out = compute_objective(cfg.objective.name, self.model, batch, self.mask_generator(),
-                                        agree_calls=forward_agreement(acc),
-                                        **self.objective_options)
-                backward(acc, self.model.prepared, out.loss / accum)
-            total_loss += float(out.loss.detach()) / accum
-            scored += out.scored_tokens
+                loss, n_scored, more = self.micro_loss(batch)
+                backward(acc, self.model.prepared, loss / accum)
+            total_loss += float(loss.detach()) / accum
+            scored += n_scored
+            for k, v in more.items():
+                extra[k] = extra.get(k, 0.0) + v / accum
         grad_norm = None
         if cfg.optim.max_grad_norm is not None:
             grad_norm = clip_gradients(acc, self.model.prepared, cfg.optim.max_grad_norm)
@@ -272,11 +303,11 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if nonfinite_weights(acc, {"model": self.model.prepared}):  # before any checkpoint or model/ holds them
-            raise TrainingStopped(f"sft: stopping at step {self.step}: the update left NaN/inf weights (optim.lr="
-                                  f"{cfg.optim.lr:g}, loss {total_loss:.4g}); model/ is not written. Lower optim.lr "
-                                  "and start again, or resume from an earlier checkpoint")
+            raise TrainingStopped(f"{self.name}: stopping at step {self.step}: the update left NaN/inf weights "
+                                  f"(optim.lr={cfg.optim.lr:g}, loss {total_loss:.4g}); model/ is not written. Lower "
+                                  "optim.lr and start again, or resume from an earlier checkpoint")
         metrics = {"loss": total_loss, "tokens": tokens, "scored_tokens": scored,
-                   "lr": self.scheduler.get_last_lr()[0]}
+                   "lr": self.scheduler.get_last_lr()[0], **extra}
         if grad_norm is not None:
             metrics["grad_norm"] = float(grad_norm)
         if self.dlm.family.moe:  # router load and entropy over the last micro-batch's real tokens
@@ -311,7 +342,7 @@ class SFTTrainer:
             save_published(model, path, tokenizer=self.tokenizer)
             copy_vq(self.cfg.model.path, path)  # MMaDA: the image tokenizer travels with the model
             if self.cfg.run.push_to_hub:  # run.push_to_hub: upload model/ to that hub repository
-                print(f"sft: pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")
+                print(f"{self.name}: pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")
         self.accelerator.wait_for_everyone()
         return path
 
@@ -319,7 +350,7 @@ class SFTTrainer:
         acc, t = self.accelerator, self.cfg.train
         end = self.max_steps if t.stop_after is None else min(self.max_steps, t.stop_after)
         main = acc.is_main_process
-        bar = Progress(total=self.max_steps, initial=self.step, desc="sft",
+        bar = Progress(total=self.max_steps, initial=self.step, desc=self.name,
                        disable=not (self.cfg.run.progress and main))
         window_loss, window_n, last_loss, tps = 0.0, 0, None, 0.0
         start = time.perf_counter()
@@ -334,7 +365,7 @@ class SFTTrainer:
                 last_loss = float(loss)
                 row = {"loss": last_loss, "lr": m["lr"], "tokens_per_s": tps, "epoch": self.stream.epoch_float,
                        "tokens": self.tokens_seen, "elapsed_s": time.perf_counter() - start}
-                row.update({k: v for k, v in m.items() if k == "grad_norm" or k.startswith("moe_")})
+                row.update({k: v for k, v in m.items() if k not in ("loss", "lr", "tokens", "scored_tokens")})
                 self.logger.log(self.step, **row)
                 window_loss, window_n = 0.0, 0
             if self.cfg.run.save_every and self.step % self.cfg.run.save_every == 0 and self.step < end:
@@ -343,8 +374,8 @@ class SFTTrainer:
         self.save()
         model_dir = self.save_final_model() if self.step >= self.max_steps else None
         if main and self.verbose:
-            print(f"sft: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; run in {self.out}"
-                  + (f"; model in {model_dir}" if model_dir else ""))
+            print(f"{self.name}: step {self.step}/{self.max_steps}, loss {last_loss}, {tps:.0f} tokens/s; "
+                  f"run in {self.out}" + (f"; model in {model_dir}" if model_dir else ""))
         self.close()
         return SFTResult(self.out, self.step, model_dir, last_loss, tps, self.report)
 
