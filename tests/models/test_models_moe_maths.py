@@ -163,3 +163,18 @@ def test_qwen3_moe_families_compute_softmax_top_k_routing(tmp_path, family):
     h = h + _experts(m, chosen, weights, t, p)
     ref = _rms(h, t["model.norm.weight"]) @ t["lm_head.weight"].T
     torch.testing.assert_close(model(x[None]).logits[0], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_router_stats_of_an_moe_family_model_without_moe_layers():
+    """A 1-layer LLaDA2 (its first layer is dense) has no router: no statistics, not a crash; with 2 layers the
+    second routes every real token over all 4 experts."""
+    from dllm_rl.models import build_model
+    from dllm_rl.models.moe import router_stats
+
+    ids = torch.randint(0, 16, (2, 5))
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    for layers, want in ((1, set()), (2, {"moe_load_max", "moe_load_min", "moe_router_entropy",
+                                          "moe_router_entropy_max"})):
+        cfg = tiny_config("llada2", vocab_size=16, hidden_size=16, num_layers=layers, num_heads=2, num_kv_heads=1)
+        stats = router_stats(build_model("llada2", cfg, seed=0), ids, valid)
+        assert set(stats) == want

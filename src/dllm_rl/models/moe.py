@@ -62,7 +62,8 @@ def router_stats(dlm: DiffusionLM, input_ids: torch.Tensor, valid: torch.Tensor)
       router logits, or the normalised sigmoid scores of LLaDA2.x), over tokens and layers; its maximum is
       ``log(num_experts)``, reported as ``moe_router_entropy_max``.
 
-    Empty for a dense model."""
+    Empty for a dense model, and for a model of an MoE family whose layers are all dense (LLaDA2's first
+    ``first_k_dense_replace`` layers are, so a 1-layer one has no router)."""
     if not dlm.family.moe:
         return {}
     was_training = dlm.model.training
@@ -72,6 +73,8 @@ def router_stats(dlm: DiffusionLM, input_ids: torch.Tensor, valid: torch.Tensor)
             dlm(input_ids, attention_mask=valid)
     finally:
         dlm.model.train(was_training)
+    if not outputs:
+        return {}
     flat_valid = valid.reshape(-1).bool()
     loads, entropies = [], []
     for logits, idx, sigmoid in outputs:
