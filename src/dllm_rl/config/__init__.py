@@ -17,6 +17,7 @@ from dllm_rl.config.loading import (
     apply_override,
     coerce,
     from_dict,
+    load_command_config,
     load_config,
     save_config,
     to_dict,
@@ -25,5 +26,6 @@ from dllm_rl.config.reference import describe
 from dllm_rl.config.yaml_io import YAML_MAX_DEPTH, YAML_MAX_NODES, yaml_load
 
 __all__ = ["YAML_MAX_DEPTH", "YAML_MAX_NODES", "Checked", "ConfigError", "FieldError", "allowed_values",
-           "apply_override", "check_fields", "coerce", "describe", "field", "from_dict", "load_config", "save_config",
+           "apply_override", "check_fields", "coerce", "describe", "field", "from_dict", "load_command_config",
+           "load_config", "save_config",
            "to_dict", "yaml_load"]

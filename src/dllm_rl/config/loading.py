@@ -201,3 +201,17 @@ def save_config(obj: Any, path: str | Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(yaml.safe_dump(to_dict(obj), sort_keys=False))
     return p
+
+
+def load_command_config(cls: type[T], config: str | None, overrides: list[str], example: str) -> T:
+    """The config of a command line ``COMMAND [CONFIG.yaml] [key=value ...]`` (``dllm-rl sft``, ``dllm-rl dpo``): a
+    YAML file and / or overrides; a first word with ``=`` that is not a YAML file is an override. Neither is one
+    line naming ``example``."""
+    from dllm_rl.errors import UserError
+
+    if config is None and not overrides:
+        raise UserError(f"give a config file (e.g. {example}) and/or key=value overrides")
+    overrides = list(overrides)
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        config, overrides = None, [config] + overrides
+    return load_config(cls, config, overrides)

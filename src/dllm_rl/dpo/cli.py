@@ -9,19 +9,14 @@ from dllm_rl.errors import UserError
 
 
 def dpo(args: argparse.Namespace) -> int:
-    from dllm_rl.config import describe, load_config
+    from dllm_rl.config import describe, load_command_config
     from dllm_rl.dpo.config import DPOConfig
     from dllm_rl.dpo.trainer import train
 
     if args.help_config:
         print("\n".join(describe(DPOConfig, defaults=DPOConfig())))
         return 0
-    if args.config is None and not args.overrides:
-        raise UserError("give a config file (e.g. configs/demo-dpo.yaml) and/or key=value overrides")
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
-        config, overrides = None, [config] + overrides
-    result = train(load_config(DPOConfig, config, overrides))
+    result = train(load_command_config(DPOConfig, args.config, args.overrides, "configs/demo-dpo.yaml"))
     return 0 if result.step > 0 else 1
 
 

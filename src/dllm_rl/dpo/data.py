@@ -85,16 +85,10 @@ def load_pairs(cfg: PairDataConfig, tokenizer: Any, eos_token_id: int,
         try:
             pairs.append(encode_pair(row, cfg, tokenizer, eos_token_id, templated, where, base_dir))
         except BadRow as bad:
-            if cfg.on_bad_row == "error":
-                raise UserError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
-            report.dropped[bad.reason] += 1
-            if len(report.messages) < 5:
-                report.messages.append(f"{where}: {bad}")
+            report.drop(where, bad, cfg.on_bad_row)
     report.kept = len(pairs)
     if verbose:
-        print(f"data: {report.summary()}")
-        for m in report.messages:
-            print(f"data: skipped {m}")
+        report.show()
     if not pairs:
         raise UserError(f"{cfg.train_file}: no usable pairs ({report.summary()}); fix the rows or the "
                         "data.*_field names")

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from dllm_rl.errors import UserError
-
 
 def sft(args: argparse.Namespace) -> int:
-    from dllm_rl.config import describe, load_config
+    from dllm_rl.config import describe, load_command_config
     from dllm_rl.sft.config import SFTConfig
     from dllm_rl.sft.trainer import train
 
     if args.help_config:
         print("\n".join(describe(SFTConfig, defaults=SFTConfig())))
         return 0
-    if args.config is None and not args.overrides:
-        raise UserError("give a config file (e.g. configs/demo-sft.yaml) and/or key=value overrides")
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
-        config, overrides = None, [config] + overrides
-    cfg = load_config(SFTConfig, config, overrides)
+    cfg = load_command_config(SFTConfig, args.config, args.overrides, "configs/demo-sft.yaml")
     result = train(cfg)
     return 0 if result.step > 0 else 1
 

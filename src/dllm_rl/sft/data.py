@@ -114,6 +114,21 @@ class DataReport:
         return {"source": self.source, "read": self.read, "kept": self.kept, "dropped": dict(self.dropped),
                 "first_messages": self.messages}
 
+    def drop(self, where: str, bad: BadRow, on_bad_row: str) -> None:
+        """Count row ``where`` dropped for ``bad`` (keeping the first messages), or, with ``on_bad_row=error``,
+        stop with one line naming it."""
+        if on_bad_row == "error":
+            raise UserError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
+        self.dropped[bad.reason] += 1
+        if len(self.messages) < 5:
+            self.messages.append(f"{where}: {bad}")
+
+    def show(self) -> None:
+        """Print the summary and the first skipped rows."""
+        print(f"data: {self.summary()}")
+        for m in self.messages:
+            print(f"data: skipped {m}")
+
 
 class BadRow(ValueError):
     def __init__(self, reason: str, message: str):
@@ -342,11 +357,7 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
         return cfg.limit is not None and len(examples) >= cfg.limit
 
     def drop(where: str, bad: BadRow) -> None:
-        if cfg.on_bad_row == "error":
-            raise UserError(f"{where}: {bad} (set data.on_bad_row=skip to skip such rows)") from None
-        report.dropped[bad.reason] += 1
-        if len(report.messages) < 5:
-            report.messages.append(f"{where}: {bad}")
+        report.drop(where, bad, cfg.on_bad_row)
 
     def bad_line(err: JSONLError) -> None:  # not UTF-8, not JSON, not an object
         if not full():  # a line past the limit is never read
@@ -363,9 +374,7 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
             drop(where, bad)
     report.kept = len(examples)
     if verbose:
-        print(f"data: {report.summary()}")
-        for m in report.messages:
-            print(f"data: skipped {m}")
+        report.show()
     if not examples:
         raise UserError(f"{path}: no usable rows ({report.summary()}); fix the rows or the data.*_field names")
     return examples, report
