@@ -4,11 +4,11 @@ SFT sections (``run``, ``model``, ``optim``, ``lora``, ``train``), the pairs' ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from dllm_rl.config import Checked, field
+from dllm_rl.config import field
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 from dllm_rl.sft.config import ModelConfig, TrainConfig
+from dllm_rl.sft.data import ResponseFormat
 from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.resume_check import RUN_APPLICABLE
 from dllm_rl.training.run_config import RunConfig
@@ -20,7 +20,7 @@ DPO_APPLICABLE = RUN_APPLICABLE + (
 
 
 @dataclass
-class PairDataConfig(Checked):
+class PairDataConfig(ResponseFormat):
     """Where the preference pairs come from and how they become tokens."""
 
     train_file: str = field("", help="pairs with prompt / chosen / rejected columns: JSON lines, a .csv / .parquet "
@@ -30,18 +30,6 @@ class PairDataConfig(Checked):
     prompt_field: str = field("prompt", help="column holding the prompt text")
     chosen_field: str = field("chosen", help="column holding the preferred response")
     rejected_field: str = field("rejected", help="column holding the dispreferred response")
-    chat_template: Literal["auto", "always", "never"] = field(
-        "auto", help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one")
-    system_prompt: str | None = field(None, help="system message for the chat template")
-    add_eos: bool = field(True, help="end every response with the EOS token")
-    pad_response_to: int | None = field(
-        None, ge=1, help="pad each response with EOS tokens to this many tokens, all scored (as data.pad_response_to "
-        "in SFT: the demo models fill their gen_length with EOS); longer responses are dropped, never cut")
-    max_length: int = field(1024, ge=1, help="drop (never truncate) pairs whose prompt + longer response exceed "
-                            "this many tokens")
-    on_bad_row: Literal["skip", "error"] = field(
-        "skip", help="skip (and count) unusable rows, or stop with an error naming the file and line")
-    limit: int | None = field(None, ge=0, help="use only the first N usable pairs")
 
 
 @dataclass

@@ -43,7 +43,28 @@ TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
 
 
 @dataclass
-class DataConfig(Checked):
+class ResponseFormat(Checked):
+    """How a row's prompt and response(s) become tokens, and which rows are used: shared by SFT's examples and DPO's
+    pairs (:mod:`dllm_rl.dpo.data`)."""
+
+    chat_template: Literal["auto", "always", "never"] = cfg_field(
+        "auto", help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one")
+    system_prompt: str | None = cfg_field(None, help="system message for the chat template")
+    add_eos: bool = cfg_field(True, help="end every response with the EOS token (the model learns to stop)")
+    pad_response_to: int | None = cfg_field(
+        None, ge=1, help="pad each response with EOS tokens to this many tokens, all in the loss (LLaDA SFT, Nie et "
+        "al. 2025 sec. 2.3/app. B: the model learns to fill a fixed gen_length with EOS after the answer); "
+        "longer responses are dropped, never cut")
+    max_length: int = cfg_field(
+        1024, ge=1, help="drop (never truncate) rows whose prompt + response (a pair's longer response) exceed this "
+        "many tokens")
+    on_bad_row: Literal["skip", "error"] = cfg_field(
+        "skip", help="skip (and count) unusable rows, or stop with an error naming the file and line")
+    limit: int | None = cfg_field(None, ge=0, help="use only the first N usable rows")
+
+
+@dataclass
+class DataConfig(ResponseFormat):
     """Where the SFT examples come from and how they become tokens."""
 
     train_file: str = cfg_field("", help="training file with prompt/response (or messages) rows: JSON lines, or "
@@ -64,19 +85,6 @@ class DataConfig(Checked):
         "prompt = the task's prompt in `prompt_style`, response = the task's reference completion")
     prompt_style: Literal["chat", "plain", "compact"] = cfg_field(
         "chat", help="prompt style of `task` (compact = terse one-line prompts for character-level models)")
-    chat_template: Literal["auto", "always", "never"] = cfg_field(
-        "auto", help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one")
-    system_prompt: str | None = cfg_field(None, help="system message for the chat template")
-    add_eos: bool = cfg_field(True, help="end every response with the EOS token (the model learns to stop)")
-    pad_response_to: int | None = cfg_field(
-        None, ge=1, help="pad each response with EOS tokens to this many tokens, all trained (LLaDA SFT, Nie et al. "
-        "2025 sec. 2.3/app. B: the model learns to fill a fixed gen_length with EOS after the answer); "
-        "longer responses are dropped, never cut")
-    max_length: int = cfg_field(
-        1024, ge=1, help="drop (never truncate) rows whose prompt + response exceed this many tokens")
-    on_bad_row: Literal["skip", "error"] = cfg_field(
-        "skip", help="skip (and count) unusable rows, or stop with an error naming the file and line")
-    limit: int | None = cfg_field(None, ge=0, help="use only the first N usable rows")
 
 
 @dataclass
