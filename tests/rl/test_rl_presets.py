@@ -97,6 +97,7 @@ def test_the_readme_preset_table_is_the_derived_one():
     shown = text[start:text.index("\n\n", start)].splitlines()
     assert shown == readme_preset_table()
     assert [row.split("`")[1] for row in shown[2:]] == sorted(METHODS)
+    assert all(row.count("|") == len(README_HEADER[1].split("|")) - 1 for row in shown)  # no cell splits a row
 
 
 def test_help_clauses_are_derived_from_the_presets():
@@ -124,3 +125,11 @@ def test_a_method_is_one_module(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "dllm_rl.rl.methods.toy_grpo")
     with pytest.raises(TypeError, match="must declare METHOD = Method"):
         methods._discover()
+
+
+def test_a_method_whose_words_would_split_the_readme_table_is_refused():
+    from dllm_rl.rl.method import Method
+
+    preset = dict(METHODS["espo"].preset)
+    with pytest.raises(ValueError, match="cannot hold '\\|'"):
+        Method(name="x", paper="X, arXiv 1", preset=preset, recipe="x.yaml", notes={"loss": "top-K by |A|"})

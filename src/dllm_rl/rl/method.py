@@ -48,6 +48,9 @@ class Method:
         if bad_notes:
             raise ValueError(f"method {self.name!r}: notes for unknown columns {bad_notes}; columns: "
                              f"{', '.join(NOTE_COLUMNS)}")
+        if any("|" in text for text in (self.paper, *self.notes.values())):
+            raise ValueError(f"method {self.name!r}: its paper and notes are cells of the README's preset table and "
+                             "cannot hold '|'")
         if not self.recipe.endswith(".yaml") or "/" in self.recipe:
             raise ValueError(f"method {self.name!r}: recipe is a file name in configs/ ending in .yaml, got "
                              f"{self.recipe!r}")

@@ -207,6 +207,7 @@ METHOD = Method(
     preset=dict(estimator="one_step", estimator_options={}, loss_type="mdpo", loss_aggregation="seq_mean", beta=0.0,
                 kl_estimator="k2", advantage="group_zscore", scale_rewards="group", estimator_noise="sample",
                 rollout_hook="mdpo", rollout_hook_options={"train_steps": 16}),
-    notes={"estimator": "each step's state -> its prediction", "loss": "confidence x L/|M| weighted tokens",
-           "hook": "step rewards, top-K steps by |A|"},
+    notes={"estimator": "each step's state -> its prediction",
+           "loss": "tokens weighted by confidence x L / masked count",
+           "hook": "step rewards, top-K steps by absolute advantage"},
 )
