@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from rl_helpers import countdown_root
 
-from dllm_rl.jsonl import write_jsonl
-from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
-from dllm_rl.tasks.synthetic import make_countdown
+from dllm_rl.models import char_tokenizer
 
 
 @pytest.fixture(scope="session")
 def rl_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rl")
-    write_jsonl(root / "train.jsonl", make_countdown(32, seed=0, numbers=3, max_value=9))
-    write_jsonl(root / "test.jsonl", make_countdown(4, seed=1, numbers=3, max_value=9))
-    tok = char_tokenizer()
-    for fam in ("llada", "sdar"):
-        cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, hidden_size=32, intermediate_size=64, num_heads=2,
-                          num_kv_heads=1)
-        save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
-    return root
+    return countdown_root(tmp_path_factory.mktemp("rl"), ("llada", "sdar"), 32, 4, hidden_size=32,
+                          intermediate_size=64, num_heads=2, num_kv_heads=1)
 
 
 @pytest.fixture(scope="session")

@@ -39,3 +39,22 @@ def image_overrides(root, family: str, out, *extra: str) -> list[str]:
             "rollout.gen_length=4", "rollout.block_length=4", "eval.limit=2", f"run.output_dir={out}",
             "run.progress=false", "log.samples_every=0", "optim.lr=0.003", "model.device=cpu",
             "drop_zero_variance=false", "log.dashboard=false", *extra]
+
+
+def countdown_root(root, families, train: int, test: int, **sizes):
+    """``root`` with ``train`` / ``test`` Countdown rows (3 numbers up to 9; seeds 0 and 1) and, per family, a tiny
+    checkpoint (seed 0) on the character tokenizer; ``sizes`` go to ``tiny_config`` (a callable value is called
+    with the family, e.g. ``num_layers=lambda fam: ...``)."""
+    from dllm_rl.jsonl import write_jsonl
+    from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+    from dllm_rl.tasks.synthetic import make_countdown
+
+    write_jsonl(root / "train.jsonl", make_countdown(train, seed=0, numbers=3, max_value=9))
+    write_jsonl(root / "test.jsonl", make_countdown(test, seed=1, numbers=3, max_value=9))
+    tok = char_tokenizer()
+    for fam in families:
+        given = {k: v(fam) if callable(v) else v for k, v in sizes.items()}
+        cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id, **given)
+        save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
+    return root

@@ -8,31 +8,21 @@ import math
 
 import pytest
 import torch
-from rl_helpers import rl_overrides
+from rl_helpers import countdown_root, rl_overrides
 
 from dllm_rl.config import load_config
 from dllm_rl.estimators import TokenScores
-from dllm_rl.jsonl import write_jsonl
-from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+from dllm_rl.models import build_model, char_tokenizer, tiny_config
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.inpaint_filter import inpaint_loss_mask, top_entropy_keep
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.sampling import DecodeConfig, Rollout, generate
-from dllm_rl.tasks.synthetic import make_countdown
 
 
 @pytest.fixture(scope="module")
 def igpo_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("igpo")
-    write_jsonl(root / "train.jsonl", make_countdown(4, seed=0, numbers=3, max_value=9))
-    write_jsonl(root / "test.jsonl", make_countdown(1, seed=1, numbers=3, max_value=9))
-    tok = char_tokenizer()
-    for fam in ("llada", "dream", "sdar"):
-        cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, hidden_size=16, intermediate_size=32, num_heads=2,
-                          num_kv_heads=1, num_layers=1)
-        save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
-    return root
+    return countdown_root(tmp_path_factory.mktemp("igpo"), ("llada", "dream", "sdar"), 4, 1, hidden_size=16,
+                          intermediate_size=32, num_heads=2, num_kv_heads=1, num_layers=1)
 
 
 # the facts sheet's worked example: 10 inpainted tokens, k = max(1, floor(10 x 0.2)) = 2 -> idx 5 (3.0), 1 (2.3)

@@ -9,15 +9,12 @@ import math
 
 import pytest
 import torch
-from rl_helpers import alternating_reward, digit_reward, image_overrides, rl_overrides
+from rl_helpers import alternating_reward, countdown_root, digit_reward, image_overrides, rl_overrides
 
 from dllm_rl.config import load_config
-from dllm_rl.jsonl import write_jsonl
-from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.rl.algorithms import PRESETS
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
-from dllm_rl.tasks.synthetic import make_countdown
 
 FAMILIES = ("llada", "dream", "sdar", "llada2", "llada_moe", "sdar_moe", "fast_dllm_v2")
 IMAGE_FAMILIES = ("llada_v", "mmada")
@@ -26,17 +23,9 @@ RATIO_FREE = {"spg", "wd1"}  # no importance ratio: nothing to check at the firs
 
 @pytest.fixture(scope="module")
 def matrix_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("matrix")
-    write_jsonl(root / "train.jsonl", make_countdown(16, seed=0, numbers=3, max_value=9))
-    write_jsonl(root / "test.jsonl", make_countdown(2, seed=1, numbers=3, max_value=9))
-    tok = char_tokenizer()
-    for fam in FAMILIES:
-        # one layer, except LLaDA2, whose first layer is dense: its second is its MoE layer
-        cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, hidden_size=16, intermediate_size=32, num_heads=2,
-                          num_kv_heads=1, num_layers=2 if fam == "llada2" else 1)
-        save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
-    return root
+    # one layer, except LLaDA2, whose first layer is dense: its second is its MoE layer
+    return countdown_root(tmp_path_factory.mktemp("matrix"), FAMILIES, 16, 2, hidden_size=16, intermediate_size=32,
+                          num_heads=2, num_kv_heads=1, num_layers=lambda fam: 2 if fam == "llada2" else 1)
 
 
 @pytest.mark.parametrize("family", FAMILIES + IMAGE_FAMILIES)

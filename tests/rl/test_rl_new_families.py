@@ -6,30 +6,20 @@ import math
 
 import pytest
 import torch
-from rl_helpers import digit_reward, rl_overrides
+from rl_helpers import countdown_root, digit_reward, rl_overrides
 
 from dllm_rl.config import load_config
-from dllm_rl.jsonl import write_jsonl
-from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
+from dllm_rl.models import load_model
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
-from dllm_rl.tasks.synthetic import make_countdown
 
 NEW = ["llada2", "llada_moe", "sdar_moe", "fast_dllm_v2"]
 
 
 @pytest.fixture(scope="module")
 def new_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rl_new")
-    write_jsonl(root / "train.jsonl", make_countdown(16, seed=0, numbers=3, max_value=9))
-    write_jsonl(root / "test.jsonl", make_countdown(4, seed=1, numbers=3, max_value=9))
-    tok = char_tokenizer()
-    for fam in NEW:
-        cfg = tiny_config(fam, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id, hidden_size=32, intermediate_size=64, num_heads=2,
-                          num_kv_heads=1)
-        save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
-    return root
+    return countdown_root(tmp_path_factory.mktemp("rl_new"), NEW, 16, 4, hidden_size=32, intermediate_size=64,
+                          num_heads=2, num_kv_heads=1)
 
 
 def _weights(path):
