@@ -5,12 +5,10 @@ in the YAML file or on the command line wins over the preset. Each value is chec
 built (:func:`dllm_rl.config.check_fields`: ``Literal`` choices, registries, ranges); the rules between
 fields are checked by :func:`dllm_rl.rl.algorithms.resolve`. Both run before any model is loaded.
 
-Papers behind the defaults: PPO clipping (arXiv 1707.06347), GRPO (DeepSeekMath, arXiv 2402.03300),
-DAPO (arXiv 2503.14476), d1 / diffu-GRPO (arXiv 2504.12216), DiffuCoder coupled-GRPO (arXiv 2506.20639),
-TraceRL (arXiv 2509.06949), ESPO (arXiv 2512.03759), SPG (arXiv 2510.09541), BGPO (arXiv 2510.11683),
-JustGRPO (arXiv 2601.15165), wd1 (arXiv 2507.08838), IGPO (arXiv 2509.10396).
+The papers behind the method knobs' defaults are named by each method's module (:mod:`dllm_rl.rl.methods`),
+from which the help's "Preset:" clauses are derived.
 
-One file on purpose (about 420 lines): it is the one declaration of an RL run's configuration. Its sections are
+One file on purpose (about 440 lines): it is the one declaration of an RL run's configuration. Its sections are
 read together (each help text names keys of the others: ``train.block_size`` against ``rollout.block_size``, the
 ``eval`` schedule against the rollout's), ``RENAMED`` maps the old flat keys onto all of them, and
 ``docs/config.md`` is generated from it in this order. The shared pieces live where they are shared: the run

@@ -25,7 +25,7 @@ that fills up while a run writes its published model (RL's ``final/``, SFT's ``m
 Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
 environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 
-One file on purpose (about 410 lines): it owns one on-disk format. Saving, loading, naming, listing, pruning and
+One file on purpose (about 420 lines): it owns one on-disk format. Saving, loading, naming, listing, pruning and
 the clean-up of a save cut short all read the same layout and the same rule (a checkpoint is complete only
 once its temporary directory was renamed into place), so a change of the format is one file's change.
 """
