@@ -47,7 +47,7 @@ def test_left_after_and_rcr_remask_hand_computed():
 def test_rcr_remasks_the_lowest_running_confidence_at_each_step(fakes):
     model = _rcr_model(fakes)
     cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
-    out = generate(model, [[1, 2]], cfg, record_steps=True)
+    out = generate(model, [[1, 2]], cfg, record_steps="sampled")
     # step 0: all 6 filled, keep the 2 most confident (slots 0: 0.9, 5: 0.8), re-mask 1-4
     # step 1: 1-4 filled (0.95, 0.3, 0.85, 0.99); running [0.9, 0.95, 0.3, 0.85, 0.99, 0.8]: re-mask slot 2 (0.3)
     #         and slot 5 (0.8), committed at step 0
@@ -69,7 +69,7 @@ def test_rcr_remasks_the_lowest_running_confidence_at_each_step(fakes):
 def test_low_confidence_keeps_committed_tokens_and_records_predictions(fakes):
     model = _rcr_model(fakes)
     cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
-    out = generate(model, [[1, 2]], cfg, record_steps=True)
+    out = generate(model, [[1, 2]], cfg, record_steps="sampled")
     # step 0 commits slots 0 and 5; step 1 slots 4 (0.99) and 1 (0.95); step 2 slots 3 and 2 (confidences of
     # step 2's state, 2 masked: 0.5 where CONF has no entry, 0.4 at slot 2)
     assert out.step_map[0].tolist() == [0, 1, 2, 2, 1, 0]
@@ -99,9 +99,9 @@ def test_rcr_needs_the_static_schedule():
 def test_recorded_steps_travel_through_select_and_cat(fakes):
     model = _rcr_model(fakes)
     cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
-    a = generate(model, [[1, 2]], cfg, record_steps=True)
+    a = generate(model, [[1, 2]], cfg, record_steps="sampled")
     short = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
-    b = generate(_rcr_model(fakes), [[1, 2]], short, record_steps=True)
+    b = generate(_rcr_model(fakes), [[1, 2]], short, record_steps="sampled")
     both = Rollout.cat([a, b]).select([1, 0])
     assert torch.equal(both.step_tokens[1], a.step_tokens[0]) and torch.equal(both.step_masked[0], b.step_masked[0])
     assert both.step_confidence.shape == (2, 3, 6)
@@ -116,8 +116,8 @@ def test_rcr_and_recording_decode_in_fixed_batches_not_the_engine(fakes):
     assert "does not decode with remasking 'rcr' yet" in engine_refusal(model, cfg)
     plain = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
     assert engine_refusal(model, plain) is None
-    out = generate_batched(model, [[1, 2]], plain, engine=EngineConfig(slots=2), record_steps=True)
-    alone = generate(model, [[1, 2]], plain, record_steps=True)
+    out = generate_batched(model, [[1, 2]], plain, engine=EngineConfig(slots=2), record_steps="sampled")
+    alone = generate(model, [[1, 2]], plain, record_steps="sampled")
     assert torch.equal(out.step_tokens, alone.step_tokens) and torch.equal(out.step_masked, alone.step_masked)
 
 

@@ -58,7 +58,9 @@ def check_combination(cfg: RLConfig) -> None:
     if cfg.beta and getattr(POLICY_LOSSES[cfg.loss_type], "kl_level", None) is None:
         raise ConfigError(f"beta: the {cfg.loss_type!r} loss defines no KL term (its paper has none); set beta=0")
     try:
-        make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
+        hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
+        if hasattr(hook, "check"):  # what the hook needs of the rest of the config
+            hook.check(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.dynamic_sampling and not cfg.drop_zero_variance and cfg.accuracy_band is None:

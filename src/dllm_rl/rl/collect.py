@@ -54,7 +54,7 @@ class Round:
     reward_nonfinite: int = 0  # NaN / inf / None rewards (scored 0)
     reward_error: str = ""  # the reward's last failure
     training: TrainingRows | None = None  # the rows the update trains on instead (a rollout hook's, e.g. MDPO's)
-    advantages: list[float] | None = None  # per sample, when the rollout hook computed them (tree rollouts)
+    advantages: list[float] | torch.Tensor | None = None  # the rollout hook's: per sample (trees), [n, L] (EGSPO)
     policy_rewards: list[float] | None = None  # with a rollout hook: the rewards of the policy's own samples
 
 
@@ -216,10 +216,11 @@ class RolloutCollector:
     def advantages(self, rewards: torch.Tensor, rounds: list[Round] | None = None) -> torch.Tensor:
         """This rank's advantages, computed over every rank's rewards (so ``scale_rewards=batch`` divides by the
         whole step's standard deviation, as one process holding all the samples would); or those the rollout hook
-        computed (tree rollouts: per sibling group, within a prompt)."""
+        computed (tree rollouts: per sibling group, within a prompt; EGSPO's stepwise returns: ``[N, L]``, one per
+        completion token)."""
         acc, cfg = self.accelerator, self.cfg
         if rounds and all(x.advantages is not None for x in rounds):
-            return torch.tensor([a for x in rounds for a in x.advantages], dtype=torch.float32)
+            return torch.cat([torch.as_tensor(x.advantages, dtype=torch.float32) for x in rounds])
         parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])

@@ -24,9 +24,12 @@ A hook may also say what the update trains on instead of the round's samples (``
 :class:`TrainingRows`: rows built from the samples, with their own advantages): MDPO (:mod:`dllm_rl.rl.methods.mdpo`)
 trains on (state before a decoding step, that step's prediction) pairs. The samples' rewards stay what the round
 reports (metrics, logs); the training rows all train (the group filter and the advantage rule judge samples, not
-them). A hook whose factory sets ``records_steps = True`` on the hook gets rollouts that record every step's
-prediction (``generate(record_steps=True)``); one that sets ``makes_training_rows = True`` cannot run with the
-value model or ``dynamic_sampling`` (both work on the samples).
+them). A hook whose factory sets ``records_steps`` (``"sampled"`` or ``"greedy"``) on the hook gets rollouts that
+record every step's prediction (``generate(record_steps=...)``); one that sets ``makes_training_rows = True`` cannot
+run with the value model or ``dynamic_sampling`` (both work on the samples). A hook may set ``advantages`` itself:
+one per sample, or one per completion token (``[n, L]``: EGSPO's stepwise advantages). A hook with a ``check``
+attribute is given the resolved RL config before the run (``check(cfg)`` raises ``ValueError`` naming the key
+that does not fit it).
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ class TrainingRows:
 class RoundView:
     """One round: ``group_size`` consecutive samples per prompt. ``prompt_ids``/``prompts`` (token ids and
     text), ``rewards``/``reasons``, ``seeds`` (rollout noise) and every ``columns`` value are per sample;
-    ``stats`` collects the hook's numbers for the step's metrics (summed over rounds); ``advantages`` (per sample)
-    are set by a hook that computes them itself (tree rollouts), else the trainer computes them from the rewards."""
+    ``stats`` collects the hook's numbers for the step's metrics (summed over rounds); ``advantages`` (per sample,
+    or a ``[n, L]`` tensor per completion token) are set by a hook that computes them itself (tree rollouts,
+    EGSPO's stepwise returns), else the trainer computes them from the rewards."""
 
     prompt_ids: list[list[int]]
     prompts: list[str]
@@ -74,7 +78,7 @@ class RoundView:
     group_size: int
     stats: dict[str, float] = field(default_factory=dict)
     training: TrainingRows | None = None  # set by a hook that trains on rows of its own (see the module docstring)
-    advantages: list[float] | None = None
+    advantages: list[float] | torch.Tensor | None = None
 
 
 @dataclass

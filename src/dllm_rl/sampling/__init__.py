@@ -30,9 +30,10 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
 * ``confidence`` ``[B, G]`` float32: the rule's score of the token at commit time (0 where ``-1``).
   With ``remasking="rcr"`` (MDPO's Running-Confidence Remasking) a committed token can be re-masked and
   re-predicted within its block: ``step_map`` / ``confidence`` are then those of its last commit.
-* ``step_tokens`` / ``step_masked`` / ``step_confidence`` ``[B, S, G]`` (``generate(..., record_steps=True)``
-  only): per step, the state before it with the step's sampled token at every masked slot of the block, which
-  slots were masked, and their scores (:mod:`~dllm_rl.sampling.step_record`; MDPO rewards them).
+* ``step_tokens`` / ``step_masked`` / ``step_confidence`` ``[B, S, G]`` (``generate(..., record_steps=KIND)``
+  only): per step, the state before it with the step's prediction (sampled token, or the argmax) at every masked
+  slot of the block, which slots were masked, and their scores (:mod:`~dllm_rl.sampling.step_record`; MDPO and
+  EGSPO reward them).
 * ``entropy`` ``[B, G]`` float32: the full-vocabulary entropy of the (untempered) model distribution the token was
   chosen from, at commit time (0 where ``-1``); computed with the confidence, a few rows of a step at a time.
 * ``prefilled`` ``[B, G]`` bool (``None`` when nothing was): the tokens committed before decoding

@@ -167,9 +167,9 @@ def decode(
             gens = [generators[r] for r in rows.tolist()] if needs_rng else None
             tokens, conf, ent = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,
                                          gens)
-            del logits
             if recorder is not None:
-                recorder.add(rows, nfe[rows], s, e, tokens, conf)
+                recorder.add(rows, nfe[rows], s, e, logits.argmax(-1) if recorder.greedy else tokens, conf)
+            del logits
             chosen = _commits(config, conf, todo[active], masked0[active], steps, t)
             r_idx, c_idx = chosen.nonzero(as_tuple=True)
             rr, cc = rows[r_idx], c_idx + s
@@ -276,7 +276,7 @@ def generate(
     block_cache: bool = True,
     prefill: list[dict[int, int]] | None = None,
     images: PromptImages | None = None,
-    record_steps: bool = False,
+    record_steps: str | None = None,
     until_block: list[int] | None = None,
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
@@ -294,9 +294,10 @@ def generate(
 
     ``seeds[i]`` seeds sequence i's own ``torch.Generator`` (default ``config.seed + i``). The model is put
     in eval mode for the call and restored afterwards. ``block_cache=False`` disables the (exact) block
-    cache of block models — the slow reference path, for tests and benchmarks. ``record_steps`` keeps every
-    step's full prediction in the rollout (``step_tokens`` / ``step_masked`` / ``step_confidence``,
-    :mod:`dllm_rl.sampling.step_record`; MDPO rewards them).
+    cache of block models — the slow reference path, for tests and benchmarks. ``record_steps`` (``"sampled"``:
+    the step's sampled tokens, MDPO; ``"greedy"``: the argmax of its logits, EGSPO) keeps every step's full
+    prediction in the rollout (``step_tokens`` / ``step_masked`` / ``step_confidence``,
+    :mod:`dllm_rl.sampling.step_record`).
     """
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
@@ -310,7 +311,7 @@ def generate(
         raise ValueError(f"until_block has {len(until_block)} entries for {len(prompts)} prompts")
     stop = torch.tensor(until_block, dtype=torch.long, device=device) if until_block is not None else None
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-    recorder = StepRecorder(canvas) if record_steps else None
+    recorder = StepRecorder(canvas, record_steps) if record_steps else None
     was_training = model.training
     model.eval()
     try:
@@ -342,7 +343,7 @@ def generate_batched(
     prefill: list[dict[int, int]] | None = None,
     images: PromptImages | None = None,
     engine=None,
-    record_steps: bool = False,
+    record_steps: str | None = None,
     until_block: list[int] | None = None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:

@@ -3,7 +3,8 @@
 Semantics of the fields are documented in :mod:`dllm_rl.sampling` (the package docstring); in short,
 ``step_map[b, j]`` is the 0-based step of sequence b at which completion token j was committed, -1 where
 it was never generated. ``step_tokens`` / ``step_masked`` / ``step_confidence`` (``[B, S, G]``, only with
-``generate(..., record_steps=True)``) hold every step's full prediction (:mod:`dllm_rl.sampling.step_record`).
+``generate(..., record_steps="sampled" | "greedy")``) hold every step's full prediction
+(:mod:`dllm_rl.sampling.step_record`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Rollout:
     block_size: int | None = None  # block models: the attention block decoded in (the trace's blocks); else None
     images: PromptImages | None = None  # LLaDA-V: the image features spliced into each prompt (offsets in it)
     prefilled: torch.Tensor | None = None  # [B, G] bool, tokens committed before decoding (inpainted); None: none
-    # record_steps: per step s, the state before it with its sampled tokens at the block's masked slots (int32),
+    # record_steps: per step s, the state before it with its predicted tokens at the block's masked slots (int32),
     # which slots were masked then, and their scores (0 elsewhere); steps past a row's nfe: pad id, False, 0
     step_tokens: torch.Tensor | None = None  # [B, S, G] int32
     step_masked: torch.Tensor | None = None  # [B, S, G] bool

@@ -1,8 +1,10 @@
-"""Recording every decoding step's full prediction, for methods that reward intermediate steps (MDPO).
+"""Recording every decoding step's full prediction, for methods that reward intermediate steps (MDPO, EGSPO).
 
 A masked diffusion model predicts every masked slot at every step; the sampler commits only some. MDPO (He et
 al. 2025, arXiv 2508.13148, section 3) rewards the prediction of each step, decoded to text, and trains on the
-(state before the step, prediction) pairs. :class:`StepRecorder` keeps, per sequence and step, only token ids and
+(state before the step, prediction) pairs: its prediction is the step's sampled tokens (``"sampled"``). EGSPO's
+stepwise advantages (arXiv 2603.12554) reward the greedy one-step completion, the argmax of the step's logits
+at every masked slot (``"greedy"``). :class:`StepRecorder` keeps, per sequence and step, only token ids and
 one score per slot, never logits: ``[B, steps, G]`` int32 tokens, bool mask and float32 confidence, about
 ``9 * B * steps * G`` bytes (128 sequences x 128 steps x 256 tokens: 38 MB) whatever the vocabulary.
 
@@ -17,18 +19,26 @@ import torch
 
 from dllm_rl.sampling.canvas import Canvas
 
+#: what a step's prediction is: its sampled tokens (MDPO) or the argmax of its logits (EGSPO)
+PREDICTIONS = ("sampled", "greedy")
+
 
 class StepRecorder:
-    """Collects each step's prediction for the rows that took it; :meth:`tensors` lays them out per sequence."""
+    """Collects each step's prediction (``prediction``: one of :data:`PREDICTIONS`) for the rows that took it;
+    :meth:`tensors` lays them out per sequence."""
 
-    def __init__(self, canvas: Canvas):
+    def __init__(self, canvas: Canvas, prediction: str = "sampled"):
+        if prediction not in PREDICTIONS:
+            raise ValueError(f"record_steps must be one of {', '.join(PREDICTIONS)}, got {prediction!r}")
         self.canvas = canvas
+        self.greedy = prediction == "greedy"
         self.entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, rows: torch.Tensor, step: torch.Tensor, s: int, e: int, tokens: torch.Tensor,
             conf: torch.Tensor) -> None:
-        """Rows ``rows`` take their step ``step`` (``[n]``) in block columns ``[s, e)`` with sampled ``tokens`` and
-        scores ``conf`` (``[n, e - s]``); call before the step commits anything."""
+        """Rows ``rows`` take their step ``step`` (``[n]``) in block columns ``[s, e)`` with predicted ``tokens``
+        (sampled, or the argmax: :attr:`greedy`) and scores ``conf`` (``[n, e - s]``); call before the step commits
+        anything."""
         c = self.canvas
         masked = c.todo[rows]
         pred = c.x[rows].clone()

@@ -14,25 +14,114 @@ the facts come from its released code (``egspo/egspo_trainer.py``), which we fol
   divided by ``tokens_per_step`` (the code's ``max_completion_length / diffusion_steps``, 256 / 128 = 2).
 * KL: k3 on the step log-likelihoods (``kl_level="draw"``). The code adds ``beta * KL`` (beta 0.04) inside the
   division by ``tokens_per_step``; ours adds it outside, so the preset's beta is ``0.04 / 2 = 0.02``.
-* Advantage: the final reward minus the group mean, no std division (``scale_rewards=none``); the code's mean is
-  taken per selected-step column, the same for every column when the return is the final reward.
+* Stepwise advantages (EGSPO-SA, the rollout hook ``egspo_returns``; ``lambda = 0.5`` with ``normalize_returns``
+  as ``train.sh`` runs it): each selected step's greedy one-step completion (the argmax of the step's logits at
+  every slot still masked, the rollout's ``record_steps="greedy"``) is rewarded, ``R_k``; its return is
+  ``G_k = (R + lambda (R - R_k)) / (1 + lambda)`` with ``R`` the final reward, and its advantage ``A_k = G_k -``
+  the group's mean of ``G_k``, taken per selected-step column ``k`` (the ``k``-th highest-entropy step of each
+  sample), no std division. The hook hands them on as token advantages (each token gets its step's), which the
+  loss reads per (sample, step). ``lambda = 0`` is the final reward minus the group mean (the code's
+  ``ep_lambda1_0.0`` runs), what the loss computes without the hook from ``advantage: group_zscore``,
+  ``scale_rewards: none``.
 
-Not implemented (EGSPO-SA's stepwise advantages): the return ``G_k = (R + lambda (R - R_k)) / (1 + lambda)`` with
-``R_k`` the reward of the greedy one-step completion from the step's state (``lambda = 0.5`` in ``train.sh``) needs
-the sampler to keep a greedy completion per step and the reward of each; this preset is the ``lambda = 0`` setting
-(the code's ``ep_lambda1_0.0`` runs). Other deviations: the code takes one optimizer step per selected column (``K``
-calls reuse a rollout, one column each, off-policy after the first); ours puts a sample's ``K`` steps in one update
-(``train.num_iterations`` reuses the rollout). Old log-probs are the current policy's before the update, as for every
-method here, where the code records them in the rollout.
+Deviations: the code takes one optimizer step per selected column (``K`` calls reuse a rollout, one column each,
+off-policy after the first); ours puts a sample's ``K`` steps in one update (``train.num_iterations`` reuses the
+rollout). Old log-probs are the current policy's before the update, as for every method here, where the code
+records them in the rollout. The greedy completion covers the block being decoded: later blocks stay masked (the
+sampler computes the current block's logits only; LLaDA's full attention would predict them too), so with several
+blocks an early step's completion is partial (the recipe decodes one block of 256 with 128 steps, as the code's
+``block_length`` 32 over 256 tokens would not: its completion fills every block). A column mean takes the
+samples that have the column (a sample with fewer than ``K`` steps has fewer); groups whose final rewards are all
+equal are still dropped by ``drop_zero_variance`` as for every method (the code keeps them: their stepwise
+advantages can differ), so the recipe sets ``drop_zero_variance: false``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from dllm_rl.estimators import TokenScores
+from dllm_rl.estimators.egspo_steps import select_steps
+from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, register_hook
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
 from dllm_rl.rl.method import Method
+from dllm_rl.rl.step_predictions import step_rollout
+
+
+def stepwise_advantages(final: torch.Tensor, step_rewards: torch.Tensor, valid: torch.Tensor, group_size: int,
+                        lam: float, normalize: bool = True) -> torch.Tensor:
+    """``[N, K]`` EGSPO-SA advantages (the code's ``_generate_and_score_completions``): ``G = R + lam (R - R_k)``
+    (``/ (1 + lam)`` when ``normalize``) from the final rewards ``final`` ``[N]`` and the selected steps' one-step
+    rewards ``step_rewards`` ``[N, K]``, minus the mean of ``G`` over each group of ``group_size`` consecutive samples,
+    per column ``k``, over the samples where ``valid`` (0 elsewhere)."""
+    n, k = step_rewards.shape
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"{n} samples do not split into groups of {group_size}")
+    r = final.float()[:, None]
+    g = r + lam * (r - step_rewards.float())
+    if normalize:
+        g = g / (1.0 + lam)
+    w = valid.float().view(-1, group_size, k)
+    gv = (g * valid).view(-1, group_size, k)
+    mean = gv.sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1.0)
+    return ((gv - mean) * w).view(n, k)
+
+
+def token_advantages(step_map: torch.Tensor, steps: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """``[N, L]``: each completion token gets the advantage of its selected step (``steps`` ``[N, K]``, -1 for none;
+    ``adv`` ``[N, K]``), 0 where its step was not selected."""
+    hit = (step_map[:, None, :] == steps[:, :, None]) & (steps[:, :, None] >= 0)  # [N, K, L]
+    return (hit.float() * adv[:, :, None].float()).sum(1)
+
+
+@register_hook("egspo_returns")
+def egspo_returns_hook(*, lam: float = 0.5, normalize: bool = True, num_steps: int = 8) -> RolloutHook:
+    """EGSPO-SA's stepwise advantages (arXiv 2603.12554; see the module docstring): each sample's ``num_steps``
+    highest-entropy steps (the ``egspo_steps`` estimator's, whose ``num_steps`` it must equal), their greedy
+    one-step completions rewarded in one reward call, and ``[n, L]`` token advantages. ``stats``:
+    ``egspo_step_reward`` (the mean reward of the selected steps' one-step completions)."""
+    if lam < 0:
+        raise ValueError(f"egspo_returns: lam must be >= 0, got {lam}")
+    if num_steps < 1:
+        raise ValueError(f"egspo_returns: num_steps must be >= 1, got {num_steps}")
+
+    def hook(view: RoundView, ctx: HookContext) -> RoundView:
+        ro = view.rollout
+        if ro.step_tokens is None:
+            raise ValueError("the egspo_returns hook needs rollouts decoded with record_steps (its factory asks for "
+                             "them)")
+        step_map = ro.step_map.long().cpu()
+        counted = ro.completion_mask.cpu() & (step_map >= 0)
+        steps, _ = select_steps(step_map, ro.entropy.cpu(), counted, num_steps)  # the estimator's own choice
+        valid = steps >= 0
+        rows, at = valid.nonzero(as_tuple=True)
+        step_r = torch.zeros(steps.shape, dtype=torch.float32)
+        if len(rows):
+            values, _ = ctx.reward(rows.tolist(), step_rollout(ro, rows.tolist(), steps[rows, at].tolist(),
+                                                               ctx.tokenizer, ctx.eos_token_id, ctx.mask_token_id))
+            step_r[rows, at] = torch.tensor(values, dtype=torch.float32)
+        adv = stepwise_advantages(torch.tensor(view.rewards), step_r, valid, view.group_size, lam, normalize)
+        stats = {"egspo_step_reward": float(step_r[valid].mean()) if valid.any() else 0.0}
+        return replace(view, rollout=replace(ro, step_tokens=None, step_masked=None, step_confidence=None),
+                       advantages=token_advantages(step_map, steps, adv), stats={**view.stats, **stats})
+
+    def check(cfg) -> None:
+        if cfg.estimator != "egspo_steps":
+            raise ValueError(f"rollout_hook: egspo_returns gives the advantages of the egspo_steps estimator's "
+                             f"steps; estimator is {cfg.estimator!r}")
+        k = (cfg.estimator_options or {}).get("num_steps", 8)
+        if k != num_steps:
+            raise ValueError(f"rollout_hook_options.num_steps: {num_steps} must equal estimator_options.num_steps "
+                             f"({k}): the hook rewards the steps the estimator trains")
+        if cfg.value_model.enabled:
+            raise ValueError("value_model.enabled: egspo_returns computes the advantages itself; the value model "
+                             "would replace them")
+
+    hook.records_steps = "greedy"  # type: ignore[attr-defined]
+    hook.check = check  # type: ignore[attr-defined]
+    return hook
 
 
 @register_loss("egspo", kl_level="draw")
@@ -42,17 +131,25 @@ def egspo_loss(
 ) -> LossOutput:
     """EGSPO's clipped step-level surrogate (arXiv 2603.12554; the code's ``compute_loss``): ``z = sum_g w (logp_new
     - logp_old)`` per (draw = selected step, sample), ``-min(e^z A, clip(e^z) A)``, mean over the cells that score
-    a token, divided by ``loss_options.tokens_per_step`` (default 1)."""
+    a token, divided by ``loss_options.tokens_per_step`` (default 1). ``advantages``: one per sample ``[B]``, or
+    per completion token ``[B, L]`` (the ``egspo_returns`` hook's stepwise ones: a cell takes the mean over the
+    tokens it scores, which all carry its step's)."""
     check_options(config, "egspo", ("tokens_per_step",))
     per_step = float(config.option("tokens_per_step", 1.0))
     if per_step <= 0:
         raise ValueError(f"loss_options.tokens_per_step must be > 0, got {per_step}")
-    if advantages.dim() != 1:
-        raise ValueError(f"the egspo loss takes one advantage per sample ([B]), got shape {tuple(advantages.shape)}")
+    if advantages.dim() not in (1, 2):
+        raise ValueError(f"the egspo loss takes advantages per sample [B] or per token [B, L], got shape "
+                         f"{tuple(advantages.shape)}")
     z = (new.weight * (new.logp - old.logp.detach())).sum(-1)  # [D, B]
-    cell = (new.weight != 0).any(-1)
+    scored = new.weight != 0
+    cell = scored.any(-1)
+    if advantages.dim() == 1:
+        adv = advantages.float()[None, :]
+    else:  # the step's advantage, read at the tokens the cell scores
+        adv = (scored.float() * advantages.float()[None]).sum(-1) / scored.float().sum(-1).clamp(min=1.0)
     ratio = torch.exp(z)
-    per_cell, clipped = clipped_surrogate(ratio, advantages.float()[None, :], config.epsilon, config.clip_high)
+    per_cell, clipped = clipped_surrogate(ratio, adv, config.epsilon, config.clip_high)
     loss = (per_cell * cell.float()).sum() / cell.float().sum().clamp(min=1.0) / per_step
     live = ratio.detach()[cell]
     stats = {"clip_frac": float(clipped[cell].float().mean()) if cell.any() else 0.0,
@@ -65,7 +162,8 @@ METHOD = Method(
     name="egspo", paper="EGSPO, arXiv 2603.12554", recipe="llada-egspo-math.yaml",
     preset=dict(estimator="egspo_steps", estimator_options={"num_steps": 8}, loss_type="egspo",
                 loss_options={"tokens_per_step": 2}, loss_aggregation="seq_mean", beta=0.02, kl_estimator="k3",
-                advantage="group_zscore", scale_rewards="none", estimator_noise="sample"),
-    notes={"estimator": "top-K steps by committed-token entropy", "loss": "clip per (sample, step) ratio; "
-           "final-reward advantage (no stepwise returns)"},
+                advantage="group_zscore", scale_rewards="none", estimator_noise="sample",
+                rollout_hook="egspo_returns", rollout_hook_options={"lam": 0.5, "num_steps": 8}),
+    notes={"estimator": "top-K steps by committed-token entropy", "loss": "clip per (sample, step) ratio",
+           "hook": "stepwise returns from each step's greedy completion (lambda 0.5)"},
 )

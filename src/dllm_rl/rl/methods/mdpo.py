@@ -5,9 +5,10 @@ A masked diffusion model predicts the whole answer at every decoding step, and a
 refined into a wrong one ("answer backslide"). MDPO rewards every step's prediction and trains each step as an
 action: the state before the step ``x_t`` and the step's full prediction ``x0_t``.
 
-* Rollouts record every step's prediction (``generate(record_steps=True)``, :mod:`dllm_rl.sampling.step_record`:
+* Rollouts record every step's prediction (``generate(record_steps="sampled")``, :mod:`dllm_rl.sampling.step_record`:
   token ids and one score per slot, never logits). The hook ``mdpo`` rewards each step's prediction, decoded to
-  text, through the round's own reward call with the prompts' data (``HookContext.reward``).
+  text (:mod:`dllm_rl.rl.step_predictions`), through the round's own reward call with the prompts' data
+  (``HookContext.reward``).
 * Step advantages (:func:`step_advantages`, the released code's "adv-v3 + adv-v4", copied by DARE): per sample,
   ``s_t = (r_t - r_{t-1} + 1) + mean(r_{t+1..T-1})`` (``r_{-1} = 0``; the last step's future term is its own
   reward), normalised per step over the prompt's group: ``A = (s - mean) / (std + 1e-6)`` (unbiased std).
@@ -44,6 +45,7 @@ from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, TrainingRows, register_hook
 from dllm_rl.rl.losses import AGGREGATIONS, LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
 from dllm_rl.rl.method import Method
+from dllm_rl.rl.step_predictions import step_rollout
 from dllm_rl.sampling import Rollout
 
 EPS = 1e-6  # DARE's std epsilon (the authors': 1e-4)
@@ -84,31 +86,6 @@ def top_steps(advantages: torch.Tensor, k: int, valid: torch.Tensor) -> torch.Te
     return order[:k].sort().values
 
 
-def prediction_texts(tokens: torch.Tensor, tokenizer, eos: int, pad: int, mask: int) -> list[str]:
-    """Each row's prediction as the answer's text: its tokens before the first EOS, mask and pad ids dropped
-    (later blocks' slots still masked), special tokens skipped, as rollouts' texts are decoded."""
-    out = []
-    for row in tokens.tolist():
-        ids = row[:row.index(eos)] if eos in row else row
-        out.append(tokenizer.decode([i for i in ids if i not in (mask, pad)], skip_special_tokens=True))
-    return out
-
-
-def step_rollout(rollout: Rollout, t: int, rows: list[int], tokenizer, eos: int, mask: int) -> Rollout:
-    """Rows ``rows`` of ``rollout`` with step ``t``'s prediction as their completion (to reward it): the answer is
-    the prediction up to its first EOS; the slots predicted at ``t`` carry step ``t`` in ``step_map``."""
-    sub = rollout.select(rows)
-    tokens = sub.step_tokens[:, t].long()
-    masked = sub.step_masked[:, t]
-    is_eos = tokens == eos
-    answer = (is_eos.long().cumsum(-1) - is_eos.long() == 0) & (tokens != mask) & ((tokens != sub.pad_token_id)
-                                                                                   | is_eos)
-    texts = prediction_texts(tokens, tokenizer, eos, sub.pad_token_id, mask)
-    return replace(sub, completion_ids=tokens, completion_mask=answer, texts=texts,
-                   step_map=torch.where(masked, t, sub.step_map), step_tokens=None, step_masked=None,
-                   step_confidence=None)
-
-
 def pair_rollout(rollout: Rollout, samples: list[int], steps: list[int], mask: int) -> Rollout:
     """One row per (sample, step) pair: the completion is the step's prediction, ``completion_mask`` the slots it
     predicted (masked in the state before it; all other slots are the state's: committed tokens, later blocks'
@@ -133,7 +110,8 @@ def step_rewards(view: RoundView, ctx: HookContext, mask: int) -> torch.Tensor:
     for t in range(steps):
         rows = [b for b in range(n) if t < counts[b]]
         if rows:
-            values, _ = ctx.reward(rows, step_rollout(ro, t, rows, ctx.tokenizer, ctx.eos_token_id, mask))
+            values, _ = ctx.reward(rows, step_rollout(ro, rows, [t] * len(rows), ctx.tokenizer, ctx.eos_token_id,
+                                                      mask))
             r[rows, t] = torch.tensor(values, dtype=torch.float32)
     return r
 
@@ -168,7 +146,7 @@ def mdpo_hook(*, train_steps: int = 16) -> RolloutHook:
         return replace(view, rollout=replace(ro, step_tokens=None, step_masked=None, step_confidence=None),
                        training=training, stats={**view.stats, **stats})
 
-    hook.records_steps = True  # type: ignore[attr-defined]
+    hook.records_steps = "sampled"  # type: ignore[attr-defined]
     hook.makes_training_rows = True  # type: ignore[attr-defined]
     return hook
 
