@@ -45,7 +45,8 @@ FINAL = {"espo_fault": "final", "sft": "model", "sft_resumed": "model", "sft_lor
          "tracerl_lora": "final", "value": "final", "value_resumed": "final", "dpo": "model"}
 VALUE_RUNS = ("value", "value_resumed")  # TraceRL with its value model: its gathered weights are compared too
 
-RUNS = [run for run in FINAL if run != "espo_fault"]
+# the full set: ESPO's resume is left to the short set, where no value-model resume covers the RL checkpoint
+RUNS = [run for run in FINAL if run not in ("espo_fault", "espo_resumed")]
 # The driver's mode "short" (SFT, ESPO, TraceRL with the value model's second engine, a resume, TraceRL with LoRA
 # and the base as reference: LoRA must hold under every backend), for the
 # backends whose code paths the full set adds nothing to beyond them (ZeRO-2 holds full parameters; ZeRO-3 with
@@ -175,6 +176,8 @@ def test_two_rank_runs_equal_one_process(root, backend, request):
     assert json.loads((single / "espo" / "checkpoints" / "step-0000001" / "trainer_state.json").read_text()
                       )["world_size"] == 1
     for run in runs(backend):
+        if run == "espo_resumed":  # the resume test finds it equal to this backend's espo run, compared here;
+            continue  # one process makes none (its full set resumes the value-model run instead)
         if run == "espo_nan" and backend != "ddp":
             # Step 1 is skipped, so step 2 is AdamW's first update, lr * g / (|g| + eps): on elements whose
             # gradient is ~eps it turns the reduce-scatter's rounding into differences up to lr (measured on

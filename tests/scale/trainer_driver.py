@@ -2,10 +2,10 @@
 one-process run they are compared with (started as a plain script).
 
 Under whatever backend the launch configured (DDP, FSDP2, ZeRO), runs in one process group: SFT 2 steps,
-SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), ESPO resumed from
-its step-1 checkpoint, TraceRL 2 steps with a frozen reference copy (beta > 0), TraceRL with LoRA and the
-adapter-disabled base as its reference, TraceRL with its value model 2 steps and resumed from step 1 (the
-gathered value weights in ``value_weights.pt``), DPO (VRPO) 2 steps with its frozen reference copy. Each run
+SFT 1 step + resume to 2, SFT with LoRA 2 steps, ESPO 2 steps (checkpoint every step), TraceRL 2 steps with
+a frozen reference copy (beta > 0), TraceRL with LoRA and the adapter-disabled base as its reference, TraceRL
+with its value model 2 steps and resumed from step 1 (the RL checkpoint's resume, the value model's included;
+the gathered value weights in ``value_weights.pt``), DPO (VRPO) 2 steps with its frozen reference copy. Each run
 writes its final model in the published layout under OUT/<run>/ (``model/`` for SFT, ``final/`` for RL).
 
 ESPO with uneven kept samples (``uneven``; also alone as mode ``uneven``) and ESPO with a NaN loss in step 1
@@ -201,7 +201,6 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
     rl(root, out / "espo", "sdar", "espo", *SAVED)
     uneven(root, out)
     nan(root, out)
-    rl(root, out / "espo_resumed", "sdar", "espo", f"run.resume={out / 'espo' / 'checkpoints' / 'step-0000001'}")
     rl(root, out / "tracerl", "sdar", "tracerl", "beta=0.05", "reference=copy")
     rl(root, out / "tracerl_lora", *TRACERL_LORA)
     rl(root, out / "value", "sdar", "tracerl", *VALUE, *SAVED)
