@@ -8,10 +8,11 @@ prefix vs none [>= 2x] and dual vs none [>= 3x]; batch 32 vs the same 32 prompts
 dynamic threshold 0.9 vs static one token per step: NFE ratio; continuous batching (``dllm_rl.sampling.engine``) vs
 fixed batches of the same width on the shipped demo models, rollout settings (temperature 1, threshold 0.9, EOS
 stops), answer tokens/s at equal tokens (the two give the same tokens; the run checks it) [>= 2x, issue 37], and with
-the engine's early stop (same answers, fewer steps). Decoding is greedy with one token per step
-(static) unless stated; ``stop_on_eos`` is off so every mode decodes the same number of tokens. Models are
-random; the dynamic-threshold model has its LM head scaled up so its confidences spread over (0, 1) like a
-trained model's (a random model is never 90% sure of anything). Each mode runs once per round, rounds
+the engine's early stop (same answers, fewer steps); the block demo's RL step beside a process that keeps one core
+busy, at two threads and at the count ``dllm_rl.threads`` chooses [busy / idle <= 2x, issue 37]. Decoding is greedy
+with one token per step (static) unless stated; ``stop_on_eos`` is off so every mode decodes the same number of
+tokens. Models are random; the dynamic-threshold model has its LM head scaled up so its confidences spread over
+(0, 1) like a trained model's (a random model is never 90% sure of anything). Each mode runs once per round, rounds
 interleave the modes, and the best time of the rounds is kept; tok/s is reported against wall-clock time and
 against the main thread's CPU time (with one torch thread all compute runs there, so it ignores the machine's
 other tenants). Peak memory: peak CUDA allocation, or on CPU
@@ -162,6 +163,51 @@ def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
             print(f"    ratio {key} / fixed, tok/s: {ratio:5.2f}x  {verdict}")
 
 
+def threads_section(args, steps: int) -> None:
+    """Issue 37: the block demo's RL step (the demo config: ESPO, 16 prompts x 8 rollouts) with two intra-op threads
+    and with the count ``dllm_rl.threads`` chooses (one, for this model), on the machine as it is and beside a busy
+    process that spins on one core; seconds per step (rollout + update), best of ``steps`` after a warm-up step."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from dllm_rl.config import load_config
+    from dllm_rl.rl.cli import demo_config_path, demo_overrides
+    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.trainer import RLTrainer
+
+    def step_seconds(threads: int | None) -> tuple[float, float]:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = load_config(RLConfig, demo_config_path("block"), [
+                *demo_overrides("block"), f"run.output_dir={out}", "run.progress=false", "log.samples_every=0",
+                "log.dashboard=false", "eval.limit=0", *([f"train.num_threads={threads}"] if threads else [])])
+            trainer = RLTrainer(cfg)
+            times = []
+            for _ in range(steps + 1):
+                m = trainer.step().metrics
+                times.append((m["time_rollout"], m["time_update"]))
+            return min(times[1:], key=sum)
+
+    print(f"\nthreads on a shared machine: block demo RL step (rollout + update s), best of {steps} after a warm-up; "
+          f"{len(os.sched_getaffinity(0))} usable cores")
+    rows = {}
+    for busy in (False, True):
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            for label, threads in (("2 threads", 2), ("chosen", None)):
+                roll, upd = step_seconds(threads)
+                rows[(busy, label)] = roll + upd
+                print(f"  {'busy core beside' if busy else 'as it is':<17} {label:<10} ({torch.get_num_threads()} "
+                      f"thread(s)): {roll:6.2f} + {upd:6.2f} = {roll + upd:6.2f} s", flush=True)
+        finally:
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
+    for label in ("2 threads", "chosen"):
+        ratio = rows[(True, label)] / rows[(False, label)]
+        print(f"  {label:<10} busy / as it is: {ratio:5.2f}x  (target <= 2x: {'ok' if ratio <= 2 else 'MISSED'})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small smoke run: prompt 16, gen 32, fewer prompts")
@@ -174,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention kernel (default sdpa)")
     ap.add_argument("--only", default="",
-                    help="comma list of sections to run: cache,full,batch,dynamic,continuous (default all)")
+                    help="comma list of sections to run: cache,full,batch,dynamic,continuous,threads (default all)")
     ap.add_argument("--slots", type=int, default=32,
                     help="continuous section: engine slots = fixed batch width (default 32; --quick 8)")
     args = ap.parse_args(argv)
@@ -189,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
           f"vocab {args.vocab}, prompt {prompt_len}, gen {gen}, batch {batch} (batch test: {n_many} prompts), "
           f"best of {repeats} interleaved rounds")
 
-    sections = set(args.only.split(",")) if args.only else {"cache", "full", "batch", "dynamic", "continuous"}
+    sections = set(args.only.split(",")) if args.only else {"cache", "full", "batch", "dynamic", "continuous",
+                                                              "threads"}
     sdar, llada = tiny("sdar", args), tiny("llada", args)
     generate(sdar, prompts[:1], DecodeConfig(gen_length=8))  # warm-up
     generate(llada, prompts[:1], DecodeConfig(gen_length=8, block_length=8))
@@ -249,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<42} {value:6.2f}x wall {cpu_value:6.2f}x cpu{verdict}")
     if "continuous" in sections:
         continuous_section(args, 32 if args.quick else 256, 8 if args.quick else args.slots, repeats)
+    if "threads" in sections:
+        threads_section(args, 1 if args.quick else 3)
     return 0
 
 

@@ -22,7 +22,7 @@ LAYERS = [
     ("models", ("models",)),
     ("tasks", ("tasks",)),
     ("sandbox", ("sandbox",)),
-    ("ground", ("config", "jsonl", "errors", "seeding", "hub", "registry", "__init__")),
+    ("ground", ("config", "jsonl", "errors", "seeding", "hub", "registry", "threads", "__init__")),
 ]
 #: rows whose packages may import one another (the two entry modules; the ground floor's utilities)
 SHARED = ("cli", "ground")

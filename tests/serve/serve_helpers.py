@@ -15,6 +15,20 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
                  "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
+def alone_answer(model, tokenizer, ids, config, max_tokens):
+    """What `generate` gives this prompt alone, as the server words it: (text, finish_reason) of the answer (before
+    its EOS) cut to ``max_tokens`` tokens."""
+    from dllm_rl.sampling import generate
+
+    roll = generate(model, [ids], config, seeds=[config.seed])
+    answer = roll.completion_ids[0][roll.completion_mask[0]].tolist()
+    ended = roll.finish_reason[0] == "eos"
+    answer = answer[:-1] if ended else answer
+    if len(answer) > max_tokens:
+        answer, ended = answer[:max_tokens], False
+    return tokenizer.decode(answer, skip_special_tokens=True), "stop" if ended else "length"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,7 +66,10 @@ class Gate:
 
     def __init__(self, server):
         self.open_event = threading.Event()
-        engine = server.worker.engine
+        for engine in server.worker.engines.values():
+            self._gate(engine)
+
+    def _gate(self, engine) -> None:
         real = engine.step
 
         def gated():

@@ -14,26 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import DEMO, Gate, free_port, running
+from serve_helpers import DEMO, Gate, alone_answer, free_port, running
 
-from dllm_rl.sampling import DecodeConfig, generate
+from dllm_rl.sampling import DecodeConfig
 
 # the demo's held-out Countdown items in its compact prompt style
 PROMPTS = [f"nums {' '.join(map(str, row['nums']))} target {row['target']}\n"
            for row in map(json.loads, (DEMO / "countdown_heldout.jsonl").read_text().splitlines()[:8])]
 BASE = DecodeConfig(gen_length=32, threshold=0.5)
-
-
-def _alone(model, tokenizer, ids, config, max_tokens):
-    """What `generate` gives this prompt alone, as the server words it: (text, finish_reason) of the answer (before
-    its EOS) cut to ``max_tokens`` tokens."""
-    roll = generate(model, [ids], config, seeds=[config.seed])
-    answer = roll.completion_ids[0][roll.completion_mask[0]].tolist()
-    ended = roll.finish_reason[0] == "eos"
-    answer = answer[:-1] if ended else answer
-    if len(answer) > max_tokens:
-        answer, ended = answer[:max_tokens], False
-    return tokenizer.decode(answer, skip_special_tokens=True), "stop" if ended else "length"
 
 
 def _events(response) -> list:
@@ -55,7 +43,7 @@ def test_completions_and_chat_streaming_and_not(make_server, demo_model):
     with running(make_server(BASE, slots=4)) as url, httpx.Client(base_url=url, timeout=60) as client:
         assert client.get("/health").json() == {"status": "ok", "model": "sdar-countdown"}
         r = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 14}).json()
-        text, reason = _alone(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 14)
+        text, reason = alone_answer(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 14)
         assert r["choices"][0]["text"] == text and r["choices"][0]["finish_reason"] == reason
         assert r["object"] == "text_completion" and r["usage"]["prompt_tokens"] == 21
         assert r["usage"]["completion_tokens"] == len(tok.encode(text, add_special_tokens=False))
@@ -67,12 +55,12 @@ def test_completions_and_chat_streaming_and_not(make_server, demo_model):
             events = _events(resp)
         assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
         pieces = [e["choices"][0]["text"] for e in events[:-2]]
-        want, _ = _alone(model, tok, tok.encode(PROMPTS[2], add_special_tokens=False), cfg, 32)
+        want, _ = alone_answer(model, tok, tok.encode(PROMPTS[2], add_special_tokens=False), cfg, 32)
         assert "".join(pieces) == want and len(pieces) >= 2 and all(pieces)
         # chat: the tokenizer's template, the same answer as generate on the templated prompt
         msgs = [{"role": "user", "content": PROMPTS[1]}]
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-        chat_text, chat_reason = _alone(model, tok, ids, BASE, 32)
+        chat_text, chat_reason = alone_answer(model, tok, ids, BASE, 32)
         c = client.post("/v1/chat/completions", json={"messages": msgs}).json()
         assert c["object"] == "chat.completion" and c["choices"][0]["message"] == {"role": "assistant",
                                                                                  "content": chat_text}

@@ -76,12 +76,6 @@ def eval_command(args: argparse.Namespace) -> int:
     from dllm_rl.eval.settings import load_settings_file, parse_setting
     from dllm_rl.training.run_config import RunConfig
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: must be >= 1, got {args.threads}")
-        import torch
-
-        torch.set_num_threads(args.threads)
     task, data, prompt_style, decode = args.task, args.data, args.prompt_style, decode_overrides(args)
     if args.demo:  # the shipped demo's held-out set and decoding (dllm_rl.eval.demo); explicit flags win
         from dllm_rl.eval.demo import demo_defaults
@@ -139,7 +133,6 @@ def register_eval(sub) -> None:
     p.add_argument("--settings-file", default=None,
                    help="YAML file of settings: {name: {key: value}} or a list of {name: ..., key: value}")
     p.add_argument("--task-option", action="append", metavar="KEY=VALUE", help="extra get_task option, repeatable")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     # one flag per EvalRunConfig field (--task, --limit, --num-samples, ...) and per run-section field it uses
     add_config_arguments(p, EvalRunConfig, exclude=("model_dir", "command"), title="evaluation (EvalRunConfig)")
     add_config_arguments(p, RunConfig, title="run (the run section shared with rl and sft)", dest_prefix="run.",
@@ -192,6 +185,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     from dllm_rl.models import load_model
     from dllm_rl.models.checks import check_model_tokenizer
     from dllm_rl.sampling import generate
+    from dllm_rl.threads import use_cpu_threads
     from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     model_dir = resolve_model_path(args.model_dir)
@@ -221,6 +215,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     device = resolve_device(args.device)
     dtype = resolve_eval_dtype(args.dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
+    use_cpu_threads(model, device)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     roll = generate(model, ids, decode, tokenizer=tok, block_cache=resolved.block_cache)
     records = records_from_rollout(roll, tok, labels=labels, block_length=roll.block_size or decode.block_length,

@@ -46,6 +46,7 @@ from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.update import PolicyUpdater
 from dllm_rl.rl.value import ValueLearner
 from dllm_rl.tasks import get_task
+from dllm_rl.threads import use_cpu_threads
 from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
@@ -123,6 +124,7 @@ class RLTrainer(RLCheckpoints):
         cfg = self.cfg
         self.model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=self.accelerator.device,
                                 tokenizer_dir=cfg.model.tokenizer)
+        use_cpu_threads(self.model, self.accelerator.device, cfg.train.num_threads)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id)
         for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
             decode_config(cfg, self.model, evaluation=evaluation)

@@ -81,6 +81,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling.decode import decode_block_length, generate_batched
+    from dllm_rl.threads import use_cpu_threads
 
     try:  # the flags are GenerateOptions' fields: its ranges checked here, before any loading
         GenerateOptions(**given_values(args, GenerateOptions))
@@ -93,6 +94,7 @@ def generate_command(args: argparse.Namespace) -> int:
         raise UserError("give at least one --prompt TEXT or --prompts-file F.jsonl")
     config = decode_config_from_args(args)
     model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
+    use_cpu_threads(model, model.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):

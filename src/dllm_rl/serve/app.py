@@ -7,6 +7,9 @@ request asking for other values than the server's is refused with 400 naming the
 up to the decoding block for the engine and the answer cut back to it. ``seed`` defaults to the server's
 (``--seed``), never to the arrival order, so a request's answer does not depend on who else is served.
 
+A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
+``--lora NAME=DIR``; each adapter has an engine of its own, so a request decodes with its adapter as it would alone.
+
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
 field), 429 (queue full), 504 (timeout), 503 (shutting down).
 """
@@ -82,17 +85,35 @@ OPTIONS = ("temperature", "top_p", "top_k", "threshold", "steps", "seed")
 
 
 class Server:
-    """The model, its tokenizer, the worker and the limits behind one app."""
+    """The model, its tokenizer, the worker and the limits behind one app. ``adapters`` names the LoRA adapters
+    loaded into the model (:func:`~dllm_rl.training.lora.load_named_adapters`): a request's ``model`` field picks one
+    (or the base model, ``name``), and each has its own engine of ``limits.slots`` slots."""
 
-    def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str):
+    def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
+                 adapters: tuple[str, ...] = ()):
+        from dllm_rl.training.lora import active_adapter
+
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
-        engine = Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop), tokenizer)
-        self.block = engine.block
-        self.worker = Worker(engine, model.eos_token_id)
+        self.adapters = tuple(adapters)
+        engines = {key: Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop),
+                               tokenizer) for key in (None, *self.adapters)}
+        self.block = engines[None].block
+        self.worker = Worker(engines, model.eos_token_id,
+                             (lambda key: active_adapter(model, key)) if self.adapters else None)
         self.held = 0  # requests accepted and not answered yet (asyncio thread only)
         self.closing = False
 
     # ---- requests -> tickets ---------------------------------------------------------------------------------
+    def adapter_for(self, req: Decoding) -> str | None:
+        """The LoRA adapter the request's ``model`` names (None: the base model, also when it names none), or a
+        400 naming ``model``."""
+        if req.model is None or req.model == self.name:
+            return None
+        if req.model in self.adapters:
+            return req.model
+        raise ApiError(400, f"model: {req.model!r} is not served here; served: "
+                       f"{', '.join([self.name, *self.adapters])}", "model")
+
     def config_for(self, req: Decoding) -> tuple[DecodeConfig, int]:
         """The request's DecodeConfig and its max_tokens, or a 400 naming the field."""
         if req.n != 1:
@@ -143,14 +164,15 @@ class Server:
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
 
-    def ticket(self, ids: list[int], config: DecodeConfig, stream: bool) -> Ticket:
+    def ticket(self, ids: list[int], config: DecodeConfig, stream: bool, adapter: str | None = None) -> Ticket:
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
         if self.held >= self.limits.slots + self.limits.max_queue:
             self.worker.counters.rejected_queue_full += 1
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
-        return Ticket(ids, config, config.gen_length, config.seed, stream, asyncio.Queue(), asyncio.get_running_loop())
+        return Ticket(ids, config, config.gen_length, config.seed, stream, asyncio.Queue(), asyncio.get_running_loop(),
+                      adapter)
 
     # ---- answers ---------------------------------------------------------------------------------------------
     def answer(self, rollout, max_tokens: int) -> tuple[str, str, int]:
@@ -238,7 +260,8 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": server.name, "object": "model", "owned_by": "dllm-rl"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "dllm-rl"}
+                                           for name in (server.name, *server.adapters)]}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -253,11 +276,12 @@ def create_app(server: Server) -> FastAPI:
 
 async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
     """One completion or chat request: its decoding and prompt checked, then answered whole or streamed."""
+    adapter = server.adapter_for(req)
     config, max_tokens = server.config_for(req)
     ids = server.chat_prompt(req) if chat else server.text_prompt(req)
     server.check_prompt(ids, config, "messages" if chat else "prompt")
     stream = req.stream
-    ticket = server.ticket(ids, config, stream)
+    ticket = server.ticket(ids, config, stream, adapter)
     server.held += 1
     server.worker.counters.requests += 1
     server.worker.submit(ticket)
@@ -276,27 +300,27 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason} if chat
               else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": server.name, "choices": [choice], "usage": usage, "nfe": int(value.nfe[0])}
+            "model": adapter or server.name, "choices": [choice], "usage": usage, "nfe": int(value.nfe[0])}
 
 
-def _chunk(server: Server, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False) -> str:
+def _chunk(model: str, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False) -> str:
     if chat:
         delta = {"role": "assistant"} if first else {}
         choice = {"index": 0, "delta": delta | ({} if text is None else {"content": text}), "finish_reason": reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
     body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": server.name, "choices": [choice]}
+            "model": model, "choices": [choice]}
     return f"data: {json.dumps(body)}\n\n"
 
 
 async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, chat: bool, request: Request):
     """Server-sent events: the answer's text as it settles (block by block), then the finish reason and
     ``[DONE]``. A client that leaves (the generator is closed or cancelled) frees its slot."""
-    sent, finished = "", False
+    sent, finished, model = "", False, ticket.adapter or server.name
     try:
         if chat:
-            yield _chunk(server, rid, True, "", None, first=True)
+            yield _chunk(model, rid, True, "", None, first=True)
         while True:
             try:
                 kind, value = await _next_event(server, ticket, None)
@@ -315,10 +339,10 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
                 finished = True
                 text, reason, _ = server.answer(value, max_tokens)
             if text.startswith(sent) and len(text) > len(sent):
-                yield _chunk(server, rid, chat, text[len(sent):], None)
+                yield _chunk(model, rid, chat, text[len(sent):], None)
                 sent = text
             if reason is not None:
-                yield _chunk(server, rid, chat, None, reason)
+                yield _chunk(model, rid, chat, None, reason)
                 yield "data: [DONE]\n\n"
                 return
     finally:

@@ -13,20 +13,43 @@ from dllm_rl.errors import UserError
 from dllm_rl.serve.config import ServeConfig
 
 
-def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32"):
-    """Load the model and tokenizer and wrap them in a :class:`~dllm_rl.serve.app.Server` (engine not started)."""
+def parse_loras(values: list[str] | None) -> dict[str, str]:
+    """``--lora NAME=DIR`` flags -> {name: folder}; a malformed or repeated name is a one-line error."""
+    out: dict[str, str] = {}
+    for value in values or []:
+        name, sep, folder = value.partition("=")
+        if not sep or not name or not folder:
+            raise UserError(f"--lora: {value!r} is not NAME=DIR (a LoRA adapter folder served as model NAME)")
+        if name in out:
+            raise UserError(f"--lora: the name {name!r} is given twice")
+        out[name] = folder
+    return out
+
+
+def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32",
+                 loras: dict[str, str] | None = None):
+    """Load the model, its tokenizer and the LoRA adapters ``loras`` (name -> adapter folder) and wrap them in a
+    :class:`~dllm_rl.serve.app.Server` (engines not started)."""
     from pathlib import Path
 
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling.engine import engine_refusal
     from dllm_rl.serve.app import Server
+    from dllm_rl.threads import use_cpu_threads
+    from dllm_rl.training.lora import load_named_adapters
 
+    name = Path(model_dir).name or str(model_dir)
+    if name in (loras or {}):
+        raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
     model = load_model(model_dir, dtype=dtype, device=device)
+    use_cpu_threads(model, model.device)
     refusal = engine_refusal(model, decode)
     if refusal is not None:
         raise UserError(refusal.replace("; use generate", "; dllm-rl serve decodes with the engine only"))
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
-    return Server(model, tokenizer, decode, limits, Path(model_dir).name or str(model_dir))
+    if loras:
+        load_named_adapters(model, loras)
+    return Server(model, tokenizer, decode, limits, name, tuple(loras or ()))
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -43,9 +66,11 @@ def serve_command(args: argparse.Namespace) -> int:
         limits = ServeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeConfig)})
     except FieldError as err:
         raise UserError(f"--{err.key.replace('_', '-')}: {err.problem}") from None
-    server = build_server(args.model_dir, decode_config_from_args(args), limits, args.device, args.dtype)
+    server = build_server(args.model_dir, decode_config_from_args(args), limits, args.device, args.dtype,
+                          parse_loras(args.lora))
+    served = f"; LoRA adapters (the request's \"model\"): {', '.join(server.adapters)}" if server.adapters else ""
     print(f"serve: {server.name} on http://{args.host}:{args.port} ({limits.slots} slots, decoding in blocks of "
-          f"{server.block}); POST /v1/completions, /v1/chat/completions", file=sys.stderr, flush=True)
+          f"{server.block}{served}); POST /v1/completions, /v1/chat/completions", file=sys.stderr, flush=True)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=limits.shutdown_timeout_s)
     return 0
@@ -66,6 +91,10 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default: warning)")
+    p.add_argument("--lora", action="append", metavar="NAME=DIR",
+                   help="serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. a run's "
+                   "checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "
+                   "others with the base model (repeatable; each adapter gets --slots slots of its own)")
     limits = p.add_argument_group("limits (ServeConfig)")
     hints = typing.get_type_hints(ServeConfig)
     for f in dataclasses.fields(ServeConfig):

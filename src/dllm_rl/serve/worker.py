@@ -1,5 +1,10 @@
-"""The engine's thread: the only one that touches the model. It takes requests and aborts from a thread-safe
-queue, steps the engine while anything is held, and hands each request's events to its asyncio queue.
+"""The engines' thread: the only one that touches the model. It takes requests and aborts from a thread-safe
+queue, steps the engines while anything is held, and hands each request's events to its asyncio queue.
+
+There is one engine per adapter served (``None``: the base model; a name: a LoRA adapter loaded by
+``dllm-rl serve --lora NAME=DIR``). Each engine batches its own adapter's requests, and the thread makes that
+adapter the active one (``activate(name)``) before stepping it, so a request decodes with its adapter as it would
+alone, whichever adapters the other requests use.
 
 Events a request receives, in order: ``("text", ids)`` whenever its answer's settled prefix grew (streaming
 requests only: the committed tokens before the first masked slot, :meth:`Sequence.settled`), then one of
@@ -10,9 +15,11 @@ invariance), so concurrent requests get what they would get one at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_rl.sampling.config import DecodeConfig
@@ -32,6 +39,7 @@ class Ticket:
     stream: bool
     events: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    adapter: str | None = None  # the LoRA adapter it decodes with (None: the base model)
     request_id: int | None = None
     sent: int = 0  # settled tokens already sent (streaming)
     arrived: float = field(default_factory=time.monotonic)
@@ -56,12 +64,15 @@ class Counters:
 
 
 class Worker:
-    """Runs ``engine`` on a thread (see the module docstring); :meth:`submit` and :meth:`abort` are thread-safe."""
+    """Runs ``engines`` (adapter name, or None for the base model -> its engine) on a thread, each inside
+    ``activate(name)`` (see the module docstring); :meth:`submit` and :meth:`abort` are thread-safe."""
 
-    def __init__(self, engine: Engine, eos: int):
-        self.engine, self.eos = engine, eos
+    def __init__(self, engines: dict[str | None, Engine], eos: int,
+                 activate: Callable[[str | None], contextlib.AbstractContextManager] | None = None):
+        self.engines, self.eos = engines, eos
+        self.activate = activate or (lambda name: contextlib.nullcontext())
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.tickets: dict[int, Ticket] = {}
+        self.tickets: dict[tuple[str | None, int], Ticket] = {}  # (adapter, the engine's request id) -> ticket
         self.counters = Counters()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dllm-rl-engine", daemon=True)
@@ -87,18 +98,19 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return sum(s is not None for s in self.engine.running)
+        return sum(s is not None for e in self.engines.values() for s in e.running)
 
     @property
     def waiting(self) -> int:
-        return len(self.engine.waiting)
+        return sum(len(e.waiting) for e in self.engines.values())
 
     # ---- the thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self.engine.has_unfinished())
-            if self.engine.has_unfinished():
-                self._step()
+            busy = [name for name, e in self.engines.items() if e.has_unfinished()]
+            self._drain(block=not busy)
+            for name in busy:
+                self._step(name)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -118,39 +130,41 @@ class Worker:
 
     def _add(self, ticket: Ticket) -> None:
         try:
-            ticket.request_id = self.engine.add_request(ticket.prompt, seed=ticket.seed, gen_length=ticket.gen_length,
-                                                        config=ticket.config)
+            ticket.request_id = self.engines[ticket.adapter].add_request(
+                ticket.prompt, seed=ticket.seed, gen_length=ticket.gen_length, config=ticket.config)
         except ValueError as err:  # UserError / FieldError: checked by the app before, so rare
             ticket.put("error", str(err))
             return
-        self.tickets[ticket.request_id] = ticket
+        self.tickets[(ticket.adapter, ticket.request_id)] = ticket
 
     def _abort(self, ticket: Ticket, why: str) -> None:
-        if ticket.request_id is not None and self.tickets.pop(ticket.request_id, None) is not None:
-            self.engine.abort(ticket.request_id)
+        key = (ticket.adapter, ticket.request_id)
+        if ticket.request_id is not None and self.tickets.pop(key, None) is not None:
+            self.engines[ticket.adapter].abort(ticket.request_id)
             setattr(self.counters, why, getattr(self.counters, why) + 1)
 
-    def _step(self) -> None:
+    def _step(self, name: str | None) -> None:
+        engine = self.engines[name]
         try:
-            finished = self.engine.step()
+            with self.activate(name):
+                finished = engine.step()
         except Exception as err:  # a bug or a device error: fail what is held rather than hang it
-            for ticket in self.tickets.values():
-                ticket.put("error", f"decoding failed: {type(err).__name__}: {err}")
-            self.tickets.clear()
-            for seq in self.engine.running:
+            for key in [k for k in self.tickets if k[0] == name]:
+                self.tickets.pop(key).put("error", f"decoding failed: {type(err).__name__}: {err}")
+            for seq in engine.running:
                 if seq is not None:
-                    self.engine.abort(seq.request_id)
-            self.engine.waiting.clear()
+                    engine.abort(seq.request_id)
+            engine.waiting.clear()
             return
         self.counters.steps += 1
         for done in finished:
-            ticket = self.tickets.pop(done.request_id, None)
+            ticket = self.tickets.pop((name, done.request_id), None)
             if ticket is not None:
                 self.counters.finished += 1
                 self.counters.tokens += int(done.rollout.completion_mask.sum())
                 ticket.put("done", done.rollout)
-        for seq in self.engine.running:
-            ticket = self.tickets.get(seq.request_id) if seq is not None else None
+        for seq in engine.running:
+            ticket = self.tickets.get((name, seq.request_id)) if seq is not None else None
             if ticket is not None and ticket.stream:
                 ids, _ = seq.settled(self.eos)
                 if len(ids) > ticket.sent:

@@ -78,7 +78,9 @@ class TrainConfig(Checked):
     log_every: int = field(10, ge=1, help="write metrics every N optimizer steps")
     stop_after: int | None = field(None, ge=1, help="end this invocation after N steps of the run (the schedule still "
                                               "spans max_steps; resume later with run.resume=auto)")
-    num_threads: int | None = field(None, ge=1, help="torch CPU threads (null = torch's default)")
+    num_threads: int | None = field(
+        None, ge=1, help="torch CPU threads on a CPU device (null: OMP_NUM_THREADS if set, else 1 for a model under "
+        "20M parameters, else the free cores; dllm_rl/threads.py)")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
 
 

@@ -34,6 +34,7 @@ from dllm_rl.seeding import derive_seed
 from dllm_rl.sft.config import ModelConfig, SFTConfig
 from dllm_rl.sft.data import DataReport, SFTExample, collate, encode_images, load_sft_data
 from dllm_rl.sft.objectives import compute_objective
+from dllm_rl.threads import use_cpu_threads
 from dllm_rl.training import (
     IndexStream,
     MetricsLogger,
@@ -140,8 +141,6 @@ class SFTTrainer:
         self.cfg = cfg = expand_user(cfg, SFT_PATHS)
         self.verbose = verbose
         t = cfg.train
-        if t.num_threads:
-            torch.set_num_threads(t.num_threads)
         self.out = Path(cfg.run.output_dir)
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
@@ -197,6 +196,7 @@ class SFTTrainer:
         if cfg.model.gradient_checkpointing:
             self.dlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dlm.to(acc.device)
+        use_cpu_threads(self.dlm, acc.device, cfg.train.num_threads)
         self.dlm.train()
         self.examples, self.report = self.load_examples()
         self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image rows (MMaDA's VQ: model.path's)

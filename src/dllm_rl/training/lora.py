@@ -9,7 +9,9 @@ published layout, without touching the live adapters.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,3 +168,42 @@ def load_adapter_weights(dlm: DiffusionLM, directory: str | Path) -> None:
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     if unexpected:
         raise UserError(f"{file}: adapter tensors {unexpected[:5]} do not match this model's adapters")
+
+
+def load_named_adapters(dlm: DiffusionLM, adapters: Mapping[str, str | Path]) -> DiffusionLM:
+    """Load saved LoRA adapters (``peft``'s ``adapter_config.json`` + weights, e.g. a run's
+    ``checkpoints/step-N/adapter``) into ``dlm`` under their names, for inference (in place; returns ``dlm``);
+    :func:`active_adapter` chooses the one a forward uses."""
+    from peft import PeftModel
+
+    if has_lora(dlm):
+        raise UserError("load_named_adapters: the model has LoRA adapters already")
+    for i, (name, path) in enumerate(adapters.items()):
+        folder = Path(path).expanduser()
+        if not (folder / "adapter_config.json").is_file():
+            raise UserError(f"LoRA adapter {name!r}: {folder} holds no adapter_config.json (a LoRA adapter folder, "
+                            "such as a run's checkpoints/step-N/adapter)")
+        try:
+            if i == 0:
+                dlm.model = PeftModel.from_pretrained(dlm.model, str(folder), adapter_name=name, is_trainable=False)
+            else:
+                dlm.model.load_adapter(str(folder), adapter_name=name, is_trainable=False)
+        except (ValueError, RuntimeError, KeyError) as err:
+            raise UserError(f"LoRA adapter {name!r} ({folder}) does not fit this model: {err}") from None
+    dlm.model.eval()
+    return dlm
+
+
+@contextlib.contextmanager
+def active_adapter(dlm: DiffusionLM, name: str | None) -> Iterator[None]:
+    """Forwards inside the block use LoRA adapter ``name`` (None: the base model, adapters disabled)."""
+    if not has_lora(dlm):
+        if name is not None:
+            raise UserError(f"active_adapter: the model has no LoRA adapter {name!r}")
+        yield
+    elif name is None:
+        with dlm.model.disable_adapter():
+            yield
+    else:
+        dlm.model.set_adapter(name)
+        yield

@@ -22,7 +22,7 @@ RUN_APPLICABLE = ("run.output_dir", "run.progress", "run.save_every", "run.keep_
 RL_APPLICABLE = RUN_APPLICABLE + (
     "train.max_steps", "train.max_time_minutes", "train.max_bad_steps", "train.max_skipped_steps",
     "reward.max_failure_steps", "reward.timeout_s", "log.samples_every", "log.rollouts", "model.device",
-    "model.logprob_chunk_size", "model.gradient_checkpointing", "rollout.batch_size", "eval.every")
+    "train.num_threads", "model.logprob_chunk_size", "model.gradient_checkpointing", "rollout.batch_size", "eval.every")
 SFT_APPLICABLE = RUN_APPLICABLE + (
     "train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.num_threads", "train.cpu",
     "objective.logprob_chunk_size", "model.gradient_checkpointing")

@@ -1,0 +1,85 @@
+"""`dllm-rl serve --lora NAME=DIR`: LoRA adapters served by name beside the base model, each request decoding with
+the adapter its "model" names exactly as it would alone, whichever adapters the requests beside it use."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from serve_helpers import DEMO, alone_answer, running
+
+from dllm_rl.errors import UserError
+from dllm_rl.models import load_model, load_tokenizer
+from dllm_rl.sampling import DecodeConfig
+from dllm_rl.training.lora import LoraOptions, apply_lora, load_named_adapters, save_adapter
+
+PROMPTS = [f"nums {' '.join(map(str, row['nums']))} target {row['target']}\n"
+           for row in map(json.loads, (DEMO / "countdown_heldout.jsonl").read_text().splitlines()[:3])]
+BASE = DecodeConfig(gen_length=16, threshold=0.5)
+
+
+def _demo():
+    return load_model(DEMO / "sdar-countdown")
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    """Two saved adapters on the demo block model whose B matrices are random (a fresh adapter changes nothing)."""
+    root = tmp_path_factory.mktemp("loras")
+    for i, name in enumerate(("plus", "minus")):
+        model = apply_lora(_demo(), LoraOptions(enabled=True, r=4), seed=i)
+        g = torch.Generator().manual_seed(10 + i)
+        with torch.no_grad():
+            for pname, p in model.model.named_parameters():
+                if "lora_B" in pname:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        save_adapter(model, root / name)
+    return root
+
+
+def test_requests_decode_with_the_adapter_they_name_as_alone(adapters):
+    from dllm_rl.serve.app import Server
+    from dllm_rl.serve.config import ServeConfig
+
+    tok = load_tokenizer(DEMO / "sdar-countdown")
+    served = load_named_adapters(_demo(), {"plus": adapters / "plus", "minus": adapters / "minus"})
+    want = {}
+    for name in (None, "plus", "minus"):  # each on a model holding only that adapter (or none)
+        model = _demo() if name is None else load_named_adapters(_demo(), {name: adapters / name})
+        for p in PROMPTS:
+            want[(name, p)] = alone_answer(model, tok, tok.encode(p, add_special_tokens=False), BASE, 16)[0]
+    assert want[("plus", PROMPTS[0])] != want[(None, PROMPTS[0])] or want[("minus", PROMPTS[1])] != \
+        want[(None, PROMPTS[1])]  # the adapters change answers
+    server = Server(served, tok, BASE, ServeConfig(slots=4, max_tokens=16), "sdar-countdown", ("plus", "minus"))
+    bodies = [{"prompt": p, "max_tokens": 16, **({"model": name} if name else {})}
+              for p in PROMPTS for name in (None, "plus", "minus", "sdar-countdown")]
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["sdar-countdown", "plus", "minus"]
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(lambda b: client.post("/v1/completions", json=b).json(), bodies))
+        bad = client.post("/v1/completions", json={"prompt": "1", "model": "other"})
+    for body, answer in zip(bodies, answers):
+        name = None if body.get("model") in (None, "sdar-countdown") else body["model"]
+        assert answer["choices"][0]["text"] == want[(name, body["prompt"])], body
+        assert answer["model"] == (name or "sdar-countdown")
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "model"
+    assert bad.json()["error"]["message"] == "model: 'other' is not served here; served: sdar-countdown, plus, minus"
+
+
+def test_bad_lora_flags_and_folders_end_in_one_line(tmp_path):
+    from dllm_rl.serve.cli import build_server, parse_loras
+    from dllm_rl.serve.config import ServeConfig
+
+    assert parse_loras(["a=x", "b=y/z"]) == {"a": "x", "b": "y/z"}
+    with pytest.raises(UserError, match="--lora: 'a' is not NAME=DIR"):
+        parse_loras(["a"])
+    with pytest.raises(UserError, match="--lora: the name 'a' is given twice"):
+        parse_loras(["a=x", "a=y"])
+    with pytest.raises(UserError, match="holds no adapter_config.json"):
+        build_server(str(DEMO / "sdar-countdown"), BASE, ServeConfig(), loras={"a": str(tmp_path)})
+    with pytest.raises(UserError, match="is the base model's name"):
+        build_server(str(DEMO / "sdar-countdown"), BASE, ServeConfig(), loras={"sdar-countdown": str(tmp_path)})
