@@ -165,8 +165,9 @@ def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
 
 def threads_section(args, steps: int) -> None:
     """Issue 37: the block demo's RL step (the demo config: ESPO, 16 prompts x 8 rollouts) with two intra-op threads
-    and with the count ``dllm_rl.threads`` chooses (one, for this model), on the machine as it is and beside a busy
-    process that spins on one core; seconds per step (rollout + update), best of ``steps`` after a warm-up step."""
+    and with the count ``dllm_rl.threads`` chooses (the cores free when the trainer starts), on the machine as it is
+    and beside a busy process that spins on one core; seconds per step (rollout + update), best of ``steps`` after a
+    warm-up step. Run it with ``OMP_NUM_THREADS`` unset (it would fix the chosen count)."""
     import subprocess
     import sys
     import tempfile
@@ -208,6 +209,31 @@ def threads_section(args, steps: int) -> None:
         print(f"  {label:<10} busy / as it is: {ratio:5.2f}x  (target <= 2x: {'ok' if ratio <= 2 else 'MISSED'})")
 
 
+def report(modes: dict, best: dict, checks: list, quick: bool) -> None:
+    """The modes' table and the measured ratios against their targets."""
+    if modes:
+        print(f"\n{'mode':<48} {'wall s':>8} {'cpu s':>8} {'tokens':>7} {'tok/s':>9} {'cpu tok/s':>9} {'NFE':>7} "
+              f"{'peak MiB':>9}")
+    for key, (label, *_rest) in modes.items():
+        row = best[key]
+        print(f"{label:<48} {row['seconds']:8.2f} {row['cpu']:8.2f} {row['tokens']:7d} {row['tok_s']:9.1f} "
+              f"{row['cpu_tok_s']:9.1f} {row['nfe']:7.1f} {row['peak_mib']:9.1f}")
+
+    if checks:
+        print("\nratios (measured in this run; wall-clock, and main-thread CPU time which ignores machine sharing)")
+    for name, (a, b, key), target in checks:
+        value = best[a][key] / best[b][key]
+        if key == "nfe":
+            print(f"  {name:<42} {value:6.2f}x")
+            continue
+        cpu_value = best[a]["cpu_" + key] / best[b]["cpu_" + key]
+        verdict = f"  target >= {target:.0f}x: wall {'ok' if value >= target else 'MISSED'}, " \
+                  f"cpu {'ok' if cpu_value >= target else 'MISSED'}"
+        if quick:
+            verdict = "  (--quick: targets apply to the full run)"
+        print(f"  {name:<42} {value:6.2f}x wall {cpu_value:6.2f}x cpu{verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small smoke run: prompt 16, gen 32, fewer prompts")
@@ -238,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     sections = set(args.only.split(",")) if args.only else {"cache", "full", "batch", "dynamic", "continuous",
                                                               "threads"}
     sdar, llada = tiny("sdar", args), tiny("llada", args)
-    generate(sdar, prompts[:1], DecodeConfig(gen_length=8))  # warm-up
-    generate(llada, prompts[:1], DecodeConfig(gen_length=8, block_length=8))
+    if sections & {"cache", "full", "batch", "dynamic"}:
+        generate(sdar, prompts[:1], DecodeConfig(gen_length=8))  # warm-up
+        generate(llada, prompts[:1], DecodeConfig(gen_length=8, block_length=8))
     static = DecodeConfig(gen_length=gen, stop_on_eos=False)  # one token per step
     few = prompts[:batch]
     modes: dict[str, tuple] = {}  # key -> (label, model, prompts, config, kwargs)
@@ -275,25 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             best[key] = {**old, **{k: row[k] for k in ("seconds", "tok_s") if row["seconds"] < old["seconds"]},
                          **{k: row[k] for k in ("cpu", "cpu_tok_s") if row["cpu"] < old["cpu"]},
                          "peak_mib": max(old["peak_mib"], row["peak_mib"])}
-    print(f"\n{'mode':<48} {'wall s':>8} {'cpu s':>8} {'tokens':>7} {'tok/s':>9} {'cpu tok/s':>9} {'NFE':>7} "
-          f"{'peak MiB':>9}")
-    for key, (label, *_rest) in modes.items():
-        row = best[key]
-        print(f"{label:<48} {row['seconds']:8.2f} {row['cpu']:8.2f} {row['tokens']:7d} {row['tok_s']:9.1f} "
-              f"{row['cpu_tok_s']:9.1f} {row['nfe']:7.1f} {row['peak_mib']:9.1f}")
-
-    print("\nratios (measured in this run; wall-clock, and main-thread CPU time which ignores machine sharing)")
-    for name, (a, b, key), target in checks:
-        value = best[a][key] / best[b][key]
-        if key == "nfe":
-            print(f"  {name:<42} {value:6.2f}x")
-            continue
-        cpu_value = best[a]["cpu_" + key] / best[b]["cpu_" + key]
-        verdict = f"  target >= {target:.0f}x: wall {'ok' if value >= target else 'MISSED'}, " \
-                  f"cpu {'ok' if cpu_value >= target else 'MISSED'}"
-        if args.quick:
-            verdict = "  (--quick: targets apply to the full run)"
-        print(f"  {name:<42} {value:6.2f}x wall {cpu_value:6.2f}x cpu{verdict}")
+    report(modes, best, checks, args.quick)
     if "continuous" in sections:
         continuous_section(args, 32 if args.quick else 256, 8 if args.quick else args.slots, repeats)
     if "threads" in sections:

@@ -1,7 +1,9 @@
-"""Shared fixtures: a thread limit for every test, and a hub cache read offline (``offline_hub``)."""
+"""Shared fixtures: a thread limit for every test (and its processes), and a hub cache read offline
+(``offline_hub``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,10 @@ import torch
 from hub_fixture import offline_hub  # noqa: F401 - a fixture: a hub cache built by the test, read offline
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One thread in every test and in the processes tests start: the trainers and commands would otherwise choose the
+# cores that happen to be free (dllm_rl/threads.py), which differ from run to run and move results by rounding.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -1,39 +1,72 @@
-"""How many intra-op threads torch uses on CPU: chosen from what the work needs and what the machine offers.
+"""How many intra-op threads torch uses on CPU: chosen from what the machine offers when the work starts.
 
-torch starts one intra-op thread per core. On a tiny model every op takes microseconds, so a second thread adds
-hand-offs and little work; and when another program holds a core, each parallel op waits for the thread whose core
-was taken. Measured with the block demo model on a 2-core machine where another program sometimes held one core:
-a step went from 0.84 s of rollout and 2.9 s of update (both cores free) to 30.5 s and 10.0 s with two threads
-(``benchmarks/sampling.py --only threads`` measures it side by side). So:
+torch starts one intra-op thread per core. When another program holds a core, each parallel op waits for the thread
+whose core was taken: on a 2-core machine with one core busy, the block demo's RL step went from 3.7 s (two threads,
+both cores free) to 10.8 s (two threads, one core busy), while one thread took 4.7 s beside the busy core
+(``benchmarks/sampling.py --only threads``; the issue that asked for this measured 36x on a busier machine). With
+both cores free two threads were 1.5x faster than one, so the count follows the cores that are free, not the model's
+size:
 
-* a model under :data:`SMALL_MODEL_PARAMS` parameters runs one thread;
-* a larger one runs as many as there are free cores: the cores this process may use (its affinity) less those the
-  1-minute load average says are busy, at least one;
+* the cores this process may run on (its affinity) that were mostly idle over a short sample of ``/proc/stat``
+  (:data:`SAMPLE_S`; a core is free when it spent at least half of it idle; time stolen by a hypervisor counts as
+  busy), shared among the launcher's processes on this machine (``LOCAL_WORLD_SIZE``), at least one; without
+  ``/proc/stat``, the cores less the 1-minute load average;
 * ``OMP_NUM_THREADS`` set in the environment, or a command's own setting (``train.num_threads``, ``--threads``),
-  wins over both.
+  wins.
+
+The count is chosen once, when a command has loaded its model: a program that starts afterwards on the same cores
+is not seen (set the count then).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import torch
 
-#: below this many parameters a model runs one intra-op thread (the demo models have ~1M; an 8B has 8e9)
-SMALL_MODEL_PARAMS = 20_000_000
+#: seconds of /proc/stat sampled to see which cores are free
+SAMPLE_S = 0.1
 
 
-def free_cores() -> int:
-    """The cores this process may run on (its CPU affinity) less the busy ones (the 1-minute load average,
-    rounded), at least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, cores - int(busy + 0.5))
+def _cpu_ticks() -> dict[int, tuple[int, int]] | None:
+    """Per CPU id: (all ticks, idle + iowait ticks) from ``/proc/stat`` (None where it cannot be read)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        if line.startswith("cpu") and line[3:4].isdigit():
+            name, *fields = line.split()
+            ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+            out[int(name[3:])] = (sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0))
+    return out or None
 
 
-def cpu_threads(num_params: int, requested: int | None = None) -> int:
-    """The intra-op thread count for a model of ``num_params`` parameters: ``requested``, else ``OMP_NUM_THREADS``
-    when set, else 1 below :data:`SMALL_MODEL_PARAMS`, else :func:`free_cores`."""
+def free_cores(sample_s: float = SAMPLE_S) -> int:
+    """The cores this process may run on that were at least half idle over ``sample_s`` seconds, at least 1."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    first = _cpu_ticks()
+    if first is None:
+        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        return max(1, len(cores) - int(busy + 0.5))
+    time.sleep(sample_s)
+    second = _cpu_ticks() or {}
+    free = 0
+    for core in cores:
+        if core not in first or core not in second:
+            free += 1  # not listed: nothing says it is busy
+            continue
+        total, idle = (b - a for a, b in zip(first[core], second[core]))
+        free += total <= 0 or 2 * idle >= total
+    return max(1, free)
+
+
+def cpu_threads(requested: int | None = None) -> int:
+    """The intra-op thread count: ``requested``, else ``OMP_NUM_THREADS`` when set, else :func:`free_cores` divided
+    among the processes a launcher started on this machine (``LOCAL_WORLD_SIZE``), at least 1."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads must be >= 1, got {requested}")
@@ -41,15 +74,16 @@ def cpu_threads(num_params: int, requested: int | None = None) -> int:
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) >= 1:
         return int(env)
-    return 1 if num_params < SMALL_MODEL_PARAMS else free_cores()
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()
+    return max(1, free_cores() // (int(local) if local.isdigit() and int(local) >= 1 else 1))
 
 
-def use_cpu_threads(model: torch.nn.Module, device: torch.device | str, requested: int | None = None) -> int:
-    """Set torch's intra-op threads for ``model`` (:func:`cpu_threads` of its parameter count) when ``device`` is
-    the CPU, and return the count; on another device torch's setting is left alone (and returned)."""
+def use_cpu_threads(device: torch.device | str, requested: int | None = None) -> int:
+    """Set torch's intra-op threads (:func:`cpu_threads`) when ``device`` is the CPU, and return the count; on
+    another device torch's setting is left alone (and returned)."""
     if torch.device(device).type != "cpu":
         return torch.get_num_threads()
-    n = cpu_threads(sum(p.numel() for p in model.parameters()), requested)
+    n = cpu_threads(requested)
     if n != torch.get_num_threads():
         torch.set_num_threads(n)
     return n

@@ -215,7 +215,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     device = resolve_device(args.device)
     dtype = resolve_eval_dtype(args.dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
-    use_cpu_threads(model, device)
+    use_cpu_threads(device)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     roll = generate(model, ids, decode, tokenizer=tok, block_cache=resolved.block_cache)
     records = records_from_rollout(roll, tok, labels=labels, block_length=roll.block_size or decode.block_length,

@@ -77,7 +77,7 @@ class EvalRunConfig(Checked):
     device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
     tokenizer: str | None = field(None, help="Tokenizer directory (default: the model directory).")
     threads: int | None = field(None, ge=1, help="torch CPU threads on a CPU device (default: OMP_NUM_THREADS if "
-                                "set, else 1 for a model under 20M parameters, else the free cores).")
+                                "set, else the cores that are free when it starts).")
     prompt_style: str | None = field(None, help="Task prompt style: chat | plain | compact (default: the task's).")
     system_prompt: str | None = field(None, help="Optional system prompt for the chat template.")
     task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
@@ -294,7 +294,7 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
 
         log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
         model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
-        use_cpu_threads(model, prep.device, cfg.threads)
+        use_cpu_threads(prep.device, cfg.threads)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     inputs = PromptInputs(prep, model, prompt_texts)
     if not inputs.with_images:

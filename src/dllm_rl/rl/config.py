@@ -237,8 +237,8 @@ class RLTrainConfig(Checked):
     max_time_minutes: float | None = field(
         None, gt=0, help="stop training after this many minutes (checked per step)")
     num_threads: int | None = field(
-        None, ge=1, help="torch CPU threads on a CPU device (null: OMP_NUM_THREADS if set, else 1 for a model under "
-        "20M parameters, else the free cores; dllm_rl/threads.py)")
+        None, ge=1, help="torch CPU threads on a CPU device (null: OMP_NUM_THREADS if set, else the cores that are "
+        "free when the run starts, shared among the processes of this machine; dllm_rl/threads.py)")
     max_bad_steps: int = field(3, ge=1, help="stop after this many updates skipped for a NaN/inf loss")
     max_skipped_steps: int = field(
         20, ge=0, help="stop after this many steps in a row without an update because no prompt group had reward "

@@ -94,7 +94,7 @@ def generate_command(args: argparse.Namespace) -> int:
         raise UserError("give at least one --prompt TEXT or --prompts-file F.jsonl")
     config = decode_config_from_args(args)
     model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
-    use_cpu_threads(model, model.device)
+    use_cpu_threads(model.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):

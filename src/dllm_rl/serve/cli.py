@@ -42,7 +42,7 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     if name in (loras or {}):
         raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
     model = load_model(model_dir, dtype=dtype, device=device)
-    use_cpu_threads(model, model.device)
+    use_cpu_threads(model.device)
     refusal = engine_refusal(model, decode)
     if refusal is not None:
         raise UserError(refusal.replace("; use generate", "; dllm-rl serve decodes with the engine only"))

@@ -79,8 +79,8 @@ class TrainConfig(Checked):
     stop_after: int | None = field(None, ge=1, help="end this invocation after N steps of the run (the schedule still "
                                               "spans max_steps; resume later with run.resume=auto)")
     num_threads: int | None = field(
-        None, ge=1, help="torch CPU threads on a CPU device (null: OMP_NUM_THREADS if set, else 1 for a model under "
-        "20M parameters, else the free cores; dllm_rl/threads.py)")
+        None, ge=1, help="torch CPU threads on a CPU device (null: OMP_NUM_THREADS if set, else the cores that are "
+        "free when the run starts, shared among the processes of this machine; dllm_rl/threads.py)")
     cpu: bool = field(False, help="force CPU even when an accelerator is present")
 
 

@@ -196,7 +196,7 @@ class SFTTrainer:
         if cfg.model.gradient_checkpointing:
             self.dlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dlm.to(acc.device)
-        use_cpu_threads(self.dlm, acc.device, cfg.train.num_threads)
+        use_cpu_threads(acc.device, cfg.train.num_threads)
         self.dlm.train()
         self.examples, self.report = self.load_examples()
         self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image rows (MMaDA's VQ: model.path's)
