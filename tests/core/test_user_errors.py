@@ -20,10 +20,6 @@ from dllm_rl.config import ConfigError, load_config
 from dllm_rl.models import load_model
 from dllm_rl.rl.config import RLConfig, RolloutConfig
 
-# one worker runs this module (make test: --dist loadgroup), so its module fixture `cli` (~35 s: every command
-# line of the module) runs once, not once per worker
-pytestmark = pytest.mark.xdist_group("user_errors")
-
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "src" / "dllm_rl" / "assets" / "demo"
 

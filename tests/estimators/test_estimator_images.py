@@ -11,9 +11,6 @@ from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling import DecodeConfig, generate
 
-# one worker runs this module (make test: --dist loadgroup): its module fixture (~11 s) runs once
-pytestmark = pytest.mark.xdist_group("estimator_images")
-
 OPTIONS = {"trace": {}, "elbo": {"num_mc": 2}, "mean_field": {"p_mask_prompt": 0.5}, "random_mask": {"lo": 0.5},
            "coupled": {}, "block": {"block_size": 4, "mask_ratio": 1.0}, "ar": {}}
 

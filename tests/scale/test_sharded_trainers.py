@@ -26,8 +26,7 @@ from dllm_rl.jsonl import write_jsonl
 from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
 from dllm_rl.tasks.synthetic import make_countdown
 
-# one worker runs this module (make test: --dist loadgroup): its 2-rank launches are cached per worker
-pytestmark = pytest.mark.xdist_group("sharded_trainers")
+# make test runs each module on one worker (--dist loadfile): the module-cached 2-rank launches run once
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "accelerate"
