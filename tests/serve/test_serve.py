@@ -16,7 +16,7 @@ import httpx
 import pytest
 from serve_helpers import DEMO, Gate, alone_answer, free_port, running
 
-from dllm_rl.sampling import DecodeConfig
+from dllm_rl.sampling import DecodeConfig, generate
 
 # the demo's held-out Countdown items in its compact prompt style
 PROMPTS = [f"nums {' '.join(map(str, row['nums']))} target {row['target']}\n"
@@ -225,3 +225,29 @@ def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):
     assert codes == [200] * 4  # held requests finish within the grace period
     err = proc.stderr.read()
     assert "serve: sdar-countdown on http://127.0.0.1:" in err and "Traceback" not in err
+
+
+def test_the_canvas_streams_after_every_step_for_viewers(make_server, demo_model):
+    model, tok = demo_model
+    cfg = DecodeConfig(gen_length=32, threshold=0.5, temperature=0.9, seed=5)
+    ids = tok.encode(PROMPTS[3], add_special_tokens=False)
+    alone = generate(model, [ids], cfg, seeds=[5])
+    body = {"prompt": PROMPTS[3], "max_tokens": 32, "temperature": 0.9, "seed": 5, "stream": True,
+            "stream_canvas": True}
+    with running(make_server(BASE, slots=4)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            events = _events(resp)
+        bad = client.post("/v1/completions", json={"prompt": "1", "stream_canvas": True})
+    canvases = [e for e in events[:-1] if e.get("object") == "canvas"]
+    deltas = [e for e in events[:-1] if e.get("object") != "canvas"]
+    # one canvas per step, in order, then the final one (the answer as it ended, EOS fill included)
+    assert [c["step"] for c in canvases] == list(range(1, int(alone.nfe[0]) + 1)) + [int(alone.nfe[0])]
+    assert canvases[-1]["tokens"] == alone.completion_ids[0].tolist()
+    mask = model.mask_token_id
+    assert canvases[0]["tokens"].count(mask) > 0 and canvases[0]["text"] == tok.decode(canvases[0]["tokens"])
+    for before, after in zip(canvases, canvases[1:]):  # a committed token never changes; masks only get fewer
+        assert all(a == b for a, b in zip(before["tokens"], after["tokens"]) if a != mask)
+        assert after["tokens"].count(mask) <= before["tokens"].count(mask)
+    want, _ = alone_answer(model, tok, ids, cfg, 32)
+    assert "".join(e["choices"][0]["text"] for e in deltas[:-1]) == want  # the text deltas are unchanged
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_canvas"

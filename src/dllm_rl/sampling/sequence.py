@@ -103,6 +103,12 @@ class Sequence:
             return ids[: ids.index(eos)], True
         return ids, False
 
+    def completion(self) -> list[int]:
+        """The completion slots as they stand: committed tokens and the mask id where still masked (a viewer's
+        canvas)."""
+        c0, c1 = int(self.canvas.comp_start[0]), int(self.canvas.comp_end[0])
+        return self.x[c0:c1].tolist()
+
     def trace(self) -> dict[str, torch.Tensor]:
         """The trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of one."""
         return {"step_map": self.step_map[None], "confidence": self.conf_map[None], "entropy": self.entropy_map[None],

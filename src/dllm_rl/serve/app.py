@@ -7,6 +7,10 @@ request asking for other values than the server's is refused with 400 naming the
 up to the decoding block for the engine and the answer cut back to it. ``seed`` defaults to the server's
 (``--seed``), never to the arrival order, so a request's answer does not depend on who else is served.
 
+With ``"stream_canvas": true`` (and ``"stream": true``) the stream also carries the whole canvas after each of the
+request's steps, for viewers: ``{"object": "canvas", "step": N, "tokens": [...], "text": ...}`` events, the
+completion's token ids with the mask id where still masked and their text with special tokens shown.
+
 A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
 ``--lora NAME=DIR``; each adapter has an engine of its own, so a request decodes with its adapter as it would alone.
 
@@ -64,6 +68,7 @@ class Decoding(BaseModel):
     block_length: int | None = None
     block_size: int | None = None
     stream: bool = False
+    stream_canvas: bool = False
     n: int = 1
     stop: str | list[str] | None = None
 
@@ -118,6 +123,8 @@ class Server:
         """The request's DecodeConfig and its max_tokens, or a 400 naming the field."""
         if req.n != 1:
             raise ApiError(400, f"n: {req.n} completions asked; this server returns one per request (n=1)", "n")
+        if req.stream_canvas and not req.stream:
+            raise ApiError(400, "stream_canvas: the canvas is streamed; set \"stream\": true too", "stream_canvas")
         if req.stop:
             raise ApiError(400, "stop: stop sequences are not supported (a diffusion model decodes whole blocks); "
                            "leave stop out", "stop")
@@ -164,7 +171,8 @@ class Server:
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
 
-    def ticket(self, ids: list[int], config: DecodeConfig, stream: bool, adapter: str | None = None) -> Ticket:
+    def ticket(self, ids: list[int], config: DecodeConfig, stream: bool, adapter: str | None = None,
+               canvas: bool = False) -> Ticket:
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
         if self.held >= self.limits.slots + self.limits.max_queue:
@@ -172,7 +180,7 @@ class Server:
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
         return Ticket(ids, config, config.gen_length, config.seed, stream, asyncio.Queue(), asyncio.get_running_loop(),
-                      adapter)
+                      adapter, canvas)
 
     # ---- answers ---------------------------------------------------------------------------------------------
     def answer(self, rollout, max_tokens: int) -> tuple[str, str, int]:
@@ -281,7 +289,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     ids = server.chat_prompt(req) if chat else server.text_prompt(req)
     server.check_prompt(ids, config, "messages" if chat else "prompt")
     stream = req.stream
-    ticket = server.ticket(ids, config, stream, adapter)
+    ticket = server.ticket(ids, config, stream, adapter, req.stream_canvas)
     server.held += 1
     server.worker.counters.requests += 1
     server.worker.submit(ticket)
@@ -332,6 +340,12 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
                 finished = True
                 yield f"data: {json.dumps({'error': {'message': value, 'type': 'server_error'}})}\n\n"
                 return
+            if kind == "canvas":
+                step, tokens = value
+                body = {"id": rid, "object": "canvas", "created": int(time.time()), "model": model, "step": step,
+                        "tokens": tokens, "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
+                yield f"data: {json.dumps(body)}\n\n"
+                continue
             if kind == "text":
                 text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
                 reason = None

@@ -7,8 +7,9 @@ adapter the active one (``activate(name)``) before stepping it, so a request dec
 alone, whichever adapters the other requests use.
 
 Events a request receives, in order: ``("text", ids)`` whenever its answer's settled prefix grew (streaming
-requests only: the committed tokens before the first masked slot, :meth:`Sequence.settled`), then one of
-``("done", rollout)`` or ``("error", message)``. A request's decoding depends on itself alone (the engine's batch
+requests only: the committed tokens before the first masked slot, :meth:`Sequence.settled`); with ``canvas``, also
+``("canvas", (step, ids))`` after each of its steps (the whole completion, mask ids where still masked); then one
+of ``("done", rollout)`` or ``("error", message)``. A request's decoding depends on itself alone (the engine's batch
 invariance), so concurrent requests get what they would get one at a time.
 """
 
@@ -40,8 +41,10 @@ class Ticket:
     events: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     adapter: str | None = None  # the LoRA adapter it decodes with (None: the base model)
+    canvas: bool = False  # stream the whole canvas after each step (viewers)
     request_id: int | None = None
     sent: int = 0  # settled tokens already sent (streaming)
+    steps_sent: int = 0  # steps whose canvas was sent (canvas streaming)
     arrived: float = field(default_factory=time.monotonic)
 
     def put(self, kind: str, value) -> None:
@@ -159,12 +162,17 @@ class Worker:
         self.counters.steps += 1
         for done in finished:
             ticket = self.tickets.pop((name, done.request_id), None)
+            if ticket is not None and ticket.canvas:  # the final canvas: the answer as it ended
+                ticket.put("canvas", (int(done.rollout.nfe[0]), done.rollout.completion_ids[0].tolist()))
             if ticket is not None:
                 self.counters.finished += 1
                 self.counters.tokens += int(done.rollout.completion_mask.sum())
                 ticket.put("done", done.rollout)
         for seq in engine.running:
             ticket = self.tickets.get((name, seq.request_id)) if seq is not None else None
+            if ticket is not None and ticket.canvas and seq.nfe > ticket.steps_sent:
+                ticket.steps_sent = seq.nfe
+                ticket.put("canvas", (seq.nfe, seq.completion()))
             if ticket is not None and ticket.stream:
                 ids, _ = seq.settled(self.eos)
                 if len(ids) > ticket.sent:
