@@ -20,9 +20,9 @@ the facts come from its released code (``egspo/egspo_trainer.py``), which we fol
   ``G_k = (R + lambda (R - R_k)) / (1 + lambda)`` with ``R`` the final reward, and its advantage ``A_k = G_k -``
   the group's mean of ``G_k``, taken per selected-step column ``k`` (the ``k``-th highest-entropy step of each
   sample), no std division. The hook hands them on as token advantages (each token gets its step's), which the
-  loss reads per (sample, step). ``lambda = 0`` is the final reward minus the group mean (the code's
-  ``ep_lambda1_0.0`` runs), what the loss computes without the hook from ``advantage: group_zscore``,
-  ``scale_rewards: none``.
+  loss reads per (sample, step). ``lambda = 0`` (``rollout_hook_options={lam: 0}``) is the final reward minus the group
+  mean (the code's ``ep_lambda1_0.0`` runs), what the loss computes without a hook from ``advantage:
+  group_zscore``, ``scale_rewards: none``.
 
 Deviations: the code takes one optimizer step per selected column (``K`` calls reuse a rollout, one column each,
 off-policy after the first); ours puts a sample's ``K`` steps in one update (``train.num_iterations`` reuses the
