@@ -133,3 +133,14 @@ def test_a_method_whose_words_would_split_the_readme_table_is_refused():
     preset = dict(METHODS["espo"].preset)
     with pytest.raises(ValueError, match="cannot hold '\\|'"):
         Method(name="x", paper="X, arXiv 1", preset=preset, recipe="x.yaml", notes={"loss": "top-K by |A|"})
+
+
+def test_the_cli_help_lists_every_preset(capsys):
+    from dllm_rl.cli import main
+    from dllm_rl.rl.cli import preset_names
+
+    assert preset_names().split(" | ") == list(PRESETS)
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert [name for name in PRESETS if name not in shown] == []

@@ -82,9 +82,15 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def preset_names() -> str:
+    """The presets, ``a | b | ...``: the modules of ``rl/methods`` (each module's name is its method's, which the
+    package checks), read from the folder so that the CLI's help builds without importing the methods."""
+    folder = Path(__file__).with_name("methods")
+    return " | ".join(sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__"))
+
+
 def register(sub) -> None:
-    p = sub.add_parser("rl", help="RL post-training (presets: espo | tracerl | diffu_grpo | coupled_grpo | "
-                       "random_mask_grpo | spg | bgpo | justgrpo | wd1 | igpo; --help-config prints the table)")
+    p = sub.add_parser("rl", help=f"RL post-training (presets: {preset_names()}; --help-config prints the table)")
     p.add_argument("config", nargs="?", help="YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm=tracerl rollout.gen_length=64")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
@@ -92,9 +98,8 @@ def register(sub) -> None:
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
     d.add_argument("--algorithm", default=None,
-                   help="tracerl | espo | diffu_grpo | coupled_grpo | random_mask_grpo | spg | bgpo | justgrpo | wd1 | "
-                   "igpo (default: the demo config's: espo on the block model, tracerl on the full one; the demo "
-                   "config's beta: 0 applies to any of them)")
+                   help=f"{preset_names()} (default: the demo config's: espo on the block model, tracerl on the "
+                   "full one; the demo config's beta: 0 applies to any of them)")
     d.add_argument("--model", choices=tuple(DEMO_MODELS), default="block",
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
                    "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml), vision = a "
