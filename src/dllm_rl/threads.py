@@ -1,11 +1,11 @@
 """How many intra-op threads torch uses on CPU: chosen from what the machine offers when the work starts.
 
 torch starts one intra-op thread per core. When another program holds a core, each parallel op waits for the thread
-whose core was taken: on a 2-core machine with one core busy, the block demo's RL step went from 3.7 s (two threads,
-both cores free) to 10.8 s (two threads, one core busy), while one thread took 4.7 s beside the busy core
+whose core was taken: on a 2-core machine, the block demo's RL step took 3.6 s with two threads and both cores free,
+10.3 s with two threads beside a program spinning on one core, and 5.6 s with the count chosen here (one) beside it
 (``benchmarks/sampling.py --only threads``; the issue that asked for this measured 36x on a busier machine). With
-both cores free two threads were 1.5x faster than one, so the count follows the cores that are free, not the model's
-size:
+both cores free two threads were 1.5x faster than one (an earlier run), so the count follows the cores that are
+free, not the model's size:
 
 * the cores this process may run on (its affinity) that were mostly idle over a short sample of ``/proc/stat``
   (:data:`SAMPLE_S`; a core is free when it spent at least half of it idle; time stolen by a hypervisor counts as
