@@ -9,8 +9,10 @@ free, not the model's size:
 
 * the cores this process may run on (its affinity) that were mostly idle over a short sample of ``/proc/stat``
   (:data:`SAMPLE_S`; a core is free when it spent at least half of it idle; time stolen by a hypervisor counts as
-  busy), shared among the launcher's processes on this machine (``LOCAL_WORLD_SIZE``), at least one; without
-  ``/proc/stat``, the cores less the 1-minute load average;
+  busy), at least one; without ``/proc/stat``, the cores less the 1-minute load average;
+* under a launcher that started several processes on this machine (``LOCAL_WORLD_SIZE`` > 1) its usable cores
+  shared among them, unsampled (the ranks start together and would see one another's loading as busy); torchrun and
+  ``accelerate launch`` set ``OMP_NUM_THREADS=1`` for several processes unless it is set, which then wins;
 * ``OMP_NUM_THREADS`` set in the environment, or a command's own setting (``train.num_threads``, ``--threads``),
   wins.
 
@@ -45,9 +47,14 @@ def _cpu_ticks() -> dict[int, tuple[int, int]] | None:
     return out or None
 
 
+def usable_cores() -> list[int]:
+    """The CPU ids this process may run on (its affinity)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def free_cores(sample_s: float = SAMPLE_S) -> int:
     """The cores this process may run on that were at least half idle over ``sample_s`` seconds, at least 1."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = usable_cores()
     first = _cpu_ticks()
     if first is None:
         busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -65,8 +72,8 @@ def free_cores(sample_s: float = SAMPLE_S) -> int:
 
 
 def cpu_threads(requested: int | None = None) -> int:
-    """The intra-op thread count: ``requested``, else ``OMP_NUM_THREADS`` when set, else :func:`free_cores` divided
-    among the processes a launcher started on this machine (``LOCAL_WORLD_SIZE``), at least 1."""
+    """The intra-op thread count: ``requested``, else ``OMP_NUM_THREADS`` when set, else the usable cores shared among
+    the processes a launcher started on this machine (``LOCAL_WORLD_SIZE`` > 1), else :func:`free_cores`."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"threads must be >= 1, got {requested}")
@@ -75,7 +82,9 @@ def cpu_threads(requested: int | None = None) -> int:
     if env.isdigit() and int(env) >= 1:
         return int(env)
     local = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()
-    return max(1, free_cores() // (int(local) if local.isdigit() and int(local) >= 1 else 1))
+    if local.isdigit() and int(local) > 1:
+        return max(1, len(usable_cores()) // int(local))
+    return free_cores()
 
 
 def use_cpu_threads(device: torch.device | str, requested: int | None = None) -> int:

@@ -42,9 +42,8 @@ def test_setting_then_environment_then_free_cores_per_process(machine, monkeypat
     machine["samples"] = [idle, {c: (110, 110) for c in range(4)}]
     assert cpu_threads() == 4
     assert cpu_threads(requested=3) == 3  # the setting wins
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on this machine share the free cores
-    machine["samples"] = [idle, {c: (110, 110) for c in range(4)}]
-    assert cpu_threads() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # three ranks of one launch share the usable cores, unsampled
+    assert cpu_threads() == 1 and machine["samples"] == []
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert cpu_threads() == 3 and cpu_threads(requested=5) == 5  # the environment, below the setting
     with pytest.raises(ValueError, match="threads must be >= 1, got 0"):

@@ -257,3 +257,7 @@ def test_the_hook_refuses_a_config_it_does_not_fit():
     other = load_config(RLConfig, None, [*base, "estimator=one_step"])
     with pytest.raises(ConfigError, match="egspo_returns gives the advantages of the egspo_steps estimator"):
         check_combination(_fill_preset(other, "full"))
+    for extra, says in (("loss_type=token", "loss_type: egspo_returns gives one advantage per"),
+                        ("dynamic_sampling=true", "dynamic_sampling: egspo_returns computes each round's")):
+        with pytest.raises(ConfigError, match=says):
+            check_combination(_fill_preset(load_config(RLConfig, None, [*base, extra]), "full"))

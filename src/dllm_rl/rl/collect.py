@@ -61,9 +61,10 @@ class Round:
 @dataclass
 class StepBatch:
     """What the collect stage hands to the update stage: this rank's samples of one step (``N`` of them, every
-    round's concatenated) and what trains. ``advantages`` ``[N]`` are the sequence advantages (the value model
-    replaces them with token advantages); ``keep`` the indices of the samples that train (groups with signal,
-    within ``train.prompts_per_step``); ``mask_seeds`` each sample's estimator mask seed (its own, or its group's)."""
+    round's concatenated) and what trains. ``advantages`` ``[N]`` are the sequence advantages (``[N, L]`` when a
+    rollout hook made token advantages; the value model replaces them with its token advantages); ``keep`` the
+    indices of the samples that train (groups with signal, within ``train.prompts_per_step``); ``mask_seeds`` each
+    sample's estimator mask seed (its own, or its group's)."""
 
     rollout: Rollout
     rewards: torch.Tensor

@@ -105,7 +105,8 @@ class Server:
         self.block = engines[None].block
         self.worker = Worker(engines, model.eos_token_id,
                              (lambda key: active_adapter(model, key)) if self.adapters else None)
-        self.held = 0  # requests accepted and not answered yet (asyncio thread only)
+        # requests accepted and not answered yet, per engine (asyncio thread only): each has its slots and queue
+        self.held: dict[str | None, int] = dict.fromkeys((None, *self.adapters), 0)
         self.closing = False
 
     # ---- requests -> tickets ---------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class Server:
                canvas: bool = False) -> Ticket:
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
-        if self.held >= self.limits.slots + self.limits.max_queue:
+        if self.held[adapter] >= self.limits.slots + self.limits.max_queue:
             self.worker.counters.rejected_queue_full += 1
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
@@ -210,10 +211,11 @@ async def _next_event(server: Server, ticket: Ticket, request: Request | None):
     messages could take a message meant for it."""
     deadline = ticket.arrived + server.limits.timeout_s
     while True:
-        try:
-            return await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
-        except TimeoutError:
-            pass
+        if time.monotonic() <= deadline:  # checked before each wait: a canvas stream's events come every step
+            try:
+                return await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                pass
         if request is not None and await request.is_disconnected():
             server.worker.abort(ticket, "aborted_disconnect")
             raise Gone(499, "client closed the request")
@@ -290,7 +292,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     server.check_prompt(ids, config, "messages" if chat else "prompt")
     stream = req.stream
     ticket = server.ticket(ids, config, stream, adapter, req.stream_canvas)
-    server.held += 1
+    server.held[adapter] += 1
     server.worker.counters.requests += 1
     server.worker.submit(ticket)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -300,7 +302,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     try:
         kind, value = await _wait(server, ticket, request)
     finally:
-        server.held -= 1
+        server.held[ticket.adapter] -= 1
     if kind == "error":
         raise ApiError(503, value, kind="server_error")
     text, reason, n = server.answer(value, max_tokens)
@@ -360,7 +362,7 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
                 yield "data: [DONE]\n\n"
                 return
     finally:
-        server.held -= 1
+        server.held[ticket.adapter] -= 1
         if not finished:
             server.worker.abort(ticket, "aborted_disconnect")
 
@@ -381,7 +383,8 @@ def _metrics_text(server: Server) -> str:
         ("completion_tokens_total", "counter", "answer tokens produced", c.tokens),
         ("requests_running", "gauge", "requests in a slot", w.running),
         ("requests_waiting", "gauge", "requests queued for a slot", w.waiting),
-        ("slots", "gauge", "the engine's slots", server.limits.slots),
+        ("slots", "gauge", "the engines' slots (--slots per engine: the base model's and each adapter's)",
+         server.limits.slots * (1 + len(server.adapters))),
     ]
     out = []
     for name, kind, help_text, value in rows:

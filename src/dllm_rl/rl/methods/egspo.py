@@ -29,8 +29,9 @@ off-policy after the first); ours puts a sample's ``K`` steps in one update (``t
 rollout). Old log-probs are the current policy's before the update, as for every method here, where the code
 records them in the rollout. The greedy completion covers the block being decoded: later blocks stay masked (the
 sampler computes the current block's logits only; LLaDA's full attention would predict them too), so with several
-blocks an early step's completion is partial (the recipe decodes one block of 256 with 128 steps, as the code's
-``block_length`` 32 over 256 tokens would not: its completion fills every block). A column mean takes the
+blocks an early step's completion is partial. The recipe decodes 8 blocks of 32 as the code does: there, before the
+last block, ``R_k`` is about 0 and ``G_k`` about ``R`` (lambda 0's advantage), where the code's completion fills
+every block. A column mean takes the
 samples that have the column (a sample with fewer than ``K`` steps has fewer); groups whose final rewards are all
 equal are still dropped by ``drop_zero_variance`` as for every method (the code keeps them: their stepwise
 advantages can differ), so the recipe sets ``drop_zero_variance: false``.
@@ -108,6 +109,12 @@ def egspo_returns_hook(*, lam: float = 0.5, normalize: bool = True, num_steps: i
                        advantages=token_advantages(step_map, steps, adv), stats={**view.stats, **stats})
 
     def check(cfg) -> None:
+        if cfg.loss_type != "egspo":
+            raise ValueError(f"loss_type: egspo_returns gives one advantage per (sample, step), which the egspo "
+                             f"loss reads; loss_type is {cfg.loss_type!r}")
+        if cfg.dynamic_sampling:
+            raise ValueError("dynamic_sampling: egspo_returns computes each round's advantages itself (token "
+                             "advantages of that round's width); set dynamic_sampling=false")
         if cfg.estimator != "egspo_steps":
             raise ValueError(f"rollout_hook: egspo_returns gives the advantages of the egspo_steps estimator's "
                              f"steps; estimator is {cfg.estimator!r}")
