@@ -26,6 +26,12 @@ def prediction_texts(tokens: torch.Tensor, tokenizer, eos: int, pad: int, mask: 
     return out
 
 
+def without_steps(rollout: Rollout, **changes) -> Rollout:
+    """``rollout`` (with ``changes``) without its recorded step predictions (``step_tokens`` / ``step_masked`` /
+    ``step_confidence``): once rewarded, nothing downstream reads them."""
+    return replace(rollout, step_tokens=None, step_masked=None, step_confidence=None, **changes)
+
+
 def step_rollout(rollout: Rollout, rows: list[int], steps: list[int], tokenizer, eos: int, mask: int) -> Rollout:
     """One row per pair ``(rows[k], steps[k])`` of ``rollout``, with that step's prediction as its completion (to
     reward it): the answer is the prediction up to its first EOS; the slots predicted at the step carry it in
@@ -40,6 +46,5 @@ def step_rollout(rollout: Rollout, rows: list[int], steps: list[int], tokenizer,
     answer = (is_eos.long().cumsum(-1) - is_eos.long() == 0) & (tokens != mask) & ((tokens != sub.pad_token_id)
                                                                                    | is_eos)
     texts = prediction_texts(tokens, tokenizer, eos, sub.pad_token_id, mask)
-    return replace(sub, completion_ids=tokens, completion_mask=answer, texts=texts,
-                   step_map=torch.where(masked, t[:, None].to(sub.step_map.device), sub.step_map), step_tokens=None,
-                   step_masked=None, step_confidence=None)
+    return without_steps(sub, completion_ids=tokens, completion_mask=answer, texts=texts,
+                         step_map=torch.where(masked, t[:, None].to(sub.step_map.device), sub.step_map))

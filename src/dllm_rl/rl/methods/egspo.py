@@ -48,7 +48,7 @@ from dllm_rl.estimators.egspo_steps import select_steps
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, register_hook
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
 from dllm_rl.rl.method import Method
-from dllm_rl.rl.step_predictions import step_rollout
+from dllm_rl.rl.step_predictions import step_rollout, without_steps
 
 
 def stepwise_advantages(final: torch.Tensor, step_rewards: torch.Tensor, valid: torch.Tensor, group_size: int,
@@ -105,8 +105,8 @@ def egspo_returns_hook(*, lam: float = 0.5, normalize: bool = True, num_steps: i
             step_r[rows, at] = torch.tensor(values, dtype=torch.float32)
         adv = stepwise_advantages(torch.tensor(view.rewards), step_r, valid, view.group_size, lam, normalize)
         stats = {"egspo_step_reward": float(step_r[valid].mean()) if valid.any() else 0.0}
-        return replace(view, rollout=replace(ro, step_tokens=None, step_masked=None, step_confidence=None),
-                       advantages=token_advantages(step_map, steps, adv), stats={**view.stats, **stats})
+        return replace(view, rollout=without_steps(ro), advantages=token_advantages(step_map, steps, adv),
+                       stats={**view.stats, **stats})
 
     def check(cfg) -> None:
         if cfg.loss_type != "egspo":

@@ -45,7 +45,7 @@ from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, TrainingRows, register_hook
 from dllm_rl.rl.losses import AGGREGATIONS, LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
 from dllm_rl.rl.method import Method
-from dllm_rl.rl.step_predictions import step_rollout
+from dllm_rl.rl.step_predictions import step_rollout, without_steps
 from dllm_rl.sampling import Rollout
 
 EPS = 1e-6  # DARE's std epsilon (the authors': 1e-4)
@@ -95,9 +95,8 @@ def pair_rollout(rollout: Rollout, samples: list[int], steps: list[int], mask: i
     t = torch.as_tensor(steps)
     tokens = sub.step_tokens[idx, t].long()
     scored = sub.step_masked[idx, t] & (tokens != mask)
-    return replace(sub, completion_ids=tokens, completion_mask=scored, texts=None,
-                   confidence=sub.step_confidence[idx, t] * scored, step_tokens=None, step_masked=None,
-                   step_confidence=None)
+    return without_steps(sub, completion_ids=tokens, completion_mask=scored, texts=None,
+                         confidence=sub.step_confidence[idx, t] * scored)
 
 
 def step_rewards(view: RoundView, ctx: HookContext, mask: int) -> torch.Tensor:
@@ -143,8 +142,7 @@ def mdpo_hook(*, train_steps: int = 16) -> RolloutHook:
         final = torch.tensor(view.rewards)
         stats = {"mdpo_step_reward": float(r[valid].mean()) if valid.any() else 0.0,
                  "mdpo_backslide": float((r.max(1).values > final).sum()), "mdpo_pairs": float(len(pairs))}
-        return replace(view, rollout=replace(ro, step_tokens=None, step_masked=None, step_confidence=None),
-                       training=training, stats={**view.stats, **stats})
+        return replace(view, rollout=without_steps(ro), training=training, stats={**view.stats, **stats})
 
     hook.records_steps = "sampled"  # type: ignore[attr-defined]
     hook.makes_training_rows = True  # type: ignore[attr-defined]
