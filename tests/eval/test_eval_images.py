@@ -121,3 +121,63 @@ def test_mmada_without_its_vq_encoder_is_one_line(workdir, tmp_path):
                                         r"\(.*m/vq_model\): put the showlab/magvitv2 checkpoint in the model's "
                                         r"vq_model/ folder or set vq_model$"):
         run_eval(cfg)
+
+
+DECODE = ("--gen-length", "8", "--block-length", "8", "--steps", "8")
+
+
+def _trace(argv: list[str]) -> list[dict]:
+    import argparse
+
+    from dllm_rl.eval.cli import register
+
+    parser = argparse.ArgumentParser(prog="dllm-rl")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["trace", *argv])
+    assert args.func(args) == 0
+    page = Path(args.output).read_text()
+    return json.loads(re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page,
+                                re.S).group(1))["records"]
+
+
+def test_trace_draws_a_task_items_image_and_a_prompts_image_files(workdir, monkeypatch):
+    calls = _count_generate(monkeypatch)
+    out = workdir / "trace_task.html"
+    recs = _trace([str(workdir / "llada_v"), "--task", "shapes", "--data", str(workdir / "shapes.jsonl"),
+                   "--prompt-style", "compact", "--index", "0", "--index", "2", *DECODE,
+                   "-o", str(out)])
+    assert [r["label"] for r in recs] == ["shapes item 0", "shapes item 2"]
+    assert [len(r["images"]) for r in recs] == [1, 1] and all(r["image_positions"] == [0] for r in recs)
+    (n, pim, _), = calls
+    assert n == 2 and [f.shape for f in pim.features] == [(730, 32)] * 2  # the images reached the model
+    assert all("reward" in r for r in recs)
+    # the same picture through --prompt/--image, on MMaDA: drawn after <|mmu|> <|soi|>
+    row = json.loads((workdir / "shapes.jsonl").read_text().splitlines()[0])
+    picture = workdir / row["image"]
+    recs = _trace([str(workdir / "mmada"), "--prompt", "<image>\ncount red circle\n", "--prompt", "nums 1 2",
+                   "--image", str(picture), *DECODE, "-o", str(workdir / "t2.html")])
+    assert [len(r["images"]) for r in recs] == [1, 0] and recs[0]["image_positions"] == [2]
+    assert recs[0]["images"][0] == _trace([str(workdir / "llada_v"), "--prompt", "<image>\ncount red circle\n",
+                                          "--image", str(picture), *DECODE,
+                                          "-o", str(workdir / "t3.html")])[0]["images"][0]
+
+
+def test_trace_image_errors_are_one_line(workdir, tmp_path):
+    from dllm_rl.errors import UserError
+    from dllm_rl.tasks.base import DataError
+
+    model = str(workdir / "llada_v")
+    with pytest.raises(UserError, match=r"^--prompt texts hold 1 <image> placeholder\(s\) but 0 --image file"):
+        _trace([model, "--prompt", "<image>\ncount red circle\n", "-o", str(tmp_path / "a.html")])
+    with pytest.raises(DataError, match="--image nope.png"):
+        _trace([model, "--prompt", "<image>\nx\n", "--image", "nope.png", "-o", str(tmp_path / "a.html")])
+    tok = char_tokenizer()
+    cfg = tiny_config("llada", vocab_size=len(tok), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                      intermediate_size=32, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    save_model(build_model("llada", cfg, seed=0), tmp_path / "llada", tokenizer=tok)
+    with pytest.raises(UserError, match=r"^--image was given, but a llada model reads text only"):
+        _trace([str(tmp_path / "llada"), "--prompt", "<image>\nx\n", "--image", "a.png", "-o", str(tmp_path / "b")])
+    with pytest.raises(UserError, match=r"^the trace's prompts carry images, but a llada model reads text only"):
+        _trace([str(tmp_path / "llada"), "--task", "shapes", "--data", str(workdir / "shapes.jsonl"),
+                "-o", str(tmp_path / "c.html")])

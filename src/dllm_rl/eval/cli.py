@@ -194,13 +194,17 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
     tok, fam, block_size = check_model_tokenizer(model_dir, resolve_model_path(tok_dir))
     resolved = resolve_decode(decode_overrides(args), Setting("trace"), block_size)
     decode = resolved.decode
-    texts, labels, examples, task = [], [], [], None
+    texts, labels, examples, images, task = [], [], [], [], None
     if args.task:
         from dllm_rl.tasks import get_task
 
         kw: dict[str, Any] = {"split": args.split}
         if args.prompt_style:
             kw["prompt_style"] = args.prompt_style
+        if args.data:
+            if not Path(args.data).expanduser().exists():
+                raise FileNotFoundError(f"--data {args.data} does not exist")
+            kw["data"] = args.data
         task = get_task(args.task, **kw)
         exs = task.load()
         for i in args.index or [0]:
@@ -209,22 +213,52 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
             examples.append(exs[i])
             texts.append(task.build_prompt(exs[i], tok))
             labels.append(f"{args.task} item {i}")
+            images.append(task.images(exs[i]) if hasattr(task, "images") else [])
     for i, p in enumerate(args.prompt or []):
         texts.append(p)
         labels.append(f"prompt {i}")
+    from dllm_rl.models.image_inputs import refuse_images, takes_images
+
+    if args.image:
+        refuse_images(fam.name, "--image was given")
+    images += _prompt_images(args.prompt or [], args.image or []) if takes_images(fam.name) else \
+        [[] for _ in args.prompt or []]
+    if any(images):
+        refuse_images(fam.name, "the trace's prompts carry images")
     device = resolve_device(args.device)
     dtype = resolve_eval_dtype(args.dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
     use_cpu_threads(device)
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    roll = generate(model, ids, decode, tokenizer=tok, block_cache=resolved.block_cache)
+    from dllm_rl.models.image_inputs import PromptEncoder, image_spans
+
+    ids, pim = PromptEncoder(tok, model_dir).encode(model, texts, images if any(images) else None)
+    roll = generate(model, ids, decode, tokenizer=tok, block_cache=resolved.block_cache, images=pim)
     records = records_from_rollout(roll, tok, labels=labels, block_length=roll.block_size or decode.block_length,
-                                   block_offsets=[len(x) for x in ids] if roll.block_size else None)
+                                   block_offsets=[len(x) for x in ids] if roll.block_size else None,
+                                   images=images if any(images) else None,
+                                   image_spans=image_spans(model, ids, pim) if any(images) else None)
     if task is not None:
         for rec, sc in zip(records, task.score_examples(roll.texts[: len(examples)], examples)):
             rec.reward = float(sc)
     meta = {"model": str(model_dir), "family": fam.name, **resolved.as_dict()}
     return records, meta
+
+
+def _prompt_images(prompts: list[str], paths: list[str]) -> list[list[Any]]:
+    """The ``--image`` files as PIL images, handed to the ``--prompt`` texts' ``<image>`` placeholders in order;
+    a count that does not match is one line."""
+    from dllm_rl.tasks.images import load_image, placeholder_count
+
+    wanted = [placeholder_count(p) for p in prompts]
+    if sum(wanted) != len(paths):
+        raise UserError(f"--prompt texts hold {sum(wanted)} <image> placeholder(s) but {len(paths)} --image file(s) "
+                        "were given; give one --image per placeholder, in order")
+    loaded = [load_image(p, where=f"--image {p}") for p in paths]
+    out, k = [], 0
+    for n in wanted:
+        out.append(loaded[k:k + n])
+        k += n
+    return out
 
 
 def register_trace(sub) -> None:
@@ -240,6 +274,10 @@ def register_trace(sub) -> None:
     p.add_argument("--prompt", action="append", help="prompt text to decode (repeatable); used as is")
     p.add_argument("--task", default=None, help="decode items of this task instead (prompt built by the task)")
     p.add_argument("--index", type=int, action="append", help="item index of --task (repeatable; default 0)")
+    p.add_argument("--data", default=None, metavar="FILE", help="data file of --task instead of its default file "
+                   "(an image task's relative image paths are read from the file's folder)")
+    p.add_argument("--image", action="append", metavar="FILE", help="image file for the --prompt texts' <image> "
+                   "placeholders, in order (repeatable; LLaDA-V and MMaDA); the page draws it where it stands")
     p.add_argument("--split", default="test", help="split of --task (default test)")
     p.add_argument("--prompt-style", default=None, help="chat | plain | compact for --task")
     p.add_argument("--from-trace", default=None, metavar="FILE.jsonl", help="a trace file from `dllm-rl generate "
