@@ -192,6 +192,29 @@ def test_a_stopped_worker_fails_what_it_holds(make_server):
     loop.close()
 
 
+def test_a_request_that_fails_to_join_fails_alone_and_the_worker_serves_on(make_server, demo_model, monkeypatch):
+    """An unexpected error while a request joins the batch answers that request with it; the thread lives on."""
+    model, tok = demo_model
+    server = make_server(BASE, slots=2)
+    engine = server.worker.engines[None]
+    real, calls = engine.add_request, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of device memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", flaky)
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        bad = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 16})
+        good = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 16})
+    assert bad.status_code == 503 and bad.json()["error"]["message"] == (
+        "the request could not join the batch: RuntimeError: out of device memory")
+    text, _ = alone_answer(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 16)
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == text and len(calls) == 2
+
+
 def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}

@@ -138,6 +138,9 @@ class Worker:
         except ValueError as err:  # UserError / FieldError: checked by the app before, so rare
             ticket.put("error", str(err))
             return
+        except Exception as err:  # a bug or a device error in one request fails that request, not the thread
+            ticket.put("error", f"the request could not join the batch: {type(err).__name__}: {err}")
+            return
         self.tickets[(ticket.adapter, ticket.request_id)] = ticket
 
     def _abort(self, ticket: Ticket, why: str) -> None:
