@@ -261,3 +261,25 @@ def test_the_hook_refuses_a_config_it_does_not_fit():
                         ("dynamic_sampling=true", "dynamic_sampling: egspo_returns computes each round's")):
         with pytest.raises(ConfigError, match=says):
             check_combination(_fill_preset(load_config(RLConfig, None, [*base, extra]), "full"))
+
+
+def test_rollout_hook_off_switches_the_presets_hook_off():
+    """``rollout_hook=off`` (not null, which takes the preset's) runs EGSPO without its stepwise returns: no hook,
+    the preset's options not filled in, the config still valid (the lambda = 0 advantage)."""
+    from dllm_rl.config import ConfigError, load_config
+    from dllm_rl.rl.algorithms import _fill_preset, check_combination
+    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.hooks import make_hook
+
+    base = ["algorithm=egspo", "model.path=x", "data.task=countdown"]
+    on = _fill_preset(load_config(RLConfig, None, base), "full")
+    assert on.rollout_hook == "egspo_returns" and on.rollout_hook_options == {"lam": 0.5, "num_steps": 8}
+    off = _fill_preset(load_config(RLConfig, None, [*base, "rollout_hook=off"]), "full")
+    assert off.rollout_hook == "off" and off.rollout_hook_options is None and off.estimator == "egspo_steps"
+    check_combination(off)
+    assert make_hook(off.rollout_hook, off.rollout_hook_options) is None
+    null = _fill_preset(load_config(RLConfig, None, [*base, "rollout_hook=null"]), "full")
+    assert null.rollout_hook == "egspo_returns"  # null is "unset": the preset fills it
+    with pytest.raises(ConfigError, match="rollout_hook_options: set rollout_hook too"):
+        check_combination(_fill_preset(load_config(RLConfig, None, [*base, "rollout_hook=off",
+                                                                     'rollout_hook_options={"lam": 0}']), "full"))

@@ -16,7 +16,7 @@ from dllm_rl.config import ConfigError
 from dllm_rl.estimators import ScoringBatch, estimator_forwards
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.hooks import make_hook
+from dllm_rl.rl.hooks import NO_HOOK, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.methods import METHODS
 from dllm_rl.rl.value_config import check_value_model
@@ -35,7 +35,8 @@ def _fill_preset(cfg: RLConfig, attention: str) -> RLConfig:
     """``cfg`` with its ``None`` fields taken from its algorithm's preset (TraceRL's shrinkage per attention
     kind); building the new config checks every value (:func:`dllm_rl.config.check_fields`)."""
     preset = PRESETS[cfg.algorithm]
-    out = dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None})
+    skip = {"rollout_hook_options"} if cfg.rollout_hook == NO_HOOK else set()  # the preset's hook is switched off
+    out = dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None and k not in skip})
     opts = dict(out.estimator_options or {})
     if out.estimator == "trace" and opts.get("step_merge"):  # one transition per decoding block
         if attention == "full":

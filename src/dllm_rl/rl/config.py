@@ -334,9 +334,10 @@ class RLConfig(Checked):
                           "sequence (ESPO's sequence-level ratio, arXiv 2512.03759 eq. 7-9) | a method's own"))
     loss_options: dict | None = field(None, help=_preset_help("loss_options", "settings of the chosen loss"))
     rollout_hook: str | None = field(
-        None, choices=_registry("dllm_rl.rl.methods", "ROLLOUT_HOOKS"),
+        None, choices=lambda: ("off", *_registry("dllm_rl.rl.methods", "ROLLOUT_HOOKS")()),
         help=_preset_help("rollout_hook", "hook called after each round's rewards that may replace rollouts "
-                          "(dllm_rl.rl.hooks)"))
+                          "(dllm_rl.rl.hooks); off: no hook, also where the algorithm's preset has one (its "
+                          "rollout_hook_options are then not filled in)"))
     rollout_hook_options: dict | None = field(
         None, help=_preset_help("rollout_hook_options", "options of rollout_hook"))
     inpaint_entropy_keep: float | None = field(

@@ -112,6 +112,8 @@ class RolloutHook(Protocol):
 ROLLOUT_HOOKS: dict[str, Callable[..., RolloutHook]] = {}
 
 
+#: ``rollout_hook: off``: no hook, also where the algorithm's preset names one (None takes the preset's).
+NO_HOOK = "off"
 #: ``@register_hook("name")``: register a hook factory (keyword options -> hook) as ``rollout_hook: name``.
 register_hook = registrar(ROLLOUT_HOOKS, "rollout hook")
 
@@ -124,8 +126,9 @@ def samples_per_prompt(hook: RolloutHook | None, num_generations: int) -> int:
 
 
 def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHook | None:
-    """The hook ``name`` built with ``options`` (None: no hook). Unknown names or options raise ``ValueError``."""
-    if name is None:
+    """The hook ``name`` built with ``options`` (None or :data:`NO_HOOK`: no hook). Unknown names or options raise
+    ``ValueError``."""
+    if name is None or name == NO_HOOK:
         if options:
             raise ValueError("rollout_hook_options: set rollout_hook too (the hook they configure)")
         return None
