@@ -255,7 +255,7 @@ def test_the_canvas_streams_after_every_step_for_viewers(make_server, demo_model
     cfg = DecodeConfig(gen_length=32, threshold=0.5, temperature=0.9, seed=5)
     ids = tok.encode(PROMPTS[3], add_special_tokens=False)
     alone = generate(model, [ids], cfg, seeds=[5])
-    body = {"prompt": PROMPTS[3], "max_tokens": 32, "temperature": 0.9, "seed": 5, "stream": True,
+    body = {"prompt": PROMPTS[3], "max_tokens": 30, "temperature": 0.9, "seed": 5, "stream": True,
             "stream_canvas": True}
     with running(make_server(BASE, slots=4)) as url, httpx.Client(base_url=url, timeout=60) as client:
         with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -265,12 +265,14 @@ def test_the_canvas_streams_after_every_step_for_viewers(make_server, demo_model
     deltas = [e for e in events[:-1] if e.get("object") != "canvas"]
     # one canvas per step, in order; the last step's is the answer as it ended (EOS fill included)
     assert [c["step"] for c in canvases] == list(range(1, int(alone.nfe[0]) + 1))
-    assert canvases[-1]["tokens"] == alone.completion_ids[0].tolist()
+    # max_tokens 30 decodes 32 slots (blocks of 4); the canvas shows the 30 asked for
+    assert canvases[-1]["tokens"] == alone.completion_ids[0].tolist()[:30]
+    assert all(len(c["tokens"]) == 30 for c in canvases)
     mask = model.mask_token_id
     assert canvases[0]["tokens"].count(mask) > 0 and canvases[0]["text"] == tok.decode(canvases[0]["tokens"])
     for before, after in zip(canvases, canvases[1:]):  # a committed token never changes; masks only get fewer
         assert all(a == b for a, b in zip(before["tokens"], after["tokens"]) if a != mask)
         assert after["tokens"].count(mask) <= before["tokens"].count(mask)
-    want, _ = alone_answer(model, tok, ids, cfg, 32)
+    want, _ = alone_answer(model, tok, ids, cfg, 30)
     assert "".join(e["choices"][0]["text"] for e in deltas[:-1]) == want  # the text deltas are unchanged
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_canvas"

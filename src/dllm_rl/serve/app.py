@@ -9,7 +9,8 @@ up to the decoding block for the engine and the answer cut back to it. ``seed`` 
 
 With ``"stream_canvas": true`` (and ``"stream": true``) the stream also carries the whole canvas after each of the
 request's steps, for viewers: ``{"object": "canvas", "step": N, "tokens": [...], "text": ...}`` events, the
-completion's token ids with the mask id where still masked and their text with special tokens shown.
+completion's first ``max_tokens`` token ids with the mask id where still masked and their text with special
+tokens shown.
 
 A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
 ``--lora NAME=DIR``; each adapter has an engine of its own, so a request decodes with its adapter as it would alone.
@@ -344,6 +345,7 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
                 return
             if kind == "canvas":
                 step, tokens = value
+                tokens = tokens[:max_tokens]  # the engine decodes max_tokens rounded up to the block: not shown
                 body = {"id": rid, "object": "canvas", "created": int(time.time()), "model": model, "step": step,
                         "tokens": tokens, "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
                 yield f"data: {json.dumps(body)}\n\n"
