@@ -6,7 +6,9 @@ al. 2025, arXiv 2508.13148, section 3) rewards the prediction of each step, deco
 stepwise advantages (arXiv 2603.12554) reward the greedy one-step completion, the argmax of the step's logits
 at every masked slot (``"greedy"``). :class:`StepRecorder` keeps, per sequence and step, only token ids and
 one score per slot, never logits: ``[B, steps, G]`` int32 tokens, bool mask and float32 confidence, about
-``9 * B * steps * G`` bytes (128 sequences x 128 steps x 256 tokens: 38 MB) whatever the vocabulary.
+``9 * B * steps * G`` bytes (128 sequences x 128 steps x 256 tokens: 38 MB) whatever the vocabulary. The score
+is the sampler's confidence in the slot's *sampled* token for both kinds (the score that orders the commits;
+MDPO's token weights read it, EGSPO reads none), not the argmax's probability.
 
 The prediction covers the masked slots of the block being decoded; later blocks' slots stay the mask id (the
 sampler computes the current block's logits only, and a block model cannot see later blocks). With one block
