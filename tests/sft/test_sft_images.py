@@ -147,3 +147,31 @@ def test_a_fresh_llada_v_takes_its_tower_shape_from_the_model_section():
     assert len(widened[0]) == 10 + 1
     with pytest.raises(ConfigError, match=r"vision_image_size=48 is not a multiple of model.vision_patch_size=14"):
         ModelConfig(**{**shape, "vision_patch_size": 14})
+
+
+@pytest.mark.parametrize("train", ["none", "projector", "all"])
+def test_train_vision_says_which_image_parts_train(sft_images, tmp_path, train):
+    """``model.train_vision``: none leaves the tower, projector and image newline as loaded (the features are
+    data, as published); projector trains the projector and the newline over a frozen tower; all trains the tower
+    too. The language model trains in every case, and the gradient reaches exactly the parts named."""
+    trainer = SFTTrainer(_cfg(sft_images, "llada_v", tmp_path / "run", "train.max_steps=2",
+                              f"model.train_vision={train}"), verbose=False)
+    core = trainer.dlm.causal_lm.model
+    parts = {"tower": core.vision_tower, "projector": core.multi_modal_projector}
+    before = {k: [p.detach().clone() for p in m.parameters()] for k, m in parts.items()}
+    newline, lm_head = core.image_newline.detach().clone(), trainer.dlm.causal_lm.lm_head.weight.detach().clone()
+    trainer.run()
+    moved = {k: any(not torch.equal(a, b) for a, b in zip(before[k], m.parameters())) for k, m in parts.items()}
+    assert moved == {"tower": train == "all", "projector": train != "none"}
+    assert (not torch.equal(newline, core.image_newline)) == (train != "none")
+    assert not torch.equal(lm_head, trainer.dlm.causal_lm.lm_head.weight)
+
+
+def test_train_vision_outside_llada_v_or_with_lora_is_one_line(sft_images, tmp_path):
+    from dllm_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.train_vision=all: for llada_v models only \(a mmada model"):
+        SFTTrainer(_cfg(sft_images, "mmada", tmp_path / "a", "model.train_vision=all"), verbose=False)
+    with pytest.raises(ConfigError, match=r"^model.train_vision=projector: LoRA adapts the language model only"):
+        SFTTrainer(_cfg(sft_images, "llada_v", tmp_path / "b", "model.train_vision=projector", "lora.enabled=true"),
+                   verbose=False)

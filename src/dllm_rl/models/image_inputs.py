@@ -112,10 +112,13 @@ def copy_vq(model_dir: str | Path | None, out_dir: str | Path) -> None:
 class PromptEncoder:
     """Turns prompt texts with ``<image>`` placeholders and their images into what ``generate`` and the
     estimators take, for the models of one run (see the module docstring). ``model_dir``: the model's
-    checkpoint directory (MMaDA's default VQ location); ``config``: :class:`ImageInputConfig`."""
+    checkpoint directory (MMaDA's default VQ location); ``config``: :class:`ImageInputConfig`; ``train_vision``:
+    LLaDA-V's image parts that train (:data:`~dllm_rl.models.llava_images.TRAIN_VISION`; none outside SFT)."""
 
-    def __init__(self, tokenizer: Any, model_dir: str | Path | None = None, config: ImageInputConfig | None = None):
+    def __init__(self, tokenizer: Any, model_dir: str | Path | None = None, config: ImageInputConfig | None = None,
+                 train_vision: str = "none"):
         self.tokenizer = tokenizer
+        self.train_vision = train_vision  # LLaDA-V: which image parts the features' graph reaches (SFT)
         self.model_dir = model_dir
         self.config = config or ImageInputConfig()
         self._vq: tuple[Any, int] | None = None
@@ -155,7 +158,7 @@ class PromptEncoder:
             for piece in pieces[1:]:
                 row += [IMAGE_TOKEN_INDEX, *self._tokens(piece)]
             ids.append(row)
-        return prompt_images(model, ids, [list(x) for x in images])
+        return prompt_images(model, ids, [list(x) for x in images], self.train_vision)
 
     def _mmada(self, model: DiffusionLM, texts, images) -> list[list[int]]:
         from dllm_rl.models.mmada_image import code_offset, image_transform, understanding_ids

@@ -80,11 +80,20 @@ def preprocess(images: Sequence[Image.Image], published_config: dict) -> tuple[l
     return pixels, sizes
 
 
-def image_features(dlm: DiffusionLM, pixels: Sequence[torch.Tensor], sizes: Sequence[tuple]) -> list[torch.Tensor]:
-    """Each image's embeddings ``[N_i, H]`` (the model's dtype) from :func:`preprocess`'s output."""
+#: which image parts train (``train_vision``): none (the features are data, as the published LLaDA-V SFT and RL
+#: compute them), the projector (and the image newline) over a frozen tower, or the tower too (LLaVA's
+#: ``mm_tunable_parts`` ``mm_vision_tower,mm_mlp_adapter``)
+TRAIN_VISION = ("none", "projector", "all")
+
+
+def image_features(dlm: DiffusionLM, pixels: Sequence[torch.Tensor], sizes: Sequence[tuple],
+                   train: str = "all") -> list[torch.Tensor]:
+    """Each image's embeddings ``[N_i, H]`` (the model's dtype) from :func:`preprocess`'s output; ``train``
+    (:data:`TRAIN_VISION`) says which parts the graph reaches (call under ``torch.no_grad()`` for none)."""
     core = dlm.causal_lm.model  # the stock LlavaOnevisionModel
     tiles = torch.cat(list(pixels)).to(device=dlm.device, dtype=dlm.dtype)
-    hidden = core.vision_tower(tiles, output_hidden_states=True).hidden_states[-1]  # before post_layernorm
+    with torch.set_grad_enabled(torch.is_grad_enabled() and train == "all"):
+        hidden = core.vision_tower(tiles, output_hidden_states=True).hidden_states[-1]  # before post_layernorm
     per_image = torch.split(core.multi_modal_projector(hidden), [p.shape[0] for p in pixels])
     ratio = aspect_ratio(dlm.published_config)
     packed, _ = core.pack_image_features(
@@ -108,15 +117,18 @@ def _identity(image: Image.Image) -> tuple:
     return image.mode, image.size, hashlib.blake2b(image.tobytes(), digest_size=16).digest()
 
 
-def prompt_images(dlm: DiffusionLM, prompts: Sequence[Sequence[int]],
-                  images: Sequence[Sequence[Image.Image]]) -> tuple[list[list[int]], PromptImages]:
+def prompt_images(dlm: DiffusionLM, prompts: Sequence[Sequence[int]], images: Sequence[Sequence[Image.Image]],
+                  train: str = "none") -> tuple[list[list[int]], PromptImages]:
     """``prompts`` with each placeholder widened to its image's positions (the pad id there), and the
     :class:`~dllm_rl.models.prompt_images.PromptImages` that splices the features in: what
     :func:`dllm_rl.sampling.generate` takes (``images=``) and its :class:`~dllm_rl.sampling.Rollout` keeps.
 
     The tower and projector run once, over the distinct images only (same mode, size and pixels = same image):
     G samples of one prompt share one encoding. The features are data (computed without gradient), so the
-    scoring of a rollout reuses them as they were sampled with."""
+    scoring of a rollout reuses them as they were sampled with; ``train`` (:data:`TRAIN_VISION`, SFT's
+    ``model.train_vision``) other than none keeps the graph into the projector (and the tower)."""
+    if train not in TRAIN_VISION:
+        raise ValueError(f"train_vision must be one of {', '.join(TRAIN_VISION)}, got {train!r}")
     _check_counts(prompts, images)
     keys = [[_identity(img) for img in imgs] for imgs in images]
     index: dict[tuple, int] = {}
@@ -126,8 +138,8 @@ def prompt_images(dlm: DiffusionLM, prompts: Sequence[Sequence[int]],
             if key not in index:
                 index[key] = len(distinct)
                 distinct.append(img)
-    with torch.no_grad():
-        feats = list(image_features(dlm, *preprocess(distinct, dlm.published_config))) if distinct else []
+    with torch.set_grad_enabled(torch.is_grad_enabled() and train != "none"):
+        feats = list(image_features(dlm, *preprocess(distinct, dlm.published_config), train)) if distinct else []
     widened, rows = [], []
     for ids, ks in zip(prompts, keys):
         row: list[int] = []

@@ -52,6 +52,11 @@ class ModelConfig(Checked):
     attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
     freeze_router: bool = field(False, help="MoE models: no gradient into the routers (gate weights)")
+    train_vision: Literal["none", "projector", "all"] = field(
+        "none", help="llada_v: which image parts train besides the language model: none (the image features are "
+        "data, as the published LLaDA-V SFT computes them), projector (the mlp2x_gelu projector and the image "
+        "newline over a frozen tower), all (the SigLIP tower too; LLaVA's mm_tunable_parts "
+        "mm_vision_tower,mm_mlp_adapter,mm_language_model)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from accelerate import DistributedDataParallelKwargs
 
-from dllm_rl.config import save_config, to_dict
+from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.hub import push_to_hub
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, tiny_config
 from dllm_rl.models.families.llada_v import SO400M_VISION
@@ -189,6 +189,13 @@ class SFTTrainer:
     def _build(self) -> None:
         cfg, t, acc, verbose = self.cfg, self.cfg.train, self.accelerator, self.verbose
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=cfg.run.seed)
+        if cfg.model.train_vision != "none":
+            if self.dlm.family.name != "llada_v":
+                raise ConfigError(f"model.train_vision={cfg.model.train_vision}: for llada_v models only (a "
+                                  f"{self.dlm.family.name} model has no vision tower or projector); set none")
+            if cfg.lora.enabled:
+                raise ConfigError(f"model.train_vision={cfg.model.train_vision}: LoRA adapts the language model only "
+                                  "(the image parts would not train); set none or lora.enabled=false")
         if cfg.lora.enabled:
             apply_lora(self.dlm, cfg.lora, seed=cfg.run.seed)
         if cfg.model.freeze_router:
@@ -199,7 +206,8 @@ class SFTTrainer:
         use_cpu_threads(acc.device, cfg.train.num_threads)
         self.dlm.train()
         self.examples, self.report = self.load_examples()
-        self.prompts = PromptEncoder(self.tokenizer, cfg.model.path)  # image rows (MMaDA's VQ: model.path's)
+        # image rows (MMaDA's VQ: model.path's); LLaDA-V's features keep the graph into the parts that train
+        self.prompts = PromptEncoder(self.tokenizer, cfg.model.path, train_vision=cfg.model.train_vision)
         too_long = [e for e in self.examples if e.num_tokens > self.dlm.max_length]
         if too_long:
             raise ValueError(f"{too_long[0].where}: {too_long[0].num_tokens} tokens exceed the model's context "
