@@ -156,6 +156,11 @@ def test_the_command_runs_and_lists_its_keys(tmp_path, capsys):
     assert main(["dpo", *_cfg(tmp_path, "beta=0", name="bad")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dllm-rl dpo: error:") and "beta" in err and len(err.strip().splitlines()) == 1
+    # the reference scores the policy's image features, so they must not train: refused before any step
+    assert main(["dpo", *_cfg(tmp_path, "model.train_vision=projector", name="vision")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dllm-rl dpo: error: model.train_vision=projector: dllm-rl dpo keeps")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "vision" / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("family", ["llada_v", "mmada"])

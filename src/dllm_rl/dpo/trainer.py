@@ -36,6 +36,7 @@ class DPOTrainer(SFTTrainer):
 
     name = "dpo"
     applicable = DPO_APPLICABLE
+    trains_vision = False  # the reference scores the policy's image features: they must stay the start weights'
 
     def objective_settings(self) -> dict[str, Any]:
         cfg = self.cfg

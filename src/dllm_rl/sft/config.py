@@ -56,7 +56,7 @@ class ModelConfig(Checked):
         "none", help="llada_v: which image parts train besides the language model: none (the image features are "
         "data, as the published LLaDA-V SFT computes them), projector (the mlp2x_gelu projector and the image "
         "newline over a frozen tower), all (the SigLIP tower too; LLaVA's mm_tunable_parts "
-        "mm_vision_tower,mm_mlp_adapter,mm_language_model)")
+        "mm_vision_tower,mm_mlp_adapter,mm_language_model). SFT only: dllm-rl dpo refuses it")
 
     def __post_init__(self) -> None:
         super().__post_init__()

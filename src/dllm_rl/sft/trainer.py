@@ -136,6 +136,7 @@ class SFTTrainer:
 
     name = "sft"  # the command: messages' prefix, the progress bar
     applicable = SFT_APPLICABLE  # settings that may change on resume
+    trains_vision = True  # model.train_vision may put LLaDA-V's projector / tower in the graph
 
     def __init__(self, cfg: SFTConfig, verbose: bool = True):
         self.cfg = cfg = expand_user(cfg, SFT_PATHS)
@@ -188,6 +189,9 @@ class SFTTrainer:
 
     def _build(self) -> None:
         cfg, t, acc, verbose = self.cfg, self.cfg.train, self.accelerator, self.verbose
+        if cfg.model.train_vision != "none" and not self.trains_vision:
+            raise ConfigError(f"model.train_vision={cfg.model.train_vision}: dllm-rl {self.name} keeps LLaDA-V's image "
+                              "parts as data (its reference scores the policy's image features); set none")
         self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=cfg.run.seed)
         if cfg.model.train_vision != "none":
             if self.dlm.family.name != "llada_v":
