@@ -181,3 +181,8 @@ def test_trace_image_errors_are_one_line(workdir, tmp_path):
     with pytest.raises(UserError, match=r"^the trace's prompts carry images, but a llada model reads text only"):
         _trace([str(tmp_path / "llada"), "--task", "shapes", "--data", str(workdir / "shapes.jsonl"),
                 "-o", str(tmp_path / "c.html")])
+    # flags that would be ignored are refused: --data without --task, decoding flags with --from-trace
+    with pytest.raises(UserError, match=r"^--data FILE names the data of --task NAME"):
+        _trace([model, "--prompt", "x", "--data", str(workdir / "shapes.jsonl"), "-o", str(tmp_path / "d.html")])
+    with pytest.raises(UserError, match=r"^--from-trace draws a recorded trace"):
+        _trace(["--from-trace", str(tmp_path / "t.jsonl"), "--image", "a.png", "-o", str(tmp_path / "e.html")])

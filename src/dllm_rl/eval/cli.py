@@ -154,6 +154,11 @@ def trace_command(args: argparse.Namespace) -> int:
     if not args.output:
         raise UserError("give the output file with -o trace.html")
     tok_dir = args.tokenizer or args.model_dir
+    if args.data and not args.task:
+        raise UserError("--data FILE names the data of --task NAME: give --task too")
+    if args.from_trace and (args.image or args.data or args.prompt or args.task):
+        raise UserError("--from-trace draws a recorded trace: --prompt, --task, --data and --image decode anew; "
+                        "give one or the other")
     if args.from_trace:
         tok = None
         if tok_dir:
@@ -204,7 +209,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
         if args.data:
             if not Path(args.data).expanduser().exists():
                 raise FileNotFoundError(f"--data {args.data} does not exist")
-            kw["data"] = args.data
+            kw["data"] = str(Path(args.data).expanduser())
         task = get_task(args.task, **kw)
         exs = task.load()
         for i in args.index or [0]:
