@@ -280,6 +280,6 @@ def test_rollout_hook_off_switches_the_presets_hook_off():
     assert make_hook(off.rollout_hook, off.rollout_hook_options) is None
     null = _fill_preset(load_config(RLConfig, None, [*base, "rollout_hook=null"]), "full")
     assert null.rollout_hook == "egspo_returns"  # null is "unset": the preset fills it
-    with pytest.raises(ConfigError, match="rollout_hook_options: set rollout_hook too"):
+    with pytest.raises(ConfigError, match="rollout_hook_options: rollout_hook=off runs no hook, so it takes no"):
         check_combination(_fill_preset(load_config(RLConfig, None, [*base, "rollout_hook=off",
                                                                      'rollout_hook_options={"lam": 0}']), "full"))

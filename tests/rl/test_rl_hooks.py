@@ -90,7 +90,7 @@ def test_igpo_inpaints_only_all_fail_groups_and_replaces_up_to_the_limit(tok):
     assert out.rewards == [1.0, 0.0, 1.0, 0.0]  # one replacement (max_replacements=1), group 1 untouched
     assert out.rollout.completion_ids[:, 0].tolist() == [12, 11, 12, 13]
     assert out.stats == {"igpo_groups": 1.0, "igpo_replaced": 1.0}
-    valid = "d_treerpo, egspo_returns, igpo, mdpo"
+    valid = r"d_treerpo, egspo_returns, igpo, mdpo, off \(no hook\)"
     with pytest.raises(ValueError, match=f"rollout_hook: unknown hook 'nope'; valid: {valid}$"):
         make_hook("nope", {})
 

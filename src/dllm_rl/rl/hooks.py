@@ -129,11 +129,14 @@ def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHoo
     """The hook ``name`` built with ``options`` (None or :data:`NO_HOOK`: no hook). Unknown names or options raise
     ``ValueError``."""
     if name is None or name == NO_HOOK:
+        if options and name == NO_HOOK:
+            raise ValueError(f"rollout_hook_options: rollout_hook={NO_HOOK} runs no hook, so it takes no options")
         if options:
             raise ValueError("rollout_hook_options: set rollout_hook too (the hook they configure)")
         return None
     if name not in ROLLOUT_HOOKS:
-        raise ValueError(f"rollout_hook: unknown hook {name!r}; valid: {', '.join(sorted(ROLLOUT_HOOKS))}")
+        raise ValueError(f"rollout_hook: unknown hook {name!r}; valid: {', '.join(sorted(ROLLOUT_HOOKS))}, "
+                         f"{NO_HOOK} (no hook)")
     factory = ROLLOUT_HOOKS[name]
     valid = [p.name for p in inspect.signature(factory).parameters.values() if p.kind is p.KEYWORD_ONLY]
     unknown = sorted(set(options or {}) - set(valid))
