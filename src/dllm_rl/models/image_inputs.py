@@ -113,7 +113,8 @@ class PromptEncoder:
     """Turns prompt texts with ``<image>`` placeholders and their images into what ``generate`` and the
     estimators take, for the models of one run (see the module docstring). ``model_dir``: the model's
     checkpoint directory (MMaDA's default VQ location); ``config``: :class:`ImageInputConfig`; ``train_vision``:
-    LLaDA-V's image parts that train (:data:`~dllm_rl.models.llava_images.TRAIN_VISION`; none outside SFT)."""
+    LLaDA-V's image parts that train (:data:`~dllm_rl.models.llava_images.TRAIN_VISION`; SFT's option, none
+    elsewhere)."""
 
     def __init__(self, tokenizer: Any, model_dir: str | Path | None = None, config: ImageInputConfig | None = None,
                  train_vision: str = "none"):

@@ -329,7 +329,8 @@ def encode_images(examples: list[SFTExample], prompts: Any, model: Any
     """The examples with the images of image rows put in for ``model`` (a
     :class:`~dllm_rl.models.image_inputs.PromptEncoder`: LLaDA-V's placeholders widened to their features'
     positions, MMaDA's images as VQ codes in the prompt ids) and, for LLaDA-V, the batch's
-    :class:`PromptImages` (each distinct image encoded once, without gradient)."""
+    :class:`PromptImages` (each distinct image encoded once; with gradient into the parts ``prompts.train_vision``
+    names, none by default)."""
     todo = [i for i, e in enumerate(examples) if e.images]
     if not todo:
         return examples, None
