@@ -11,7 +11,7 @@ from dllm_rl.eval.demo import DEMO_DIR, HELDOUT, decode_lengths, demo_defaults
 from dllm_rl.jsonl import read_jsonl
 from dllm_rl.models import save_model
 from dllm_rl.sft.config import ModelConfig
-from dllm_rl.sft.trainer import build_tokenizer_and_model
+from dllm_rl.sft.model_build import build_tokenizer_and_model
 
 
 def _eval(capsys, *argv: str) -> tuple[int, str, str]:

@@ -9,7 +9,7 @@ import pytest
 from dllm_rl.eval.demo import DEMO_DIR, HELDOUT
 from dllm_rl.models import load_model, load_tokenizer
 from dllm_rl.sft.config import ModelConfig
-from dllm_rl.sft.trainer import build_tokenizer_and_model
+from dllm_rl.sft.model_build import build_tokenizer_and_model
 
 # family, block size, tokens of "<answer>3*5+7</answer>" (the LLaDA demo tokenizer has one token per tag)
 DEMOS = {"llada-countdown": ("llada", None, 7), "sdar-countdown": ("sdar", 4, 22)}

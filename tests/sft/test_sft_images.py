@@ -132,7 +132,7 @@ def test_a_fresh_llada_v_takes_its_tower_shape_from_the_model_section():
     from dllm_rl.config import ConfigError
     from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
     from dllm_rl.sft.config import ModelConfig
-    from dllm_rl.sft.trainer import build_tokenizer_and_model
+    from dllm_rl.sft.model_build import build_tokenizer_and_model
 
     shape = dict(family="llada_v", tokenizer="char", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2,
                  intermediate_size=64, vision_image_size=48, vision_patch_size=16, vision_hidden_size=32,
