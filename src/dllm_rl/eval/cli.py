@@ -207,9 +207,10 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
         if args.prompt_style:
             kw["prompt_style"] = args.prompt_style
         if args.data:
-            if not Path(args.data).expanduser().exists():
+            data = Path(args.data).expanduser()
+            if not data.exists():
                 raise FileNotFoundError(f"--data {args.data} does not exist")
-            kw["data"] = str(Path(args.data).expanduser())
+            kw["data"] = str(data)
         task = get_task(args.task, **kw)
         exs = task.load()
         for i in args.index or [0]:
