@@ -216,3 +216,26 @@ def test_sub_block_needs_a_threshold_and_must_divide_the_block(fakes):
     model = fakes.fake_model(fakes.table_from({}))
     with pytest.raises(UserError, match=r"sub_block \(3\) must divide block_length \(8\)"):
         generate(model, [[0]], DecodeConfig(gen_length=8, block_length=8, threshold=0.9, sub_block=3))
+
+
+@pytest.mark.parametrize("cache, widths", [("none", [2, 1, 1, 1]), ("prefix", [2, 2, 2, 2])])
+def test_a_batch_forwards_only_the_rows_still_decoding_when_nothing_is_cached(fakes, cache, widths):
+    # Row 0 (a prompt of 6 tokens: completion positions 6..9, all 99% sure) decodes its block of 4 in one step
+    # under the threshold; row 1 (a prompt of 1: positions 1..4, ~0.5 each) one slot per step, 4 steps. Without
+    # a cache the three steps after the first forward row 1 alone (the batch costs 1 + 4 row-forwards, its rows'
+    # NFE); a cached mode holds both rows' caches and forwards both.
+    seen = []
+
+    def fn(input_ids, position_ids, logits):
+        seen.append(int(input_ids.shape[0]))
+        return logits
+
+    model = fakes.fake_model(fakes.table_from({p: (p, 0.99) for p in range(6, 10)}), fn=fn)
+    config = DecodeConfig(gen_length=4, block_length=4, threshold=0.9, cache=cache)
+    r = generate(model, [[5] * 6, [5]], config)
+    assert seen == widths
+    assert r.nfe.tolist() == [1, 4]
+    assert r.step_map.tolist() == [[0, 0, 0, 0], [0, 1, 2, 3]]
+    assert r.completion_ids.tolist() == [[6, 7, 8, 9], [1, 2, 3, 4]]
+    alone = generate(model, [[5]], config)
+    assert torch.equal(alone.completion_ids[0], r.completion_ids[1]) and torch.equal(alone.step_map[0], r.step_map[1])

@@ -162,7 +162,7 @@ def decode(
             active = todo.any(-1)
             if not active.any():
                 break
-            logits = runner.logits(s, e)[active]
+            logits = runner.logits(s, e, active)
             rows = live[active]
             gens = [generators[r] for r in rows.tolist()] if needs_rng else None
             tokens, conf, ent = choose_tokens(logits, config.temperature, config.top_k, config.top_p, config.confidence,

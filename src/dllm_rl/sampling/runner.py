@@ -18,7 +18,11 @@ Modes (``Canvas`` columns ``[s, e)`` = current block, ``T`` = width):
   Block-causal attention makes this exact: the tokens equal those of ``block_none``.
 * ``block_none``: uncached block-causal reference, forwards columns ``[0, e)`` every step.
 
-The runner sees only the live rows (``set_rows``); finished rows are dropped from the batch and the cache.
+The runner sees only the live rows (``set_rows``); finished rows are dropped from the batch and the cache. Within a
+block, a live row whose block is already decoded idles until the others finish theirs: the modes without a cache
+(``none``, ``block_none``) forward only the rows that still decode (each row's logits depend on its own row alone), so
+a threshold-decoded batch costs the sum of its rows' steps rather than its slowest row's steps times the batch; the
+cached modes forward every live row, whose caches they hold.
 Every forward asks the model for the current block's logits only (``logits_to_keep``): the LM head never
 projects the prefix or the masked suffix onto the vocabulary.
 
@@ -68,10 +72,11 @@ class ModelRunner:
         if self.mode in ("prefix", "dual"):
             self.fresh, self.cache, self.prev_raw = True, None, None
 
-    def _splice(self, start: int = 0, stop: int | None = None):
-        """The image splice of the live rows' columns ``[start, stop)`` (``None``: no image there)."""
+    def _splice(self, start: int = 0, stop: int | None = None, rows: torch.Tensor | None = None):
+        """The image splice of ``rows``' (default: the live rows') columns ``[start, stop)`` (``None``: no image
+        there)."""
         splice = self.canvas.splice
-        return None if splice is None else splice.take(self.rows, start, stop)
+        return None if splice is None else splice.take(self.rows if rows is None else rows, start, stop)
 
     def _forward(self, ids, bias, pos, prev_raw=None, keep=None, start=0, stop=None):
         return self.model(ids, attn_bias=bias, position_ids=pos, past_key_values=self.cache, use_cache=True,
@@ -81,16 +86,22 @@ class ModelRunner:
         return torch.arange(s, e, device=self.canvas.x.device)
 
     @torch.inference_mode()
-    def logits(self, s: int, e: int) -> torch.Tensor:
-        """Logits ``[rows, e - s, V]`` of the current block columns ``[s, e)``."""
+    def logits(self, s: int, e: int, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[n, e - s, V]`` of the current block columns ``[s, e)`` for the live rows selected by ``active``
+        (``[rows]`` bool; default all, n = rows)."""
         c, rows, dtype = self.canvas, self.rows, self.model.dtype
-        x, valid, pos = c.x[rows], c.valid[rows], c.pos[rows]
         mode = self.mode
-        if mode == "none":
-            return self.model(x, attention_mask=valid, logits_to_keep=self._cols(s, e), splice=self._splice()).logits
-        if mode == "block_none":
-            return self.model(x[:, :e], attention_mask=valid[:, :e], logits_to_keep=e - s,
-                              splice=self._splice(0, e)).logits
+        if mode in ("none", "block_none"):  # no cache: forward the decoding rows only
+            rows = rows if active is None else rows[active]
+            end, keep = (c.x.shape[1], self._cols(s, e)) if mode == "none" else (e, e - s)
+            return self.model(c.x[rows, :end], attention_mask=c.valid[rows, :end], logits_to_keep=keep,
+                              splice=self._splice(0, end, rows)).logits
+        logits = self._cached_logits(s, e, c.x[rows], c.valid[rows], c.pos[rows], dtype)
+        return logits if active is None else logits[active]
+
+    def _cached_logits(self, s: int, e: int, x: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
+        mode, rows = self.mode, self.rows
         if mode == "block":
             q0, blk = self.cached, self.blk[rows]
             if self.cache is None:
