@@ -1,0 +1,230 @@
+"""Our decoders beside the published reference samplers, on the shipped demo models, side by side in one run.
+
+    .venv/bin/python benchmarks/reference_sampling.py --espo ESPO_CHECKOUT --trado DLLM_RL_CHECKOUT [--limit 500]
+
+The references run from checkouts of their repositories (``ML-GSAI/ESPO`` and ``Gen-Verse/dLLM-RL``), read at run
+time; the project ships none of their code:
+
+* **ESPO** (LLaDA rollouts): ``ESPOTrainer.generate`` in ``espo/espo_trainer.py``. That module imports trl and
+  wandb; only the three methods the sampler uses (``generate``, ``add_gumbel_noise``, ``get_num_transfer_tokens``)
+  are compiled from the file (``ast``), so neither needs installing. It runs the RL rollout call (left-padded
+  prompts with their attention mask, one token per step) on the LLaDA-shaped demo model at the demo's rollout shape
+  (16 tokens, one block of 16, 16 steps), greedy, on ``--batch`` prompts at a time.
+* **TraDo** (SDAR block models): ``block_diffusion_generate`` in ``generate.py``, with the reference's evaluation
+  settings (``configs/sdar_eval.yaml``: temperature 1, ``low_confidence_dynamic`` at 0.9, 4 steps per block of 4)
+  on the block demo model. It decodes one prompt at a time and calls the model with ``store_kv`` (the SDAR modeling
+  code's own keyword); :class:`StoreKV` gives our model that call (``store_kv=False`` forwards against the
+  ``DynamicCache`` and crops it back). It cannot decode greedily (it divides by the temperature), so the SDAR rows
+  are sampled: accuracies carry a binomial sd (printed) and the same prompts are compared.
+
+Both references call the same model object ours do, so the ratios compare decoders, not model code. Rounds interleave
+the rows; the best time of ``--rounds`` is kept. Accuracy: the demo task's reward on the held-out puzzles (the first
+``--limit``). ESPO's sampler uses CUDA autocast, which does nothing on a CPU: its CPU runs are float32 unless it is
+handed a bfloat16 model (the "bf16" rows, where both sides decode a bfloat16 copy). Issue 37's goal: 3x the ESPO
+reference at equal accuracy (within 1 point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import dataclasses
+import importlib.util
+import math
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import dllm_rl
+from dllm_rl.models import load_model, load_tokenizer
+from dllm_rl.models.image_inputs import PromptEncoder
+from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.sampling.engine import EngineConfig
+from dllm_rl.tasks import get_task
+
+DEMO = Path(dllm_rl.__file__).parent / "assets" / "demo"
+
+
+def espo_reference(checkout: Path):
+    """ESPO's rollout sampler, compiled from its trainer file: an object whose ``generate`` is the published method."""
+    path = checkout / "espo" / "espo_trainer.py"
+    tree = ast.parse(path.read_text())
+    wanted = {"generate", "add_gumbel_noise", "get_num_transfer_tokens"}
+    trainer = next(node for node in tree.body if isinstance(node, ast.ClassDef) and any(
+        isinstance(m, ast.FunctionDef) and m.name == "generate" for m in node.body))
+    methods = [m for m in trainer.body if isinstance(m, ast.FunctionDef) and m.name in wanted]
+    if {m.name for m in methods} != wanted:
+        raise SystemExit(f"{path}: expected methods {sorted(wanted)} in {trainer.name}")
+    module = ast.Module(body=[ast.ClassDef(name="Reference", bases=[], keywords=[], body=methods, decorator_list=[],
+                                           type_params=[])], type_ignores=[])
+    namespace = {"torch": torch, "F": F, "np": np}
+    exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)
+    sampler = namespace["Reference"]()
+    sampler.args = types.SimpleNamespace(fp16=False)  # the trainer's autocast flag (CUDA only)
+    return sampler
+
+
+def trado_reference(checkout: Path):
+    """TraDo's ``block_diffusion_generate`` (the module imports only torch and transformers)."""
+    spec = importlib.util.spec_from_file_location("trado_reference_generate", checkout / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.block_diffusion_generate
+
+
+class StoreKV:
+    """Our model behind the SDAR modeling code's call: ``model(x, attention_mask=[1,1,q,k] 0/1, position_ids=,
+    past_key_values=DynamicCache, use_cache=True, store_kv=)``; ``store_kv=False`` leaves the cache as it was."""
+
+    def __init__(self, model):
+        self.model, self.device = model, model.device
+
+    def eval(self):
+        self.model.eval()
+        return self
+
+    def __call__(self, input_ids, attention_mask, position_ids, past_key_values, use_cache=True, store_kv=False):
+        before = past_key_values.get_seq_length()
+        bias = torch.zeros(attention_mask.shape, dtype=self.model.dtype, device=self.device)
+        bias = bias.masked_fill(attention_mask == 0, torch.finfo(bias.dtype).min)
+        out = self.model(input_ids, attn_bias=bias, position_ids=position_ids, past_key_values=past_key_values,
+                         use_cache=True)
+        added = past_key_values.get_seq_length() - before
+        if not store_kv and added:
+            past_key_values.crop(-added)  # transformers' crop takes the count to remove, negated
+        return out
+
+
+def answer_text(tokenizer, row: list[int], eos: int) -> str:
+    return tokenizer.decode(row[: row.index(eos)] if eos in row else row, skip_special_tokens=True)
+
+
+class Bench:
+    def __init__(self, name: str, limit: int, seed: int):
+        self.model = load_model(DEMO / name, device="cpu").eval()
+        self.tokenizer = load_tokenizer(DEMO / name)
+        self.task = get_task("countdown", prompt_style="compact", data=str(DEMO / "countdown_heldout.jsonl"))
+        self.examples = self.task.examples[:limit]
+        _, self.ids, _ = PromptEncoder(self.tokenizer).task_prompts(self.model, self.task, self.examples)
+        self.seeds = [seed + i for i in range(len(self.ids))]
+        self.bf16 = copy.deepcopy(self.model).to(torch.bfloat16)
+
+    def accuracy(self, texts: list[str]) -> float:
+        return 100 * self.task.metrics(self.task.score_examples(texts, self.examples))["accuracy"]
+
+    def ours(self, config: DecodeConfig, batch: int, engine: EngineConfig | None = None, bf16: bool = False):
+        out = generate_batched(self.bf16 if bf16 else self.model, self.ids, config, seeds=self.seeds,
+                               tokenizer=self.tokenizer, batch_size=batch, engine=engine)
+        return list(out.texts), float(out.nfe.float().mean())
+
+
+def espo_rows(bench: Bench, reference, batch: int) -> dict:
+    gen = 16
+    eos, pad, mask = bench.model.eos_token_id, bench.model.pad_token_id, bench.model.mask_token_id
+
+    def reference_run(bf16: bool):
+        model, texts = bench.bf16 if bf16 else bench.model, []
+        for i in range(0, len(bench.ids), batch):
+            chunk = bench.ids[i:i + batch]
+            width = max(map(len, chunk))
+            prompt = torch.full((len(chunk), width), pad)
+            attention = torch.zeros((len(chunk), width), dtype=torch.long)
+            for r, ids in enumerate(chunk):
+                prompt[r, width - len(ids):] = torch.tensor(ids)
+                attention[r, width - len(ids):] = 1
+            out = reference.generate(model, attention, prompt, steps=gen, gen_length=gen, block_length=gen,
+                                     temperature=0.0, mask_id=mask)
+            texts += [answer_text(bench.tokenizer, row, eos) for row in out[:, width:].tolist()]
+        return texts, float(gen)
+
+    static = DecodeConfig(gen_length=gen, block_length=gen, temperature=0.0)
+    dynamic = DecodeConfig(gen_length=gen, block_length=gen, temperature=0.0, threshold=0.9)
+    slots = EngineConfig(slots=batch)
+    return {
+        "ESPO reference": lambda: reference_run(False),
+        "ours, same decoding": lambda: bench.ours(static, batch),
+        "ours, threshold 0.9": lambda: bench.ours(dynamic, batch),
+        "ours, threshold 0.9, engine": lambda: bench.ours(dynamic, batch, slots),
+        "ours, threshold 0.9, prefix cache": lambda: bench.ours(dataclasses.replace(dynamic, cache="prefix"), batch),
+        "ESPO reference, bf16": lambda: reference_run(True),
+        "ours, threshold 0.9, engine, bf16": lambda: bench.ours(dynamic, batch, slots, bf16=True),
+    }
+
+
+def trado_rows(bench: Bench, reference, batch: int) -> dict:
+    gen, block = 32, 4
+    eos, mask = bench.model.eos_token_id, bench.model.mask_token_id
+    wrapped = StoreKV(bench.model)
+
+    def reference_run():
+        texts = []
+        for seed, ids in zip(bench.seeds, bench.ids):
+            torch.manual_seed(seed)  # the reference samples from the global generator
+            prompt = {"input_ids": torch.tensor([ids])}
+            out = reference(wrapped, prompt, mask, gen_length=gen, block_length=block, denoising_steps=block,
+                            temperature=1.0, top_k=0, top_p=1.0, remasking_strategy="low_confidence_dynamic",
+                            confidence_threshold=0.9, stopping_criteria_idx=[eos])
+            texts.append(answer_text(bench.tokenizer, out[0, len(ids):len(ids) + gen].tolist(), eos))
+        return texts, float("nan")
+
+    config = DecodeConfig(gen_length=gen, block_length=block, temperature=1.0, threshold=0.9)
+    return {
+        "TraDo reference (one prompt at a time)": reference_run,
+        "ours, one prompt at a time": lambda: bench.ours(config, 1),
+        f"ours, batch {batch}": lambda: bench.ours(config, batch),
+        f"ours, engine {batch} slots": lambda: bench.ours(config, batch, EngineConfig(slots=batch)),
+    }
+
+
+def run(title: str, bench: Bench, rows: dict, rounds: int, sampled: bool) -> None:
+    best, results = {}, {}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for name, fn in rows.items():
+                t0 = time.perf_counter()
+                results[name] = fn()
+                best[name] = min(best.get(name, math.inf), time.perf_counter() - t0)
+    base_name = next(iter(rows))
+    base_texts = results[base_name][0]
+    n = len(bench.examples)
+    print(f"\n{title}: {n} held-out puzzles, best of {rounds} interleaved rounds")
+    for name, (texts, nfe) in results.items():
+        acc = bench.accuracy(texts)
+        same = sum(a == b for a, b in zip(texts, base_texts))
+        extra = f"sd {100 * math.sqrt(acc / 100 * (1 - acc / 100) / n):.1f}" if sampled else f"same answer {same}/{n}"
+        nfe_text = "    -" if math.isnan(nfe) else f"{nfe:5.2f}"
+        print(f"  {name:<40} {best[name]:7.2f} s  {best[base_name] / best[name]:5.2f}x  accuracy {acc:5.1f}% "
+              f"({extra})  mean NFE {nfe_text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--espo", type=Path, help="a checkout of ML-GSAI/ESPO (skipped without it)")
+    ap.add_argument("--trado", type=Path, help="a checkout of Gen-Verse/dLLM-RL (skipped without it)")
+    ap.add_argument("--limit", type=int, default=500, help="held-out puzzles (default 500)")
+    ap.add_argument("--batch", type=int, default=128, help="prompts per batch / engine slots (default 128, the demo's)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.espo is None and args.trado is None:
+        ap.error("give --espo and/or --trado (checkouts of the reference repositories)")
+    torch.set_num_threads(args.threads)
+    if args.espo is not None:
+        bench = Bench("llada-countdown", args.limit, args.seed)
+        run("ESPO reference generate vs ours, LLaDA-shaped demo model (gen 16, one block, greedy)", bench,
+            espo_rows(bench, espo_reference(args.espo), args.batch), args.rounds, sampled=False)
+    if args.trado is not None:
+        bench = Bench("sdar-countdown", args.limit, args.seed)
+        run("TraDo reference sampler vs ours, block demo model (gen 32, block 4, temperature 1, threshold 0.9)",
+            bench, trado_rows(bench, trado_reference(args.trado), args.batch), args.rounds, sampled=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
