@@ -11,7 +11,7 @@ time; the project ships none of their code:
   prompts with their attention mask, one token per step) on the LLaDA-shaped demo model at the demo's rollout shape
   (16 tokens, one block of 16, 16 steps), greedy, on ``--batch`` prompts at a time.
 * **TraDo** (SDAR block models): ``block_diffusion_generate`` in ``generate.py``, with the reference's evaluation
-  settings (``configs/sdar_eval.yaml``: temperature 1, ``low_confidence_dynamic`` at 0.9, 4 steps per block of 4)
+  settings (its ``sdar_eval.yaml``: temperature 1, ``low_confidence_dynamic`` at 0.9, 4 steps per block of 4)
   on the block demo model. It decodes one prompt at a time and calls the model with ``store_kv`` (the SDAR modeling
   code's own keyword); :class:`StoreKV` gives our model that call (``store_kv=False`` forwards against the
   ``DynamicCache`` and crops it back). It cannot decode greedily (it divides by the temperature), so the SDAR rows
