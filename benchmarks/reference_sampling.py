@@ -30,6 +30,7 @@ import argparse
 import ast
 import copy
 import dataclasses
+import functools
 import importlib.util
 import math
 import time
@@ -112,7 +113,11 @@ class Bench:
         self.examples = self.task.examples[:limit]
         _, self.ids, _ = PromptEncoder(self.tokenizer).task_prompts(self.model, self.task, self.examples)
         self.seeds = [seed + i for i in range(len(self.ids))]
-        self.bf16 = copy.deepcopy(self.model).to(torch.bfloat16)
+
+    @functools.cached_property
+    def bf16(self):
+        """A bfloat16 copy of the model (made when a row first asks for it)."""
+        return copy.deepcopy(self.model).to(torch.bfloat16)
 
     def accuracy(self, texts: list[str]) -> float:
         return 100 * self.task.metrics(self.task.score_examples(texts, self.examples))["accuracy"]
@@ -126,6 +131,7 @@ class Bench:
 def espo_rows(bench: Bench, reference, batch: int) -> dict:
     gen = 16
     eos, pad, mask = bench.model.eos_token_id, bench.model.pad_token_id, bench.model.mask_token_id
+    bench.bf16  # the copy is made here, before any row is timed
 
     def reference_run(bf16: bool):
         model, texts = bench.bf16 if bf16 else bench.model, []

@@ -89,19 +89,19 @@ class ModelRunner:
     def logits(self, s: int, e: int, active: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[n, e - s, V]`` of the current block columns ``[s, e)`` for the live rows selected by ``active``
         (``[rows]`` bool; default all, n = rows)."""
-        c, rows, dtype = self.canvas, self.rows, self.model.dtype
-        mode = self.mode
+        c, mode = self.canvas, self.mode
         if mode in ("none", "block_none"):  # no cache: forward the decoding rows only
-            rows = rows if active is None else rows[active]
+            rows = self.rows if active is None else self.rows[active]
             end, keep = (c.x.shape[1], self._cols(s, e)) if mode == "none" else (e, e - s)
             return self.model(c.x[rows, :end], attention_mask=c.valid[rows, :end], logits_to_keep=keep,
                               splice=self._splice(0, end, rows)).logits
-        logits = self._cached_logits(s, e, c.x[rows], c.valid[rows], c.pos[rows], dtype)
+        logits = self._cached_logits(s, e)
         return logits if active is None else logits[active]
 
-    def _cached_logits(self, s: int, e: int, x: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor,
-                       dtype: torch.dtype) -> torch.Tensor:
-        mode, rows = self.mode, self.rows
+    def _cached_logits(self, s: int, e: int) -> torch.Tensor:
+        """Logits ``[rows, e - s, V]`` of every live row in the cached modes (``prefix``, ``dual``, ``block``)."""
+        c, rows, mode, dtype = self.canvas, self.rows, self.mode, self.model.dtype
+        x, valid, pos = c.x[rows], c.valid[rows], c.pos[rows]
         if mode == "block":
             q0, blk = self.cached, self.blk[rows]
             if self.cache is None:
