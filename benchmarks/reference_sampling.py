@@ -131,10 +131,10 @@ class Bench:
 def espo_rows(bench: Bench, reference, batch: int) -> dict:
     gen = 16
     eos, pad, mask = bench.model.eos_token_id, bench.model.pad_token_id, bench.model.mask_token_id
-    bench.bf16  # the copy is made here, before any row is timed
+    bf16_model = bench.bf16  # the copy is made here, before any row is timed
 
     def reference_run(bf16: bool):
-        model, texts = bench.bf16 if bf16 else bench.model, []
+        model, texts = bf16_model if bf16 else bench.model, []
         for i in range(0, len(bench.ids), batch):
             chunk = bench.ids[i:i + batch]
             width = max(map(len, chunk))
