@@ -6,7 +6,7 @@ The demo's training file (6,000 puzzles) and held-out file (500) together hold m
 puzzles of the demo's shape (3 numbers in 1..20, target in 1..20); the puzzles left over are the shapes the
 training draw rarely produced. :func:`write_rare_set` draws them with the same generator, excluding both
 files; :func:`rare_accuracy` is the greedy held-out accuracy of a checkpoint on them, decoded exactly as the
-demo's held-out evaluation (same task, prompt style, window and schedule).
+demo's held-out evaluation (same task, prompt style, window and schedule) by :func:`demo_decode`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from dllm_rl.config import load_config
-from dllm_rl.eval.heldout import heldout_accuracy
+from dllm_rl.eval.heldout import HeldOut, heldout_accuracy
 from dllm_rl.jsonl import read_jsonl, write_jsonl
 from dllm_rl.models import load_model, load_tokenizer
 from dllm_rl.rl.algorithms import resolve
@@ -38,14 +38,20 @@ def write_rare_set(path: Path, n: int = 300) -> Path:
     return path
 
 
-def rare_accuracy(model_dir: str, kind: str, data: Path, limit: int | None = None) -> dict:
-    """Greedy accuracy of ``model_dir`` on ``data`` with the ``kind`` demo's held-out decoding."""
+def demo_decode(model_dir: str, kind: str, data: Path, limit: int | None = None) -> HeldOut:
+    """``model_dir``'s greedy answers to the Countdown puzzles of ``data`` (texts, scores, accuracy), decoded
+    with the ``kind`` demo's held-out decoding."""
     cfg = resolve(load_config(RLConfig, demo_config_path(kind), demo_overrides(kind)), kind)
     model = load_model(model_dir, dtype="float32", device="cpu")
     tok = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
     task = get_task("countdown", data=str(data), split="test", prompt_style=cfg.data.prompt_style, limit=limit)
-    res = heldout_accuracy(model, tok, task, task.examples, decode_config(cfg, model, evaluation=True),
-                           batch_size=cfg.rollout.batch_size, seed=cfg.run.seed)
+    return heldout_accuracy(model, tok, task, task.examples, decode_config(cfg, model, evaluation=True),
+                            batch_size=cfg.rollout.batch_size, seed=cfg.run.seed)
+
+
+def rare_accuracy(model_dir: str, kind: str, data: Path, limit: int | None = None) -> dict:
+    """Greedy accuracy of ``model_dir`` on ``data`` with the ``kind`` demo's held-out decoding."""
+    res = demo_decode(model_dir, kind, data, limit)
     return {"accuracy": res.accuracy, "n": res.n, "model": model_dir}
 
 
