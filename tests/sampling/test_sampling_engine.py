@@ -80,6 +80,36 @@ def test_run_returns_the_fixed_batch_rollout_in_input_order(tiny_models, family)
     assert got.finish_reason == whole.finish_reason and got.block_size == whole.block_size
 
 
+def test_a_run_decodes_in_eval_mode_and_switches_the_mode_once(tiny_models, monkeypatch):
+    model = tiny_models["sdar"]
+    prompts = _prompts(LENGTHS[:5], seed=5)
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=1.0, seed=2)
+    modes, switches = [], []
+    forward = DiffusionLM.forward
+    monkeypatch.setattr(DiffusionLM, "forward", lambda self, *a, **k: modes.append(self.training) or forward(
+        self, *a, **k))
+    monkeypatch.setattr(DiffusionLM, "eval", lambda self: switches.append("eval") or self.train(False))
+    train = DiffusionLM.train
+    monkeypatch.setattr(DiffusionLM, "train", lambda self, mode=True: switches.append(mode) or train(self, mode))
+    was = model.training
+    model.train()
+    switches.clear()
+    try:
+        rollout = Engine(model, config, EngineConfig(slots=2)).run(prompts)
+        assert model.training and modes and not any(modes)  # every forward in eval mode, training mode after
+        assert switches == ["eval", False, True]  # once for the run, not per step (rollout.nfe.max() steps here)
+        assert int(rollout.nfe.max()) > 1
+        model.eval()
+        modes.clear()
+        switches.clear()
+        generate(model, prompts, config)
+        Engine(model, config, EngineConfig(slots=2)).run(prompts)
+        assert not model.training and modes and not any(modes)
+        assert switches == []  # a model in eval mode is left as it is
+    finally:
+        train(model, was)
+
+
 def test_peak_cache_is_bounded_by_the_slots_not_the_queue(tiny_models):
     model = tiny_models["sdar"]  # 2 layers, 1 KV head of 16 dims, float32
     config = DecodeConfig(gen_length=8, threshold=0.9, stop_on_eos=False)

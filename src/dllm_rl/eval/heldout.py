@@ -14,6 +14,7 @@ import torch
 
 from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.sampling.decode import evaluating
 from dllm_rl.seeding import derive_seed
 from dllm_rl.tasks.base import DataError
 
@@ -50,17 +51,15 @@ def heldout_accuracy(model, tokenizer, task, examples: list[dict], decode: Decod
     :class:`~dllm_rl.sampling.engine.EngineConfig`): decode with the continuous-batching engine (same tokens)."""
     if not examples:
         return HeldOut(0.0, 0.0, 0.0, 0.0, 0)
-    was_training = model.training
-    model.eval()
     prompts = prompts if prompts is not None else PromptEncoder(tokenizer)
-    _, ids, images = prompts.task_prompts(model, task, examples)
-    seeds = [derive_seed(seed, i) for i in range(len(ids))]
-    rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size,
-                               images=images, engine=engine)
+    with evaluating(model):
+        _, ids, images = prompts.task_prompts(model, task, examples)
+        seeds = [derive_seed(seed, i) for i in range(len(ids))]
+        rollout = generate_batched(model, ids, decode, seeds=seeds, tokenizer=tokenizer, batch_size=batch_size,
+                                   images=images, engine=engine)
     scores = task.score_examples(rollout.texts, examples)
     metrics = task.metrics(scores)
     lengths = rollout.completion_lengths().float()
-    model.train(was_training)
     return HeldOut(
         accuracy=metrics["accuracy"],
         reward=metrics["reward"],

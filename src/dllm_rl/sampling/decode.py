@@ -25,6 +25,8 @@ alone or in any batch.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -44,6 +46,21 @@ from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.runner import ModelRunner
 from dllm_rl.sampling.step_record import StepRecorder
+
+
+@contextmanager
+def evaluating(model: DiffusionLM) -> Iterator[None]:
+    """``model`` in eval mode for the block, and back in training mode after if it was. A no-op when it already is in
+    eval mode: switching walks every submodule (~7% of a continuous-batching run's time on the demo model when
+    done each step)."""
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
 
 
 def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
@@ -312,16 +329,11 @@ def generate(
     stop = torch.tensor(until_block, dtype=torch.long, device=device) if until_block is not None else None
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     recorder = StepRecorder(canvas, record_steps) if record_steps else None
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress,
-                           recorder=recorder, until_block=stop)
-            if recorder is not None:
-                trace.update(recorder.tensors(len(prompts), model.pad_token_id))
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.inference_mode():
+        trace = decode(model, canvas, config, generators, block_cache=block_cache, progress=progress,
+                       recorder=recorder, until_block=stop)
+        if recorder is not None:
+            trace.update(recorder.tensors(len(prompts), model.pad_token_id))
     rollout = to_rollout(canvas, trace, model, tokenizer)
     rollout.block_size = canvas.block if model.is_block_causal else None
     rollout.images = images
