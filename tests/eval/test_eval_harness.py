@@ -212,7 +212,8 @@ def test_slots_decode_with_the_engine_to_the_same_records(workdir, monkeypatch):
     import dllm_rl.sampling.engine as engine_mod
 
     runs, real = [], engine_mod.Engine.run
-    monkeypatch.setattr(engine_mod.Engine, "run", lambda self, p, s=None: runs.append(len(p)) or real(self, p, s))
+    monkeypatch.setattr(engine_mod.Engine, "run",
+                        lambda self, p, s=None, images=None: runs.append(len(p)) or real(self, p, s, images))
     settings = [parse_setting("dyn:threshold=0.3,temperature=1.0"),
                 parse_setting("nocache:block_cache=false,temperature=1.0")]
     common = dict(model_dir=str(workdir / "sdar"), limit=5, num_samples=2, settings=settings, decode={"gen_length": 8})

@@ -10,7 +10,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.models.llava_images import IMAGE_TOKEN_INDEX, prompt_images
 from dllm_rl.models.prompt_images import PromptImages
-from dllm_rl.sampling import DecodeConfig, generate
+from dllm_rl.sampling import DecodeConfig, generate, generate_batched
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,38 @@ def test_a_prompt_with_its_image_decodes_the_same_alone_or_batched(dlm, cache, t
         same(batched, alone, [i])
     assert [len(r) for r in widened] == [735, 732, 3]
     assert batched.prompt_mask.sum(-1).tolist() == [735, 732, 3]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_engine_decodes_image_prompts_as_generate(dlm, temperature):
+    """Continuous batching with images: 2 slots over 4 prompts of different lengths (two with images, one with two
+    copies of one image, one without), rows joining mid-run beside others; tokens, step maps and the rollout's
+    images equal one fixed batch's."""
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    a, b = pattern(90, 50, 1), pattern(40, 70, 4)
+    prompts = [[IMAGE_TOKEN_INDEX, 8, 9], [20, 21, 22, 23], [5, IMAGE_TOKEN_INDEX, 7, IMAGE_TOKEN_INDEX], [6]]
+    widened, pim = prompt_images(dlm, prompts, [[b], [], [a, a.copy()], []])
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=temperature, threshold=0.9, stop_on_eos=False)
+    whole = generate(dlm, widened, config, seeds=[3, 4, 5, 6], images=pim)
+    got = Engine(dlm, config, EngineConfig(slots=2)).run(widened, seeds=[3, 4, 5, 6], images=pim)
+    same(whole, got)
+    assert torch.equal(got.prompt_ids, whole.prompt_ids) and torch.equal(got.nfe, whole.nfe)
+    assert [got.images.spans(i) for i in range(4)] == [pim.spans(i) for i in range(4)]
+    assert got.images.features[0] is pim.features[pim.rows[0][0][1]]  # shared, not copied
+    assert len(set(whole.nfe.tolist())) > 1  # rows finish at different steps: later ones join a running batch
+    through = generate_batched(dlm, widened, config, seeds=[3, 4, 5, 6], images=pim, engine=EngineConfig(slots=3))
+    same(whole, through)  # rollouts and evaluation (rollout.engine) hand their images to the engine
+
+
+def test_the_engine_refuses_image_prompts_on_block_models(dlm, tiny_models):
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    widened, pim = prompt_images(dlm, [[5, IMAGE_TOKEN_INDEX, 7]], [[pattern(90, 50, 1)]])
+    engine = Engine(tiny_models["sdar"], DecodeConfig(gen_length=4), EngineConfig(slots=1))
+    with pytest.raises(UserError, match="^the continuous-batching engine decodes image prompts on full-attention "
+                                        "models only; use generate$"):
+        engine.add_request([5, 6, 7], images=pim)
 
 
 def test_a_group_encodes_each_distinct_image_once(dlm):

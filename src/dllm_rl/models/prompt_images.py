@@ -57,6 +57,11 @@ class PromptImages:
             idx = (idx.nonzero().flatten() if idx.dtype == torch.bool else idx.flatten()).tolist()
         return PromptImages(self.features, [self.rows[int(i)] for i in idx])
 
+    def row(self, b: int) -> PromptImages:
+        """Row ``b`` alone, holding only its own images' features (shared, not copied)."""
+        spans = self.rows[b]
+        return PromptImages([self.features[k] for _, k in spans], [tuple((o, j) for j, (o, _) in enumerate(spans))])
+
     @staticmethod
     def cat(parts: Sequence[PromptImages | None], sizes: Sequence[int]) -> PromptImages | None:
         """Rows of ``parts`` in order (``None``: ``sizes[i]`` rows without images); ``None`` if no part has any."""

@@ -377,7 +377,7 @@ def generate_batched(
 
         if engine_refusal(model, config, prefill, images) is None and not record_steps:
             t0 = time.perf_counter()
-            rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds)
+            rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds, images)
             if progress:
                 tokens = int(rollout.completion_mask.sum())
                 print(f"generate: {len(prompts)} prompts, {tokens} tokens, "

@@ -34,8 +34,13 @@ with every slot before it committed — stops at once and its masked slots are f
 *after* the first EOS, their step map and the NFE differ from the published samplers (which decode on until a
 whole block holds only EOS/padding), so it is off by default.
 
+**Images** (LLaDA-V, full attention): a request brings its prompt's image features, encoded already (one row of
+:class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), and every step splices them at its
+prompt's columns in the padded batch.
+
 Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, the shifted
-block family (``fast_dllm_v2``), image prompts and prefilled completion tokens.
+block family (``fast_dllm_v2``), image prompts on block models (no published family has them) and prefilled
+completion tokens.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import torch
 from dllm_rl.config import Checked, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
+from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import _stop_finished, check_inputs, decode_block_length, evaluating, to_rollout
@@ -106,8 +112,8 @@ def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, image
     if model.is_block_causal and model.family.shift:
         return (f"the continuous-batching engine does not decode the shifted block family {model.family.name!r} "
                 "yet; use generate")
-    if images is not None:
-        return "the continuous-batching engine does not decode image prompts yet; use generate"
+    if images is not None and model.is_block_causal:
+        return "the continuous-batching engine decodes image prompts on full-attention models only; use generate"
     if config.remasking != "low_confidence":
         return f"the continuous-batching engine does not decode with remasking {config.remasking!r} yet; use generate"
     if prefill is not None and any(prefill):
@@ -136,22 +142,26 @@ class Engine:
 
     # ---- the serving API -------------------------------------------------------------------------------------
     def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
-                    config: DecodeConfig | None = None) -> int:
+                    config: DecodeConfig | None = None, images: PromptImages | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
-        ``config.seed + request id``); ``gen_length`` overrides the config's for this request.
+        ``config.seed + request id``); ``gen_length`` overrides the config's for this request; ``images`` (one row,
+        LLaDA-V) are the prompt's image features, spliced at its placeholder positions.
 
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
         block, the cache) must be the engine's: a request differing there is refused, naming the field."""
         rid = self._next_id
         config = self._request_config(config if config is not None else self.config, gen_length)
+        if images is not None and (refusal := engine_refusal(self.model, config, images=images)) is not None:
+            raise UserError(refusal)
         try:
-            [ids] = check_inputs(self.model, [prompt], config, None)
+            [ids] = check_inputs(self.model, [prompt], config, None, images)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
         seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
                            self.model.mask_token_id, self.model.pad_token_id, self.model.device,
-                           config.seed + rid if seed is None else seed)
+                           config.seed + rid if seed is None else seed,
+                           images.to(self.model.device) if images is not None else None)
         seq.config = config
         if self.cache is not None and seq.width > self.capacity:
             raise UserError(f"request {rid} needs {seq.width} cache positions (prompt {len(ids)} + completion); "
@@ -202,12 +212,14 @@ class Engine:
                 done.append(Completion(seq.request_id, self._rollout(seq)))
         return done
 
-    def run(self, prompts, seeds: list[int] | None = None) -> Rollout:
+    def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None) -> Rollout:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
-        ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`)."""
-        prompts = check_inputs(self.model, prompts, self.config, seeds)
+        ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`) and shows the images of
+        row ``i`` of ``images`` (encoded already, as ``generate`` takes them)."""
+        prompts = check_inputs(self.model, prompts, self.config, seeds, images)
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
-        ids = [self.add_request(p, seed=s) for p, s in zip(prompts, seeds)]
+        ids = [self.add_request(p, seed=s, images=images.row(i) if images is not None else None)
+               for i, (p, s) in enumerate(zip(prompts, seeds))]
         order = {rid: i for i, rid in enumerate(ids)}
         out: list[Rollout | None] = [None] * len(ids)
         with evaluating(self.model):  # once for the run: switching a module tree's mode each step costs ~7% here
@@ -259,6 +271,7 @@ class Engine:
     def _rollout(self, seq: Sequence) -> Rollout:
         rollout = to_rollout(seq.canvas, seq.trace(), self.model, self.tokenizer)
         rollout.block_size = self.block if self.model.is_block_causal else None
+        rollout.images = seq.images
         return rollout
 
     # ---- one step --------------------------------------------------------------------------------------------
@@ -277,7 +290,11 @@ class Engine:
             ids[i, off : off + seq.width] = seq.x
             valid[i, off : off + seq.width] = True
         keep = torch.arange(left, left + self.block, device=ids.device)
-        return self.model(ids, attention_mask=valid, logits_to_keep=keep).logits
+        splice = None
+        if any(s.images is not None for s in group):  # each prompt starts at its row's offset left - start
+            images = PromptImages.cat([s.images for s in group], [1] * len(group))
+            splice = images.splice(torch.tensor([left - st for st in starts], device=ids.device), width)
+        return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
 
     def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
         device, block = self.model.device, self.block

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import Canvas, build_canvas
 from dllm_rl.sampling.config import DecodeConfig
 
@@ -33,16 +34,18 @@ class Sequence:
     cached: int = 0  # block models: columns [0, cached) are in the slot's cache
     slot: int = -1
     config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
+    images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
 
     @classmethod
     def new(cls, request_id: int, prompt: list[int], gen_length: int, block: int, block_causal: bool, mask_id: int,
-            pad_id: int, device, seed: int) -> Sequence:
-        canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device)
+            pad_id: int, device, seed: int, images: PromptImages | None = None) -> Sequence:
+        canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device, images)
         width = canvas.x.shape[1]
         seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)),
                   torch.full((width,), -1, dtype=torch.long, device=device),
                   torch.zeros(width, dtype=torch.float32, device=device),
                   torch.zeros(width, dtype=torch.float32, device=device))
+        seq.images = images
         seq.begin_block()
         return seq
 
