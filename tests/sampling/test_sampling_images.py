@@ -105,8 +105,9 @@ def test_the_engine_decodes_image_prompts_as_generate(dlm, temperature):
     widened, pim = prompt_images(dlm, prompts, [[b], [], [a, a.copy()], []])
     config = DecodeConfig(gen_length=8, block_length=4, temperature=temperature, threshold=0.9, stop_on_eos=False)
     whole = generate(dlm, widened, config, seeds=[3, 4, 5, 6], images=pim)
-    got = Engine(dlm, config, EngineConfig(slots=2)).run(widened, seeds=[3, 4, 5, 6], images=pim)
-    same(whole, got)
+    for slots in (1, 2):  # one slot: the prompts without images also run alone
+        got = Engine(dlm, config, EngineConfig(slots=slots)).run(widened, seeds=[3, 4, 5, 6], images=pim)
+        same(whole, got)
     assert torch.equal(got.prompt_ids, whole.prompt_ids) and torch.equal(got.nfe, whole.nfe)
     assert [got.images.spans(i) for i in range(4)] == [pim.spans(i) for i in range(4)]
     assert got.images.features[0] is pim.features[pim.rows[0][0][1]]  # shared, not copied

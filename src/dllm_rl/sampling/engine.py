@@ -291,7 +291,7 @@ class Engine:
             valid[i, off : off + seq.width] = True
         keep = torch.arange(left, left + self.block, device=ids.device)
         splice = None
-        if any(s.images is not None for s in group):  # each prompt starts at its row's offset left - start
+        if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column left - start
             images = PromptImages.cat([s.images for s in group], [1] * len(group))
             splice = images.splice(torch.tensor([left - st for st in starts], device=ids.device), width)
         return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
