@@ -95,7 +95,7 @@ def test_a_prompt_with_its_image_decodes_the_same_alone_or_batched(dlm, cache, t
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_engine_decodes_image_prompts_as_generate(dlm, temperature):
-    """Continuous batching with images: 2 slots over 4 prompts of different lengths (two with images, one with two
+    """Continuous batching with images: 1 and 2 slots over 4 prompts of different lengths (two with images, one with two
     copies of one image, one without), rows joining mid-run beside others; tokens, step maps and the rollout's
     images equal one fixed batch's."""
     from dllm_rl.sampling.engine import Engine, EngineConfig
