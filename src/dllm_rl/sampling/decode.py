@@ -51,7 +51,7 @@ from dllm_rl.sampling.step_record import StepRecorder
 @contextmanager
 def evaluating(model: DiffusionLM) -> Iterator[None]:
     """``model`` in eval mode for the block, and back in training mode after if it was. A no-op when it already is in
-    eval mode: switching walks every submodule (~7% of a continuous-batching run's time on the demo model when
+    eval mode: switching walks every submodule (~6% of a continuous-batching run's time on the demo model when
     done each step)."""
     was_training = model.training
     if was_training:
