@@ -39,7 +39,8 @@ class Sequence:
     @classmethod
     def new(cls, request_id: int, prompt: list[int], gen_length: int, block: int, block_causal: bool, mask_id: int,
             pad_id: int, device, seed: int, images: PromptImages | None = None) -> Sequence:
-        canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device, images)
+        # no splice on the canvas: the engine splices a step's rows from their images at the step's own columns
+        canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device)
         width = canvas.x.shape[1]
         seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)),
                   torch.full((width,), -1, dtype=torch.long, device=device),
