@@ -13,8 +13,9 @@ waiting prompts. :meth:`Engine.run` is the batch convenience (results in input o
 * **Block models** (SDAR/TraDo, LLaDA2): each slot keeps its own exact block KV cache
   (:mod:`~dllm_rl.sampling.slot_cache`). A step forwards each row's current block (after its just-finished block,
   whose keys the same forward stores: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode) against its own
-  cached columns. A sequence joins at its first block: its prompt is forwarded in a step of its own group (with
-  the other joining sequences), so a long prompt never widens the others' forward.
+  cached columns, read in place: the running sequences hold consecutive slots (a finished one's hole is filled by
+  the last), so a forward's cache is a view of the pool. A sequence joins at its first block: a long prompt is
+  forwarded in a group of its own (with the other long joining prompts), so it never widens the others' forward.
 
 **Batch invariance.** A sequence decodes its own one-prompt canvas (the layout ``generate`` gives it alone) with its
 own ``torch.Generator`` (seed ``seed`` of :meth:`~Engine.add_request`; :meth:`~Engine.run` uses ``config.seed + i``
@@ -23,9 +24,9 @@ step only when it decodes. So its tokens, step map, confidences and NFE equal ``
 whoever shares its steps (up to last-ulp differences between kernel shapes, which matter only at exact
 confidence ties), and the results equal a fixed batch's.
 
-**Memory** is bounded by the slots, not the queue: waiting requests are token lists; the KV pools are
-``slots x capacity`` (capacity: the longest canvas admitted, at most ``EngineConfig.max_positions``), plus one
-step's gathered copy of the running rows' caches.
+**Memory** is bounded by the slots, not the queue: waiting requests are token lists; the KV pool is
+``slots x capacity`` (capacity: the longest canvas admitted, at most ``EngineConfig.max_positions``), and a step
+copies none of it.
 
 **Early stop** (``EngineConfig.early_stop``, off by default): a sequence whose answer is decided — a committed EOS
 with every slot before it committed — stops at once and its masked slots are filled with EOS (never generated,
@@ -60,7 +61,7 @@ from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import _stop_finished, check_inputs, decode_block_length, evaluating, to_rollout
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence
-from dllm_rl.sampling.slot_cache import SlotCache
+from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
 
 # DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
 PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "stop_on_eos",
@@ -137,7 +138,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence | None] = [None] * self.engine.slots
         self.cache = SlotCache(self.engine.slots) if model.is_block_causal else None
-        self.peak_cache_bytes = 0  # pools plus one step's gathered copy, the most seen
+        self.peak_cache_bytes = 0  # the KV pool's size, the most seen
         self._next_id = 0
 
     # ---- the serving API -------------------------------------------------------------------------------------
@@ -198,7 +199,8 @@ class Engine:
     def step(self) -> list[Completion]:
         """Fill free slots from the queue, run one denoising step of every running sequence, and return the
         requests that finished in it."""
-        self._admit()
+        with torch.inference_mode():  # the pool is an inference tensor: moving a slot's keys writes it
+            self._admit()
         running = [s for s in self.running if s is not None]
         if not running:
             return []
@@ -231,22 +233,38 @@ class Engine:
 
     # ---- scheduling ------------------------------------------------------------------------------------------
     def _admit(self) -> None:
-        for slot, seq in enumerate(self.running):
-            if seq is None and self.waiting:
-                new = self.waiting.popleft()
-                new.slot = slot
-                self.running[slot] = new
+        """Give free slots to waiting requests, first come first served. The running sequences hold slots
+        ``0 .. n - 1`` (:meth:`_compact`), so every forward reads consecutive slots of the KV pool; newcomers that
+        will run apart (:meth:`_groups`) take the last slots, after those that ride along."""
+        self._compact()
+        free = self.running.index(None) if None in self.running else len(self.running)
+        new = [self.waiting.popleft() for _ in range(min(len(self.running) - free, len(self.waiting)))]
+        for slot, seq in enumerate(sorted(new, key=self._joins_apart), start=free):
+            seq.slot = slot
+            self.running[slot] = seq
+
+    def _compact(self) -> None:
+        """Move the sequences in the last slots into the holes finished or aborted ones left (their cached keys
+        with them), so the running sequences hold slots ``0 .. n - 1``."""
+        live = [s for s in self.running if s is not None]
+        for hole in range(len(live)):
+            if self.running[hole] is None:
+                seq = next(s for s in reversed(self.running) if s is not None)
+                if self.cache is not None and seq.cached:
+                    self.cache.move(seq.slot, hole, seq.cached)
+                self.running[seq.slot], self.running[hole], seq.slot = None, seq, hole
+
+    def _joins_apart(self, seq: Sequence) -> bool:
+        return self.cache is not None and seq.cols()[1] - seq.cached > JOIN_APART * self.block
 
     def _groups(self, running: list[Sequence]) -> list[list[Sequence]]:
         """The forwards of a step: one for full attention. For block models one too, except that sequences whose
         uncached prompt is longer than :data:`JOIN_APART` blocks (joining) run apart, since a forward pads every
-        row to its longest query; shorter ones ride along (a forward's fixed cost outweighs a little padding)."""
-        if self.cache is None:
-            return [running]
-        apart = JOIN_APART * self.block
-        joining = [s for s in running if s.cols()[1] - s.cached > apart]
-        rest = [s for s in running if s.cols()[1] - s.cached <= apart]
-        return [g for g in (joining, rest) if g]
+        row to its longest query; shorter ones ride along (a forward's fixed cost outweighs a little padding).
+        Each group holds consecutive slots (:meth:`_admit`)."""
+        joining = [s for s in running if self._joins_apart(s)]
+        rest = [s for s in running if not self._joins_apart(s)]
+        return [g for g in (rest, joining) if g]
 
     def _advance(self, seq: Sequence) -> bool:
         """After a step: move to the next block when this one is done; True when the sequence is finished."""
@@ -297,50 +315,36 @@ class Engine:
         return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
 
     def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
+        """Each row's uncached columns (its prompt or just-finished block, then its current block), left-padded to
+        the longest, attend to its slot's cached columns read in place (:mod:`~dllm_rl.sampling.slot_cache`)."""
         device, block = self.model.device, self.block
-        ends = [s.cols()[1] for s in group]
         cached = torch.tensor([s.cached for s in group], dtype=torch.long, device=device)
-        q_len = torch.tensor(ends, device=device) - cached
+        ends = torch.tensor([s.cols()[1] for s in group], dtype=torch.long, device=device)
+        q_len = ends - cached
         n, width_q = len(group), int(q_len.max())
-        ids = torch.full((n, width_q), self.model.pad_token_id, dtype=torch.long, device=device)
-        q_pos = torch.zeros_like(ids)
-        for i, (seq, end) in enumerate(zip(group, ends)):
-            ids[i, width_q - int(q_len[i]) :] = seq.x[seq.cached : end]
-            q_pos[i, width_q - int(q_len[i]) :] = torch.arange(seq.cached, end, device=device)
-        q_valid = torch.arange(width_q, device=device)[None, :] >= (width_q - q_len)[:, None]
+        pad = width_q - q_len
+        q_valid = torch.arange(width_q, device=device)[None, :] >= pad[:, None]
+        q_pos = (cached - pad)[:, None] + torch.arange(width_q, device=device)[None, :]
         q_pos = torch.where(q_valid, q_pos, q_pos[:, -1:])  # padding queries sit in the row's current block
-        slots = torch.tensor([s.slot for s in group], dtype=torch.long, device=device)
-        cache, width_c = self.cache.gather(slots, cached, extra=width_q)
-        k_pos = torch.arange(width_c, device=device)[None, :] - (width_c - cached)[:, None]
-        k_valid = torch.cat([k_pos >= 0, q_valid], dim=1)
-        blk = block_index(q_pos, block)
-        k_blk = torch.cat([block_index(k_pos.clamp(min=0), block), blk], dim=1)
-        bias = attention_bias(k_valid, query_block=blk, key_block=k_blk, dtype=self.model.dtype)
-        out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=cache, use_cache=True,
-                         logits_to_keep=block)
-        self._store_finished_columns(group, cache, slots, q_len, width_c, width_q)
-        return out.logits
-
-    def _store_finished_columns(self, group, cache, slots, q_len, width_c, width_q) -> None:
-        """Keep the keys of each row's columns before its current block (prompt or finished block): the fold."""
-        rows, src, dst, to_slot = [], [], [], []
+        ids = torch.full((n, width_q), self.model.pad_token_id, dtype=torch.long, device=device)
         for i, seq in enumerate(group):
-            s = seq.cols()[0]
-            count = s - seq.cached
-            if count > 0:
-                first = width_c + width_q - int(q_len[i])
-                rows += [i] * count
-                src += range(first, first + count)
-                dst += range(seq.cached, s)
-                to_slot += [seq.slot] * count
-            seq.cached = s
-        as_long = lambda v: torch.tensor(v, dtype=torch.long, device=self.model.device)  # noqa: E731
-        nbytes = sum(t.numel() * t.element_size() for layer in cache.layers
-                     for t in (layer._k, layer._v) if t is not None)
-        need = max(s.width for s in group)
-        self.cache.store(cache, as_long(rows), as_long(to_slot), as_long(src), as_long(dst),
-                         min(self.capacity, max(need, self.cache.capacity)))
-        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes() + nbytes)
+            ids[i, int(pad[i]) :] = seq.x[seq.cached : seq.cols()[1]]
+        width = int(ends.max())
+        k_pos = torch.arange(width, device=device)[None, :].expand(n, -1)
+        bias = attention_bias(k_pos < ends[:, None], query_block=block_index(q_pos, block),
+                              key_block=block_index(k_pos, block), dtype=self.model.dtype)
+        write_row, write_query = q_valid.nonzero(as_tuple=True)
+        plan = StepPlan(group[0].slot, n, write_row, write_query, q_pos[write_row, write_query], width)
+        if group[-1].slot != plan.first + n - 1:
+            raise RuntimeError(f"engine: a forward's sequences must hold consecutive slots, got "
+                               f"{[s.slot for s in group]}")
+        self.cache.reserve(max(s.width for s in group))
+        out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
+                         use_cache=True, logits_to_keep=block)
+        for seq in group:
+            seq.cached = seq.cols()[0]  # the columns before the current block are final in the pool now
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes())
+        return out.logits
 
     def _decode(self, group: list[Sequence], logits: torch.Tensor) -> None:
         """Choose and commit each row's tokens, as one step of :func:`~dllm_rl.sampling.decode.decode`, for each

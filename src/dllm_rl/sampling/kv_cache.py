@@ -53,14 +53,6 @@ class BufferLayer(DynamicLayer):
         self._publish()
         return self.keys, self.values
 
-    def adopt(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
-        """Take ``keys``/``values`` ``[B, H, capacity, D]`` as this layer's buffers, their first ``length`` columns
-        live (no copy): the continuous-batching engine assembles each step's cache with room for the step's
-        queries, so the forward's append writes in place."""
-        self.lazy_initialization(keys, values)
-        self._k, self._v, self.length = keys, values, length
-        self._publish()
-
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
 
@@ -101,17 +93,6 @@ class BufferCache(DynamicCache):
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=BufferLayer)
-
-    @classmethod
-    def adopted(cls, buffers: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> BufferCache:
-        """A cache whose layer ``i`` uses ``buffers[i]`` (keys, values) with ``length`` live columns
-        (:meth:`BufferLayer.adopt`)."""
-        cache = cls()
-        for keys, values in buffers:
-            layer = BufferLayer()
-            layer.adopt(keys, values, length)
-            cache.layers.append(layer)
-        return cache
 
     def truncate(self, length: int) -> None:
         for layer in self.layers:

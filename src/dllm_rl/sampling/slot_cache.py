@@ -1,69 +1,110 @@
 """Per-slot KV cache of the continuous-batching engine (block models): each slot keeps the exact keys/values of
-its own sequence's committed columns, whatever the other slots hold.
+its own sequence's columns, whatever the other slots hold, and a step's forward reads them where they lie.
 
-Storage is one zero-initialised pool ``[slots, capacity, layers, 2, H, D]`` (keys and values of every layer for
-one column side by side, so a step gathers or stores whole columns in one indexing op): a slot's sequence holds
-columns ``[0, length)`` of its row (its own canvas columns; the canvas of one prompt has no padding, so column =
-position). Memory is ``slots x capacity`` whatever the queue, and a finished sequence frees its slot by being
-forgotten (the next one overwrites it).
+Storage, per layer: keys and values ``[slots, H, capacity, D]``, zero-initialised. Slot ``i`` holds its sequence's
+keys at column = position (the canvas of one prompt has no padding). Memory is ``slots x capacity`` whatever the
+queue; a finished sequence frees its slot by being forgotten (the next one overwrites it).
 
-A step forwards sequences whose committed lengths differ, through one ordinary HF cache: :meth:`SlotCache.gather`
-copies each sequence's columns right-aligned into ``[n, H, width + extra, D]`` buffers per layer (``width`` = the
-longest; the columns before a shorter row's keys are masked out by the caller's attention bias, and are finite —
-the pool is zero-initialised — so masked scores never turn into NaN), and the forward appends its queries in place
-after ``width``. :meth:`SlotCache.store` then copies the keys of the newly committed columns back into the pool.
+A step forwards a group of sequences held in *consecutive* slots (the engine keeps them so), through
+:meth:`SlotCache.step_cache`, an ordinary HF cache whose ``update`` writes each layer's new keys (the rows' query
+columns) into the pool at their positions and then returns the pool's columns ``[0, width)`` of the group's slots:
+a view, so nothing is gathered, copied back or held twice. The columns before a row's current block keep what the
+forward wrote (its prompt or just-finished block: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode);
+the current block's are rewritten by the next step's forward. Columns at or after a row's end (the slot's previous
+sequence's keys, or zeros) are masked by the caller's attention bias; they are finite, so masked scores never turn
+into NaN. (vLLM's paged attention reads its cache in place the same way, through block tables and its own kernels;
+the engine needs no paging, since a slot's capacity is fixed, and so runs on the model's own attention.)
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from dllm_rl.sampling.kv_cache import BufferCache
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+@dataclass
+class StepPlan:
+    """Where one forward's queries go and what it reads: rows are slots ``first .. first + n - 1``; query
+    ``(row, query)`` of each pair in ``write_row`` / ``write_query`` is stored at column ``write_col``; the forward
+    attends over columns ``[0, width)``."""
+
+    first: int
+    n: int
+    write_row: torch.Tensor
+    write_query: torch.Tensor
+    write_col: torch.Tensor
+    width: int
 
 
 class SlotCache:
-    """Committed keys/values of ``slots`` sequences (see the module docstring)."""
+    """Keys/values of ``slots`` sequences (see the module docstring)."""
 
     def __init__(self, slots: int):
         self.slots = slots
-        self.pool: torch.Tensor | None = None  # [slots, capacity, layers, 2, H, D]
+        self.keys: list[torch.Tensor] = []  # per layer [slots, H, capacity, D]
+        self.values: list[torch.Tensor] = []
+        self._columns = 0  # reserved capacity; the layers are allocated at the first forward (shapes from it)
 
     @property
     def capacity(self) -> int:
-        return 0 if self.pool is None else self.pool.shape[1]
+        return self._columns
 
     def nbytes(self) -> int:
         """Bytes allocated by the pool."""
-        return 0 if self.pool is None else self.pool.numel() * self.pool.element_size()
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
-    def gather(self, slots: torch.Tensor, lengths: torch.Tensor, extra: int) -> tuple[BufferCache, int]:
-        """``(cache, width)``: a :class:`BufferCache` over the sequences in ``slots`` (``[n]``), row ``i`` holding its
-        first ``lengths[i]`` columns right-aligned to ``width = max(lengths)``, with room for ``extra`` more
-        columns; an empty cache (width 0) before anything is stored."""
-        if self.pool is None:  # nothing stored yet: the first forward sizes the pool
-            return BufferCache(), 0
-        width = int(lengths.max())
-        cols = torch.arange(width, device=lengths.device)[None, :] - (width - lengths)[:, None]
-        cols = cols.clamp(min=0)  # masked columns read the row's column 0: finite, never attended
-        n, _, layers, _, heads, dim = len(slots), *self.pool.shape[1:]
-        buf = self.pool.new_empty((layers, 2, n, heads, width + extra, dim))
-        buf[..., :width, :] = self.pool[slots[:, None], cols].permute(2, 3, 0, 4, 1, 5)
-        return BufferCache.adopted([(buf[li, 0], buf[li, 1]) for li in range(layers)], width), width
-
-    def store(self, cache: BufferCache, rows: torch.Tensor, slots: torch.Tensor, src: torch.Tensor,
-              dst: torch.Tensor, capacity: int) -> None:
-        """Copy columns ``src`` of ``cache`` rows ``rows`` to columns ``dst`` of pool ``slots`` (equal-length 1-D
-        tensors, one entry per column). The pool is created at the first store (shapes from ``cache``) and grown
-        to at least ``capacity`` columns when a column would not fit."""
-        if rows.numel() == 0:
+    def reserve(self, columns: int) -> None:
+        """Make room for ``columns`` columns per slot (growing keeps what is stored)."""
+        if columns <= self._columns:
             return
-        need = max(capacity, int(dst.max()) + 1)
-        first = cache.layers[0].keys
-        if self.pool is None or self.pool.shape[1] < need:
-            grown = first.new_zeros((self.slots, need, len(cache.layers), 2, first.shape[1], first.shape[3]))
-            if self.pool is not None:
-                grown[:, : self.pool.shape[1]] = self.pool
-            self.pool = grown
-        cols = torch.stack([torch.stack([layer.keys[rows, :, src], layer.values[rows, :, src]], dim=1)
-                            for layer in cache.layers], dim=1)  # [N, layers, 2, H, D]
-        self.pool[slots, dst] = cols
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                grown = old.new_zeros((*old.shape[:2], columns, old.shape[3]))
+                grown[:, :, : old.shape[2]] = old
+                store[i] = grown
+        self._columns = columns
+
+    def move(self, src: int, dst: int, columns: int) -> None:
+        """Copy slot ``src``'s first ``columns`` columns to slot ``dst`` (the engine keeps its running sequences in
+        consecutive slots)."""
+        for t in (*self.keys, *self.values):
+            t[dst, :, :columns] = t[src, :, :columns]
+
+    def step_cache(self, plan: StepPlan) -> Cache:
+        """The HF cache one forward of ``plan`` passes as ``past_key_values``."""
+        return _StepCache(self, plan)
+
+    def _update(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, plan: StepPlan):
+        if layer == len(self.keys):  # first forward: allocate this layer from the shapes it brings
+            n_heads, dim = key_states.shape[1], key_states.shape[3]
+            self.keys.append(key_states.new_zeros((self.slots, n_heads, self._columns, dim)))
+            self.values.append(value_states.new_zeros((self.slots, n_heads, self._columns, value_states.shape[3])))
+        rows = slice(plan.first, plan.first + plan.n)
+        slot = plan.write_row + plan.first
+        out = []
+        for store, new in ((self.keys[layer], key_states), (self.values[layer], value_states)):
+            store[slot, :, plan.write_col] = new[plan.write_row, :, plan.write_query]
+            out.append(store[rows, :, : plan.width])
+        return out[0], out[1]
+
+
+class _StepLayer(DynamicLayer):
+    def __init__(self, owner: _StepCache, index: int):
+        super().__init__()
+        self.owner, self.index = owner, index
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.owner.pool._update(self.index, key_states, value_states, self.owner.plan)
+        return self.keys, self.values
+
+
+class _StepCache(DynamicCache):
+    """One forward's view of a :class:`SlotCache` (see :meth:`SlotCache.step_cache`)."""
+
+    def __init__(self, pool: SlotCache, plan: StepPlan):
+        self.pool, self.plan = pool, plan
+        Cache.__init__(self, layer_class_to_replicate=lambda: _StepLayer(self, len(self.layers)))
