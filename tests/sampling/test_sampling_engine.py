@@ -243,3 +243,38 @@ def test_requests_with_their_own_rules_share_the_steps_and_decode_as_alone(tiny_
     assert steps == max(int(done[r].nfe) for r in ids)  # one step served every request at once
     with pytest.raises(ValueError, match=r"block_length: 8 differs from the engine's 4; every request shares"):
         engine.add_request([1], config=DecodeConfig(gen_length=8, block_length=8))
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_a_step_reads_the_device_once_whatever_the_slots(tiny_models, monkeypatch, family):
+    """On an accelerator every read of a tensor's value on the host waits for the device; checking, committing or
+    starting blocks sequence by sequence would cost that per row and step. The engine decides all its rows in
+    batched ops and reads the device once per step, however many slots run."""
+    model = tiny_models[family]
+    reads = []
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+        return lambda self, *a, **k: reads.append(name) or original(self, *a, **k)
+
+    config = DecodeConfig(gen_length=16, block_length=4, steps=2, temperature=1.0, stop_on_eos=False)
+
+    def reads_per_step(slots):
+        engine = Engine(model, config, EngineConfig(slots=slots))
+        for p in _prompts([8] * slots, seed=slots):
+            engine.add_request(p)
+        per_step = []
+        with monkeypatch.context() as m:
+            for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+                m.setattr(torch.Tensor, name, counted(name))
+            while engine.has_unfinished():
+                reads.clear()
+                engine.step()
+                per_step.append(len(reads))
+        return per_step
+
+    two, eight = reads_per_step(2), reads_per_step(8)
+    assert len(two) == len(eight) == 8  # 4 blocks of 2 steps; everyone joins at step 1 and finishes at step 8
+    # one read per step (the step's finish / next-block flags), the joining step too; the last step builds each
+    # finished request's rollout (a few reads per request)
+    assert two[:-1] == eight[:-1] == [1] * 7

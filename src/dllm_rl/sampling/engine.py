@@ -5,7 +5,9 @@ EOS stops, rows finish after very different numbers of forward passes and the fi
 schedules requests the way nano-vllm / vLLM do: :meth:`Engine.add_request` queues a prompt, each
 :meth:`Engine.step` fills free slots from the queue (first come, first served), runs one denoising step for every
 running sequence and returns the sequences that finished in it (EOS or length), whose slots the next step hands to
-waiting prompts. :meth:`Engine.run` is the batch convenience (results in input order).
+waiting prompts. :meth:`Engine.run` is the batch convenience (results in input order). The running sequences'
+tokens live in one row per slot (:class:`~dllm_rl.sampling.sequence.SlotRows`), so a step chooses, commits and
+checks every row in batched ops and reads the device once, however many slots run.
 
 * **Full-attention models** (LLaDA, Dream; ``cache="none"``): every sequence has its own canvas and any block may
   sit beside any other: a step left-pads the canvases so that every row's current block occupies the same columns
@@ -58,9 +60,9 @@ from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
-from dllm_rl.sampling.decode import _stop_finished, check_inputs, decode_block_length, evaluating, to_rollout
+from dllm_rl.sampling.decode import check_inputs, decode_block_length, evaluating, to_rollout
 from dllm_rl.sampling.rollout import Rollout
-from dllm_rl.sampling.sequence import Sequence
+from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
 
 # DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
@@ -137,6 +139,7 @@ class Engine:
         self.capacity = self.engine.max_positions or model.max_length
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence | None] = [None] * self.engine.slots
+        self.rows = SlotRows(self.engine.slots, model.device)
         self.cache = SlotCache(self.engine.slots) if model.is_block_causal else None
         self.peak_cache_bytes = 0  # the KV pool's size, the most seen
         self._next_id = 0
@@ -199,20 +202,17 @@ class Engine:
     def step(self) -> list[Completion]:
         """Fill free slots from the queue, run one denoising step of every running sequence, and return the
         requests that finished in it."""
-        with torch.inference_mode():  # the pool is an inference tensor: moving a slot's keys writes it
-            self._admit()
-        running = [s for s in self.running if s is not None]
-        if not running:
-            return []
         with evaluating(self.model), torch.inference_mode():
+            self._admit()
+            running = [s for s in self.running if s is not None]
+            if not running:
+                return []
             for group in self._groups(running):
                 self._decode(group, self._logits(group))
-        done = []
-        for seq in running:
-            if self._advance(seq):
-                self.running[seq.slot] = None
-                done.append(Completion(seq.request_id, self._rollout(seq)))
-        return done
+            finished = self._finished(running)
+        for seq in finished:  # (rollouts are built outside inference mode: training reads them)
+            self.running[seq.slot] = None
+        return [Completion(seq.request_id, self._rollout(seq)) for seq in finished]
 
     def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None) -> Rollout:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
@@ -240,8 +240,9 @@ class Engine:
         free = self.running.index(None) if None in self.running else len(self.running)
         new = [self.waiting.popleft() for _ in range(min(len(self.running) - free, len(self.waiting)))]
         for slot, seq in enumerate(sorted(new, key=self._joins_apart), start=free):
-            seq.slot = slot
+            seq.place(self.rows, slot)
             self.running[slot] = seq
+        self._begin_blocks(new)
 
     def _compact(self) -> None:
         """Move the sequences in the last slots into the holes finished or aborted ones left (their cached keys
@@ -250,6 +251,7 @@ class Engine:
         for hole in range(len(live)):
             if self.running[hole] is None:
                 seq = next(s for s in reversed(self.running) if s is not None)
+                self.rows.move(seq.slot, hole)
                 if self.cache is not None and seq.cached:
                     self.cache.move(seq.slot, hole, seq.cached)
                 self.running[seq.slot], self.running[hole], seq.slot = None, seq, hole
@@ -266,28 +268,64 @@ class Engine:
         rest = [s for s in running if not self._joins_apart(s)]
         return [g for g in (rest, joining) if g]
 
-    def _advance(self, seq: Sequence) -> bool:
-        """After a step: move to the next block when this one is done; True when the sequence is finished."""
-        eos, pad = self.model.eos_token_id, self.model.pad_token_id
-        if self.engine.early_stop and seq.answer_ended(eos):
-            seq.fill_rest(eos)
-            return True
-        s, e = seq.cols()
-        if bool(seq.todo[s:e].any()):
-            return False
-        if seq.config.stop_on_eos:
-            stopped = torch.zeros(1, dtype=torch.bool, device=seq.x.device)
-            _stop_finished(seq.canvas, torch.zeros(1, dtype=torch.long, device=seq.x.device), s, e, eos, pad, stopped)
-            if bool(stopped[0]):
-                return True
-        seq.block_idx += 1
-        if seq.block_idx >= seq.canvas.num_blocks:
-            return True
-        seq.begin_block()
-        return False
+    def _finished(self, running: list[Sequence]) -> list[Sequence]:
+        """After a step (``running`` holds slots ``0 .. n - 1``): which sequences are finished, and the others moved
+        to their next block where this one is done. Decided for every row at once, with one host
+        synchronisation for the step."""
+        eos, pad, device = self.model.eos_token_id, self.model.pad_token_id, self.model.device
+        rows, n = self.rows, len(running)
+        if running[-1].slot != n - 1:
+            raise RuntimeError(f"engine: the running sequences must hold slots 0 .. {n - 1}, got "
+                               f"{[s.slot for s in running]}")
+        c0, c1 = self._long([s.comp[0] for s in running])[:, None], self._long([s.comp[1] for s in running])[:, None]
+        _, cols = self._current_blocks(running)
+        x, todo = rows.x[:n], rows.todo[:n]
+        flags = [~todo.gather(1, cols).any(-1)]  # the current block is done
+        blk = x.gather(1, cols)  # an EOS stop: a done block holding only EOS / padding in its completion slots
+        flags.append(((blk == eos) | (blk == pad) | (cols < c0) | (cols >= c1)).all(-1))
+        if self.engine.early_stop:  # the answer is decided: a committed EOS with every slot before it committed
+            col = torch.arange(rows.width, device=device)[None, :]
+            inside = (col >= c0) & (col < c1)
+            is_eos = (x == eos) & ~todo & inside
+            first = torch.where(is_eos, col, rows.width).min(-1).values
+            flags.append(is_eos.any(-1) & ~(todo & inside & (col < first[:, None])).any(-1))
+        flags = torch.stack(flags, dim=1).tolist()  # the step's one synchronisation
+        done, begin = [], []
+        for seq, (block_done, eos_block, *ended) in zip(running, flags):
+            if ended and ended[0]:
+                seq.fill_rest(eos)
+                done.append(seq)
+            elif block_done and seq.config.stop_on_eos and eos_block:
+                seq.fill_rest(eos, after=seq.cols()[1])
+                done.append(seq)
+            elif block_done:
+                seq.block_idx += 1
+                (done if seq.block_idx >= seq.canvas.num_blocks else begin).append(seq)
+        self._begin_blocks(begin)
+        return done
+
+    def _long(self, values: list[int]) -> torch.Tensor:
+        """Host integers as a long tensor on the model's device."""
+        return torch.tensor(values, dtype=torch.long, device=self.model.device)
+
+    def _current_blocks(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slots [n, 1], cols [n, block])``: each sequence's slot and its current block's columns (index pairs
+        into :class:`~dllm_rl.sampling.sequence.SlotRows`)."""
+        cols = self._long([s.cols()[0] for s in seqs])[:, None] + torch.arange(self.block, device=self.model.device)
+        return self._long([s.slot for s in seqs])[:, None], cols
+
+    def _begin_blocks(self, seqs: list[Sequence]) -> None:
+        """Start each sequence's current block: no step spent on it yet; ``masked0``, its masks, counted on the
+        device for all of them at once."""
+        if not seqs:
+            return
+        slots, cols = self._current_blocks(seqs)
+        self.rows.masked0[slots[:, 0]] = self.rows.todo[slots, cols].sum(-1)
+        for seq in seqs:
+            seq.local_step = 0
 
     def _rollout(self, seq: Sequence) -> Rollout:
-        rollout = to_rollout(seq.canvas, seq.trace(), self.model, self.tokenizer)
+        rollout = to_rollout(*seq.result(), self.model, self.tokenizer)
         rollout.block_size = self.block if self.model.is_block_causal else None
         rollout.images = seq.images
         return rollout
@@ -298,46 +336,47 @@ class Engine:
         return self._block_logits(group) if self.cache is not None else self._full_logits(group)
 
     def _full_logits(self, group: list[Sequence]) -> torch.Tensor:
+        """Every row's canvas, left-padded so that the current blocks share their columns."""
+        device = self.model.device
         starts = [s.cols()[0] for s in group]
         left = max(starts)
         width = left + max(s.width - st for s, st in zip(group, starts))
-        ids = torch.full((len(group), width), self.model.pad_token_id, dtype=torch.long, device=self.model.device)
-        valid = torch.zeros_like(ids, dtype=torch.bool)
-        for i, (seq, st) in enumerate(zip(group, starts)):
-            off = left - st
-            ids[i, off : off + seq.width] = seq.x
-            valid[i, off : off + seq.width] = True
-        keep = torch.arange(left, left + self.block, device=ids.device)
+        col = torch.arange(width, device=device)[None, :] - self._long([left - st for st in starts])[:, None]
+        valid = (col >= 0) & (col < self._long([s.width for s in group])[:, None])
+        ids = self.rows.x[self._long([s.slot for s in group])[:, None], col.clamp(0, self.rows.width - 1)]
+        ids = ids.masked_fill(~valid, self.model.pad_token_id)
+        keep = torch.arange(left, left + self.block, device=device)
         splice = None
         if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column left - start
             images = PromptImages.cat([s.images for s in group], [1] * len(group))
-            splice = images.splice(torch.tensor([left - st for st in starts], device=ids.device), width)
+            splice = images.splice(self._long([left - st for st in starts]), width)
         return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
 
     def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Each row's uncached columns (its prompt or just-finished block, then its current block), left-padded to
         the longest, attend to its slot's cached columns read in place (:mod:`~dllm_rl.sampling.slot_cache`)."""
         device, block = self.model.device, self.block
-        cached = torch.tensor([s.cached for s in group], dtype=torch.long, device=device)
-        ends = torch.tensor([s.cols()[1] for s in group], dtype=torch.long, device=device)
-        q_len = ends - cached
-        n, width_q = len(group), int(q_len.max())
+        if group[-1].slot != group[0].slot + len(group) - 1:
+            raise RuntimeError(f"engine: a forward's sequences must hold consecutive slots, got "
+                               f"{[s.slot for s in group]}")
+        host_ends = [s.cols()[1] for s in group]
+        host_q_len = [e - s.cached for s, e in zip(group, host_ends)]
+        n, width_q, width = len(group), max(host_q_len), max(host_ends)
+        cached, ends, q_len = self._long([s.cached for s in group]), self._long(host_ends), self._long(host_q_len)
         pad = width_q - q_len
         q_valid = torch.arange(width_q, device=device)[None, :] >= pad[:, None]
         q_pos = (cached - pad)[:, None] + torch.arange(width_q, device=device)[None, :]
         q_pos = torch.where(q_valid, q_pos, q_pos[:, -1:])  # padding queries sit in the row's current block
-        ids = torch.full((n, width_q), self.model.pad_token_id, dtype=torch.long, device=device)
-        for i, seq in enumerate(group):
-            ids[i, int(pad[i]) :] = seq.x[seq.cached : seq.cols()[1]]
-        width = int(ends.max())
+        ids = self.rows.x[group[0].slot : group[0].slot + n].gather(1, q_pos)
+        ids = ids.masked_fill(~q_valid, self.model.pad_token_id)
         k_pos = torch.arange(width, device=device)[None, :].expand(n, -1)
         bias = attention_bias(k_pos < ends[:, None], query_block=block_index(q_pos, block),
                               key_block=block_index(k_pos, block), dtype=self.model.dtype)
-        write_row, write_query = q_valid.nonzero(as_tuple=True)
+        # the valid queries, row by row (q_valid.nonzero() without its host round trip: the count is known here)
+        write_row = torch.repeat_interleave(torch.arange(n, device=device), q_len, output_size=sum(host_q_len))
+        first_of_row = (q_len.cumsum(0) - q_len)[write_row]
+        write_query = pad[write_row] + torch.arange(len(write_row), device=device) - first_of_row
         plan = StepPlan(group[0].slot, n, write_row, write_query, q_pos[write_row, write_query], width)
-        if group[-1].slot != plan.first + n - 1:
-            raise RuntimeError(f"engine: a forward's sequences must hold consecutive slots, got "
-                               f"{[s.slot for s in group]}")
         self.cache.reserve(max(s.width for s in group))
         out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
                          use_cache=True, logits_to_keep=block)
@@ -359,8 +398,11 @@ class Engine:
             self._choose([group[i] for i in rows], logits[rows], group[rows[0]].config)
 
     def _choose(self, group: list[Sequence], logits: torch.Tensor, cfg: DecodeConfig) -> None:
-        spans = [s.cols() for s in group]
-        todo = torch.stack([seq.todo[s:e] for seq, (s, e) in zip(group, spans)])
+        """One step's choice and commits for ``group`` (rows sharing ``cfg``'s rules), in batched ops on the slot
+        rows (no host synchronisation)."""
+        slots, cols = self._current_blocks(group)
+        rows = self.rows
+        todo = rows.todo[slots, cols]
         needs_rng = cfg.temperature > 0 or cfg.confidence == "random"
         gens = [s.generator for s in group] if needs_rng else None
         tokens, conf, ent = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
@@ -368,10 +410,15 @@ class Engine:
         if cfg.threshold is not None:
             chosen = select_commits(conf, candidates, threshold=cfg.threshold)
         else:
-            as_long = lambda v: torch.tensor(v, dtype=torch.long, device=todo.device)  # noqa: E731
-            counts = transfer_counts(as_long([s.masked0 for s in group]), cfg.steps or self.block,
-                                     as_long([s.local_step for s in group]))
+            counts = transfer_counts(rows.masked0[slots[:, 0]], cfg.steps or self.block,
+                                     self._long([s.local_step for s in group]))
             chosen = select_commits(conf, candidates, counts=counts)
-        for i, (seq, (s, _e)) in enumerate(zip(group, spans)):
-            c = chosen[i].nonzero().flatten()
-            seq.commit(c + s, tokens[i, c], conf[i, c], ent[i, c])
+        step = self._long([s.nfe for s in group])[:, None]
+        rows.x[slots, cols] = torch.where(chosen, tokens, rows.x[slots, cols])
+        rows.todo[slots, cols] = todo & ~chosen
+        rows.step_map[slots, cols] = torch.where(chosen, step, rows.step_map[slots, cols])
+        rows.conf[slots, cols] = torch.where(chosen, conf.float(), rows.conf[slots, cols])
+        rows.entropy[slots, cols] = torch.where(chosen, ent.float(), rows.entropy[slots, cols])
+        for seq in group:
+            seq.nfe += 1
+            seq.local_step += 1

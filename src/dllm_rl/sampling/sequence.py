@@ -1,13 +1,18 @@
-"""One request's decoding state in the continuous-batching engine: its own one-row canvas, random stream, step
-counter and trace, so what it decodes depends on nothing but itself.
+"""One request's decoding state in the continuous-batching engine, and the slot rows that hold the running
+requests' tokens.
 
-The canvas is :func:`~dllm_rl.sampling.canvas.build_canvas` of the one prompt: exactly the layout
+A :class:`Sequence` starts from :func:`~dllm_rl.sampling.canvas.build_canvas` of its one prompt: exactly the layout
 :func:`~dllm_rl.sampling.generate` uses for that prompt alone (no padding: column = position), decoded block by
-block with the same rules (:mod:`dllm_rl.sampling.decode`).
+block with the same rules (:mod:`dllm_rl.sampling.decode`), with its own random stream and counters, so what it
+decodes depends on nothing but itself. Once it has a slot, its tokens, masks and trace live in that slot's row of
+the engine's :class:`SlotRows` (one tensor per field for every slot), so that a step chooses, commits and checks all
+its rows in a few batched ops and one host synchronisation, however many slots run: per-sequence tensor work costs
+a kernel launch and a device round trip per row, which at real sizes rivals the forward itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -17,22 +22,63 @@ from dllm_rl.sampling.canvas import Canvas, build_canvas
 from dllm_rl.sampling.config import DecodeConfig
 
 
+class SlotRows:
+    """Tokens, masks and trace of ``slots`` sequences, one row each (``[slots, width]``), and each slot's count of
+    masks its current block held when it began (``masked0``, the static schedule's input). ``width`` grows to the
+    widest canvas admitted; memory is bounded by the slots, never the queue."""
+
+    FIELDS = {"x": torch.long, "todo": torch.bool, "step_map": torch.long, "conf": torch.float32,
+              "entropy": torch.float32}
+
+    def __init__(self, slots: int, device):
+        for name, dtype in self.FIELDS.items():
+            setattr(self, name, torch.zeros((slots, 0), dtype=dtype, device=device))
+        self.masked0 = torch.zeros(slots, dtype=torch.long, device=device)
+
+    @property
+    def width(self) -> int:
+        return self.x.shape[1]
+
+    def reserve(self, width: int) -> None:
+        if width <= self.width:
+            return
+        for name in self.FIELDS:
+            old = getattr(self, name)
+            grown = old.new_zeros((old.shape[0], width))
+            grown[:, : old.shape[1]] = old
+            setattr(self, name, grown)
+
+    def load(self, slot: int, canvas: Canvas) -> None:
+        """Put a one-row canvas in ``slot``: its tokens and masks, an empty trace."""
+        width = canvas.x.shape[1]
+        self.reserve(width)
+        self.x[slot, :width] = canvas.x[0]
+        self.todo[slot] = False
+        self.todo[slot, :width] = canvas.todo[0]
+        self.step_map[slot] = -1
+        self.conf[slot] = 0.0
+        self.entropy[slot] = 0.0
+
+    def move(self, src: int, dst: int) -> None:
+        for name in (*self.FIELDS, "masked0"):
+            t = getattr(self, name)
+            t[dst] = t[src]
+
+
 @dataclass
 class Sequence:
     """A request being decoded (see the module docstring)."""
 
     request_id: int
-    canvas: Canvas  # one row
+    canvas: Canvas  # one row: the layout (its x / todo are the starting state, copied into the slot's row)
     generator: torch.Generator
-    step_map: torch.Tensor  # [T] long, -1 = not generated
-    conf_map: torch.Tensor  # [T] float32
-    entropy_map: torch.Tensor  # [T] float32
     block_idx: int = 0  # the decoded block being worked on
     local_step: int = 0  # steps spent on it (static schedule counts)
-    masked0: int = 0  # masks it held when it began
     nfe: int = 0
-    cached: int = 0  # block models: columns [0, cached) are in the slot's cache
+    cached: int = 0  # block models: columns [0, cached) are in the slot's KV cache
+    comp: tuple[int, int] = (0, 0)  # its completion columns [c0, c1)
     slot: int = -1
+    rows: SlotRows | None = None  # where its state lives once it has a slot
     config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
     images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
 
@@ -41,22 +87,23 @@ class Sequence:
             pad_id: int, device, seed: int, images: PromptImages | None = None) -> Sequence:
         # no splice on the canvas: the engine splices a step's rows from their images at the step's own columns
         canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device)
-        width = canvas.x.shape[1]
-        seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)),
-                  torch.full((width,), -1, dtype=torch.long, device=device),
-                  torch.zeros(width, dtype=torch.float32, device=device),
-                  torch.zeros(width, dtype=torch.float32, device=device))
+        seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)))
         seq.images = images
-        seq.begin_block()
+        seq.comp = (int(canvas.comp_start[0]), int(canvas.comp_end[0]))
         return seq
+
+    def place(self, rows: SlotRows, slot: int) -> None:
+        """Take ``slot`` of ``rows``: the canvas's starting state goes there."""
+        self.rows, self.slot = rows, slot
+        rows.load(slot, self.canvas)
 
     @property
     def x(self) -> torch.Tensor:
-        return self.canvas.x[0]
+        return self.rows.x[self.slot, : self.width]
 
     @property
     def todo(self) -> torch.Tensor:
-        return self.canvas.todo[0]
+        return self.rows.todo[self.slot, : self.width]
 
     @property
     def width(self) -> int:
@@ -65,41 +112,18 @@ class Sequence:
     def cols(self) -> tuple[int, int]:
         return self.canvas.cols(self.block_idx)
 
-    def begin_block(self) -> None:
-        s, e = self.cols()
-        self.local_step, self.masked0 = 0, int(self.todo[s:e].sum())
-
-    def commit(self, cols: torch.Tensor, tokens: torch.Tensor, conf: torch.Tensor, entropy: torch.Tensor) -> None:
-        """Commit ``tokens`` at canvas columns ``cols`` with their confidences and entropies; one more step spent."""
-        self.x[cols] = tokens
-        self.todo[cols] = False
-        self.step_map[cols] = self.nfe
-        self.conf_map[cols] = conf.float()
-        self.entropy_map[cols] = entropy.float()
-        self.nfe += 1
-        self.local_step += 1
-
-    def answer_ended(self, eos: int) -> bool:
-        """Whether the answer is decided: a committed EOS with every completion slot before it committed (slots after
-        the first EOS lie outside the answer, ``Rollout.completion_mask``)."""
-        c0, c1 = int(self.canvas.comp_start[0]), int(self.canvas.comp_end[0])
-        is_eos = (self.x[c0:c1] == eos) & ~self.todo[c0:c1]
-        if not bool(is_eos.any()):
-            return False
-        first = int(is_eos.int().argmax())
-        return not bool(self.todo[c0 : c0 + first].any())
-
-    def fill_rest(self, eos: int) -> None:
-        """Fill every slot still masked with EOS, never generated (step_map -1), as an EOS stop does."""
-        todo = self.todo.clone()
-        self.x[todo] = eos
-        self.todo[todo] = False
+    def fill_rest(self, eos: int, after: int = 0) -> None:
+        """Fill every slot still masked at or after column ``after`` with EOS, never generated (step_map -1), as an
+        EOS stop does."""
+        todo = self.todo[after:]
+        self.x[after:][todo] = eos
+        todo[:] = False
 
     def settled(self, eos: int) -> tuple[list[int], bool]:
         """``(ids, ended)``: the answer's tokens committed so far without a gap (from the first completion slot up
         to the first still-masked one, cut before the first EOS), and whether the answer is complete (an EOS
         reached that way). Later steps never change them: what a stream may send."""
-        c0, c1 = int(self.canvas.comp_start[0]), int(self.canvas.comp_end[0])
+        c0, c1 = self.comp
         todo = self.todo[c0:c1]
         stop = int(todo.int().argmax()) if bool(todo.any()) else c1 - c0
         ids = self.x[c0 : c0 + stop].tolist()
@@ -110,10 +134,17 @@ class Sequence:
     def completion(self) -> list[int]:
         """The completion slots as they stand: committed tokens and the mask id where still masked (a viewer's
         canvas)."""
-        c0, c1 = int(self.canvas.comp_start[0]), int(self.canvas.comp_end[0])
+        c0, c1 = self.comp
         return self.x[c0:c1].tolist()
 
-    def trace(self) -> dict[str, torch.Tensor]:
-        """The trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of one."""
-        return {"step_map": self.step_map[None], "confidence": self.conf_map[None], "entropy": self.entropy_map[None],
-                "nfe": torch.tensor([self.nfe], device=self.x.device)}
+    def result(self) -> tuple[Canvas, dict[str, torch.Tensor]]:
+        """Its canvas as it stands and the trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of
+        one (copies: the slot goes to another sequence next)."""
+        row, w = self.slot, self.width
+        canvas = dataclasses.replace(self.canvas, x=self.rows.x[row : row + 1, :w].clone(),
+                                     todo=self.rows.todo[row : row + 1, :w].clone())
+        trace = {"step_map": self.rows.step_map[row : row + 1, :w].clone(),
+                 "confidence": self.rows.conf[row : row + 1, :w].clone(),
+                 "entropy": self.rows.entropy[row : row + 1, :w].clone(),
+                 "nfe": torch.tensor([self.nfe], device=self.canvas.x.device)}
+        return canvas, trace
