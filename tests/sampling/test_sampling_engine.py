@@ -8,6 +8,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, build_model, tiny_config
 from dllm_rl.sampling import DecodeConfig, generate
 from dllm_rl.sampling.engine import Engine, EngineConfig
+from dllm_rl.sampling.sequence import settled
 
 LENGTHS = [1, 3, 5, 6, 9, 2, 7, 4, 11, 8]  # prompt lengths, most not multiples of the block
 GEN = [8, 12, 4, 16, 8, 4, 12, 8, 16, 4]  # each request's own generation length
@@ -278,3 +279,24 @@ def test_a_step_reads_the_device_once_whatever_the_slots(tiny_models, monkeypatc
     # one read per step (the step's finish / next-block flags), the joining step too; the last step builds each
     # finished request's rollout (a few reads per request)
     assert two[:-1] == eight[:-1] == [1] * 7
+
+
+def test_completions_and_their_settled_prefix(tiny_models):
+    model = tiny_models["sdar"]
+    config = DecodeConfig(gen_length=8, block_length=4, steps=2, temperature=1.0, stop_on_eos=False)
+    engine = Engine(model, config, EngineConfig(slots=2))
+    ids = [engine.add_request(p) for p in _prompts([8, 5], seed=9)]
+    engine.step()
+    got = engine.completions()
+    assert sorted(got) == ids
+    for seq in engine.running:  # what the slot rows hold for the completion columns, masks where still to do
+        tokens, todo = got[seq.request_id]
+        c0, c1 = seq.comp
+        assert tokens == seq.x[c0:c1].tolist() and todo == seq.todo[c0:c1].tolist()
+        assert len(tokens) == c1 - c0 and 0 < todo.count(False) < len(todo)
+        assert all(t == model.mask_token_id for t, m in zip(tokens, todo) if m)
+    # the settled prefix: committed tokens up to the first masked slot, cut at the first EOS
+    assert settled([5, 6, 99, 7], [False, False, True, False], eos=2) == ([5, 6], False)
+    assert settled([5, 2, 9, 99], [False, False, False, True], eos=2) == ([5], True)
+    assert settled([5, 6, 7], [False, False, False], eos=2) == ([5, 6, 7], False)
+    assert settled([99, 6], [True, False], eos=2) == ([], False)

@@ -199,6 +199,18 @@ class Engine:
                 return True
         return False
 
+    def completions(self) -> dict[int, tuple[list[int], list[bool]]]:
+        """Each running request's completion slots as they stand: ``{request id: (token ids, still masked)}`` (the
+        mask id where still masked), read from the device at once, for streams
+        (:func:`~dllm_rl.sampling.sequence.settled`) and viewers."""
+        running = [s for s in self.running if s is not None]
+        if not running:
+            return {}
+        end = max(s.slot for s in running) + 1
+        x, todo = torch.stack([self.rows.x[:end], self.rows.todo[:end].long()]).tolist()
+        return {s.request_id: (x[s.slot][s.comp[0] : s.comp[1]], [bool(t) for t in todo[s.slot][s.comp[0] : s.comp[1]]])
+                for s in running}
+
     def step(self) -> list[Completion]:
         """Fill free slots from the queue, run one denoising step of every running sequence, and return the
         requests that finished in it."""

@@ -119,24 +119,6 @@ class Sequence:
         self.x[after:][todo] = eos
         todo[:] = False
 
-    def settled(self, eos: int) -> tuple[list[int], bool]:
-        """``(ids, ended)``: the answer's tokens committed so far without a gap (from the first completion slot up
-        to the first still-masked one, cut before the first EOS), and whether the answer is complete (an EOS
-        reached that way). Later steps never change them: what a stream may send."""
-        c0, c1 = self.comp
-        todo = self.todo[c0:c1]
-        stop = int(todo.int().argmax()) if bool(todo.any()) else c1 - c0
-        ids = self.x[c0 : c0 + stop].tolist()
-        if eos in ids:
-            return ids[: ids.index(eos)], True
-        return ids, False
-
-    def completion(self) -> list[int]:
-        """The completion slots as they stand: committed tokens and the mask id where still masked (a viewer's
-        canvas)."""
-        c0, c1 = self.comp
-        return self.x[c0:c1].tolist()
-
     def result(self) -> tuple[Canvas, dict[str, torch.Tensor]]:
         """Its canvas as it stands and the trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of
         one (copies: the slot goes to another sequence next)."""
@@ -148,3 +130,15 @@ class Sequence:
                  "entropy": self.rows.entropy[row : row + 1, :w].clone(),
                  "nfe": torch.tensor([self.nfe], device=self.canvas.x.device)}
         return canvas, trace
+
+
+def settled(tokens: list[int], todo: list[bool], eos: int) -> tuple[list[int], bool]:
+    """``(ids, ended)`` of a completion as it stands (its slots' tokens and still-masked flags, host lists): the
+    tokens committed without a gap from the first slot up to the first still-masked one, cut before the first EOS,
+    and whether the answer is complete (an EOS reached that way). Later steps never change them: what a stream may
+    send."""
+    stop = todo.index(True) if True in todo else len(tokens)
+    ids = tokens[:stop]
+    if eos in ids:
+        return ids[: ids.index(eos)], True
+    return ids, False

@@ -7,10 +7,11 @@ adapter the active one (``activate(name)``) before stepping it, so a request dec
 alone, whichever adapters the other requests use.
 
 Events a request receives, in order: ``("text", ids)`` whenever its answer's settled prefix grew (streaming
-requests only: the committed tokens before the first masked slot, :meth:`Sequence.settled`); with ``canvas``, also
-``("canvas", (step, ids))`` after each of its steps (the whole completion, mask ids where still masked); then one
-of ``("done", rollout)`` or ``("error", message)``. A request's decoding depends on itself alone (the engine's batch
-invariance), so concurrent requests get what they would get one at a time.
+requests only: the committed tokens before the first masked slot, :func:`~dllm_rl.sampling.sequence.settled`);
+with ``canvas``, also ``("canvas", (step, ids))`` after each of its steps (the whole completion, mask ids where
+still masked); then one of ``("done", rollout)`` or ``("error", message)``. After each step the thread reads every
+watched request's completion from the device at once (:meth:`Engine.completions`). A request's decoding depends
+on itself alone (the engine's batch invariance), so concurrent requests get what they would get one at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.engine import Engine
+from dllm_rl.sampling.sequence import settled
 
 IDLE_WAIT_S = 0.05  # how long the idle thread blocks on its inbox before checking whether to stop
 
@@ -171,13 +173,17 @@ class Worker:
                 self.counters.finished += 1
                 self.counters.tokens += int(done.rollout.completion_mask.sum())
                 ticket.put("done", done.rollout)
-        for seq in engine.running:
-            ticket = self.tickets.get((name, seq.request_id)) if seq is not None else None
-            if ticket is not None and ticket.canvas and seq.nfe > ticket.steps_sent:
+        watched = [(seq, ticket) for seq in engine.running if seq is not None
+                   and (ticket := self.tickets.get((name, seq.request_id))) is not None
+                   and (ticket.stream or ticket.canvas)]
+        progress = engine.completions() if watched else {}  # one device read for every watched request
+        for seq, ticket in watched:
+            tokens, todo = progress[seq.request_id]
+            if ticket.canvas and seq.nfe > ticket.steps_sent:
                 ticket.steps_sent = seq.nfe
-                ticket.put("canvas", (seq.nfe, seq.completion()))
-            if ticket is not None and ticket.stream:
-                ids, _ = seq.settled(self.eos)
+                ticket.put("canvas", (seq.nfe, tokens))
+            if ticket.stream:
+                ids, _ = settled(tokens, todo, self.eos)
                 if len(ids) > ticket.sent:
                     ticket.sent = len(ids)
                     ticket.put("text", ids)
