@@ -182,9 +182,15 @@ def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
         engine.add_request([1], gen_length=6)
     with pytest.raises(UserError, match="cache 'dual'"):
         Engine(model, DecodeConfig(gen_length=8, block_length=4, cache="dual"))
-    sdar = Engine(tiny_models["sdar"], DecodeConfig(gen_length=8), EngineConfig(max_positions=16))
-    with pytest.raises(UserError, match="request 0 needs 20 cache positions .* max_positions is 16"):
+    # 10 prompt tokens + 8 completion slots: 20 positions for the block model (its last prompt block's 2 tokens share
+    # the first decoded block, rounded up to the block of 4), 18 for LLaDA; both refuse past max_positions
+    sdar = Engine(tiny_models["sdar"], DecodeConfig(gen_length=8), EngineConfig(max_positions=19))
+    with pytest.raises(UserError, match=r"request 0 has 10 tokens; .* needs 20 positions but max_positions is 19"):
         sdar.add_request(list(range(10)))
+    llada = Engine(tiny_models["llada"], DecodeConfig(gen_length=8, block_length=4), EngineConfig(max_positions=18))
+    assert llada.add_request(list(range(10))) == 0
+    with pytest.raises(UserError, match=r"request 1 has 11 tokens; .* needs 19 positions but max_positions is 18"):
+        llada.add_request(list(range(11)))
     with pytest.raises(ValueError, match="slots"):
         EngineConfig(slots=0)
 

@@ -97,11 +97,14 @@ INVALID = [
     ({"prompt": [1, 500]}, "prompt", "prompt: the prompt has token ids outside the model's vocabulary [0, 91)"),
     ({"prompt": "1", "top_p": "high"}, "top_p", "top_p: Input should be a valid number"),
     ({"max_tokens": 4}, "prompt", "prompt: Field required"),
+    ({"prompt": [1] * 40, "max_tokens": 16}, "prompt",  # --max-positions 48: 40 prompt tokens + 16 slots are 56
+     "prompt: the prompt has 40 tokens; with gen_length 16 it needs 56 positions but max_positions is 48"),
 ]
 
 
 def test_an_invalid_request_gets_400_naming_the_field(make_server):
-    with running(make_server(BASE, max_tokens=64)) as url, httpx.Client(base_url=url, timeout=60) as client:
+    with running(make_server(BASE, max_tokens=64, max_positions=48)) as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
         for body, param, message in INVALID:
             r = client.post("/v1/completions", json=body)
             assert r.status_code == 400, (body, r.text)

@@ -76,8 +76,10 @@ def runner_mode(model: DiffusionLM, config: DecodeConfig, block_cache: bool = Tr
 
 
 def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
-                 images: PromptImages | None = None) -> list[list[int]]:
-    """Every user error, raised before any forward pass; returns the prompts as lists of ints."""
+                 images: PromptImages | None = None, max_positions: int | None = None) -> list[list[int]]:
+    """Every user error, raised before any forward pass; returns the prompts as lists of ints. A prompt with its
+    completion slots may take the model's context, or ``max_positions`` when that is smaller (the engine's and the
+    server's bound on a request)."""
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     if len(prompts) == 0:
@@ -110,6 +112,11 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
             raise UserError(
                 f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "
                 f"but the model's context is {context} (max_position_embeddings); shorten the prompt or gen_length"
+            )
+        if max_positions is not None and need > max_positions:
+            raise UserError(
+                f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "
+                f"but max_positions is {max_positions}; shorten the prompt or gen_length, or raise max_positions"
             )
         out.append(ids)
     if images is not None:

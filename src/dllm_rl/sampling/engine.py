@@ -93,8 +93,9 @@ class EngineConfig(Checked):
     )
     max_positions: int | None = field(
         None, ge=1,
-        help="Block models: the KV cache's columns per slot (prompt plus completion); a request needing more is "
-        "refused. None: the model's context. The cache holds slots x max_positions columns at most.",
+        help="The positions a request may take (prompt plus completion slots); a request needing more is refused. "
+        "It bounds memory: a block model's KV cache holds slots x max_positions columns at most, and a "
+        "full-attention model's step pads every running row to the longest request. None: the model's context.",
     )
 
 
@@ -136,7 +137,6 @@ class Engine:
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
-        self.capacity = self.engine.max_positions or model.max_length
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence | None] = [None] * self.engine.slots
         self.rows = SlotRows(self.engine.slots, model.device)
@@ -159,7 +159,7 @@ class Engine:
         if images is not None and (refusal := engine_refusal(self.model, config, images=images)) is not None:
             raise UserError(refusal)
         try:
-            [ids] = check_inputs(self.model, [prompt], config, None, images)
+            [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
         seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
@@ -167,9 +167,6 @@ class Engine:
                            config.seed + rid if seed is None else seed,
                            images.to(self.model.device) if images is not None else None)
         seq.config = config
-        if self.cache is not None and seq.width > self.capacity:
-            raise UserError(f"request {rid} needs {seq.width} cache positions (prompt {len(ids)} + completion); "
-                            f"the engine's max_positions is {self.capacity}: raise it or shorten the request")
         self._next_id += 1
         self.waiting.append(seq)
         return rid

@@ -101,8 +101,8 @@ class Server:
 
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
         self.adapters = tuple(adapters)
-        engines = {key: Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop),
-                               tokenizer) for key in (None, *self.adapters)}
+        engine = EngineConfig(slots=limits.slots, early_stop=limits.early_stop, max_positions=limits.max_positions)
+        engines = {key: Engine(model, decode, engine, tokenizer) for key in (None, *self.adapters)}
         self.block = engines[None].block
         self.worker = Worker(engines, model.eos_token_id,
                              (lambda key: active_adapter(model, key)) if self.adapters else None)
@@ -169,7 +169,7 @@ class Server:
         from dllm_rl.sampling.decode import check_inputs
 
         try:
-            check_inputs(self.model, [ids], config, None)
+            check_inputs(self.model, [ids], config, None, max_positions=self.limits.max_positions)
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
 

@@ -104,7 +104,7 @@ def register(sub) -> None:
             limits.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                 help=text)
         else:
-            kind = hints[f.name]
+            kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
             limits.add_argument(flag, dest=f.name, type=kind, default=f.default, metavar=f.name.upper(), help=text)
     p.add_argument("--preset", choices=["llada2", "fast_dllm_v2", "sdar"],
                    help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given override it")

@@ -16,6 +16,12 @@ class ServeConfig(Checked):
         256, ge=0, help="Requests that may wait for a slot; one more is answered 429 (retry later).")
     max_tokens: int = field(
         1024, ge=1, help="The largest max_tokens a request may ask for; more is answered 400 naming max_tokens.")
+    max_positions: int | None = field(
+        None, ge=1, help="The positions a request may take, prompt plus completion slots; more is answered 400 "
+        "naming the prompt. It bounds the engine's memory (EngineConfig.max_positions): a block model's KV cache "
+        "grows to slots x the longest request admitted (per column: layers x 2 x KV heads x head dim x bytes, "
+        "~144 KiB for an 8B Qwen3-shaped model in bfloat16), and a full-attention model pads every step's rows to "
+        "the longest running. None: the model's context.")
     timeout_s: float = field(
         600.0, gt=0, help="Seconds a request may take from arrival to its last token; then its slot is freed and "
         "it is answered 504 (or, streaming, an error event).")
