@@ -131,6 +131,13 @@ def test_peak_cache_is_bounded_by_the_slots_not_the_queue(tiny_models):
     # and nothing more: a step reads the pool in place (no gathered copy of the running rows' caches)
     assert small == small_pool
     assert peak(4, 20) == (4 * pool, 4 * pool)
+    # with max_positions the pool takes its bound at the first step and never grows past it
+    engine = Engine(model, config, EngineConfig(slots=2, max_positions=24))
+    engine.add_request(prompt)
+    engine.step()
+    assert engine.cache.nbytes() == 2 * pool * 24 // 20
+    engine.run([prompt] * 6)
+    assert engine.peak_cache_bytes == engine.cache.nbytes() == 2 * pool * 24 // 20
 
 
 def test_early_stop_ends_a_decided_answer_mid_block(fakes):

@@ -27,8 +27,8 @@ whoever shares its steps (up to last-ulp differences between kernel shapes, whic
 confidence ties), and the results equal a fixed batch's.
 
 **Memory** is bounded by the slots, not the queue: waiting requests are token lists; the KV pool is
-``slots x capacity`` (capacity: the longest canvas admitted, at most ``EngineConfig.max_positions``), and a step
-copies none of it.
+``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it, the longest
+canvas admitted so far), and a step copies none of it.
 
 **Early stop** (``EngineConfig.early_stop``, off by default): a sequence whose answer is decided — a committed EOS
 with every slot before it committed — stops at once and its masked slots are filled with EOS (never generated,
@@ -94,8 +94,9 @@ class EngineConfig(Checked):
     max_positions: int | None = field(
         None, ge=1,
         help="The positions a request may take (prompt plus completion slots); a request needing more is refused. "
-        "It bounds memory: a block model's KV cache holds slots x max_positions columns at most, and a "
-        "full-attention model's step pads every running row to the longest request. None: the model's context.",
+        "It bounds memory: a block model's KV cache is slots x max_positions columns, allocated at the first step "
+        "(without it, grown to the longest request so far), and a full-attention model's step pads every running "
+        "row to the longest request. None: the model's context.",
     )
 
 
@@ -386,7 +387,8 @@ class Engine:
         first_of_row = (q_len.cumsum(0) - q_len)[write_row]
         write_query = pad[write_row] + torch.arange(len(write_row), device=device) - first_of_row
         plan = StepPlan(group[0].slot, n, write_row, write_query, q_pos[write_row, write_query], width)
-        self.cache.reserve(max(s.width for s in group))
+        # with max_positions the pool takes its bound at once (never regrown: a growth holds old and new together)
+        self.cache.reserve(self.engine.max_positions or max(s.width for s in group))
         out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
                          use_cache=True, logits_to_keep=block)
         for seq in group:
