@@ -10,6 +10,16 @@ countdown prompts with a dense reward (no group is dropped). One line per run::
 
     RESULT sdar-4b tracerl rollout_tokens_per_s=... update_tokens_per_s=... peak_memory_gib=...
 
+Then, for block models, the continuous-batching engine against fixed batches of the same width (issue 37's
+figure, whose regime is a device: there a forward costs about the same with 8 rows or 32, so a fixed batch whose
+rows finished early wastes its width), one line::
+
+    RESULT sdar-4b engine fixed_tokens_per_s=... continuous_tokens_per_s=... continuous_over_fixed=... ...
+
+decoded with threshold 0.9 and EOS stops at temperature 1 on the same random model, its LM head scaled up so that
+its confidences spread (a random model is never 90% sure of anything) and its most frequent token taken as EOS, so
+rows stop after different numbers of blocks; the two must give the same tokens (``same_tokens=1``).
+
 rollout tokens/s: completion tokens decoded per second of rollout (the trainer's ``rollout_tokens_per_s``);
 update tokens/s: completion tokens scored and back-propagated per second of update (``kept_samples x
 completion length / time_update``, all optimisation passes); peak memory: ``torch.cuda.max_memory_allocated``
@@ -19,6 +29,7 @@ over the run (CPU: the process's peak resident set size). Figures of the 2nd ste
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import resource
@@ -31,9 +42,11 @@ import torch
 
 from dllm_rl.config import load_config
 from dllm_rl.jsonl import write_jsonl
-from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, save_model, tiny_config
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
+from dllm_rl.sampling import DecodeConfig, generate_batched
+from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.tasks.synthetic import make_countdown
 
 # name: (family, tiny_config sizes). Shapes of the published checkpoints (SDAR-4B-Chat is Qwen3-4B-shaped,
@@ -92,6 +105,42 @@ def run(model: Path, data: Path, out: Path, algorithm: str, args) -> dict[str, f
             "peak_memory_gib": peak_memory_gib(args.device)}
 
 
+def engine_comparison(model_dir: Path, prompts: list[str], args) -> dict[str, float]:
+    """Answer tokens/s of fixed batches of ``args.slots`` prompts and of the engine with as many slots (best of
+    two interleaved rounds after a warm-up), the ratio, whether the tokens agree, and the rows' NFE range."""
+    model = load_model(model_dir, dtype=args.dtype, device=args.device)
+    with torch.no_grad():
+        model.model.lm_head.weight.mul_(args.sharpen)
+    tokenizer = load_tokenizer(model_dir)
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    config = DecodeConfig(gen_length=args.decode_length, threshold=0.9, temperature=1.0)
+    free = generate_batched(model, ids[: args.slots], dataclasses.replace(config, stop_on_eos=False),
+                            batch_size=args.slots)
+    eos = int(torch.bincount(free.completion_ids[free.step_map >= 0].flatten().cpu()).argmax())
+    model = DiffusionLM(model.model, model.family, {**model.published_config, "eos_token_id": eos})
+    modes = {"fixed": lambda: generate_batched(model, ids, config, batch_size=args.slots),
+             "continuous": lambda: Engine(model, config, EngineConfig(slots=args.slots)).run(ids)}
+    best, out = {}, {}
+    for _ in range(3):  # best of three interleaved rounds (the first also warms up)
+        for name, fn in modes.items():
+            sync(args.device)
+            t0 = time.perf_counter()
+            out[name] = fn()
+            sync(args.device)
+            best[name] = min(best.get(name, math.inf), time.perf_counter() - t0)
+    tokens = int(out["fixed"].completion_mask.sum())
+    same = torch.equal(out["fixed"].completion_ids, out["continuous"].completion_ids)
+    nfe = out["fixed"].nfe.float()
+    return {"fixed_tokens_per_s": tokens / best["fixed"], "continuous_tokens_per_s": tokens / best["continuous"],
+            "continuous_over_fixed": best["fixed"] / best["continuous"], "same_tokens": float(same),
+            "nfe_min": float(nfe.min()), "nfe_mean": float(nfe.mean()), "nfe_max": float(nfe.max())}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="CPU, tiny model, short rollouts (CI)")
@@ -102,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     args.device, args.dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
     args.prompts, args.generations = (4, 8) if cuda else (1, 4)
     args.gen_length, args.block_length, args.micro_batch = (256, 32, 8) if cuda else (8, 8, 4)
+    # the engine comparison: prompts, slots (= the fixed batch), completion length, LM-head scale
+    args.engine_prompts, args.slots, args.decode_length, args.sharpen = (128, 32, 256, 8.0) if cuda else \
+        (16, 4, 16, 40.0)
     if args.models is None:
         args.models = ["tiny-sdar"] if not cuda else ["sdar-4b"]
         if cuda and torch.cuda.mem_get_info()[0] / 2**30 >= LLADA_8B_MIN_FREE_GIB:
@@ -121,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"RESULT {name} {algorithm} " + " ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
                 if bad:
                     print(f"gpu_smoke: {name} {algorithm}: non-finite {bad}", file=sys.stderr)
+                    return 1
+            if SHAPES[name][0] == "sdar":
+                prompts = [f"nums {' '.join(map(str, row['nums']))} target {row['target']}\n"  # the compact style
+                           for row in make_countdown(args.engine_prompts, seed=1, numbers=3, max_value=9)]
+                r = engine_comparison(model, prompts, args)
+                print(f"RESULT {name} engine " + " ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
+                if r["same_tokens"] != 1.0:
+                    print(f"gpu_smoke: {name}: the engine's tokens differ from the fixed batches'", file=sys.stderr)
                     return 1
     return 0
 
