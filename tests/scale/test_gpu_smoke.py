@@ -25,7 +25,7 @@ def test_gpu_smoke_tiny_prints_finite_figures(tmp_path):
     results = [line.split() for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert [r[1:3] for r in results] == [["tiny-sdar", "tracerl"], ["tiny-sdar", "espo"], ["tiny-sdar", "engine"]]
     engine = dict(re.fullmatch(r"(\w+)=(\S+)", kv).groups() for kv in results.pop()[3:])
-    assert float(engine["same_tokens"]) == 1.0 and float(engine["continuous_over_fixed"]) > 0
+    assert float(engine["same_rows"]) == 1.0 and float(engine["continuous_over_fixed"]) > 0
     assert float(engine["nfe_min"]) < float(engine["nfe_max"])  # rows stopped after different numbers of steps
     for r in results:
         values = dict(re.fullmatch(r"(\w+)=(\S+)", kv).groups() for kv in r[3:])
