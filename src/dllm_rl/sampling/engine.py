@@ -140,7 +140,8 @@ class Engine:
         self.block = decode_block_length(model, config)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence | None] = [None] * self.engine.slots
-        self.rows = SlotRows(self.engine.slots, model.device)
+        self.device = model.device
+        self.rows = SlotRows(self.engine.slots, self.device)
         self.cache = SlotCache(self.engine.slots) if model.is_block_causal else None
         self.peak_cache_bytes = 0  # the KV pool's size, the most seen
         self._next_id = 0
@@ -164,9 +165,9 @@ class Engine:
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
         seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
-                           self.model.mask_token_id, self.model.pad_token_id, self.model.device,
+                           self.model.mask_token_id, self.model.pad_token_id, self.device,
                            config.seed + rid if seed is None else seed,
-                           images.to(self.model.device) if images is not None else None)
+                           images.to(self.device) if images is not None else None)
         seq.config = config
         self._next_id += 1
         self.waiting.append(seq)
@@ -282,7 +283,7 @@ class Engine:
         """After a step (``running`` holds slots ``0 .. n - 1``): which sequences are finished, and the others moved
         to their next block where this one is done. Decided for every row at once, with one host
         synchronisation for the step."""
-        eos, pad, device = self.model.eos_token_id, self.model.pad_token_id, self.model.device
+        eos, pad, device = self.model.eos_token_id, self.model.pad_token_id, self.device
         rows, n = self.rows, len(running)
         if running[-1].slot != n - 1:
             raise RuntimeError(f"engine: the running sequences must hold slots 0 .. {n - 1}, got "
@@ -315,13 +316,16 @@ class Engine:
         return done
 
     def _long(self, values: list[int]) -> torch.Tensor:
-        """Host integers as a long tensor on the model's device."""
-        return torch.tensor(values, dtype=torch.long, device=self.model.device)
+        """Host integers as a long tensor on the model's device, copied without waiting for the device: a plain
+        host-to-GPU copy synchronises the stream, which would cost a round trip per call; from pinned memory it
+        is queued like a kernel (the pinned block is not reused before the copy ran)."""
+        host = torch.tensor(values, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        return host.to(self.device, non_blocking=True)
 
     def _current_blocks(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(slots [n, 1], cols [n, block])``: each sequence's slot and its current block's columns (index pairs
         into :class:`~dllm_rl.sampling.sequence.SlotRows`)."""
-        cols = self._long([s.cols()[0] for s in seqs])[:, None] + torch.arange(self.block, device=self.model.device)
+        cols = self._long([s.cols()[0] for s in seqs])[:, None] + torch.arange(self.block, device=self.device)
         return self._long([s.slot for s in seqs])[:, None], cols
 
     def _begin_blocks(self, seqs: list[Sequence]) -> None:
@@ -347,7 +351,7 @@ class Engine:
 
     def _full_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Every row's canvas, left-padded so that the current blocks share their columns."""
-        device = self.model.device
+        device = self.device
         starts = [s.cols()[0] for s in group]
         left = max(starts)
         width = left + max(s.width - st for s, st in zip(group, starts))
@@ -365,7 +369,7 @@ class Engine:
     def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Each row's uncached columns (its prompt or just-finished block, then its current block), left-padded to
         the longest, attend to its slot's cached columns read in place (:mod:`~dllm_rl.sampling.slot_cache`)."""
-        device, block = self.model.device, self.block
+        device, block = self.device, self.block
         if group[-1].slot != group[0].slot + len(group) - 1:
             raise RuntimeError(f"engine: a forward's sequences must hold consecutive slots, got "
                                f"{[s.slot for s in group]}")
