@@ -313,3 +313,24 @@ def test_completions_and_their_settled_prefix(tiny_models):
     assert settled([5, 2, 9, 99], [False, False, False, True], eos=2) == ([5], True)
     assert settled([5, 6, 7], [False, False, False], eos=2) == ([5, 6, 7], False)
     assert settled([99, 6], [True, False], eos=2) == ([], False)
+
+
+@pytest.mark.parametrize("decoding", [dict(steps=2), dict(temperature=1.0, threshold=0.5),
+                                      dict(threshold=0.5, sub_block=2)])
+def test_the_shifted_block_family_decodes_as_alone(decoding):
+    """Fast-dLLM v2 (a block model whose logits at i score token i + 1): the column before each block is read
+    from the fold forward or from the slot's stored copy; prompts shorter than a block start at column 0."""
+    kw = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = build_model("fast_dllm_v2", tiny_config("fast_dllm_v2", block_size=4, **kw), seed=4)
+    with torch.no_grad():
+        model.model.lm_head.weight.mul_(40.0)  # confidences spread over (0, 1): thresholds bite
+    prompts = _prompts([2, 5, 8, 3, 6, 1, 9], seed=6)
+    config = DecodeConfig(gen_length=8, **decoding)
+    model = _with_frequent_eos(model, prompts, config)
+    seeds = [50 + i for i in range(len(prompts))]
+    ids, done, _ = _serve(Engine(model, config, EngineConfig(slots=3)), prompts, [8, 12, 4, 8, 12, 8, 4], seeds)
+    for rid, p, g, s in zip(ids, prompts, [8, 12, 4, 8, 12, 8, 4], seeds):
+        one = generate(model, [p], DecodeConfig(**{**vars(config), "gen_length": g}), seeds=[s])
+        assert torch.equal(done[rid].completion_ids, one.completion_ids), rid
+        assert torch.equal(done[rid].step_map, one.step_map) and torch.equal(done[rid].nfe, one.nfe), rid
+    assert len({int(done[i].nfe) for i in ids}) > 2 and any(done[i].finish_reason == ["eos"] for i in ids)

@@ -41,9 +41,8 @@ whole block holds only EOS/padding), so it is off by default.
 :class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), and every step splices them at its
 prompt's columns in the padded batch.
 
-Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, the shifted
-block family (``fast_dllm_v2``), image prompts on block models (no published family has them) and prefilled
-completion tokens.
+Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, image prompts on
+block models (no published family has them), RCR remasking and prefilled completion tokens.
 """
 
 from __future__ import annotations
@@ -114,9 +113,6 @@ def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, image
     if not model.is_block_causal and config.cache != "none":
         return (f"the continuous-batching engine decodes full-attention models without a cache; cache "
                 f"{config.cache!r} (Fast-dLLM's approximation) needs generate's fixed batches; set cache: none")
-    if model.is_block_causal and model.family.shift:
-        return (f"the continuous-batching engine does not decode the shifted block family {model.family.name!r} "
-                "yet; use generate")
     if images is not None and model.is_block_causal:
         return "the continuous-batching engine decodes image prompts on full-attention models only; use generate"
     if config.remasking != "low_confidence":
@@ -247,13 +243,14 @@ class Engine:
         """Give free slots to waiting requests, first come first served. The running sequences hold slots
         ``0 .. n - 1`` (:meth:`_compact`), so every forward reads consecutive slots of the KV pool; newcomers that
         will run apart (:meth:`_groups`) take the last slots, after those that ride along."""
-        self._compact()
-        free = self.running.index(None) if None in self.running else len(self.running)
-        new = [self.waiting.popleft() for _ in range(min(len(self.running) - free, len(self.waiting)))]
-        for slot, seq in enumerate(sorted(new, key=self._joins_apart), start=free):
-            seq.place(self.rows, slot)
-            self.running[slot] = seq
-        self._begin_blocks(new)
+        with torch.inference_mode():  # it writes the slot rows and the KV pool, inference tensors
+            self._compact()
+            free = self.running.index(None) if None in self.running else len(self.running)
+            new = [self.waiting.popleft() for _ in range(min(len(self.running) - free, len(self.waiting)))]
+            for slot, seq in enumerate(sorted(new, key=self._joins_apart), start=free):
+                seq.place(self.rows, slot)
+                self.running[slot] = seq
+            self._begin_blocks(new)
 
     def _compact(self) -> None:
         """Move the sequences in the last slots into the holes finished or aborted ones left (their cached keys
@@ -393,12 +390,39 @@ class Engine:
         plan = StepPlan(group[0].slot, n, write_row, write_query, q_pos[write_row, write_query], width)
         # with max_positions the pool takes its bound at once (never regrown: a growth holds old and new together)
         self.cache.reserve(self.engine.max_positions or max(s.width for s in group))
+        shift = self.model.family.shift
+        keep = min(width_q, block + 1) if shift else block  # a shifted family also wants the column before
         out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
-                         use_cache=True, logits_to_keep=block)
+                         use_cache=True, logits_to_keep=keep, align=not shift)
+        logits = self._shifted(group, out.logits) if shift else out.logits
         for seq in group:
             seq.cached = seq.cols()[0]  # the columns before the current block are final in the pool now
         self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes())
-        return out.logits
+        return logits
+
+    def _shifted(self, group: list[Sequence], raw: torch.Tensor) -> torch.Tensor:
+        """A shifted family's (Fast-dLLM v2) logits of each row's current block ``[s, e)`` from the raw logits of
+        the forward's last query columns (column ``i`` scores token ``i + 1``): column ``i`` reads the raw logits of
+        ``i - 1``. For column ``s`` that is the column before the block: in this forward when it folds the
+        previous block (or the prompt) in, which stores it per slot (block-causal attention leaves it unchanged
+        while the block decodes), else that stored copy; a row starting at column 0 reads its own, as
+        :meth:`~dllm_rl.models.DiffusionLM.align_logits` does for a first token."""
+        block, n_raw = self.block, raw.shape[1]
+        starts = [s.cols()[0] for s in group]
+        fold = [s.cached < st for s, st in zip(group, starts)]
+        rows = self.rows
+        if rows.prev_raw is None or rows.prev_raw.shape[-1] != raw.shape[-1]:
+            rows.prev_raw = raw.new_zeros((len(rows.masked0), raw.shape[-1]))
+        slots = self._long([s.slot for s in group])
+        own = raw[:, n_raw - block :]  # raw logits of [s, e)
+        first = rows.prev_raw[slots]
+        if any(fold):  # then every row's window is longer than the block: raw holds the column before it
+            before = raw[:, n_raw - block - 1]
+            folded = self._long(fold).bool()
+            first = torch.where(folded[:, None], before, first)
+            rows.prev_raw[slots] = first
+        first = torch.where(self._long([st == 0 for st in starts]).bool()[:, None], own[:, 0], first)
+        return torch.cat([first[:, None], own[:, :-1]], dim=1)
 
     def _decode(self, group: list[Sequence], logits: torch.Tensor) -> None:
         """Choose and commit each row's tokens, as one step of :func:`~dllm_rl.sampling.decode.decode`, for each

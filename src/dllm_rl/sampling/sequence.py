@@ -34,6 +34,7 @@ class SlotRows:
         for name, dtype in self.FIELDS.items():
             setattr(self, name, torch.zeros((slots, 0), dtype=dtype, device=device))
         self.masked0 = torch.zeros(slots, dtype=torch.long, device=device)
+        self.prev_raw: torch.Tensor | None = None  # [slots, V]: a shifted block family's logits before the block
 
     @property
     def width(self) -> int:
@@ -60,9 +61,9 @@ class SlotRows:
         self.entropy[slot] = 0.0
 
     def move(self, src: int, dst: int) -> None:
-        for name in (*self.FIELDS, "masked0"):
-            t = getattr(self, name)
-            t[dst] = t[src]
+        for t in (*(getattr(self, name) for name in self.FIELDS), self.masked0, self.prev_raw):
+            if t is not None:
+                t[dst] = t[src]
 
 
 @dataclass
