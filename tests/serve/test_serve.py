@@ -87,13 +87,48 @@ def test_concurrent_clients_get_what_sequential_calls_get(make_server):
     assert steps_many < steps_one / 2  # the 32 requests shared their steps
 
 
+def test_stop_sequences_end_the_answer_and_free_the_slot_when_the_settled_text_reaches_one(make_server, demo_model):
+    model, tok = demo_model
+    ids = tok.encode(PROMPTS[0], add_special_tokens=False)
+    full, _ = alone_answer(model, tok, ids, BASE, 32)
+    assert full == "<answer>2*6-1</answer>"  # what the demo model answers this puzzle, greedy
+    with running(make_server(BASE, slots=2)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        def ask(stop, stream=False):
+            body = {"prompt": PROMPTS[0], "max_tokens": 32, "stop": stop, "stream": stream}
+            if not stream:
+                r = client.post("/v1/completions", json=body).json()
+                return r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                events = _events(resp)
+            pieces = [e["choices"][0]["text"] for e in events[:-1]]
+            return pieces, events[-2]["choices"][0]["finish_reason"]
+
+        steps0 = _metrics(client)["engine_steps_total"]
+        assert ask("zz") == (full, "stop", len(tok.encode(full, add_special_tokens=False)))  # none in the answer
+        steps_full = _metrics(client)["engine_steps_total"] - steps0
+        # the earliest stop sequence held wins; the answer before it, its own token count
+        assert ask(["</answer>", "-"]) == ("<answer>2*6", "stop", len(tok.encode("<answer>2*6",
+                                                                                  add_special_tokens=False)))
+        assert ask("*")[:2] == ("<answer>2", "stop")
+        m = _metrics(client)
+        # "*" and "-" were settled before the answer ended: those requests left their slots then, in fewer steps
+        assert m["requests_stopped_total"] == 2 and m["requests_finished_total"] == 1
+        assert m["engine_steps_total"] - steps0 - steps_full < 2 * steps_full
+        # streaming: the text before the stop sequence, never a character of it, then "stop"
+        pieces, reason = ask("</answer>", stream=True)
+        assert "".join(pieces) == "<answer>2*6-1" and reason == "stop" and not any("<" in p for p in pieces[1:])
+        pieces, reason = ask(["1</", "*"], stream=True)
+        assert "".join(pieces) == "<answer>2" and reason == "stop"
+
+
 INVALID = [
     ({"prompt": "1", "temperature": -1}, "temperature", "temperature: must be >= 0, got -1.0"),
     ({"prompt": "1", "max_tokens": 65}, "max_tokens", "max_tokens: 65 is outside [1, 64]"),
     ({"prompt": "1", "block_size": 8}, "block_size", "block_size: 8 asked, but this server decodes with block_size"),
     ({"prompt": "1", "steps": 2, "threshold": 0.5}, "threshold", "threshold: set either steps (static schedule) or"),
     ({"prompt": "1", "n": 2}, "n", "n: 2 completions"),
-    ({"prompt": "1", "stop": ["\n"]}, "stop", "stop: stop sequences are not supported"),
+    ({"prompt": "1", "stop": ["a", "b", "c", "d", "e"]}, "stop", "stop: give at most 4 non-empty stop sequences"),
+    ({"prompt": "1", "stop": ""}, "stop", "stop: give at most 4 non-empty stop sequences, got ['']"),
     ({"prompt": [1, 500]}, "prompt", "prompt: the prompt has token ids outside the model's vocabulary [0, 91)"),
     ({"prompt": "1", "top_p": "high"}, "top_p", "top_p: Input should be a valid number"),
     ({"max_tokens": 4}, "prompt", "prompt: Field required"),

@@ -12,6 +12,12 @@ request's steps, for viewers: ``{"object": "canvas", "step": N, "tokens": [...],
 completion's first ``max_tokens`` token ids with the mask id where still masked and their text with special
 tokens shown.
 
+``stop`` (a string or up to :data:`MAX_STOPS`) ends the answer before the first stop sequence it holds
+(``finish_reason: "stop"``). A diffusion model commits tokens out of order, so the text is checked as it settles
+(committed without a gap from the answer's start, which later steps never change): once the settled text holds a
+stop sequence the answer up to it is final, and the request leaves its slot at once. A stream holds back the last
+``len(longest stop) - 1`` characters until they cannot begin a stop sequence.
+
 A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
 ``--lora NAME=DIR``; each adapter has an engine of its own, so a request decodes with its adapter as it would alone.
 
@@ -39,7 +45,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.serve.config import ServeConfig
-from dllm_rl.serve.worker import Ticket, Worker
+from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
 
@@ -88,6 +94,7 @@ class ChatRequest(Decoding):
 
 
 OPTIONS = ("temperature", "top_p", "top_k", "threshold", "steps", "seed")
+MAX_STOPS = 4  # OpenAI's limit on stop sequences
 
 
 class Server:
@@ -105,7 +112,8 @@ class Server:
         engines = {key: Engine(model, decode, engine, tokenizer) for key in (None, *self.adapters)}
         self.block = engines[None].block
         self.worker = Worker(engines, model.eos_token_id,
-                             (lambda key: active_adapter(model, key)) if self.adapters else None)
+                             (lambda key: active_adapter(model, key)) if self.adapters else None,
+                             lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         # requests accepted and not answered yet, per engine (asyncio thread only): each has its slots and queue
         self.held: dict[str | None, int] = dict.fromkeys((None, *self.adapters), 0)
         self.closing = False
@@ -127,9 +135,6 @@ class Server:
             raise ApiError(400, f"n: {req.n} completions asked; this server returns one per request (n=1)", "n")
         if req.stream_canvas and not req.stream:
             raise ApiError(400, "stream_canvas: the canvas is streamed; set \"stream\": true too", "stream_canvas")
-        if req.stop:
-            raise ApiError(400, "stop: stop sequences are not supported (a diffusion model decodes whole blocks); "
-                           "leave stop out", "stop")
         for name in ("block_length", "block_size"):
             value, own = getattr(req, name), getattr(self.decode, name)
             if value is not None and value != own:
@@ -150,6 +155,15 @@ class Server:
             return dataclasses.replace(self.decode, gen_length=gen, **over), max_tokens
         except FieldError as err:
             raise ApiError(400, str(err), err.key) from None
+
+    @staticmethod
+    def stops_for(req: Decoding) -> tuple[str, ...]:
+        """The request's stop sequences, or a 400 naming ``stop``."""
+        stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        if len(stops) > MAX_STOPS or not all(stops):
+            raise ApiError(400, f"stop: give at most {MAX_STOPS} non-empty stop sequences, got {list(stops)!r}",
+                           "stop")
+        return stops
 
     def chat_prompt(self, req: ChatRequest) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
@@ -174,7 +188,7 @@ class Server:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
 
     def ticket(self, ids: list[int], config: DecodeConfig, stream: bool, adapter: str | None = None,
-               canvas: bool = False) -> Ticket:
+               canvas: bool = False, stop: tuple[str, ...] = (), max_tokens: int | None = None) -> Ticket:
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
         if self.held[adapter] >= self.limits.slots + self.limits.max_queue:
@@ -182,18 +196,27 @@ class Server:
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
         return Ticket(ids, config, config.gen_length, config.seed, stream, asyncio.Queue(), asyncio.get_running_loop(),
-                      adapter, canvas)
+                      adapter, canvas, stop, max_tokens)
 
     # ---- answers ---------------------------------------------------------------------------------------------
-    def answer(self, rollout, max_tokens: int) -> tuple[str, str, int]:
-        """``(text, finish_reason, completion_tokens)`` of a one-row rollout cut to ``max_tokens``."""
+    def answer(self, rollout, max_tokens: int, stops: tuple[str, ...] = ()) -> tuple[str, str, int]:
+        """``(text, finish_reason, completion_tokens)`` of a one-row rollout cut to ``max_tokens``, then before its
+        first stop sequence."""
         ids = rollout.completion_ids[0][rollout.completion_mask[0]].tolist()
         ended = rollout.finish_reason[0] == "eos"
         if ended:
             ids = ids[:-1]
         if len(ids) > max_tokens:
             ids, ended = ids[:max_tokens], False
-        return self.tokenizer.decode(ids, skip_special_tokens=True), "stop" if ended else "length", len(ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut, stopped = cut_at_stop(text, stops)
+        if stopped:
+            return self.stopped(cut)
+        return text, "stop" if ended else "length", len(ids)
+
+    def stopped(self, text: str) -> tuple[str, str, int]:
+        """The answer ended at a stop sequence: ``text`` (before it), ``"stop"``, and its token count."""
+        return text, "stop", len(self.tokenizer.encode(text, add_special_tokens=False))
 
 
 class Gone(Exception):
@@ -226,13 +249,13 @@ async def _next_event(server: Server, ticket: Ticket, request: Request | None):
 
 
 async def _wait(server: Server, ticket: Ticket, request: Request):
-    """The request's final event (``("done", rollout)`` or ``("error", message)``)."""
+    """The request's final event: ``("done", rollout)``, ``("error", message)`` or ``("stopped", text)``."""
     while True:
         try:
             kind, value = await _next_event(server, ticket, request)
         except Gone as gone:
             raise ApiError(gone.status, str(gone), kind="timeout" if gone.status == 504 else "client_closed") from None
-        if kind != "text":
+        if kind not in ("text", "canvas"):
             return kind, value
 
 
@@ -291,8 +314,8 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     config, max_tokens = server.config_for(req)
     ids = server.chat_prompt(req) if chat else server.text_prompt(req)
     server.check_prompt(ids, config, "messages" if chat else "prompt")
-    stream = req.stream
-    ticket = server.ticket(ids, config, stream, adapter, req.stream_canvas)
+    stream, stops = req.stream, server.stops_for(req)
+    ticket = server.ticket(ids, config, stream, adapter, req.stream_canvas, stops, max_tokens)
     server.held[adapter] += 1
     server.worker.counters.requests += 1
     server.worker.submit(ticket)
@@ -306,12 +329,13 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
         server.held[ticket.adapter] -= 1
     if kind == "error":
         raise ApiError(503, value, kind="server_error")
-    text, reason, n = server.answer(value, max_tokens)
+    text, reason, n = server.stopped(value) if kind == "stopped" else server.answer(value, max_tokens, stops)
     usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason} if chat
               else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": adapter or server.name, "choices": [choice], "usage": usage, "nfe": int(value.nfe[0])}
+            "model": adapter or server.name, "choices": [choice], "usage": usage,
+            "nfe": ticket.steps if kind == "stopped" else int(value.nfe[0])}
 
 
 def _chunk(model: str, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False) -> str:
@@ -329,6 +353,7 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
     """Server-sent events: the answer's text as it settles (block by block), then the finish reason and
     ``[DONE]``. A client that leaves (the generator is closed or cancelled) frees its slot."""
     sent, finished, model = "", False, ticket.adapter or server.name
+    holdback = max(map(len, ticket.stop), default=1) - 1  # characters that may begin a stop sequence
     try:
         if chat:
             yield _chunk(model, rid, True, "", None, first=True)
@@ -350,12 +375,15 @@ async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, cha
                         "tokens": tokens, "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
                 yield f"data: {json.dumps(body)}\n\n"
                 continue
-            if kind == "text":
+            if kind == "text":  # (held back where it may begin a stop sequence)
                 text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
-                reason = None
+                text, reason = text[: len(text) - holdback], None
+            elif kind == "stopped":
+                finished = True
+                text, reason, _ = server.stopped(value)
             else:
                 finished = True
-                text, reason, _ = server.answer(value, max_tokens)
+                text, reason, _ = server.answer(value, max_tokens, ticket.stop)
             if text.startswith(sent) and len(text) > len(sent):
                 yield _chunk(model, rid, chat, text[len(sent):], None)
                 sent = text
@@ -380,6 +408,8 @@ def _metrics_text(server: Server) -> str:
         ("requests_aborted_disconnect_total", "counter", "slots freed because the client left",
          c.aborted_disconnect),
         ("requests_timed_out_total", "counter", "slots freed by the timeout", c.timed_out),
+        ("requests_stopped_total", "counter", "requests answered at a stop sequence before their decoding ended",
+         c.stopped),
         ("requests_failed_shutdown_total", "counter", "requests failed at shutdown", c.failed_shutdown),
         ("engine_steps_total", "counter", "denoising steps (one forward per group of rows)", c.steps),
         ("completion_tokens_total", "counter", "answer tokens produced", c.tokens),

@@ -7,11 +7,13 @@ adapter the active one (``activate(name)``) before stepping it, so a request dec
 alone, whichever adapters the other requests use.
 
 Events a request receives, in order: ``("text", ids)`` whenever its answer's settled prefix grew (streaming
-requests only: the committed tokens before the first masked slot, :func:`~dllm_rl.sampling.sequence.settled`);
-with ``canvas``, also ``("canvas", (step, ids))`` after each of its steps (the whole completion, mask ids where
-still masked); then one of ``("done", rollout)`` or ``("error", message)``. After each step the thread reads every
-watched request's completion from the device at once (:meth:`Engine.completions`). A request's decoding depends
-on itself alone (the engine's batch invariance), so concurrent requests get what they would get one at a time.
+requests: the committed tokens before the first masked slot, :func:`~dllm_rl.sampling.sequence.settled`); with
+``canvas``, also ``("canvas", (step, ids))`` after each of its steps (the whole completion, mask ids where still
+masked); then one of ``("done", rollout)``, ``("error", message)`` or, for a request with stop sequences whose
+settled text (decoded, cut to ``max_tokens``) came to hold one, ``("stopped", text)`` (the text before it), its
+slot freed in the same step. After each step the thread reads every watched request's completion from the device at once
+(:meth:`Engine.completions`). A request's decoding depends on itself alone (the engine's batch invariance), so
+concurrent requests get what they would get one at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from dllm_rl.sampling.sequence import settled
 IDLE_WAIT_S = 0.05  # how long the idle thread blocks on its inbox before checking whether to stop
 
 
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` before the earliest stop sequence it holds, and whether it held one."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
 @dataclass
 class Ticket:
     """One HTTP request held by the worker: what to decode and where its events go."""
@@ -44,9 +52,12 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     adapter: str | None = None  # the LoRA adapter it decodes with (None: the base model)
     canvas: bool = False  # stream the whole canvas after each step (viewers)
+    stop: tuple[str, ...] = ()  # stop sequences: its settled text is checked as it grows
+    max_tokens: int | None = None  # the answer's tokens shown (the engine decodes them rounded up to the block)
     request_id: int | None = None
     sent: int = 0  # settled tokens already sent (streaming)
     steps_sent: int = 0  # steps whose canvas was sent (canvas streaming)
+    steps: int = 0  # its steps so far (watched requests: streams, canvases, stop sequences)
     arrived: float = field(default_factory=time.monotonic)
 
     def put(self, kind: str, value) -> None:
@@ -63,6 +74,7 @@ class Counters:
     rejected_invalid: int = 0
     aborted_disconnect: int = 0
     timed_out: int = 0
+    stopped: int = 0
     failed_shutdown: int = 0
     steps: int = 0
     tokens: int = 0
@@ -73,8 +85,9 @@ class Worker:
     ``activate(name)`` (see the module docstring); :meth:`submit` and :meth:`abort` are thread-safe."""
 
     def __init__(self, engines: dict[str | None, Engine], eos: int,
-                 activate: Callable[[str | None], contextlib.AbstractContextManager] | None = None):
-        self.engines, self.eos = engines, eos
+                 activate: Callable[[str | None], contextlib.AbstractContextManager] | None = None,
+                 decode: Callable[[list[int]], str] = lambda ids: ""):
+        self.engines, self.eos, self.decode = engines, eos, decode
         self.activate = activate or (lambda name: contextlib.nullcontext())
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.tickets: dict[tuple[str | None, int], Ticket] = {}  # (adapter, the engine's request id) -> ticket
@@ -175,15 +188,24 @@ class Worker:
                 ticket.put("done", done.rollout)
         watched = [(seq, ticket) for seq in engine.running if seq is not None
                    and (ticket := self.tickets.get((name, seq.request_id))) is not None
-                   and (ticket.stream or ticket.canvas)]
+                   and (ticket.stream or ticket.canvas or ticket.stop)]
         progress = engine.completions() if watched else {}  # one device read for every watched request
         for seq, ticket in watched:
             tokens, todo = progress[seq.request_id]
+            ticket.steps = seq.nfe
             if ticket.canvas and seq.nfe > ticket.steps_sent:
                 ticket.steps_sent = seq.nfe
                 ticket.put("canvas", (seq.nfe, tokens))
-            if ticket.stream:
+            if ticket.stream or ticket.stop:
                 ids, _ = settled(tokens, todo, self.eos)
-                if len(ids) > ticket.sent:
-                    ticket.sent = len(ids)
+                if len(ids) <= ticket.sent:
+                    continue
+                ticket.sent = len(ids)
+                text, stopped = cut_at_stop(self.decode(ids[: ticket.max_tokens]), ticket.stop)
+                if stopped:  # the answer is final up to the stop sequence: its slot goes at once
+                    del self.tickets[(name, seq.request_id)]
+                    engine.abort(seq.request_id)
+                    self.counters.stopped += 1
+                    ticket.put("stopped", text)
+                elif ticket.stream:
                     ticket.put("text", ids)
