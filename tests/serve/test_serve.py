@@ -121,12 +121,38 @@ def test_stop_sequences_end_the_answer_and_free_the_slot_when_the_settled_text_r
         assert "".join(pieces) == "<answer>2" and reason == "stop"
 
 
+def test_n_choices_decode_with_consecutive_seeds_as_alone(make_server, demo_model):
+    model, tok = demo_model
+    ids = tok.encode(PROMPTS[1], add_special_tokens=False)
+    want = [alone_answer(model, tok, ids, DecodeConfig(gen_length=32, threshold=0.5, temperature=1.0, seed=7 + k), 32)
+            for k in range(4)]
+    assert len(set(want)) > 1  # sampled: the choices differ
+    body = {"prompt": PROMPTS[1], "max_tokens": 32, "temperature": 1.0, "seed": 7, "n": 4}
+    with running(make_server(BASE, slots=2, max_queue=2)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        r = client.post("/v1/completions", json=body).json()  # 4 choices through 2 slots
+        assert [(c["index"], c["text"], c["finish_reason"]) for c in r["choices"]] == [
+            (k, *w) for k, w in enumerate(want)]
+        assert r["usage"]["prompt_tokens"] == len(ids) and r["usage"]["completion_tokens"] > 0
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+            events = _events(resp)
+        assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+        chunks = [e["choices"][0] for e in events[:-1]]
+        for k, (text, reason) in enumerate(want):  # each choice's deltas, by its index, then its finish reason
+            mine = [c for c in chunks if c["index"] == k]
+            assert "".join(c["text"] for c in mine) == text and mine[-1]["finish_reason"] == reason
+        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 2,
+                                                         "max_tokens": 8, "temperature": 1.0}).json()
+        assert [c["index"] for c in chat["choices"]] == [0, 1]
+        too_many = client.post("/v1/completions", json={**body, "n": 5})  # more than 2 slots + 2 waiting
+        assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+
+
 INVALID = [
     ({"prompt": "1", "temperature": -1}, "temperature", "temperature: must be >= 0, got -1.0"),
     ({"prompt": "1", "max_tokens": 65}, "max_tokens", "max_tokens: 65 is outside [1, 64]"),
     ({"prompt": "1", "block_size": 8}, "block_size", "block_size: 8 asked, but this server decodes with block_size"),
     ({"prompt": "1", "steps": 2, "threshold": 0.5}, "threshold", "threshold: set either steps (static schedule) or"),
-    ({"prompt": "1", "n": 2}, "n", "n: 2 completions"),
+    ({"prompt": "1", "n": 0}, "n", "n: 0 completions asked; give 1 to 288 (the server's --slots plus --max-queue)"),
     ({"prompt": "1", "stop": ["a", "b", "c", "d", "e"]}, "stop", "stop: give at most 4 non-empty stop sequences"),
     ({"prompt": "1", "stop": ""}, "stop", "stop: give at most 4 non-empty stop sequences, got ['']"),
     ({"prompt": [1, 500]}, "prompt", "prompt: the prompt has token ids outside the model's vocabulary [0, 91)"),
@@ -224,7 +250,7 @@ def test_a_stopped_worker_fails_what_it_holds(make_server):
     gate.open()
     server.worker.stop()
     loop.run_until_complete(asyncio.sleep(0))
-    kinds = [t.events.get_nowait()[0] for t in tickets]
+    kinds = [t.events.get_nowait()[1] for t in tickets]  # (choice index, kind, value)
     assert "error" in kinds and set(kinds) <= {"done", "error"} and server.worker.tickets == {}
     assert server.worker.counters.failed_shutdown == kinds.count("error")
     loop.close()

@@ -18,6 +18,9 @@ tokens shown.
 stop sequence the answer up to it is final, and the request leaves its slot at once. A stream holds back the last
 ``len(longest stop) - 1`` characters until they cannot begin a stop sequence.
 
+``n`` asks for that many choices: choice ``k`` decodes with seed ``seed + k`` in a slot of its own, its streamed
+chunks carrying its ``index``.
+
 A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
 ``--lora NAME=DIR``; each adapter has an engine of its own, so a request decodes with its adapter as it would alone.
 
@@ -131,8 +134,9 @@ class Server:
 
     def config_for(self, req: Decoding) -> tuple[DecodeConfig, int]:
         """The request's DecodeConfig and its max_tokens, or a 400 naming the field."""
-        if req.n != 1:
-            raise ApiError(400, f"n: {req.n} completions asked; this server returns one per request (n=1)", "n")
+        if not 1 <= req.n <= self.limits.slots + self.limits.max_queue:
+            raise ApiError(400, f"n: {req.n} completions asked; give 1 to {self.limits.slots + self.limits.max_queue} "
+                           "(the server's --slots plus --max-queue)", "n")
         if req.stream_canvas and not req.stream:
             raise ApiError(400, "stream_canvas: the canvas is streamed; set \"stream\": true too", "stream_canvas")
         for name in ("block_length", "block_size"):
@@ -187,16 +191,19 @@ class Server:
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
 
-    def ticket(self, ids: list[int], config: DecodeConfig, stream: bool, adapter: str | None = None,
-               canvas: bool = False, stop: tuple[str, ...] = (), max_tokens: int | None = None) -> Ticket:
+    def tickets(self, ids: list[int], config: DecodeConfig, n: int, stream: bool, adapter: str | None = None,
+                canvas: bool = False, stop: tuple[str, ...] = (), max_tokens: int | None = None) -> list[Ticket]:
+        """The ``n`` tickets of one request (choice ``k`` decodes with seed ``config.seed + k``), sharing one event
+        queue; 429 when the queue has no room for all of them, 503 while shutting down."""
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
-        if self.held[adapter] >= self.limits.slots + self.limits.max_queue:
+        if self.held[adapter] + n > self.limits.slots + self.limits.max_queue:
             self.worker.counters.rejected_queue_full += 1
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
-        return Ticket(ids, config, config.gen_length, config.seed, stream, asyncio.Queue(), asyncio.get_running_loop(),
-                      adapter, canvas, stop, max_tokens)
+        events, loop = asyncio.Queue(), asyncio.get_running_loop()
+        return [Ticket(ids, cfg, cfg.gen_length, cfg.seed, stream, events, loop, adapter, canvas, stop, max_tokens, k)
+                for k, cfg in enumerate(dataclasses.replace(config, seed=config.seed + k) for k in range(n))]
 
     # ---- answers ---------------------------------------------------------------------------------------------
     def answer(self, rollout, max_tokens: int, stops: tuple[str, ...] = ()) -> tuple[str, str, int]:
@@ -227,36 +234,48 @@ class Gone(Exception):
         self.status = status
 
 
-async def _next_event(server: Server, ticket: Ticket, request: Request | None):
-    """The request's next event; frees its slot and raises :class:`Gone` if the client leaves or time runs out
-    (checked every :data:`DISCONNECT_POLL_S`: the server notices a departed client only when it looks). A streamed
-    request passes no ``request``: Starlette's streaming response watches the connection itself and closes the
-    stream when the client leaves (whose ``finally`` frees the slot), and a second reader of the connection's
-    messages could take a message meant for it."""
-    deadline = ticket.arrived + server.limits.timeout_s
+async def _next_event(server: Server, tickets: list[Ticket], done: set[int], request: Request | None):
+    """The request's next event, ``(choice index, kind, value)``; frees the slots of its choices not ``done`` and
+    raises :class:`Gone` if the client leaves or time runs out (checked every :data:`DISCONNECT_POLL_S`: the server
+    notices a departed client only when it looks). A streamed request passes no ``request``: Starlette's streaming
+    response watches the connection itself and closes the stream when the client leaves (whose ``finally`` frees
+    the slots), and a second reader of the connection's messages could take a message meant for it."""
+    deadline = tickets[0].arrived + server.limits.timeout_s
     while True:
         if time.monotonic() <= deadline:  # checked before each wait: a canvas stream's events come every step
             try:
-                return await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+                return await asyncio.wait_for(tickets[0].events.get(), DISCONNECT_POLL_S)
             except TimeoutError:
                 pass
         if request is not None and await request.is_disconnected():
-            server.worker.abort(ticket, "aborted_disconnect")
+            _abort(server, tickets, done, "aborted_disconnect")
             raise Gone(499, "client closed the request")
         if time.monotonic() > deadline:
-            server.worker.abort(ticket, "timed_out")
+            _abort(server, tickets, done, "timed_out")
             raise Gone(504, f"the request took longer than the server's --timeout ({server.limits.timeout_s:g} s)")
 
 
-async def _wait(server: Server, ticket: Ticket, request: Request):
-    """The request's final event: ``("done", rollout)``, ``("error", message)`` or ``("stopped", text)``."""
-    while True:
+def _abort(server: Server, tickets: list[Ticket], done: set[int], why: str) -> None:
+    for ticket in tickets:
+        if ticket.index not in done:
+            server.worker.abort(ticket, why)
+
+
+FINAL = ("done", "stopped", "error")  # the events that end a choice
+
+
+async def _wait(server: Server, tickets: list[Ticket], request: Request) -> list[tuple[str, Any]]:
+    """Each choice's final event, in choice order: ``("done", rollout)``, ``("stopped", text)`` or
+    ``("error", message)``."""
+    finals: dict[int, tuple[str, Any]] = {}
+    while len(finals) < len(tickets):
         try:
-            kind, value = await _next_event(server, ticket, request)
+            k, kind, value = await _next_event(server, tickets, set(finals), request)
         except Gone as gone:
             raise ApiError(gone.status, str(gone), kind="timeout" if gone.status == 504 else "client_closed") from None
-        if kind not in ("text", "canvas"):
-            return kind, value
+        if kind in FINAL:
+            finals[k] = (kind, value)
+    return [finals[k] for k in range(len(tickets))]
 
 
 def create_app(server: Server) -> FastAPI:
@@ -309,92 +328,101 @@ def create_app(server: Server) -> FastAPI:
 
 
 async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
-    """One completion or chat request: its decoding and prompt checked, then answered whole or streamed."""
+    """One completion or chat request: its decoding and prompt checked, then answered whole or streamed, with
+    ``n`` choices."""
     adapter = server.adapter_for(req)
     config, max_tokens = server.config_for(req)
     ids = server.chat_prompt(req) if chat else server.text_prompt(req)
     server.check_prompt(ids, config, "messages" if chat else "prompt")
     stream, stops = req.stream, server.stops_for(req)
-    ticket = server.ticket(ids, config, stream, adapter, req.stream_canvas, stops, max_tokens)
-    server.held[adapter] += 1
+    tickets = server.tickets(ids, config, req.n, stream, adapter, req.stream_canvas, stops, max_tokens)
+    server.held[adapter] += len(tickets)
     server.worker.counters.requests += 1
-    server.worker.submit(ticket)
+    for ticket in tickets:
+        server.worker.submit(ticket)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     if stream:
-        return StreamingResponse(_stream(server, ticket, max_tokens, rid, chat, request),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_stream(server, tickets, max_tokens, rid, chat), media_type="text/event-stream")
     try:
-        kind, value = await _wait(server, ticket, request)
+        finals = await _wait(server, tickets, request)
     finally:
-        server.held[ticket.adapter] -= 1
-    if kind == "error":
-        raise ApiError(503, value, kind="server_error")
-    text, reason, n = server.stopped(value) if kind == "stopped" else server.answer(value, max_tokens, stops)
-    usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason} if chat
-              else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        server.held[adapter] -= len(tickets)
+    if errors := [value for kind, value in finals if kind == "error"]:
+        raise ApiError(503, errors[0], kind="server_error")
+    choices, completion_tokens, nfe = [], 0, 0
+    for k, ((kind, value), ticket) in enumerate(zip(finals, tickets)):
+        text, reason, n = server.stopped(value) if kind == "stopped" else server.answer(value, max_tokens, stops)
+        completion_tokens += n
+        nfe = max(nfe, ticket.steps if kind == "stopped" else int(value.nfe[0]))
+        choices.append({"index": k, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+                       if chat else {"index": k, "text": text, "logprobs": None, "finish_reason": reason})
+    usage = {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
+             "total_tokens": len(ids) + completion_tokens}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": adapter or server.name, "choices": [choice], "usage": usage,
-            "nfe": ticket.steps if kind == "stopped" else int(value.nfe[0])}
+            "model": adapter or server.name, "choices": choices, "usage": usage, "nfe": nfe}
 
 
-def _chunk(model: str, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False) -> str:
+def _chunk(model: str, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False,
+           index: int = 0) -> str:
     if chat:
         delta = {"role": "assistant"} if first else {}
-        choice = {"index": 0, "delta": delta | ({} if text is None else {"content": text}), "finish_reason": reason}
+        choice = {"index": index, "delta": delta | ({} if text is None else {"content": text}),
+                  "finish_reason": reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
     body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [choice]}
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def _stream(server: Server, ticket: Ticket, max_tokens: int, rid: str, chat: bool, request: Request):
-    """Server-sent events: the answer's text as it settles (block by block), then the finish reason and
-    ``[DONE]``. A client that leaves (the generator is closed or cancelled) frees its slot."""
-    sent, finished, model = "", False, ticket.adapter or server.name
-    holdback = max(map(len, ticket.stop), default=1) - 1  # characters that may begin a stop sequence
+async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: str, chat: bool):
+    """Server-sent events: each choice's text as it settles (block by block, chunks carrying the choice's index),
+    each choice's finish reason, then ``[DONE]`` after the last. A client that leaves (the generator is closed or
+    cancelled) frees the slots."""
+    model, stop = tickets[0].adapter or server.name, tickets[0].stop
+    sent, done = [""] * len(tickets), set()
+    holdback = max(map(len, stop), default=1) - 1  # characters that may begin a stop sequence
     try:
         if chat:
-            yield _chunk(model, rid, True, "", None, first=True)
-        while True:
+            for k in range(len(tickets)):
+                yield _chunk(model, rid, True, "", None, first=True, index=k)
+        while len(done) < len(tickets):
             try:
-                kind, value = await _next_event(server, ticket, None)
+                k, kind, value = await _next_event(server, tickets, done, None)
             except Gone as gone:
-                finished = True  # its slot is freed already
+                done.update(range(len(tickets)))  # their slots are freed already
                 yield f"data: {json.dumps({'error': {'message': str(gone), 'type': 'timeout'}})}\n\n"
                 return
             if kind == "error":
-                finished = True
+                done.add(k)
                 yield f"data: {json.dumps({'error': {'message': value, 'type': 'server_error'}})}\n\n"
                 return
             if kind == "canvas":
                 step, tokens = value
                 tokens = tokens[:max_tokens]  # the engine decodes max_tokens rounded up to the block: not shown
-                body = {"id": rid, "object": "canvas", "created": int(time.time()), "model": model, "step": step,
-                        "tokens": tokens, "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
+                body = {"id": rid, "object": "canvas", "created": int(time.time()), "model": model, "index": k,
+                        "step": step, "tokens": tokens,
+                        "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
                 yield f"data: {json.dumps(body)}\n\n"
                 continue
             if kind == "text":  # (held back where it may begin a stop sequence)
                 text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
                 text, reason = text[: len(text) - holdback], None
             elif kind == "stopped":
-                finished = True
+                done.add(k)
                 text, reason, _ = server.stopped(value)
             else:
-                finished = True
-                text, reason, _ = server.answer(value, max_tokens, ticket.stop)
-            if text.startswith(sent) and len(text) > len(sent):
-                yield _chunk(model, rid, chat, text[len(sent):], None)
-                sent = text
+                done.add(k)
+                text, reason, _ = server.answer(value, max_tokens, stop)
+            if text.startswith(sent[k]) and len(text) > len(sent[k]):
+                yield _chunk(model, rid, chat, text[len(sent[k]):], None, index=k)
+                sent[k] = text
             if reason is not None:
-                yield _chunk(model, rid, chat, None, reason)
-                yield "data: [DONE]\n\n"
-                return
+                yield _chunk(model, rid, chat, None, reason, index=k)
+        yield "data: [DONE]\n\n"
     finally:
-        server.held[ticket.adapter] -= 1
-        if not finished:
-            server.worker.abort(ticket, "aborted_disconnect")
+        server.held[tickets[0].adapter] -= len(tickets)
+        _abort(server, tickets, done, "aborted_disconnect")
 
 
 def _metrics_text(server: Server) -> str:

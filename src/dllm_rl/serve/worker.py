@@ -54,6 +54,7 @@ class Ticket:
     canvas: bool = False  # stream the whole canvas after each step (viewers)
     stop: tuple[str, ...] = ()  # stop sequences: its settled text is checked as it grows
     max_tokens: int | None = None  # the answer's tokens shown (the engine decodes them rounded up to the block)
+    index: int = 0  # its choice in the request (n > 1: the request's tickets share ``events``)
     request_id: int | None = None
     sent: int = 0  # settled tokens already sent (streaming)
     steps_sent: int = 0  # steps whose canvas was sent (canvas streaming)
@@ -61,7 +62,7 @@ class Ticket:
     arrived: float = field(default_factory=time.monotonic)
 
     def put(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, value))
 
 
 @dataclass
