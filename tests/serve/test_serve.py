@@ -207,7 +207,7 @@ def test_a_client_that_disconnects_frees_its_slot(make_server):
     server = make_server(BASE, slots=1, max_queue=4)
     gate = Gate(server)
     with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
-        # a streaming client that reads the first event and leaves; a plain one that gives up waiting
+        # a streaming client that reads the first event and leaves; a plain one (3 choices) that gives up waiting
         with client.stream("POST", "/v1/chat/completions",
                            json={"messages": [{"role": "user", "content": "1"}], "stream": True}) as resp:
             lines = resp.iter_lines()  # kept: a dropped iterator closes the response (the client would leave)
@@ -217,19 +217,20 @@ def test_a_client_that_disconnects_frees_its_slot(make_server):
                 assert time.monotonic() < held, str(_metrics(client))
                 time.sleep(0.02)
         with pytest.raises(httpx.ReadTimeout):
-            client.post("/v1/completions", json={"prompt": "2"}, timeout=0.3)
+            client.post("/v1/completions", json={"prompt": "2", "n": 3}, timeout=0.3)
         deadline = time.monotonic() + 20
-        while _metrics(client)["requests_aborted_disconnect_total"] < 2:
+        while _metrics(client)["requests_aborted_disconnect_total"] < 4:
             assert time.monotonic() < deadline, _metrics(client)
             time.sleep(0.02)
-        assert _metrics(client)["requests_running"] == 0  # both slots' (the streaming one's and the next) freed
+        assert _metrics(client)["requests_running"] == 0  # the streaming one's slot and the 3 choices' freed
+        assert _metrics(client)["requests_waiting"] == 0
         gate.open()
         while _metrics(client)["requests_running"] + _metrics(client)["requests_waiting"] > 0:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         r = client.post("/v1/completions", json={"prompt": "3"})
         m = _metrics(client)
-    assert r.status_code == 200 and m["requests_finished_total"] == 1 and m["requests_aborted_disconnect_total"] == 2
+    assert r.status_code == 200 and m["requests_finished_total"] == 1 and m["requests_aborted_disconnect_total"] == 4
 
 
 def test_a_stopped_worker_fails_what_it_holds(make_server):
