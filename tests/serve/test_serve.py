@@ -121,6 +121,21 @@ def test_stop_sequences_end_the_answer_and_free_the_slot_when_the_settled_text_r
         assert "".join(pieces) == "<answer>2" and reason == "stop"
 
 
+def test_a_request_may_name_a_family_preset_under_its_own_options(make_server, demo_model):
+    model, tok = demo_model
+    ids = tok.encode(PROMPTS[2], add_special_tokens=False)
+    server = make_server(DecodeConfig(gen_length=32, steps=2))  # the server's schedule: static, 2 steps per block
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for body, cfg in [({"preset": "sdar"}, DecodeConfig(gen_length=32, threshold=0.9)),  # SDAR's threshold 0.9
+                          ({"preset": "sdar", "threshold": 0.3, "temperature": 0.8, "seed": 2},
+                           DecodeConfig(gen_length=32, threshold=0.3, temperature=0.8, seed=2)),
+                          ({}, DecodeConfig(gen_length=32, steps=2))]:
+            r = client.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 32, **body}).json()
+            want = alone_answer(model, tok, ids, cfg, 32)
+            assert (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) == want, body
+            assert r["nfe"] == int(generate(model, [ids], cfg, seeds=[cfg.seed]).nfe[0]), body
+
+
 def test_n_choices_decode_with_consecutive_seeds_as_alone(make_server, demo_model):
     model, tok = demo_model
     ids = tok.encode(PROMPTS[1], add_special_tokens=False)
@@ -152,6 +167,7 @@ INVALID = [
     ({"prompt": "1", "max_tokens": 65}, "max_tokens", "max_tokens: 65 is outside [1, 64]"),
     ({"prompt": "1", "block_size": 8}, "block_size", "block_size: 8 asked, but this server decodes with block_size"),
     ({"prompt": "1", "steps": 2, "threshold": 0.5}, "threshold", "threshold: set either steps (static schedule) or"),
+    ({"prompt": "1", "preset": "fast"}, "preset", "preset: unknown decoding preset 'fast'; choose one of llada2, "),
     ({"prompt": "1", "n": 0}, "n", "n: 0 completions asked; give 1 to 288 (the server's --slots plus --max-queue)"),
     ({"prompt": "1", "stop": ["a", "b", "c", "d", "e"]}, "stop", "stop: give at most 4 non-empty stop sequences"),
     ({"prompt": "1", "stop": ""}, "stop", "stop: give at most 4 non-empty stop sequences, got ['']"),

@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible completions and chat completions over the engine's worker.
 
 A request's decoding options (``temperature``, ``top_p``, ``top_k``, ``threshold``, ``steps``, ``seed``,
-``max_tokens``) act per request: the engine applies each request's own rules after a shared forward
+``max_tokens``, and ``preset``: a family's published schedule, :mod:`~dllm_rl.sampling.presets`, under the
+request's own options) act per request: the engine applies each request's own rules after a shared forward
 (:data:`~dllm_rl.sampling.engine.PER_REQUEST`). ``block_length`` / ``block_size`` shape the shared forward, so a
 request asking for other values than the server's is refused with 400 naming the field. ``max_tokens`` is rounded
 up to the decoding block for the engine and the answer cut back to it. ``seed`` defaults to the server's
@@ -47,6 +48,7 @@ from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.engine import Engine, EngineConfig
+from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeConfig
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 
@@ -81,6 +83,7 @@ class Decoding(BaseModel):
     stream_canvas: bool = False
     n: int = 1
     stop: str | list[str] | None = None
+    preset: str | None = None
 
 
 class CompletionRequest(Decoding):
@@ -149,6 +152,12 @@ class Server:
         if not 1 <= max_tokens <= self.limits.max_tokens:
             raise ApiError(400, f"max_tokens: {max_tokens} is outside [1, {self.limits.max_tokens}] (the server's "
                            "--max-tokens)", "max_tokens")
+        base = self.decode
+        if req.preset is not None:  # a family's published schedule (dllm_rl.sampling.presets), then the request's own
+            try:
+                base = dataclasses.replace(base, **preset(req.preset))
+            except (UserError, FieldError) as err:
+                raise ApiError(400, f"preset: {err}", "preset") from None
         over: dict[str, Any] = {k: getattr(req, k) for k in OPTIONS if getattr(req, k) is not None}
         if "threshold" in over and "steps" not in over:
             over["steps"] = None  # a request's threshold replaces the server's static schedule
@@ -156,7 +165,7 @@ class Server:
             over["threshold"], over["sub_block"] = None, None
         gen = -(-max_tokens // self.block) * self.block
         try:
-            return dataclasses.replace(self.decode, gen_length=gen, **over), max_tokens
+            return dataclasses.replace(base, gen_length=gen, **over), max_tokens
         except FieldError as err:
             raise ApiError(400, str(err), err.key) from None
 
