@@ -25,9 +25,9 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
 
     runs, real = [], engine_mod.Engine.run
 
-    def counted(self, prompts, seeds=None, images=None):
+    def counted(self, prompts, seeds=None, images=None, prefill=None):
         runs.append((self.engine.slots, len(prompts)))
-        return real(self, prompts, seeds, images)
+        return real(self, prompts, seeds, images, prefill)
 
     monkeypatch.setattr(engine_mod.Engine, "run", counted)
     common = ("algorithm=espo", "train.max_steps=1", "drop_zero_variance=false", "rollout.threshold=0.5",

@@ -6,7 +6,7 @@ import torch
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, build_model, tiny_config
-from dllm_rl.sampling import DecodeConfig, generate
+from dllm_rl.sampling import DecodeConfig, generate, generate_batched
 from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.sampling.sequence import settled
 
@@ -223,13 +223,10 @@ def test_generate_batched_falls_back_to_fixed_batches_where_the_engine_cannot_de
     model = fakes.fake_model(fakes.table_from({}))
     prefix = DecodeConfig(gen_length=8, block_length=4, cache="prefix")
     assert "cache 'prefix'" in engine_refusal(model, prefix)
-    assert "prefilled" in engine_refusal(model, DecodeConfig(gen_length=8, block_length=4), prefill=[{0: 3}])
-    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4), prefill=[{}]) is None
-    for config, prefill in ((prefix, None), (DecodeConfig(gen_length=8, block_length=4), [{0: 3}])):
-        got = generate_batched(model, [[1, 2]], config, prefill=prefill, engine=EngineConfig(slots=2))
-        ref = generate_batched(model, [[1, 2]], config, prefill=prefill)
-        assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.step_map, ref.step_map)
-    assert got.completion_ids[0, 0] == 3 and got.step_map[0, 0] == -1  # the prefilled token, as generate puts it
+    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4)) is None
+    got = generate_batched(model, [[1, 2]], prefix, engine=EngineConfig(slots=2))
+    ref = generate_batched(model, [[1, 2]], prefix)
+    assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.step_map, ref.step_map)
 
 
 @pytest.mark.parametrize("family", ["sdar", "llada"])
@@ -334,3 +331,32 @@ def test_the_shifted_block_family_decodes_as_alone(decoding):
         assert torch.equal(done[rid].completion_ids, one.completion_ids), rid
         assert torch.equal(done[rid].step_map, one.step_map) and torch.equal(done[rid].nfe, one.nfe), rid
     assert len({int(done[i].nfe) for i in ids}) > 2 and any(done[i].finish_reason == ["eos"] for i in ids)
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada", "fast_dllm_v2"])
+def test_prefilled_tokens_decode_as_generate_puts_them(tiny_models, family):
+    """Prefilled completion tokens (IGPO's hints, inpainting): committed before decoding with step_map -1; a block
+    they fill entirely costs no step, and one they fill with EOS alone ends the answer there (EOS stop); a request
+    they fill entirely finishes without a slot."""
+    kw = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = tiny_models.get(family) or build_model(family, tiny_config(family, block_size=4, **kw), seed=2)
+    eos = model.eos_token_id
+    prompts = _prompts([5, 8, 3, 4, 6, 4], seed=8)  # lengths 8 and 4: no prompt tail in a block model's first block
+    prefill = [{0: 7, 5: 9},  # two hints
+               {0: 7, 1: 8, 2: 9, 3: 10, 4: 11, 5: 12, 6: 13, 7: 14},  # the whole completion (8 of 8 slots)
+               {},
+               {4: eos, 5: eos, 6: eos, 7: eos},  # the second block, EOS alone: the answer ends after the first
+               {2: 5},
+               {0: 1, 1: 2, 2: 3, 3: 4}]  # the first block: decoding starts at the second
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=1.0, threshold=0.5, seed=3)
+    fixed = generate_batched(model, prompts, config, prefill=prefill)
+    cont = Engine(model, config, EngineConfig(slots=2)).run(prompts, prefill=prefill)
+    for name in ("completion_ids", "completion_mask", "step_map", "nfe", "prefilled"):
+        assert torch.equal(getattr(cont, name), getattr(fixed, name)), name
+    assert cont.finish_reason == fixed.finish_reason
+    assert cont.nfe[1] == 0 and bool((cont.step_map[1] == -1).all())  # nothing to decode
+    assert cont.finish_reason[3] == "eos" and bool((cont.step_map[3, 4:] == -1).all())
+    assert bool((cont.step_map[5, :4] == -1).all()) and bool((cont.step_map[5, 4:] >= 0).any())
+    assert bool(cont.prefilled[0, [0, 5]].all()) and int(cont.prefilled[0].sum()) == 2
+    with pytest.raises(UserError, match="request 0: prefill: offset 8 is outside the 8 completion slots"):
+        Engine(model, config).add_request([1, 2, 3, 4], prefill={8: 3})

@@ -41,8 +41,12 @@ whole block holds only EOS/padding), so it is off by default.
 :class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), and every step splices them at its
 prompt's columns in the padded batch.
 
+**Prefilled tokens** (``prefill``: IGPO's hints, inpainting) are committed before decoding, as ``generate`` does;
+a block they leave nothing to decode in costs no step, and ends the answer if it holds only EOS (an EOS stop).
+
 Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, image prompts on
-block models (no published family has them), RCR remasking and prefilled completion tokens.
+block models (no published family has them), RCR remasking, partial decodes (``until_block``) and per-step records
+(``record_steps``).
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ class Completion:
     rollout: Rollout
 
 
-def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, images=None) -> str | None:
+def engine_refusal(model: DiffusionLM, config: DecodeConfig, images=None) -> str | None:
     """Why the engine cannot decode this call (``None``: it can); :func:`~dllm_rl.sampling.generate` serves
     every case named here."""
     if not model.is_block_causal and config.cache != "none":
@@ -117,8 +121,6 @@ def engine_refusal(model: DiffusionLM, config: DecodeConfig, prefill=None, image
         return "the continuous-batching engine decodes image prompts on full-attention models only; use generate"
     if config.remasking != "low_confidence":
         return f"the continuous-batching engine does not decode with remasking {config.remasking!r} yet; use generate"
-    if prefill is not None and any(prefill):
-        return "the continuous-batching engine does not decode prefilled completion tokens yet; use generate"
     return None
 
 
@@ -144,10 +146,14 @@ class Engine:
 
     # ---- the serving API -------------------------------------------------------------------------------------
     def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
-                    config: DecodeConfig | None = None, images: PromptImages | None = None) -> int:
+                    config: DecodeConfig | None = None, images: PromptImages | None = None,
+                    prefill: dict[int, int] | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
         ``config.seed + request id``); ``gen_length`` overrides the config's for this request; ``images`` (one row,
         LLaDA-V) are the prompt's image features, spliced at its placeholder positions.
+
+        ``prefill`` (completion offset -> token id) commits those tokens before decoding, as ``generate(prefill=)``
+        does (blocks it leaves nothing to decode in cost no step).
 
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
@@ -160,10 +166,14 @@ class Engine:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
-        seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
-                           self.model.mask_token_id, self.model.pad_token_id, self.device,
-                           config.seed + rid if seed is None else seed,
-                           images.to(self.device) if images is not None else None)
+        try:
+            seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
+                               self.model.mask_token_id, self.model.pad_token_id, self.device,
+                               config.seed + rid if seed is None else seed,
+                               images.to(self.device) if images is not None else None, prefill,
+                               self.model.eos_token_id)
+        except ValueError as err:  # a prefill offset outside the completion
+            raise UserError(f"request {rid}: {err}".replace("prefill[0]", "prefill")) from None
         seq.config = config
         self._next_id += 1
         self.waiting.append(seq)
@@ -210,24 +220,28 @@ class Engine:
         """Fill free slots from the queue, run one denoising step of every running sequence, and return the
         requests that finished in it."""
         with evaluating(self.model), torch.inference_mode():
-            self._admit()
+            finished = self._admit()  # those whose prefill left nothing to decode
             running = [s for s in self.running if s is not None]
-            if not running:
-                return []
-            for group in self._groups(running):
-                self._decode(group, self._logits(group))
-            finished = self._finished(running)
+            if running:
+                for group in self._groups(running):
+                    self._decode(group, self._logits(group))
+                finished += self._finished(running)
         for seq in finished:  # (rollouts are built outside inference mode: training reads them)
-            self.running[seq.slot] = None
+            if seq.rows is not None:
+                self.running[seq.slot] = None
         return [Completion(seq.request_id, self._rollout(seq)) for seq in finished]
 
-    def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None) -> Rollout:
+    def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None,
+            prefill: list[dict[int, int]] | None = None) -> Rollout:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
         ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`) and shows the images of
-        row ``i`` of ``images`` (encoded already, as ``generate`` takes them)."""
+        row ``i`` of ``images`` (encoded already, as ``generate`` takes them) and commits ``prefill[i]`` first."""
         prompts = check_inputs(self.model, prompts, self.config, seeds, images)
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
-        ids = [self.add_request(p, seed=s, images=images.row(i) if images is not None else None)
+        if prefill is not None and len(prefill) != len(prompts):
+            raise ValueError(f"prefill has {len(prefill)} entries for {len(prompts)} prompts")
+        ids = [self.add_request(p, seed=s, images=images.row(i) if images is not None else None,
+                                prefill=prefill[i] if prefill is not None else None)
                for i, (p, s) in enumerate(zip(prompts, seeds))]
         order = {rid: i for i, rid in enumerate(ids)}
         out: list[Rollout | None] = [None] * len(ids)
@@ -239,18 +253,24 @@ class Engine:
         return Rollout.cat(out)
 
     # ---- scheduling ------------------------------------------------------------------------------------------
-    def _admit(self) -> None:
+    def _admit(self) -> list[Sequence]:
         """Give free slots to waiting requests, first come first served. The running sequences hold slots
         ``0 .. n - 1`` (:meth:`_compact`), so every forward reads consecutive slots of the KV pool; newcomers that
-        will run apart (:meth:`_groups`) take the last slots, after those that ride along."""
+        will run apart (:meth:`_groups`) take the last slots, after those that ride along. Returns the requests
+        their prefill left nothing to decode (finished without a slot)."""
         with torch.inference_mode():  # it writes the slot rows and the KV pool, inference tensors
             self._compact()
             free = self.running.index(None) if None in self.running else len(self.running)
-            new = [self.waiting.popleft() for _ in range(min(len(self.running) - free, len(self.waiting)))]
+            new, done = [], []
+            while self.waiting and free + len(new) < len(self.running):
+                seq = self.waiting.popleft()
+                (done if self._skip_prefilled(seq) else new).append(seq)
             for slot, seq in enumerate(sorted(new, key=self._joins_apart), start=free):
                 seq.place(self.rows, slot)
+                seq.joining = True
                 self.running[slot] = seq
             self._begin_blocks(new)
+        return done
 
     def _compact(self) -> None:
         """Move the sequences in the last slots into the holes finished or aborted ones left (their cached keys
@@ -267,14 +287,27 @@ class Engine:
     def _joins_apart(self, seq: Sequence) -> bool:
         return self.cache is not None and seq.cols()[1] - seq.cached > JOIN_APART * self.block
 
+    def _skip_prefilled(self, seq: Sequence) -> bool:
+        """Move ``seq`` past the blocks its prefill left nothing to decode in, without a step (as ``generate``
+        does), an EOS stop ending it where such a block holds only EOS / padding; True when it is finished."""
+        while seq.empty is not None and seq.block_idx in seq.empty:
+            if seq.config.stop_on_eos and seq.empty[seq.block_idx]:
+                seq.stop_after(seq.cols()[1], self.model.eos_token_id)
+                return True
+            seq.block_idx += 1
+        return seq.block_idx >= seq.canvas.num_blocks
+
     def _groups(self, running: list[Sequence]) -> list[list[Sequence]]:
         """The forwards of a step: one for full attention. For block models one too, except that sequences whose
         uncached prompt is longer than :data:`JOIN_APART` blocks (joining) run apart, since a forward pads every
         row to its longest query; shorter ones ride along (a forward's fixed cost outweighs a little padding).
-        Each group holds consecutive slots (:meth:`_admit`)."""
-        joining = [s for s in running if self._joins_apart(s)]
-        rest = [s for s in running if not self._joins_apart(s)]
-        return [g for g in (rest, joining) if g]
+        Each group holds consecutive slots (:meth:`_admit`: only sequences joining in this step run apart; one that
+        skipped prefilled blocks rides along)."""
+        apart = [s.joining and self._joins_apart(s) for s in running]
+        for seq in running:
+            seq.joining = False
+        return [g for g in ([s for s, a in zip(running, apart) if not a], [s for s, a in zip(running, apart) if a])
+                if g]
 
     def _finished(self, running: list[Sequence]) -> list[Sequence]:
         """After a step (``running`` holds slots ``0 .. n - 1``): which sequences are finished, and the others moved
@@ -304,11 +337,11 @@ class Engine:
                 seq.fill_rest(eos)
                 done.append(seq)
             elif block_done and seq.config.stop_on_eos and eos_block:
-                seq.fill_rest(eos, after=seq.cols()[1])
+                seq.stop_after(seq.cols()[1], eos)
                 done.append(seq)
             elif block_done:
                 seq.block_idx += 1
-                (done if seq.block_idx >= seq.canvas.num_blocks else begin).append(seq)
+                (done if self._skip_prefilled(seq) else begin).append(seq)
         self._begin_blocks(begin)
         return done
 
@@ -339,6 +372,9 @@ class Engine:
         rollout = to_rollout(*seq.result(), self.model, self.tokenizer)
         rollout.block_size = self.block if self.model.is_block_causal else None
         rollout.images = seq.images
+        if seq.prefill is not None:
+            rollout.prefilled = torch.zeros_like(rollout.completion_mask)
+            rollout.prefilled[0, [int(k) for k in seq.prefill]] = True
         return rollout
 
     # ---- one step --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_rl.models.prompt_images import PromptImages
-from dllm_rl.sampling.canvas import Canvas, build_canvas
+from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas
 from dllm_rl.sampling.config import DecodeConfig
 
 
@@ -82,15 +82,28 @@ class Sequence:
     rows: SlotRows | None = None  # where its state lives once it has a slot
     config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
     images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
+    prefill: dict[int, int] | None = None  # completion offset -> token committed before decoding
+    empty: dict[int, bool] | None = None  # prefill only: blocks left with nothing to decode -> holds only EOS / pad
+    joining: bool = False  # it took its slot in this step (its first forward may run apart)
 
     @classmethod
     def new(cls, request_id: int, prompt: list[int], gen_length: int, block: int, block_causal: bool, mask_id: int,
-            pad_id: int, device, seed: int, images: PromptImages | None = None) -> Sequence:
+            pad_id: int, device, seed: int, images: PromptImages | None = None, prefill: dict[int, int] | None = None,
+            eos: int | None = None) -> Sequence:
         # no splice on the canvas: the engine splices a step's rows from their images at the step's own columns
         canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device)
         seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)))
         seq.images = images
         seq.comp = (int(canvas.comp_start[0]), int(canvas.comp_end[0]))
+        if prefill:
+            apply_prefill(canvas, [prefill])
+            seq.prefill = dict(prefill)
+            x, todo, (c0, c1) = canvas.x[0].tolist(), canvas.todo[0].tolist(), seq.comp
+            seq.empty = {}
+            for j in range(canvas.num_blocks):
+                s, e = canvas.cols(j)
+                if not any(todo[s:e]):
+                    seq.empty[j] = all(x[c] in (eos, pad_id) or not c0 <= c < c1 for c in range(s, e))
         return seq
 
     def place(self, rows: SlotRows, slot: int) -> None:
@@ -100,11 +113,11 @@ class Sequence:
 
     @property
     def x(self) -> torch.Tensor:
-        return self.rows.x[self.slot, : self.width]
+        return self.canvas.x[0] if self.rows is None else self.rows.x[self.slot, : self.width]
 
     @property
     def todo(self) -> torch.Tensor:
-        return self.rows.todo[self.slot, : self.width]
+        return self.canvas.todo[0] if self.rows is None else self.rows.todo[self.slot, : self.width]
 
     @property
     def width(self) -> int:
@@ -113,16 +126,28 @@ class Sequence:
     def cols(self) -> tuple[int, int]:
         return self.canvas.cols(self.block_idx)
 
-    def fill_rest(self, eos: int, after: int = 0) -> None:
-        """Fill every slot still masked at or after column ``after`` with EOS, never generated (step_map -1), as an
-        EOS stop does."""
-        todo = self.todo[after:]
-        self.x[after:][todo] = eos
-        todo[:] = False
+    def fill_rest(self, eos: int) -> None:
+        """Fill every slot still masked with EOS, never generated (step_map -1): the early stop."""
+        todo = self.todo.clone()
+        self.x[todo] = eos
+        self.todo[todo] = False
+
+    def stop_after(self, end: int, eos: int) -> None:
+        """An EOS stop after the block ending at column ``end``: every completion slot from there holds EOS, never
+        generated, as :func:`~dllm_rl.sampling.decode.decode` fills them."""
+        self.x[end : self.comp[1]] = eos
+        self.todo[end : self.comp[1]] = False
 
     def result(self) -> tuple[Canvas, dict[str, torch.Tensor]]:
         """Its canvas as it stands and the trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of
-        one (copies: the slot goes to another sequence next)."""
+        one (copies: the slot goes to another sequence next). A sequence that never took a slot (its prefill left
+        nothing to decode) reads its own canvas."""
+        if self.rows is None:
+            w, device = self.width, self.canvas.x.device
+            return self.canvas, {"step_map": torch.full((1, w), -1, dtype=torch.long, device=device),
+                                 "confidence": torch.zeros((1, w), device=device),
+                                 "entropy": torch.zeros((1, w), device=device), "nfe": torch.zeros(1, dtype=torch.long,
+                                                                                                    device=device)}
         row, w = self.slot, self.width
         canvas = dataclasses.replace(self.canvas, x=self.rows.x[row : row + 1, :w].clone(),
                                      todo=self.rows.todo[row : row + 1, :w].clone())
