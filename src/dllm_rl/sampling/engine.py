@@ -301,13 +301,14 @@ class Engine:
         """The forwards of a step: one for full attention. For block models one too, except that sequences whose
         uncached prompt is longer than :data:`JOIN_APART` blocks (joining) run apart, since a forward pads every
         row to its longest query; shorter ones ride along (a forward's fixed cost outweighs a little padding).
-        Each group holds consecutive slots (:meth:`_admit`: only sequences joining in this step run apart; one that
-        skipped prefilled blocks rides along)."""
-        apart = [s.joining and self._joins_apart(s) for s in running]
+        Each group holds consecutive slots: the ones apart are the last run of newcomers (:meth:`_admit` seats
+        them last); any other long row (one that skipped prefilled blocks) rides along."""
+        split = len(running)
+        while split and running[split - 1].joining and self._joins_apart(running[split - 1]):
+            split -= 1
         for seq in running:
             seq.joining = False
-        return [g for g in ([s for s, a in zip(running, apart) if not a], [s for s, a in zip(running, apart) if a])
-                if g]
+        return [g for g in (running[:split], running[split:]) if g]
 
     def _finished(self, running: list[Sequence]) -> list[Sequence]:
         """After a step (``running`` holds slots ``0 .. n - 1``): which sequences are finished, and the others moved
