@@ -175,7 +175,10 @@ INVALID = [
     ({"prompt": "1", "top_p": "high"}, "top_p", "top_p: Input should be a valid number"),
     ({"max_tokens": 4}, "prompt", "prompt: Field required"),
     ({"prompt": [1] * 40, "max_tokens": 16}, "prompt",  # --max-positions 48: 40 prompt tokens + 16 slots are 56
-     "prompt: the prompt has 40 tokens; with gen_length 16 it needs 56 positions but max_positions is 48"),
+     "prompt: the prompt's 40 tokens and max_tokens 16 (decoded as 16 slots, whole blocks) need 56 positions, more "
+     "than the server's --max-positions 48"),
+    ({"prompt": "1", "preset": "fast_dllm_v2"}, "preset",  # sub-blocks of 8 in the demo model's blocks of 4
+     "preset: 'fast_dllm_v2' does not fit this model: sub_block (8) must divide the model's block_size (4)"),
 ]
 
 
@@ -294,6 +297,51 @@ def test_a_request_that_fails_to_join_fails_alone_and_the_worker_serves_on(make_
         "the request could not join the batch: RuntimeError: out of device memory")
     text, _ = alone_answer(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 16)
     assert good.status_code == 200 and good.json()["choices"][0]["text"] == text and len(calls) == 2
+
+
+def test_a_stream_never_sends_half_a_character(make_server, demo_model):
+    """A byte-level BPE decodes a settled prefix that ends inside a character as U+FFFD; the stream holds that
+    back, so the text it sent stays a prefix of the answer and the rest follows (here every prefix of odd length
+    is made to end so)."""
+    model, tok = demo_model
+
+    class Bytes:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def decode(self, ids, **kw):
+            return tok.decode(ids, **kw) + ("\ufffd" if len(ids) % 2 and len(ids) < 12 else "")
+
+    server = make_server(BASE)
+    server.tokenizer = Bytes()
+    full, _ = alone_answer(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 32)
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "stream": True}) as resp:
+            events = _events(resp)
+    pieces = [e["choices"][0]["text"] for e in events[:-2]]
+    assert "".join(pieces) == full and not any("\ufffd" in p for p in pieces) and len(pieces) >= 2
+
+
+def test_an_error_after_a_step_fails_what_the_engine_holds_and_the_worker_serves_on(make_server, monkeypatch):
+    """Reading the watched requests' text after a step (a device read) fails like the step itself would: the
+    engine's requests are answered with the error, and the thread lives on."""
+    server = make_server(BASE, slots=2)
+    engine = server.worker.engines[None]
+    real, calls = engine.completions, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "completions", flaky)
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        bad = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 16, "stop": "zz"})
+        good = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 16, "stop": "zz"})
+    assert bad.status_code == 503 and bad.json()["error"]["message"] == (
+        "decoding failed: RuntimeError: device lost")
+    assert good.status_code == 200 and good.json()["choices"][0]["text"]
 
 
 def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):

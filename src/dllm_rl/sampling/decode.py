@@ -75,15 +75,11 @@ def runner_mode(model: DiffusionLM, config: DecodeConfig, block_cache: bool = Tr
     return config.cache
 
 
-def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
-                 images: PromptImages | None = None, max_positions: int | None = None) -> list[list[int]]:
-    """Every user error, raised before any forward pass; returns the prompts as lists of ints. A prompt with its
-    completion slots may take the model's context, or ``max_positions`` when that is smaller (the engine's and the
-    server's bound on a request)."""
+def check_config(model: DiffusionLM, config: DecodeConfig) -> int:
+    """The user errors of a decoding config on ``model`` (its block fields and sub-blocks); returns the decoding
+    block."""
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    if len(prompts) == 0:
-        raise UserError("generate: no prompts given")
     if config.block_size is not None and not model.is_block_causal:
         raise UserError(f"block_size ({config.block_size}) is the attention block of block models (SDAR/TraDo); "
                         "a full-attention model decodes in block_length")
@@ -94,6 +90,23 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
         raise UserError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
     if config.sub_block is not None and block % config.sub_block:
         raise UserError(f"sub_block ({config.sub_block}) must divide {what}")
+    return block
+
+
+def positions(model: DiffusionLM, prompt_len: int, gen_length: int, block: int) -> int:
+    """The positions a prompt of ``prompt_len`` tokens takes with its completion slots (its one-prompt canvas)."""
+    tail, nb = span(prompt_len, gen_length, block, model.is_block_causal)
+    return prompt_len - tail + nb * block
+
+
+def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
+                 images: PromptImages | None = None, max_positions: int | None = None) -> list[list[int]]:
+    """Every user error, raised before any forward pass; returns the prompts as lists of ints. A prompt with its
+    completion slots may take the model's context, or ``max_positions`` when that is smaller (the engine's bound on
+    a request)."""
+    block = check_config(model, config)
+    if len(prompts) == 0:
+        raise UserError("generate: no prompts given")
     if seeds is not None and len(seeds) != len(prompts):
         raise UserError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
     vocab, context = int(model.config.vocab_size), model.max_length
@@ -106,8 +119,7 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
             raise UserError(f"prompt {i} is empty")
         if min(ids) < 0 or max(ids) >= vocab:
             raise UserError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
-        tail, nb = span(len(ids), config.gen_length, block, model.is_block_causal)
-        need = len(ids) - tail + nb * block
+        need = positions(model, len(ids), config.gen_length, block)
         if need > context:
             raise UserError(
                 f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "

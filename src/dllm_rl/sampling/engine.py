@@ -26,9 +26,10 @@ step only when it decodes. So its tokens, step map, confidences and NFE equal ``
 whoever shares its steps (up to last-ulp differences between kernel shapes, which matter only at exact
 confidence ties), and the results equal a fixed batch's.
 
-**Memory** is bounded by the slots, not the queue: waiting requests are token lists; the KV pool is
-``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it, the longest
-canvas admitted so far), and a step copies none of it.
+**Memory** is bounded by the slots, not the queue: a waiting request holds its one-prompt canvas (token ids); the KV
+pool is ``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it, the
+longest canvas admitted so far), and the engine copies none of it per step (the model's attention may still expand
+grouped keys for its kernel, as in any cached forward).
 
 **Early stop** (``EngineConfig.early_stop``, off by default): a sequence whose answer is decided — a committed EOS
 with every slot before it committed — stops at once and its masked slots are filled with EOS (never generated,
@@ -204,17 +205,21 @@ class Engine:
                 return True
         return False
 
-    def completions(self) -> dict[int, tuple[list[int], list[bool]]]:
-        """Each running request's completion slots as they stand: ``{request id: (token ids, still masked)}`` (the
-        mask id where still masked), read from the device at once, for streams
-        (:func:`~dllm_rl.sampling.sequence.settled`) and viewers."""
-        running = [s for s in self.running if s is not None]
-        if not running:
+    def completions(self, request_ids: list[int] | None = None) -> dict[int, tuple[list[int], list[bool]]]:
+        """The completion slots of the running requests ``request_ids`` (default all) as they stand:
+        ``{request id: (token ids, still masked)}`` (the mask id where still masked), read from the device at once
+        (only those columns), for streams (:func:`~dllm_rl.sampling.sequence.settled`) and viewers."""
+        wanted = None if request_ids is None else set(request_ids)
+        seqs = [s for s in self.running if s is not None and (wanted is None or s.request_id in wanted)]
+        if not seqs:
             return {}
-        end = max(s.slot for s in running) + 1
-        x, todo = torch.stack([self.rows.x[:end], self.rows.todo[:end].long()]).tolist()
-        return {s.request_id: (x[s.slot][s.comp[0] : s.comp[1]], [bool(t) for t in todo[s.slot][s.comp[0] : s.comp[1]]])
-                for s in running}
+        width = max(s.comp[1] - s.comp[0] for s in seqs)
+        cols = self._long([s.comp[0] for s in seqs])[:, None] + torch.arange(width, device=self.device)
+        cols = cols.clamp(max=self.rows.width - 1)
+        slots = self._long([s.slot for s in seqs])[:, None]
+        x, todo = torch.stack([self.rows.x[slots, cols], self.rows.todo[slots, cols].long()]).tolist()
+        return {s.request_id: (x[i][: s.comp[1] - s.comp[0]], [bool(t) for t in todo[i][: s.comp[1] - s.comp[0]]])
+                for i, s in enumerate(seqs)}
 
     def step(self) -> list[Completion]:
         """Fill free slots from the queue, run one denoising step of every running sequence, and return the
@@ -236,7 +241,7 @@ class Engine:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
         ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`) and shows the images of
         row ``i`` of ``images`` (encoded already, as ``generate`` takes them) and commits ``prefill[i]`` first."""
-        prompts = check_inputs(self.model, prompts, self.config, seeds, images)
+        prompts = check_inputs(self.model, prompts, self.config, seeds, images, self.engine.max_positions)
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
         if prefill is not None and len(prefill) != len(prompts):
             raise ValueError(f"prefill has {len(prefill)} entries for {len(prompts)} prompts")
@@ -471,7 +476,7 @@ class Engine:
             self._choose(group, logits, group[0].config)
             return
         for rows in rules.values():
-            self._choose([group[i] for i in rows], logits[rows], group[rows[0]].config)
+            self._choose([group[i] for i in rows], logits.index_select(0, self._long(rows)), group[rows[0]].config)
 
     def _choose(self, group: list[Sequence], logits: torch.Tensor, cfg: DecodeConfig) -> None:
         """One step's choice and commits for ``group`` (rows sharing ``cfg``'s rules), in batched ops on the slot

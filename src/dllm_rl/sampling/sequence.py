@@ -95,7 +95,7 @@ class Sequence:
         seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)))
         seq.images = images
         seq.comp = (int(canvas.comp_start[0]), int(canvas.comp_end[0]))
-        if prefill:
+        if prefill is not None:
             apply_prefill(canvas, [prefill])
             seq.prefill = dict(prefill)
             x, todo, (c0, c1) = canvas.x[0].tolist(), canvas.todo[0].tolist(), seq.comp
@@ -128,9 +128,8 @@ class Sequence:
 
     def fill_rest(self, eos: int) -> None:
         """Fill every slot still masked with EOS, never generated (step_map -1): the early stop."""
-        todo = self.todo.clone()
-        self.x[todo] = eos
-        self.todo[todo] = False
+        self.x.masked_fill_(self.todo, eos)  # (a boolean index would read the device)
+        self.todo.fill_(False)
 
     def stop_after(self, end: int, eos: int) -> None:
         """An EOS stop after the block ending at column ``end``: every completion slot from there holds EOS, never

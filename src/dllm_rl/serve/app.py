@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.decode import check_config, check_inputs, positions
 from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeConfig
@@ -165,9 +166,15 @@ class Server:
             over["threshold"], over["sub_block"] = None, None
         gen = -(-max_tokens // self.block) * self.block
         try:
-            return dataclasses.replace(base, gen_length=gen, **over), max_tokens
+            config = dataclasses.replace(base, gen_length=gen, **over)
         except FieldError as err:
             raise ApiError(400, str(err), err.key) from None
+        if req.preset is not None:  # the preset's schedule must fit this model (its sub-blocks its block)
+            try:
+                check_config(self.model, config)
+            except UserError as err:
+                raise ApiError(400, f"preset: {req.preset!r} does not fit this model: {err}", "preset") from None
+        return config, max_tokens
 
     @staticmethod
     def stops_for(req: Decoding) -> tuple[str, ...]:
@@ -192,13 +199,16 @@ class Server:
             return self.tokenizer.encode(req.prompt, add_special_tokens=False)
         return list(req.prompt)
 
-    def check_prompt(self, ids: list[int], config: DecodeConfig, param: str) -> None:
-        from dllm_rl.sampling.decode import check_inputs
-
+    def check_prompt(self, ids: list[int], config: DecodeConfig, max_tokens: int, param: str) -> None:
         try:
-            check_inputs(self.model, [ids], config, None, max_positions=self.limits.max_positions)
+            check_inputs(self.model, [ids], config, None)
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
+        need = positions(self.model, len(ids), config.gen_length, self.block)
+        if self.limits.max_positions is not None and need > self.limits.max_positions:
+            raise ApiError(400, f"{param}: the prompt's {len(ids)} tokens and max_tokens {max_tokens} (decoded as "
+                           f"{config.gen_length} slots, whole blocks) need {need} positions, more than the server's "
+                           f"--max-positions {self.limits.max_positions}; shorten the prompt or max_tokens", param)
 
     def tickets(self, ids: list[int], config: DecodeConfig, n: int, stream: bool, adapter: str | None = None,
                 canvas: bool = False, stop: tuple[str, ...] = (), max_tokens: int | None = None) -> list[Ticket]:
@@ -342,7 +352,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     adapter = server.adapter_for(req)
     config, max_tokens = server.config_for(req)
     ids = server.chat_prompt(req) if chat else server.text_prompt(req)
-    server.check_prompt(ids, config, "messages" if chat else "prompt")
+    server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt")
     stream, stops = req.stream, server.stops_for(req)
     tickets = server.tickets(ids, config, req.n, stream, adapter, req.stream_canvas, stops, max_tokens)
     server.held[adapter] += len(tickets)
@@ -414,9 +424,9 @@ async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: s
                         "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
                 yield f"data: {json.dumps(body)}\n\n"
                 continue
-            if kind == "text":  # (held back where it may begin a stop sequence)
+            if kind == "text":  # held back where it may begin a stop sequence, or ends inside a character
                 text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
-                text, reason = text[: len(text) - holdback], None
+                text, reason = text[: len(text) - holdback].rstrip("\ufffd"), None  # (a byte-level BPE's bytes)
             elif kind == "stopped":
                 done.add(k)
                 text, reason, _ = server.stopped(value)

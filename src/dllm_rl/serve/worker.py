@@ -170,6 +170,8 @@ class Worker:
         try:
             with self.activate(name):
                 finished = engine.step()
+            self.counters.steps += 1
+            self._answer(name, engine, finished)
         except Exception as err:  # a bug or a device error: fail what is held rather than hang it
             for key in [k for k in self.tickets if k[0] == name]:
                 self.tickets.pop(key).put("error", f"decoding failed: {type(err).__name__}: {err}")
@@ -177,8 +179,9 @@ class Worker:
                 if seq is not None:
                     engine.abort(seq.request_id)
             engine.waiting.clear()
-            return
-        self.counters.steps += 1
+
+    def _answer(self, name: str | None, engine: Engine, finished) -> None:
+        """After a step: the finished requests' answers, then the watched ones' canvases, settled text and stops."""
         for done in finished:
             ticket = self.tickets.pop((name, done.request_id), None)
             if ticket is not None and ticket.canvas:  # the final canvas: the answer as it ended
@@ -187,11 +190,11 @@ class Worker:
                 self.counters.finished += 1
                 self.counters.tokens += int(done.rollout.completion_mask.sum())
                 ticket.put("done", done.rollout)
-        watched = [(seq, ticket) for seq in engine.running if seq is not None
+        watched = {seq.request_id: (seq, ticket) for seq in engine.running if seq is not None
                    and (ticket := self.tickets.get((name, seq.request_id))) is not None
-                   and (ticket.stream or ticket.canvas or ticket.stop)]
-        progress = engine.completions() if watched else {}  # one device read for every watched request
-        for seq, ticket in watched:
+                   and (ticket.stream or ticket.canvas or ticket.stop)}
+        progress = engine.completions(list(watched)) if watched else {}  # one device read for all of them
+        for seq, ticket in watched.values():
             tokens, todo = progress[seq.request_id]
             ticket.steps = seq.nfe
             if ticket.canvas and seq.nfe > ticket.steps_sent:
@@ -202,7 +205,8 @@ class Worker:
                 if len(ids) <= ticket.sent:
                     continue
                 ticket.sent = len(ids)
-                text, stopped = cut_at_stop(self.decode(ids[: ticket.max_tokens]), ticket.stop)
+                text, stopped = cut_at_stop(self.decode(ids[: ticket.max_tokens]), ticket.stop) if ticket.stop \
+                    else ("", False)
                 if stopped:  # the answer is final up to the stop sequence: its slot goes at once
                     del self.tickets[(name, seq.request_id)]
                     engine.abort(seq.request_id)
