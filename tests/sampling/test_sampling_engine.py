@@ -194,6 +194,9 @@ def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
     sdar = Engine(tiny_models["sdar"], DecodeConfig(gen_length=8), EngineConfig(max_positions=19))
     with pytest.raises(UserError, match=r"request 0 has 10 tokens; .* needs 20 positions but max_positions is 19"):
         sdar.add_request(list(range(10)))
+    with pytest.raises(UserError, match=r"prompt 1 has 10 tokens; .* but max_positions is 19"):
+        sdar.run([[1, 2], list(range(10))])
+    assert not sdar.waiting  # refused before anything was queued
     llada = Engine(tiny_models["llada"], DecodeConfig(gen_length=8, block_length=4), EngineConfig(max_positions=18))
     assert llada.add_request(list(range(10))) == 0
     with pytest.raises(UserError, match=r"request 1 has 11 tokens; .* needs 19 positions but max_positions is 18"):
