@@ -12,12 +12,14 @@ checks every row in batched ops and reads the device once, however many slots ru
 * **Full-attention models** (LLaDA, Dream; ``cache="none"``): every sequence has its own canvas and any block may
   sit beside any other: a step left-pads the canvases so that every row's current block occupies the same columns
   and forwards them together, so a sequence joins or leaves at any step.
-* **Block models** (SDAR/TraDo, LLaDA2): each slot keeps its own exact block KV cache
+* **Block models** (SDAR/TraDo, LLaDA2, Fast-dLLM v2): each slot keeps its own exact block KV cache
   (:mod:`~dllm_rl.sampling.slot_cache`). A step forwards each row's current block (after its just-finished block,
   whose keys the same forward stores: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode) against its own
   cached columns, read in place: the running sequences hold consecutive slots (a finished one's hole is filled by
   the last), so a forward's cache is a view of the pool. A sequence joins at its first block: a long prompt is
   forwarded in a group of its own (with the other long joining prompts), so it never widens the others' forward.
+  Fast-dLLM v2's logits are shifted (position ``i`` scores token ``i + 1``): a block's first column reads the column
+  before it, from the forward that folds it in or from the slot's stored copy.
 
 **Batch invariance.** A sequence decodes its own one-prompt canvas (the layout ``generate`` gives it alone) with its
 own ``torch.Generator`` (seed ``seed`` of :meth:`~Engine.add_request`; :meth:`~Engine.run` uses ``config.seed + i``
