@@ -8,8 +8,8 @@ prefix vs none [>= 2x] and dual vs none [>= 3x]; batch 32 vs the same 32 prompts
 dynamic threshold 0.9 vs static one token per step: NFE ratio; continuous batching (``dllm_rl.sampling.engine``) vs
 fixed batches of the same width on the shipped demo models, rollout settings (temperature 1, threshold 0.9, EOS
 stops), answer tokens/s at equal tokens (the two give the same tokens; the run checks it) [>= 2x, issue 37], and with
-the engine's early stop (same answers, fewer steps), with the engine's KV pool and its peak KV memory (equal: a step
-reads the pool in place); the block demo's RL step beside a process that keeps one core
+the engine's early stop (same answers, fewer steps), with the engine's KV pool (its whole KV memory: a step reads
+the pool in place); the block demo's RL step beside a process that keeps one core
 busy, at two threads and at the count ``dllm_rl.threads`` chooses [busy / idle <= 2x, issue 37]. Decoding is greedy
 with one token per step (static) unless stated; ``stop_on_eos`` is off so every mode decodes the same number of
 tokens. Models are random; the dynamic-threshold model has its LM head scaled up so its confidences spread over
@@ -160,9 +160,8 @@ def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
         for key, out in outs.items():
             print(f"    {key:<24} {best[key]:8.2f}s {answer_tokens / best[key]:9.1f} answer tok/s  "
                   f"mean NFE {out.nfe.float().mean().item():5.2f}  generated {int((out.step_map >= 0).sum())}")
-        if runner.cache is not None:  # block models: the KV pool is read in place, never copied per step
-            print(f"    engine KV pool {runner.cache.nbytes() / 2**20:.2f} MiB, peak KV memory during the run "
-                  f"{runner.peak_cache_bytes / 2**20:.2f} MiB")
+        if runner.cache is not None:  # block models: the KV pool, read in place (never copied per step)
+            print(f"    engine KV pool {runner.cache.nbytes() / 2**20:.2f} MiB")
         for key in ("continuous", "continuous, early stop"):
             ratio = best["fixed"] / best[key]
             verdict = "(--quick: targets apply to the full run)" if args.quick else \

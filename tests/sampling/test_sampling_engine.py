@@ -113,31 +113,28 @@ def test_a_run_decodes_in_eval_mode_and_switches_the_mode_once(tiny_models, monk
         train(model, was)
 
 
-def test_peak_cache_is_bounded_by_the_slots_not_the_queue(tiny_models):
+def test_the_kv_pool_is_bounded_by_the_slots_not_the_queue(tiny_models):
+    """The pool is the engine's whole KV memory: a step reads it in place (no gathered copy of the running rows'
+    caches; the view itself is checked in test_sampling_kv_cache)."""
     model = tiny_models["sdar"]  # 2 layers, 1 KV head of 16 dims, float32
     config = DecodeConfig(gen_length=8, threshold=0.9, stop_on_eos=False)
     prompt = _prompts([10], seed=4)[0]  # 10 tokens + 8 + 2 (rounded to the block of 4): 20 positions
 
-    def peak(slots, queue):
+    def pool_after(slots, queue):
         engine = Engine(model, config, EngineConfig(slots=slots))
         engine.run([prompt] * queue)
-        return engine.peak_cache_bytes, engine.cache.nbytes()
+        return engine.cache.nbytes()
 
     pool = 2 * 2 * 20 * 16 * 4  # layers x (keys, values) x positions x head dim x bytes, per slot
-    small, small_pool = peak(2, 2)
-    long_queue, long_pool = peak(2, 20)  # ten times the slots
-    assert small_pool == long_pool == 2 * pool
-    assert long_queue == small
-    # and nothing more: a step reads the pool in place (no gathered copy of the running rows' caches)
-    assert small == small_pool
-    assert peak(4, 20) == (4 * pool, 4 * pool)
+    assert pool_after(2, 2) == pool_after(2, 20) == 2 * pool  # ten times the slots queued: the same pool
+    assert pool_after(4, 20) == 4 * pool
     # with max_positions the pool takes its bound at the first step and never grows past it
     engine = Engine(model, config, EngineConfig(slots=2, max_positions=24))
     engine.add_request(prompt)
     engine.step()
     assert engine.cache.nbytes() == 2 * pool * 24 // 20
     engine.run([prompt] * 6)
-    assert engine.peak_cache_bytes == engine.cache.nbytes() == 2 * pool * 24 // 20
+    assert engine.cache.nbytes() == 2 * pool * 24 // 20
 
 
 def test_early_stop_ends_a_decided_answer_mid_block(fakes):

@@ -144,7 +144,6 @@ class Engine:
         self.device = model.device
         self.rows = SlotRows(self.engine.slots, self.device)
         self.cache = SlotCache(self.engine.slots) if model.is_block_causal else None
-        self.peak_cache_bytes = 0  # the KV pool's size, the most seen
         self._next_id = 0
 
     # ---- the serving API -------------------------------------------------------------------------------------
@@ -441,7 +440,6 @@ class Engine:
         logits = self._shifted(group, out.logits) if shift else out.logits
         for seq in group:
             seq.cached = seq.cols()[0]  # the columns before the current block are final in the pool now
-        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache.nbytes())
         return logits
 
     def _shifted(self, group: list[Sequence], raw: torch.Tensor) -> torch.Tensor:
