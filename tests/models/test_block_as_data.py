@@ -11,7 +11,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.estimators import ScoringBatch, estimate
 from dllm_rl.models import build_model, tiny_config
 from dllm_rl.sampling import DecodeConfig, generate
-from dllm_rl.sampling.decode import check_inputs
+from dllm_rl.sampling.inputs import check_inputs
 
 
 @pytest.fixture(scope="module")

@@ -298,7 +298,7 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     inputs = PromptInputs(prep, model, prompt_texts)
     if not inputs.with_images:
-        from dllm_rl.sampling.decode import check_inputs
+        from dllm_rl.sampling.inputs import check_inputs
 
         for rs in prep.decodes.values():  # prompt lengths vs context, gen_length vs block: before decoding anything
             check_inputs(model, inputs.text_ids, rs.decode, None)

@@ -30,7 +30,7 @@ from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.value import steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
 from dllm_rl.sampling.canvas import span
-from dllm_rl.sampling.decode import decode_block_length
+from dllm_rl.sampling.inputs import decode_block_length
 from dllm_rl.seeding import HOOK_ROLLOUTS, derive_seed
 from dllm_rl.training.ranks import max_over_ranks, skip_together
 

@@ -79,6 +79,12 @@ def span(prompt_len: int, gen_length: int, block: int, block_causal: bool) -> tu
     return tail, -(-(tail + gen_length) // block)
 
 
+def canvas_width(prompt_len: int, gen_length: int, block: int, block_causal: bool) -> int:
+    """The columns (= positions) of one prompt's canvas: the prompt and its completion slots."""
+    tail, num_blocks = span(prompt_len, gen_length, block, block_causal)
+    return prompt_len - tail + num_blocks * block
+
+
 def build_canvas(
     prompts: list[list[int]],
     gen_length: int,

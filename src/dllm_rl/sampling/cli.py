@@ -80,7 +80,8 @@ def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, 
 def generate_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.models import load_model, load_tokenizer
-    from dllm_rl.sampling.decode import decode_block_length, generate_batched
+    from dllm_rl.sampling.decode import generate_batched
+    from dllm_rl.sampling.inputs import decode_block_length
     from dllm_rl.threads import use_cpu_threads
 
     try:  # the flags are GenerateOptions' fields: its ranges checked here, before any loading

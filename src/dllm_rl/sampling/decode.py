@@ -33,7 +33,7 @@ import torch
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.prompt_images import PromptImages
-from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas, span
+from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas
 from dllm_rl.sampling.confidence import (
     choose_tokens,
     current_sub_block,
@@ -43,6 +43,7 @@ from dllm_rl.sampling.confidence import (
     transfer_counts,
 )
 from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.inputs import check_inputs, decode_block_length
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.runner import ModelRunner
 from dllm_rl.sampling.step_record import StepRecorder
@@ -63,89 +64,10 @@ def evaluating(model: DiffusionLM) -> Iterator[None]:
             model.train()
 
 
-def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
-    """The decoding block: the attention block for block models (``config.block_size``, else the model's own),
-    ``config.block_length`` for full attention."""
-    return model.layout_block(config.block_size) if model.is_block_causal else config.block_length
-
-
 def runner_mode(model: DiffusionLM, config: DecodeConfig, block_cache: bool = True) -> str:
     if model.is_block_causal:
         return "block" if block_cache else "block_none"
     return config.cache
-
-
-def check_config(model: DiffusionLM, config: DecodeConfig) -> int:
-    """The user errors of a decoding config on ``model`` (its block fields and sub-blocks); returns the decoding
-    block."""
-    if not isinstance(config, DecodeConfig):
-        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    if config.block_size is not None and not model.is_block_causal:
-        raise UserError(f"block_size ({config.block_size}) is the attention block of block models (SDAR/TraDo); "
-                        "a full-attention model decodes in block_length")
-    block = decode_block_length(model, config)
-    what = (f"block_length ({block})" if not model.is_block_causal else f"the model's block_size ({block})"
-            if config.block_size is None else f"block_size ({block})")
-    if config.gen_length % block:
-        raise UserError(f"gen_length ({config.gen_length}) must be a multiple of {what}")
-    if config.sub_block is not None and block % config.sub_block:
-        raise UserError(f"sub_block ({config.sub_block}) must divide {what}")
-    return block
-
-
-def positions(model: DiffusionLM, prompt_len: int, gen_length: int, block: int) -> int:
-    """The positions a prompt of ``prompt_len`` tokens takes with its completion slots (its one-prompt canvas)."""
-    tail, nb = span(prompt_len, gen_length, block, model.is_block_causal)
-    return prompt_len - tail + nb * block
-
-
-def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
-                 images: PromptImages | None = None, max_positions: int | None = None) -> list[list[int]]:
-    """Every user error, raised before any forward pass; returns the prompts as lists of ints. A prompt with its
-    completion slots may take the model's context, or ``max_positions`` when that is smaller (the engine's bound on
-    a request)."""
-    block = check_config(model, config)
-    if len(prompts) == 0:
-        raise UserError("generate: no prompts given")
-    if seeds is not None and len(seeds) != len(prompts):
-        raise UserError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
-    vocab, context = int(model.config.vocab_size), model.max_length
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            raise TypeError(f"prompt {i} is a string; tokenize it first (generate takes token ids)")
-        ids = [int(t) for t in (p.tolist() if torch.is_tensor(p) else p)]
-        if not ids:
-            raise UserError(f"prompt {i} is empty")
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise UserError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
-        need = positions(model, len(ids), config.gen_length, block)
-        if need > context:
-            raise UserError(
-                f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "
-                f"but the model's context is {context} (max_position_embeddings); shorten the prompt or gen_length"
-            )
-        if max_positions is not None and need > max_positions:
-            raise UserError(
-                f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs {need} positions "
-                f"but max_positions is {max_positions}; shorten the prompt or gen_length, or raise max_positions"
-            )
-        out.append(ids)
-    if images is not None:
-        _check_images(model, images, out)
-    return out
-
-
-def _check_images(model: DiffusionLM, images: PromptImages, prompts: list[list[int]]) -> None:
-    if model.is_block_causal or model.family.name != "llada_v":
-        raise UserError(f"generate(images=): image features are spliced into llada_v prompts only; a "
-                        f"{model.family.name} model takes none (mmada reads images as prompt ids: "
-                        "dllm_rl.models.image_inputs.PromptEncoder)")
-    try:
-        images.check([len(p) for p in prompts], int(model.config.hidden_size))
-    except ValueError as err:
-        raise UserError(f"generate: {err}; build prompts and images with "
-                        "dllm_rl.models.llava_images.prompt_images") from None
 
 
 def decode(

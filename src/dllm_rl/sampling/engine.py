@@ -66,7 +66,8 @@ from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
-from dllm_rl.sampling.decode import check_inputs, decode_block_length, evaluating, to_rollout
+from dllm_rl.sampling.decode import evaluating, to_rollout
+from dllm_rl.sampling.inputs import check_inputs, decode_block_length
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan

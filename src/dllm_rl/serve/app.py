@@ -46,9 +46,10 @@ from pydantic import BaseModel, ConfigDict
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
+from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.config import DecodeConfig
-from dllm_rl.sampling.decode import check_config, check_inputs, positions
 from dllm_rl.sampling.engine import Engine, EngineConfig
+from dllm_rl.sampling.inputs import check_config, check_inputs
 from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeConfig
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
@@ -204,7 +205,7 @@ class Server:
             check_inputs(self.model, [ids], config, None)
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
-        need = positions(self.model, len(ids), config.gen_length, self.block)
+        need = canvas_width(len(ids), config.gen_length, self.block, self.model.is_block_causal)
         if self.limits.max_positions is not None and need > self.limits.max_positions:
             raise ApiError(400, f"{param}: the prompt's {len(ids)} tokens and max_tokens {max_tokens} (decoded as "
                            f"{config.gen_length} slots, whole blocks) need {need} positions, more than the server's "
