@@ -226,6 +226,11 @@ class Server:
                 for k, cfg in enumerate(dataclasses.replace(config, seed=config.seed + k) for k in range(n))]
 
     # ---- answers ---------------------------------------------------------------------------------------------
+    def final(self, kind: str, value, max_tokens: int, stops: tuple[str, ...]) -> tuple[str, str, int]:
+        """``(text, finish_reason, completion_tokens)`` of a choice's final event: ``("done", rollout)`` or
+        ``("stopped", text)``."""
+        return self.stopped(value) if kind == "stopped" else self.answer(value, max_tokens, stops)
+
     def answer(self, rollout, max_tokens: int, stops: tuple[str, ...] = ()) -> tuple[str, str, int]:
         """``(text, finish_reason, completion_tokens)`` of a one-row rollout cut to ``max_tokens``, then before its
         first stop sequence."""
@@ -371,7 +376,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
         raise ApiError(503, errors[0], kind="server_error")
     choices, completion_tokens, nfe = [], 0, 0
     for k, ((kind, value), ticket) in enumerate(zip(finals, tickets)):
-        text, reason, n = server.stopped(value) if kind == "stopped" else server.answer(value, max_tokens, stops)
+        text, reason, n = server.final(kind, value, max_tokens, stops)
         completion_tokens += n
         nfe = max(nfe, ticket.steps if kind == "stopped" else int(value.nfe[0]))
         choices.append({"index": k, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
@@ -428,12 +433,9 @@ async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: s
             if kind == "text":  # held back where it may begin a stop sequence, or ends inside a character
                 text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
                 text, reason = text[: len(text) - holdback].rstrip("\ufffd"), None  # (a byte-level BPE's bytes)
-            elif kind == "stopped":
-                done.add(k)
-                text, reason, _ = server.stopped(value)
             else:
                 done.add(k)
-                text, reason, _ = server.answer(value, max_tokens, stop)
+                text, reason, _ = server.final(kind, value, max_tokens, stop)
             if text.startswith(sent[k]) and len(text) > len(sent[k]):
                 yield _chunk(model, rid, chat, text[len(sent[k]):], None, index=k)
                 sent[k] = text
