@@ -169,6 +169,12 @@ class Engine:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
+        return self._queue(ids, config, seed, images, prefill)
+
+    def _queue(self, ids: list[int], config: DecodeConfig, seed: int | None, images: PromptImages | None,
+               prefill: dict[int, int] | None) -> int:
+        """Queue a checked prompt; returns its request id."""
+        rid = self._next_id
         try:
             seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
                                self.model.mask_token_id, self.model.pad_token_id, self.device,
@@ -247,9 +253,9 @@ class Engine:
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
         if prefill is not None and len(prefill) != len(prompts):
             raise ValueError(f"prefill has {len(prefill)} entries for {len(prompts)} prompts")
-        ids = [self.add_request(p, seed=s, images=images.row(i) if images is not None else None,
-                                prefill=prefill[i] if prefill is not None else None)
-               for i, (p, s) in enumerate(zip(prompts, seeds))]
+        ids = [self._queue(p, self.config, s, images.row(i) if images is not None else None,
+                           prefill[i] if prefill is not None else None)
+               for i, (p, s) in enumerate(zip(prompts, seeds))]  # (checked above, all of them)
         order = {rid: i for i, rid in enumerate(ids)}
         out: list[Rollout | None] = [None] * len(ids)
         with evaluating(self.model):  # once for the run: switching a module tree's mode each step costs ~6% here
