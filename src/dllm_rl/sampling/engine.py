@@ -50,6 +50,12 @@ a block they leave nothing to decode in costs no step, and ends the answer if it
 Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, image prompts on
 block models (no published family has them), RCR remasking, partial decodes (``until_block``) and per-step records
 (``record_steps``).
+
+One file on purpose (about 510 lines, half of them this docstring and the help texts): it is one state machine.
+The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
+keep the same invariants between them (the running sequences hold slots ``0 .. n - 1``, a forward's rows are
+consecutive slots, a step reads the device once), so they are read and changed together; the state they share
+lives in :mod:`~dllm_rl.sampling.sequence` (the slot rows) and :mod:`~dllm_rl.sampling.slot_cache` (the KV pool).
 """
 
 from __future__ import annotations
