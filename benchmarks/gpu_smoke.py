@@ -18,7 +18,13 @@ rows finished early wastes its width), one line::
 
 decoded with threshold 0.9 and EOS stops at temperature 1 on the same random model, its LM head scaled up so that
 its confidences spread (a random model is never 90% sure of anything) and its most frequent token taken as EOS, so
-rows stop after different numbers of blocks. ``same_rows``: the share of rows whose tokens the two agree on (1 on a
+rows stop after different numbers of blocks. Then one cached step's attention with grouped query heads, as
+``dllm_rl.models.attention`` runs it against transformers' SDPA (which repeats each key/value head per query head
+under a mask), at the model's head shape, ``slots`` rows of ``cached`` positions, a block of queries, one line::
+
+    RESULT sdar-4b attention grouped_ms=... repeated_ms=... grouped_over_repeated=... max_abs_diff=...
+
+``same_rows``: the share of rows whose tokens the two agree on (1 on a
 CPU in float32; in bfloat16 on a GPU, kernels chosen by batch width may differ in the last bits and flip a
 near-tied choice).
 
@@ -138,6 +144,44 @@ def engine_comparison(model_dir: Path, prompts: list[str], args) -> dict[str, fl
             "nfe_min": float(nfe.min()), "nfe_mean": float(nfe.mean()), "nfe_max": float(nfe.max())}
 
 
+def attention_comparison(name: str, args) -> dict[str, float]:
+    """Milliseconds per call of one layer's masked attention of a cached block step, grouped and repeated (best of 20
+    after a warm-up), their ratio and the largest difference of their outputs."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from dllm_rl.models.attention import grouped_sdpa
+
+    sizes = SHAPES[name][1]
+    heads, kv_heads = sizes["num_heads"], sizes["num_kv_heads"]
+    dim, block, cached = sizes["hidden_size"] // heads, sizes["block_size"], args.cached
+    layer = torch.nn.Module()
+    layer.num_key_value_groups, layer.is_causal = heads // kv_heads, False
+    dtype = getattr(torch, args.dtype)
+    g = torch.Generator(args.device).manual_seed(0)
+    q = torch.randn(args.slots, heads, block, dim, generator=g, device=args.device, dtype=dtype)
+    k, v = (torch.randn(args.slots, kv_heads, cached + block, dim, generator=g, device=args.device, dtype=dtype)
+            for _ in range(2))
+    lengths = torch.randint(cached // 2, cached + 1, (args.slots,), generator=g, device=args.device)
+    cols = torch.arange(cached + block, device=args.device)
+    keep = (cols < lengths[:, None]) | (cols >= cached)  # each row's cached positions, then its block
+    mask = torch.zeros(args.slots, 1, block, cached + block, device=args.device, dtype=dtype)
+    mask.masked_fill_(~keep[:, None, None, :], torch.finfo(dtype).min)
+    times, outs = {}, {}
+    for key, fn in (("grouped", grouped_sdpa), ("repeated", sdpa_attention_forward)):
+        outs[key] = fn(layer, q, k, v, mask)[0]
+        runs = []
+        for _ in range(20):
+            sync(args.device)
+            t0 = time.perf_counter()
+            fn(layer, q, k, v, mask)
+            sync(args.device)
+            runs.append(time.perf_counter() - t0)
+        times[key] = min(runs) * 1e3
+    return {"grouped_ms": times["grouped"], "repeated_ms": times["repeated"],
+            "grouped_over_repeated": times["repeated"] / times["grouped"],
+            "max_abs_diff": float((outs["grouped"].float() - outs["repeated"].float()).abs().max())}
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -156,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     # the engine comparison: prompts, slots (= the fixed batch), completion length, LM-head scale
     args.engine_prompts, args.slots, args.decode_length, args.sharpen = (128, 32, 256, 8.0) if cuda else \
         (16, 4, 16, 40.0)
+    args.cached = 2048 if cuda else 64  # the attention comparison's cached positions per slot
     if args.models is None:
         args.models = ["tiny-sdar"] if not cuda else ["sdar-4b"]
         if cuda and torch.cuda.mem_get_info()[0] / 2**30 >= LLADA_8B_MIN_FREE_GIB:
@@ -181,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                            for row in make_countdown(args.engine_prompts, seed=1, numbers=3, max_value=9)]
                 r = engine_comparison(model, prompts, args)
                 print(f"RESULT {name} engine " + " ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
+                r = attention_comparison(name, args)
+                print(f"RESULT {name} attention " + " ".join(f"{k}={v:.4g}" for k, v in r.items()), flush=True)
     return 0
 
 

@@ -9,7 +9,9 @@ dynamic threshold 0.9 vs static one token per step: NFE ratio; continuous batchi
 fixed batches of the same width on the shipped demo models, rollout settings (temperature 1, threshold 0.9, EOS
 stops), answer tokens/s at equal tokens (the two give the same tokens; the run checks it) [>= 2x, issue 37], and with
 the engine's early stop (same answers, fewer steps), with the engine's KV pool (its whole KV memory: a step reads
-the pool in place); the block demo's RL step beside a process that keeps one core
+the pool in place); the engine on a block model with 4 query heads per key/value head, grouped-query attention
+read in place (``dllm_rl.models.attention``) vs transformers' SDPA, which repeats the keys (same tokens, tok/s);
+the block demo's RL step beside a process that keeps one core
 busy, at two threads and at the count ``dllm_rl.threads`` chooses [busy / idle <= 2x, issue 37]. Decoding is greedy
 with one token per step (static) unless stated; ``stop_on_eos`` is off so every mode decodes the same number of
 tokens. Models are random; the dynamic-threshold model has its LM head scaled up so its confidences spread over
@@ -169,6 +171,42 @@ def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
             print(f"    ratio {key} / fixed, tok/s: {ratio:5.2f}x  {verdict}")
 
 
+def grouped_section(args, repeats: int) -> None:
+    """Grouped-query attention read in place (``dllm_rl.models.attention``) vs transformers' SDPA, which copies each
+    key/value head per query head under a mask: the engine decoding a block model with 8B's grouping (4 query heads
+    per key head: SDAR-8B, SDAR-MoE, Dream, Fast-dLLM v2), side by side on the same weights."""
+    slots, n_prompts, gen = (4, 8, 8) if args.quick else (16, 32, 64)
+    print(f"\ngrouped-query attention: block model (8 heads, 2 key/value heads, head dim 64, 2 layers), engine with "
+          f"{slots} slots, {n_prompts} prompts, gen {gen}, block 4, greedy; best of {repeats} interleaved rounds")
+    cfg = tiny_config("sdar", vocab_size=args.vocab, hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=2,
+                      intermediate_size=1024, block_size=4, max_position_embeddings=4096)
+    ours = build_model("sdar", cfg, seed=0).to(args.device)
+    stock = build_model("sdar", cfg, seed=0).to(args.device)
+    stock.hf_model.set_attn_implementation("sdpa")
+    decode = DecodeConfig(gen_length=gen, block_length=4, stop_on_eos=False)
+    g = torch.Generator().manual_seed(1)
+    for prompt_len in (16, 128) if args.quick else (64, 512):
+        prompts = [torch.randint(0, args.vocab - 3, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
+        best, outs = {}, {}
+        for _ in range(repeats):
+            for key, model in (("transformers SDPA (keys repeated)", stock), ("grouped (keys read once)", ours)):
+                t0 = time.perf_counter()
+                outs[key] = Engine(model, decode, EngineConfig(slots=slots)).run(prompts)
+                if args.device != "cpu":
+                    torch.cuda.synchronize()
+                best[key] = min(best.get(key, float("inf")), time.perf_counter() - t0)
+        a, b = outs.values()
+        same = torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.step_map, b.step_map)
+        # keys + values, 2 layers, the cached width of a step with every slot at its end
+        copied = 2 * 2 * slots * (prompt_len + gen) * (8 - 2) * 64 * ours.dtype.itemsize
+        print(f"  prompt {prompt_len}: same tokens and step maps: {same}; a step's repeat copies up to "
+              f"{copied / 2**20:.1f} MiB of keys and values")
+        for key, seconds in best.items():
+            print(f"    {key:<36} {seconds:8.2f}s {n_prompts * gen / seconds:9.1f} tok/s")
+        first, second = best.values()
+        print(f"    ratio grouped / transformers SDPA, tok/s: {first / second:5.2f}x")
+
+
 def threads_section(args, steps: int) -> None:
     """Issue 37: the block demo's RL step (the demo config: ESPO, 16 prompts x 8 rollouts) with two intra-op threads
     and with the count ``dllm_rl.threads`` chooses (the cores free when the trainer starts), on the machine as it is
@@ -252,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention kernel (default sdpa)")
     ap.add_argument("--only", default="",
-                    help="comma list of sections to run: cache,full,batch,dynamic,continuous,threads (default all)")
+                    help="comma list of sections to run: cache,full,batch,dynamic,continuous,grouped,threads "
+                         "(default all)")
     ap.add_argument("--slots", type=int, default=32,
                     help="continuous section: engine slots = fixed batch width (default 32; --quick 8)")
     args = ap.parse_args(argv)
@@ -268,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
           f"best of {repeats} interleaved rounds")
 
     sections = set(args.only.split(",")) if args.only else {"cache", "full", "batch", "dynamic", "continuous",
-                                                              "threads"}
+                                                              "grouped", "threads"}
     sdar, llada = tiny("sdar", args), tiny("llada", args)
     if sections & {"cache", "full", "batch", "dynamic"}:
         generate(sdar, prompts[:1], DecodeConfig(gen_length=8))  # warm-up
@@ -311,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     report(modes, best, checks, args.quick)
     if "continuous" in sections:
         continuous_section(args, 32 if args.quick else 256, 8 if args.quick else args.slots, repeats)
+    if "grouped" in sections:
+        grouped_section(args, repeats)
     if "threads" in sections:
         threads_section(args, 1 if args.quick else 3)
     return 0

@@ -1,5 +1,6 @@
 """benchmarks/gpu_smoke.py at its tiny CPU size: both algorithms run 2 steps and print finite, positive figures; the
-engine comparison gives the fixed batches' tokens on rows of different lengths."""
+engine comparison gives the fixed batches' tokens on rows of different lengths; grouped attention gives transformers'
+SDPA's output."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def test_gpu_smoke_tiny_prints_finite_figures(tmp_path):
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = [line.split() for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert [r[1:3] for r in results] == [["tiny-sdar", "tracerl"], ["tiny-sdar", "espo"], ["tiny-sdar", "engine"]]
+    assert [r[1:3] for r in results] == [["tiny-sdar", "tracerl"], ["tiny-sdar", "espo"], ["tiny-sdar", "engine"],
+                                         ["tiny-sdar", "attention"]]
+    attention = dict(re.fullmatch(r"(\w+)=(\S+)", kv).groups() for kv in results.pop()[3:])
+    assert float(attention["max_abs_diff"]) == 0.0 and float(attention["grouped_ms"]) > 0
     engine = dict(re.fullmatch(r"(\w+)=(\S+)", kv).groups() for kv in results.pop()[3:])
     assert float(engine["same_rows"]) == 1.0 and float(engine["continuous_over_fixed"]) > 0
     assert float(engine["nfe_min"]) < float(engine["nfe_max"])  # rows stopped after different numbers of steps

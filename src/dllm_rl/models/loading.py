@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from dllm_rl.errors import UserError
 from dllm_rl.hub import resolve_model_path
+from dllm_rl.models.attention import GROUPED_SDPA
 from dllm_rl.models.diffusion_lm import DiffusionLM
 from dllm_rl.models.families import Family, detect_family, get_family, resolve_mask_token_id
 
@@ -110,6 +111,7 @@ def _instantiate(fam: Family, pub: dict[str, Any], dtype: torch.dtype, attn: str
     if attn not in ATTN_IMPLEMENTATIONS:
         raise UserError(f"unknown attn_implementation {attn!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
     hf_config = fam.hf_config(pub)
+    attn = GROUPED_SDPA if attn == "sdpa" else attn  # SDPA without repeating grouped keys (models.attention)
     if empty:  # parameters on the meta device, buffers (RoPE) real: weights are assigned from disk
         with init_empty_weights(include_buffers=False):
             model = fam.hf_auto_class.from_config(hf_config, attn_implementation=attn, dtype=dtype)
