@@ -66,10 +66,7 @@ class Gate:
 
     def __init__(self, server):
         self.open_event = threading.Event()
-        for engine in server.worker.engines.values():
-            self._gate(engine)
-
-    def _gate(self, engine) -> None:
+        engine = server.worker.engine
         real = engine.step
 
         def gated():

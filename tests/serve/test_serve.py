@@ -285,7 +285,7 @@ def test_a_stopped_worker_fails_what_it_holds(make_server):
 def test_an_error_fails_what_it_reaches_and_the_worker_serves_on(make_server, demo_model, monkeypatch, where, error):
     model, tok = demo_model
     server = make_server(BASE, slots=2)
-    engine = server.worker.engines[None]
+    engine = server.worker.engine
     real, calls = getattr(engine, where), []
 
     def flaky(*args, **kwargs):

@@ -21,16 +21,13 @@ PROMPTS = [f"nums {' '.join(map(str, row['nums']))} target {row['target']}\n"
 BASE = DecodeConfig(gen_length=16, threshold=0.5)
 
 
-def _demo():
-    return load_model(DEMO / "sdar-countdown")
+def _demo(name: str = "sdar-countdown"):
+    return load_model(DEMO / name)
 
 
-@pytest.fixture(scope="module")
-def adapters(tmp_path_factory):
-    """Two saved adapters on the demo block model whose B matrices are random (a fresh adapter changes nothing)."""
-    root = tmp_path_factory.mktemp("loras")
+def _write_adapters(root, demo: str):
     for i, name in enumerate(("plus", "minus")):
-        model = apply_lora(_demo(), LoraOptions(enabled=True, r=4), seed=i)
+        model = apply_lora(_demo(demo), LoraOptions(enabled=True, r=4), seed=i)
         g = torch.Generator().manual_seed(10 + i)
         with torch.no_grad():
             for pname, p in model.model.named_parameters():
@@ -38,6 +35,51 @@ def adapters(tmp_path_factory):
                     p.copy_(torch.randn(p.shape, generator=g) * 0.5)
         save_adapter(model, root / name)
     return root
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    """Two saved adapters on the demo block model whose B matrices are random (a fresh adapter changes nothing)."""
+    return _write_adapters(tmp_path_factory.mktemp("loras"), "sdar-countdown")
+
+
+@pytest.mark.parametrize("demo", ["sdar-countdown", "llada-countdown"])
+def test_the_engine_decodes_every_adapter_in_the_same_steps_as_alone(demo, adapters, tmp_path):
+    """Requests for two adapters and the base model, interleaved, sampled with threshold decoding on a block and a
+    full-attention model: each gets the tokens and step map ``generate`` gives it on a model holding only its
+    adapter (or none), and the steps' forwards mix the three."""
+    from dllm_rl.sampling import generate
+    from dllm_rl.sampling.engine import BASE_MODEL, Engine, EngineConfig
+
+    root = adapters if demo == "sdar-countdown" else _write_adapters(tmp_path, demo)
+    tok = load_tokenizer(DEMO / demo)
+    config = DecodeConfig(gen_length=16, block_length=16 if demo == "llada-countdown" else None, threshold=0.5,
+                          temperature=1.0)
+    ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    names = [(i, name) for i in range(len(ids)) for name in (BASE_MODEL, "plus", "minus")]
+    engine = Engine(load_named_adapters(_demo(demo), {"plus": root / "plus", "minus": root / "minus"}), config,
+                    EngineConfig(slots=4))
+    forwards = []
+    real = engine._adapter_names
+    engine._adapter_names = lambda group: forwards.append(real(group)) or forwards[-1]
+    rids = {engine.add_request(ids[i], seed=7 + k, adapter=name): (i, name, 7 + k) for k, (i, name) in enumerate(names)}
+    got = {}
+    while engine.has_unfinished():
+        got.update({c.request_id: c.rollout for c in engine.step()})
+    assert any(len(set(f)) == 3 for f in forwards)  # one forward held the base model's rows and both adapters'
+    by = {rids[r][:2]: got[r].completion_ids for r in got}
+    assert any(not torch.equal(by[(i, BASE_MODEL)], by[(i, name)]) for i in range(len(ids)) for name in ("plus",
+               "minus"))  # the adapters change answers
+    alone = {None: _demo(demo)}
+    for name in ("plus", "minus"):
+        alone[name] = load_named_adapters(_demo(demo), {name: root / name})
+    for rid, (i, name, seed) in rids.items():
+        want = generate(alone[None if name == BASE_MODEL else name], [ids[i]], config, seeds=[seed])
+        assert torch.equal(got[rid].completion_ids, want.completion_ids), (i, name)
+        assert torch.equal(got[rid].step_map, want.step_map), (i, name)
+    with pytest.raises(UserError, match="adapter: request 9: the model has no LoRA adapter 'other'; loaded: plus, "
+                       "minus"):
+        engine.add_request(ids[0], adapter="other")
 
 
 def test_requests_decode_with_the_adapter_they_name_as_alone(adapters):

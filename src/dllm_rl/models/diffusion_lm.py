@@ -230,6 +230,7 @@ class DiffusionLM(nn.Module):
         select: Selection | None = None,
         block_size: int | None = None,
         splice: EmbedSplice | None = None,
+        adapter_names: list[str] | None = None,
     ) -> DLMOutput:
         """Run the model.
 
@@ -259,6 +260,9 @@ class DiffusionLM(nn.Module):
 
         ``splice`` (an :class:`EmbedSplice`) gives the input embeddings of some positions (an image's features
         in a prompt) instead of the embeddings of their ids.
+
+        ``adapter_names`` (one per row; a model with named LoRA adapters, in eval mode) decodes each row with its
+        own adapter, ``"__base__"`` with none: ``peft``'s mixed-adapter batch, each row as it would be alone.
         """
         shift = self.family.shift and align
         valid = attention_mask.bool() if attention_mask is not None else None
@@ -289,6 +293,8 @@ class DiffusionLM(nn.Module):
                 keep = keep.to(input_ids.device)
                 hf_keep = torch.cat([keep, keep.new_full((1,), input_ids.shape[1] - 1)])
         extra = {} if hf_keep is None else {"logits_to_keep": hf_keep}
+        if adapter_names is not None:
+            extra["adapter_names"] = adapter_names
         out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice, **extra)
         raw = out.logits
         if keep is None:

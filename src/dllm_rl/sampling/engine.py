@@ -30,8 +30,8 @@ confidence ties), and the results equal a fixed batch's.
 
 **Memory** is bounded by the slots, not the queue: a waiting request holds its one-prompt canvas (token ids); the KV
 pool is ``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it, the
-longest canvas admitted so far), and the engine copies none of it per step (the model's attention may still expand
-grouped keys for its kernel, as in any cached forward).
+longest canvas admitted so far), and the engine copies none of it per step (nor does the attention: grouped-query
+heads read each key/value head once, :mod:`dllm_rl.models.attention`).
 
 **Early stop** (``EngineConfig.early_stop``, off by default): a sequence whose answer is decided — a committed EOS
 with every slot before it committed — stops at once and its masked slots are filled with EOS (never generated,
@@ -43,6 +43,10 @@ whole block holds only EOS/padding), so it is off by default.
 **Images** (LLaDA-V, full attention): a request brings its prompt's image features, encoded already (one row of
 :class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), and every step splices them at its
 prompt's columns in the padded batch.
+
+**LoRA adapters** (``add_request(adapter=NAME)``, the server's ``--lora``): requests naming different adapters
+loaded in the model, or the base model, share every step through ``peft``'s mixed-adapter batch (each row's
+adapter applied to its own row), so one pool of slots and one KV pool serve them all.
 
 **Prefilled tokens** (``prefill``: IGPO's hints, inpainting) are committed before decoding, as ``generate`` does;
 a block they leave nothing to decode in costs no step, and ends the answer if it holds only EOS (an EOS stop).
@@ -83,6 +87,9 @@ PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "
                "seed", "gen_length")
 SHARED = ("block_length", "block_size", "cache")
 CHOICE = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p")  # what one step uses
+
+#: ``add_request(adapter=BASE_MODEL)``: the base model, LoRA adapters off (``peft``'s name in a mixed-adapter batch).
+BASE_MODEL = "__base__"
 
 # Block models: a joining sequence whose first forward (uncached prompt plus first block) exceeds this many blocks
 # runs in a forward of its own rather than widening every running row's queries to its length.
@@ -156,7 +163,7 @@ class Engine:
     # ---- the serving API -------------------------------------------------------------------------------------
     def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
                     config: DecodeConfig | None = None, images: PromptImages | None = None,
-                    prefill: dict[int, int] | None = None) -> int:
+                    prefill: dict[int, int] | None = None, adapter: str | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
         ``config.seed + request id``); ``gen_length`` overrides the config's for this request; ``images`` (one row,
         LLaDA-V) are the prompt's image features, spliced at its placeholder positions.
@@ -164,21 +171,33 @@ class Engine:
         ``prefill`` (completion offset -> token id) commits those tokens before decoding, as ``generate(prefill=)``
         does (blocks it leaves nothing to decode in cost no step).
 
+        ``adapter`` names the LoRA adapter (loaded in the model by name) this request decodes with, or
+        :data:`BASE_MODEL` for the base model with the adapters off; None: the model as it is called. Requests
+        with different adapters share every step (``peft``'s mixed-adapter batch: each row as it would be alone),
+        so all of them share the slots and the KV pool.
+
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
         block, the cache) must be the engine's: a request differing there is refused, naming the field."""
         rid = self._next_id
         config = self._request_config(config if config is not None else self.config, gen_length)
+        if adapter is not None and adapter != BASE_MODEL and adapter not in self.adapters():
+            raise FieldError("adapter", f"request {rid}: the model has no LoRA adapter {adapter!r}; loaded: "
+                             f"{', '.join(self.adapters()) or 'none'}")
         if images is not None and (refusal := engine_refusal(self.model, config, images=images)) is not None:
             raise UserError(refusal)
         try:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
-        return self._queue(ids, config, seed, images, prefill)
+        return self._queue(ids, config, seed, images, prefill, adapter)
+
+    def adapters(self) -> tuple[str, ...]:
+        """The names of the LoRA adapters loaded in the model (none without ``peft``)."""
+        return tuple(getattr(self.model.model, "peft_config", None) or ())
 
     def _queue(self, ids: list[int], config: DecodeConfig, seed: int | None, images: PromptImages | None,
-               prefill: dict[int, int] | None) -> int:
+               prefill: dict[int, int] | None, adapter: str | None = None) -> int:
         """Queue a checked prompt; returns its request id."""
         rid = self._next_id
         try:
@@ -189,7 +208,7 @@ class Engine:
                                self.model.eos_token_id)
         except ValueError as err:  # a prefill offset outside the completion
             raise UserError(f"request {rid}: {err}".replace("prefill[0]", "prefill")) from None
-        seq.config = config
+        seq.config, seq.adapter = config, adapter
         self._next_id += 1
         self.waiting.append(seq)
         return rid
@@ -417,7 +436,8 @@ class Engine:
         if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column left - start
             images = PromptImages.cat([s.images for s in group], [1] * len(group))
             splice = images.splice(self._long([left - st for st in starts]), width)
-        return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
+        return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice,
+                          adapter_names=self._adapter_names(group)).logits
 
     def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Each row's uncached columns (its prompt or just-finished block, then its current block), left-padded to
@@ -449,11 +469,19 @@ class Engine:
         shift = self.model.family.shift
         keep = min(width_q, block + 1) if shift else block  # a shifted family also wants the column before
         out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
-                         use_cache=True, logits_to_keep=keep, align=not shift)
+                         use_cache=True, logits_to_keep=keep, align=not shift,
+                         adapter_names=self._adapter_names(group))
         logits = self._shifted(group, out.logits) if shift else out.logits
         for seq in group:
             seq.cached = seq.cols()[0]  # the columns before the current block are final in the pool now
         return logits
+
+    def _adapter_names(self, group: list[Sequence]) -> list[str] | None:
+        """Each row's LoRA adapter for a mixed-adapter forward (a row without one: the active adapter), or None
+        when no row names one or the model has none (the model as it is called)."""
+        if all(s.adapter is None for s in group) or not self.adapters():
+            return None
+        return [s.adapter or self.model.model.active_adapter for s in group]
 
     def _shifted(self, group: list[Sequence], raw: torch.Tensor) -> torch.Tensor:
         """A shifted family's (Fast-dLLM v2) logits of each row's current block ``[s, e)`` from the raw logits of

@@ -81,6 +81,7 @@ class Sequence:
     slot: int = -1
     rows: SlotRows | None = None  # where its state lives once it has a slot
     config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
+    adapter: str | None = None  # the LoRA adapter its forwards use (None: the model as it is called)
     images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
     prefill: dict[int, int] | None = None  # completion offset -> token committed before decoding
     empty: dict[int, bool] | None = None  # prefill only: blocks left with nothing to decode -> holds only EOS / pad

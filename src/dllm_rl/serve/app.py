@@ -23,7 +23,8 @@ stop sequence the answer up to it is final, and the request leaves its slot at o
 chunks carrying its ``index``.
 
 A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
-``--lora NAME=DIR``; each adapter has an engine of its own, so a request decodes with its adapter as it would alone.
+``--lora NAME=DIR``; requests with different adapters share the engine's steps (each row with its own adapter), so a
+request decodes with its adapter as it would alone.
 
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
 field), 429 (queue full), 504 (timeout), 503 (shutting down).
@@ -108,22 +109,17 @@ MAX_STOPS = 4  # OpenAI's limit on stop sequences
 class Server:
     """The model, its tokenizer, the worker and the limits behind one app. ``adapters`` names the LoRA adapters
     loaded into the model (:func:`~dllm_rl.training.lora.load_named_adapters`): a request's ``model`` field picks one
-    (or the base model, ``name``), and each has its own engine of ``limits.slots`` slots."""
+    (or the base model, ``name``); all of them share the engine's ``limits.slots`` slots and its KV pool."""
 
     def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
                  adapters: tuple[str, ...] = ()):
-        from dllm_rl.training.lora import active_adapter
-
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
         self.adapters = tuple(adapters)
-        engine = EngineConfig(slots=limits.slots, early_stop=limits.early_stop, max_positions=limits.max_positions)
-        engines = {key: Engine(model, decode, engine, tokenizer) for key in (None, *self.adapters)}
-        self.block = engines[None].block
-        self.worker = Worker(engines, model.eos_token_id,
-                             (lambda key: active_adapter(model, key)) if self.adapters else None,
-                             lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-        # requests accepted and not answered yet, per engine (asyncio thread only): each has its slots and queue
-        self.held: dict[str | None, int] = dict.fromkeys((None, *self.adapters), 0)
+        engine = Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop,
+                                                    max_positions=limits.max_positions), tokenizer)
+        self.block = engine.block
+        self.worker = Worker(engine, model.eos_token_id, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        self.held = 0  # requests accepted and not answered yet (asyncio thread only): the slots and the queue
         self.closing = False
 
     # ---- requests -> tickets ---------------------------------------------------------------------------------
@@ -217,7 +213,7 @@ class Server:
         queue; 429 when the queue has no room for all of them, 503 while shutting down."""
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
-        if self.held[adapter] + n > self.limits.slots + self.limits.max_queue:
+        if self.held + n > self.limits.slots + self.limits.max_queue:
             self.worker.counters.rejected_queue_full += 1
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
@@ -361,7 +357,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt")
     stream, stops = req.stream, server.stops_for(req)
     tickets = server.tickets(ids, config, req.n, stream, adapter, req.stream_canvas, stops, max_tokens)
-    server.held[adapter] += len(tickets)
+    server.held += len(tickets)
     server.worker.counters.requests += 1
     for ticket in tickets:
         server.worker.submit(ticket)
@@ -371,7 +367,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     try:
         finals = await _wait(server, tickets, request)
     finally:
-        server.held[adapter] -= len(tickets)
+        server.held -= len(tickets)
     if errors := [value for kind, value in finals if kind == "error"]:
         raise ApiError(503, errors[0], kind="server_error")
     choices, completion_tokens, nfe = [], 0, 0
@@ -443,7 +439,7 @@ async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: s
                 yield _chunk(model, rid, chat, None, reason, index=k)
         yield "data: [DONE]\n\n"
     finally:
-        server.held[tickets[0].adapter] -= len(tickets)
+        server.held -= len(tickets)
         _abort(server, tickets, done, "aborted_disconnect")
 
 
@@ -465,8 +461,8 @@ def _metrics_text(server: Server) -> str:
         ("completion_tokens_total", "counter", "answer tokens produced", c.tokens),
         ("requests_running", "gauge", "requests in a slot", w.running),
         ("requests_waiting", "gauge", "requests queued for a slot", w.waiting),
-        ("slots", "gauge", "the engines' slots (--slots per engine: the base model's and each adapter's)",
-         server.limits.slots * (1 + len(server.adapters))),
+        ("slots", "gauge", "the engine's slots (--slots, shared by the base model and the adapters)",
+         server.limits.slots),
     ]
     out = []
     for name, kind, help_text, value in rows:

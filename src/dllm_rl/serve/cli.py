@@ -94,7 +94,7 @@ def register(sub) -> None:
     p.add_argument("--lora", action="append", metavar="NAME=DIR",
                    help="serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. a run's "
                    "checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "
-                   "others with the base model (repeatable; each adapter gets --slots slots of its own)")
+                   "others with the base model (repeatable; every adapter shares the --slots slots)")
     limits = p.add_argument_group("limits (ServeConfig)")
     hints = typing.get_type_hints(ServeConfig)
     for f in dataclasses.fields(ServeConfig):

@@ -1,10 +1,9 @@
-"""The engines' thread: the only one that touches the model. It takes requests and aborts from a thread-safe
-queue, steps the engines while anything is held, and hands each request's events to its asyncio queue.
+"""The engine's thread: the only one that touches the model. It takes requests and aborts from a thread-safe
+queue, steps the engine while anything is held, and hands each request's events to its asyncio queue.
 
-There is one engine per adapter served (``None``: the base model; a name: a LoRA adapter loaded by
-``dllm-rl serve --lora NAME=DIR``). Each engine batches its own adapter's requests, and the thread makes that
-adapter the active one (``activate(name)``) before stepping it, so a request decodes with its adapter as it would
-alone, whichever adapters the other requests use.
+A request names its LoRA adapter (``Ticket.adapter``: one loaded by ``dllm-rl serve --lora NAME=DIR``; None: the
+base model); requests with different adapters share the engine's steps (its mixed-adapter batch), so a request
+decodes with its adapter as it would alone, whichever adapters the other requests use.
 
 Events a request receives, in order: ``("text", ids)`` whenever its answer's settled prefix grew (streaming
 requests: the committed tokens before the first masked slot, :func:`~dllm_rl.sampling.sequence.settled`); with
@@ -19,7 +18,6 @@ concurrent requests get what they would get one at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 import time
@@ -27,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_rl.sampling.config import DecodeConfig
-from dllm_rl.sampling.engine import Engine
+from dllm_rl.sampling.engine import BASE_MODEL, Engine
 from dllm_rl.sampling.sequence import settled
 
 IDLE_WAIT_S = 0.05  # how long the idle thread blocks on its inbox before checking whether to stop
@@ -82,16 +80,12 @@ class Counters:
 
 
 class Worker:
-    """Runs ``engines`` (adapter name, or None for the base model -> its engine) on a thread, each inside
-    ``activate(name)`` (see the module docstring); :meth:`submit` and :meth:`abort` are thread-safe."""
+    """Runs ``engine`` on a thread (see the module docstring); :meth:`submit` and :meth:`abort` are thread-safe."""
 
-    def __init__(self, engines: dict[str | None, Engine], eos: int,
-                 activate: Callable[[str | None], contextlib.AbstractContextManager] | None = None,
-                 decode: Callable[[list[int]], str] = lambda ids: ""):
-        self.engines, self.eos, self.decode = engines, eos, decode
-        self.activate = activate or (lambda name: contextlib.nullcontext())
+    def __init__(self, engine: Engine, eos: int, decode: Callable[[list[int]], str] = lambda ids: ""):
+        self.engine, self.eos, self.decode = engine, eos, decode
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.tickets: dict[tuple[str | None, int], Ticket] = {}  # (adapter, the engine's request id) -> ticket
+        self.tickets: dict[int, Ticket] = {}  # the engine's request id -> ticket
         self.counters = Counters()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dllm-rl-engine", daemon=True)
@@ -117,19 +111,19 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return sum(s is not None for e in self.engines.values() for s in e.running)
+        return sum(s is not None for s in self.engine.running)
 
     @property
     def waiting(self) -> int:
-        return sum(len(e.waiting) for e in self.engines.values())
+        return len(self.engine.waiting)
 
     # ---- the thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            busy = [name for name, e in self.engines.items() if e.has_unfinished()]
+            busy = self.engine.has_unfinished()
             self._drain(block=not busy)
-            for name in busy:
-                self._step(name)
+            if busy:
+                self._step()
 
     def _drain(self, block: bool) -> None:
         try:
@@ -148,42 +142,44 @@ class Worker:
                 return
 
     def _add(self, ticket: Ticket) -> None:
+        # the base model's requests turn the adapters off where the model has some
+        adapter = ticket.adapter if ticket.adapter is not None else BASE_MODEL if self.engine.adapters() else None
         try:
-            ticket.request_id = self.engines[ticket.adapter].add_request(
-                ticket.prompt, seed=ticket.seed, gen_length=ticket.gen_length, config=ticket.config)
+            ticket.request_id = self.engine.add_request(ticket.prompt, seed=ticket.seed, gen_length=ticket.gen_length,
+                                                        config=ticket.config, adapter=adapter)
         except ValueError as err:  # UserError / FieldError: checked by the app before, so rare
             ticket.put("error", str(err))
             return
         except Exception as err:  # a bug or a device error in one request fails that request, not the thread
             ticket.put("error", f"the request could not join the batch: {type(err).__name__}: {err}")
             return
-        self.tickets[(ticket.adapter, ticket.request_id)] = ticket
+        self.tickets[ticket.request_id] = ticket
 
     def _abort(self, ticket: Ticket, why: str) -> None:
-        key = (ticket.adapter, ticket.request_id)
-        if ticket.request_id is not None and self.tickets.pop(key, None) is not None:
-            self.engines[ticket.adapter].abort(ticket.request_id)
+        if ticket.request_id is not None and self.tickets.pop(ticket.request_id, None) is not None:
+            self.engine.abort(ticket.request_id)
             setattr(self.counters, why, getattr(self.counters, why) + 1)
 
-    def _step(self, name: str | None) -> None:
-        engine = self.engines[name]
+    def _step(self) -> None:
+        engine = self.engine
         try:
-            with self.activate(name):
-                finished = engine.step()
+            finished = engine.step()
             self.counters.steps += 1
-            self._answer(name, engine, finished)
+            self._answer(finished)
         except Exception as err:  # a bug or a device error: fail what is held rather than hang it
-            for key in [k for k in self.tickets if k[0] == name]:
-                self.tickets.pop(key).put("error", f"decoding failed: {type(err).__name__}: {err}")
+            for ticket in self.tickets.values():
+                ticket.put("error", f"decoding failed: {type(err).__name__}: {err}")
+            self.tickets.clear()
             for seq in engine.running:
                 if seq is not None:
                     engine.abort(seq.request_id)
             engine.waiting.clear()
 
-    def _answer(self, name: str | None, engine: Engine, finished) -> None:
+    def _answer(self, finished) -> None:
         """After a step: the finished requests' answers, then the watched ones' canvases, settled text and stops."""
+        engine = self.engine
         for done in finished:
-            ticket = self.tickets.pop((name, done.request_id), None)
+            ticket = self.tickets.pop(done.request_id, None)
             if ticket is not None and ticket.canvas:  # the final canvas: the answer as it ended
                 ticket.put("canvas", (int(done.rollout.nfe[0]), done.rollout.completion_ids[0].tolist()))
             if ticket is not None:
@@ -191,7 +187,7 @@ class Worker:
                 self.counters.tokens += int(done.rollout.completion_mask.sum())
                 ticket.put("done", done.rollout)
         watched = {seq.request_id: (seq, ticket) for seq in engine.running if seq is not None
-                   and (ticket := self.tickets.get((name, seq.request_id))) is not None
+                   and (ticket := self.tickets.get(seq.request_id)) is not None
                    and (ticket.stream or ticket.canvas or ticket.stop)}
         progress = engine.completions(list(watched)) if watched else {}  # one device read for all of them
         for seq, ticket in watched.values():
@@ -208,7 +204,7 @@ class Worker:
                 text, stopped = cut_at_stop(self.decode(ids[: ticket.max_tokens]), ticket.stop) if ticket.stop \
                     else ("", False)
                 if stopped:  # the answer is final up to the stop sequence: its slot goes at once
-                    del self.tickets[(name, seq.request_id)]
+                    del self.tickets[seq.request_id]
                     engine.abort(seq.request_id)
                     self.counters.stopped += 1
                     ticket.put("stopped", text)
