@@ -6,8 +6,9 @@
 Ratios (targets in brackets): block model (block 4) cache vs no cache [>= 3x tok/s]; full attention (block 32)
 prefix vs none [>= 2x] and dual vs none [>= 3x]; batch 32 vs the same 32 prompts one at a time [>= 5x];
 dynamic threshold 0.9 vs static one token per step: NFE ratio; continuous batching (``dllm_rl.sampling.engine``) vs
-fixed batches of the same width on the shipped demo models, rollout settings (temperature 1, threshold 0.9, EOS
-stops), answer tokens/s at equal tokens (the two give the same tokens; the run checks it) [>= 2x, issue 37], and with
+fixed batches of the same width on the shipped demo models (LLaDA's also with Fast-dLLM's dual cache), rollout
+settings (temperature 1, threshold 0.9, EOS stops), answer tokens/s at equal tokens (the two give the same tokens;
+the run checks it) [>= 2x, issue 37], and with
 the engine's early stop (same answers, fewer steps), with the engine's KV pool (its whole KV memory: a step reads
 the pool in place); the engine on a block model with 4 query heads per key/value head, grouped-query attention
 read in place (``dllm_rl.models.attention``) vs transformers' SDPA, which repeats the keys (same tokens, tok/s);
@@ -134,10 +135,11 @@ def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
     """Continuous batching vs fixed batches of ``slots`` prompts on the demo models (rollout decoding), side by side."""
     print(f"\ncontinuous batching vs fixed batches: demo models, {n_prompts} prompts, {slots} slots = fixed batch "
           f"width, temperature 1, threshold 0.9, EOS stops; answer tokens/s, best of {repeats} interleaved rounds")
-    for name, gen, block in (("sdar-countdown", 32, 4), ("llada-countdown", 16, 16)):
+    for name, gen, block, cache in (("sdar-countdown", 32, 4, "none"), ("llada-countdown", 16, 16, "none"),
+                                    ("llada-countdown", 16, 16, "dual")):
         model = load_model(DEMO / name, device=args.device)
         prompts = demo_prompts(load_tokenizer(DEMO / name), n_prompts)
-        cfg = DecodeConfig(gen_length=gen, block_length=block, threshold=0.9, temperature=1.0)
+        cfg = DecodeConfig(gen_length=gen, block_length=block, threshold=0.9, temperature=1.0, cache=cache)
         runs = {"fixed": None, "continuous": EngineConfig(slots=slots),
                 "continuous, early stop": EngineConfig(slots=slots, early_stop=True)}
         best, outs = {}, {}
@@ -157,8 +159,8 @@ def continuous_section(args, n_prompts: int, slots: int, repeats: int) -> None:
         same_answers = torch.equal(fixed.completion_mask, early.completion_mask) and torch.equal(
             fixed.completion_ids[fixed.completion_mask], early.completion_ids[early.completion_mask])
         answer_tokens = int(fixed.completion_mask.sum())
-        print(f"  {name} (gen {gen}, block {block}): {answer_tokens} answer tokens; continuous = fixed tokens and step "
-              f"maps: {same}; early stop = same answers: {same_answers}")
+        print(f"  {name} (gen {gen}, block {block}, cache {cache}): {answer_tokens} answer tokens; continuous = fixed "
+              f"tokens and step maps: {same}; early stop = same answers: {same_answers}")
         for key, out in outs.items():
             print(f"    {key:<24} {best[key]:8.2f}s {answer_tokens / best[key]:9.1f} answer tok/s  "
                   f"mean NFE {out.nfe.float().mean().item():5.2f}  generated {int((out.step_map >= 0).sum())}")

@@ -42,9 +42,9 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
     assert rows["engine"] == rows["fixed"] and any("loss" in r for r in rows["fixed"])
 
 
-def test_rollout_engine_refuses_a_cache_it_cannot_decode(rl_setup, tmp_path):
+def test_rollout_engine_refuses_a_remasking_it_cannot_decode(rl_setup, tmp_path):
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.engine=true",
-                                                   "rollout.cache=prefix"))
-    with pytest.raises(ConfigError, match=r"rollout.engine: .*cache 'prefix'.*set cache: none; or set "
-                                          r"rollout.engine: false"):
+                                                   "rollout.remasking=rcr", "rollout.threshold=null"))
+    with pytest.raises(ConfigError, match=r"^rollout.engine: the continuous-batching engine does not decode with "
+                                          r"remasking 'rcr' yet; or set rollout.engine: false$"):
         RLTrainer(cfg)

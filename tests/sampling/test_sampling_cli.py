@@ -78,7 +78,7 @@ def test_generate_slots_decodes_with_the_engine_to_the_same_trace(model_dir, tmp
     assert [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["engine"]] == \
         [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["fixed"]]
     assert len({r["nfe"] for r in rows["fixed"]}) > 1  # rows finished after different numbers of steps
-    with pytest.raises(ValueError, match=r"--slots: .*cache 'prefix' .*set cache: none \(drop --slots\)"):
-        _run(["generate", str(model_dir), "--prompt", "a", "--cache", "prefix", "--slots", "2"])
+    with pytest.raises(ValueError, match=r"--slots: .*remasking 'rcr' yet; use generate \(drop --slots\)"):
+        _run(["generate", str(model_dir), "--prompt", "a", "--remasking", "rcr", "--slots", "2"])
     with pytest.raises(UserError, match=r"^--slots: must be >= 1, got 0$"):  # GenerateOptions' range
         _run(["generate", str(model_dir), "--prompt", "a", "--slots", "0"])

@@ -69,6 +69,36 @@ def test_engine_equals_one_at_a_time_generate(tiny_models, sharp_sdar, family, d
         assert any(done[i].finish_reason == ["eos"] for i in ids)
 
 
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("decoding", [dict(steps=2), dict(temperature=1.0, threshold=0.5)])
+def test_fast_dllm_caches_decode_as_one_at_a_time_generate(tiny_models, family, cache, decoding):
+    """Fast-dLLM's prefix and dual caches in the engine, per slot: each request refreshes its slot at its own
+    blocks' first steps and decodes the rest of each block from it, whoever shares the steps (3 slots, 10 requests
+    of different prompt and completion lengths joining mid-run); tokens, step maps and NFE equal ``generate`` with
+    the same cache, one prompt at a time; a step forwards the mid-block rows' blocks only (dual)."""
+    model = tiny_models[family]
+    prompts = _prompts(LENGTHS, seed=3)
+    config = DecodeConfig(gen_length=8, block_length=4, cache=cache, **decoding)
+    seeds = [200 + i for i in range(len(prompts))]
+    engine = Engine(model, config, EngineConfig(slots=3))
+    widths = []
+    real = model.forward
+    model.forward = lambda ids, *a, **k: widths.append(ids.shape[1]) or real(ids, *a, **k)
+    try:
+        ids, done, running = _serve(engine, prompts, GEN, seeds)
+    finally:
+        del model.forward
+    assert max(len(r) for r in running) == 3 and any(r - running[0] and r & running[0] for r in running)
+    for rid, p, g, s in zip(ids, prompts, GEN, seeds):
+        one = generate(model, [p], DecodeConfig(**{**vars(config), "gen_length": g}), seeds=[s])
+        assert torch.equal(done[rid].completion_ids, one.completion_ids), rid
+        assert torch.equal(done[rid].step_map, one.step_map), rid
+        assert torch.equal(done[rid].nfe, one.nfe), rid
+    if cache == "dual":  # the cached forwards' queries: one block (the refreshes forward whole canvases)
+        assert widths.count(4) > len(widths) // 3 and max(widths) > 4
+
+
 @pytest.mark.parametrize("family", ["sdar", "dream", "llada2", "sdar_moe"])
 def test_run_returns_the_fixed_batch_rollout_in_input_order(tiny_models, family):
     model = tiny_models.get(family) or build_model(family, tiny_config(family, vocab_size=64, hidden_size=32,
@@ -184,8 +214,6 @@ def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
         engine.add_request([99])
     with pytest.raises(UserError, match=r"gen_length \(6\) must be a multiple of block_length \(4\)"):
         engine.add_request([1], gen_length=6)
-    with pytest.raises(UserError, match="cache 'dual'"):
-        Engine(model, DecodeConfig(gen_length=8, block_length=4, cache="dual"))
     # 10 prompt tokens + 8 completion slots: 20 positions for the block model (its last prompt block's 2 tokens share
     # the first decoded block, rounded up to the block of 4), 18 for LLaDA; both refuse past max_positions
     sdar = Engine(tiny_models["sdar"], DecodeConfig(gen_length=8), EngineConfig(max_positions=19))
@@ -221,11 +249,11 @@ def test_generate_batched_falls_back_to_fixed_batches_where_the_engine_cannot_de
     from dllm_rl.sampling.engine import engine_refusal
 
     model = fakes.fake_model(fakes.table_from({}))
-    prefix = DecodeConfig(gen_length=8, block_length=4, cache="prefix")
-    assert "cache 'prefix'" in engine_refusal(model, prefix)
-    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4)) is None
-    got = generate_batched(model, [[1, 2]], prefix, engine=EngineConfig(slots=2))
-    ref = generate_batched(model, [[1, 2]], prefix)
+    rcr = DecodeConfig(gen_length=8, block_length=4, steps=2, remasking="rcr")
+    assert "remasking 'rcr'" in engine_refusal(model, rcr)
+    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4, cache="dual")) is None
+    got = generate_batched(model, [[1, 2]], rcr, engine=EngineConfig(slots=2))
+    ref = generate_batched(model, [[1, 2]], rcr)
     assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.step_map, ref.step_map)
 
 

@@ -94,16 +94,18 @@ def test_a_prompt_with_its_image_decodes_the_same_alone_or_batched(dlm, cache, t
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_engine_decodes_image_prompts_as_generate(dlm, temperature):
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_the_engine_decodes_image_prompts_as_generate(dlm, temperature, cache):
     """Continuous batching with images: 1 and 2 slots over 4 prompts of different lengths (two with images, one with two
     copies of one image, one without), rows joining mid-run beside others; tokens, step maps and the rollout's
-    images equal one fixed batch's."""
+    images equal one fixed batch's, also under Fast-dLLM's dual cache (the images' keys cached with the prompt's)."""
     from dllm_rl.sampling.engine import Engine, EngineConfig
 
     a, b = pattern(90, 50, 1), pattern(40, 70, 4)
     prompts = [[IMAGE_TOKEN_INDEX, 8, 9], [20, 21, 22, 23], [5, IMAGE_TOKEN_INDEX, 7, IMAGE_TOKEN_INDEX], [6]]
     widened, pim = prompt_images(dlm, prompts, [[b], [], [a, a.copy()], []])
-    config = DecodeConfig(gen_length=8, block_length=4, temperature=temperature, threshold=0.9, stop_on_eos=False)
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=temperature, threshold=0.9, stop_on_eos=False,
+                          cache=cache)
     whole = generate(dlm, widened, config, seeds=[3, 4, 5, 6], images=pim)
     for slots in (1, 2):  # one slot: the prompts without images also run alone
         got = Engine(dlm, config, EngineConfig(slots=slots)).run(widened, seeds=[3, 4, 5, 6], images=pim)

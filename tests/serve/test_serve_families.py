@@ -12,10 +12,12 @@ from dllm_rl.models import build_model, char_tokenizer, get_family, tiny_config
 from dllm_rl.sampling import DecodeConfig
 
 TEXT_FAMILIES = ["llada", "dream", "sdar", "llada2", "llada_moe", "sdar_moe", "fast_dllm_v2"]
+# full-attention families also with Fast-dLLM's caches (`dllm-rl serve --cache dual`)
+CASES = [(f, "none") for f in TEXT_FAMILIES] + [("llada", "dual"), ("dream", "prefix")]
 
 
-@pytest.mark.parametrize("family", TEXT_FAMILIES)
-def test_a_completion_of_every_family_equals_generate(family):
+@pytest.mark.parametrize(("family", "cache"), CASES)
+def test_a_completion_of_every_family_equals_generate(family, cache):
     from dllm_rl.serve.app import Server
     from dllm_rl.serve.config import ServeConfig
 
@@ -27,7 +29,7 @@ def test_a_completion_of_every_family_equals_generate(family):
     model = build_model(family, cfg, seed=1)
     with torch.no_grad():
         model.model.lm_head.weight.mul_(20.0)  # some confidences over the threshold
-    decode = DecodeConfig(gen_length=8, block_length=4, threshold=0.6)
+    decode = DecodeConfig(gen_length=8, block_length=4, threshold=0.6, cache=cache)
     ids = tok.encode("12+3=", add_special_tokens=False)
     with running(Server(model, tok, decode, ServeConfig(slots=2), family)) as url, \
             httpx.Client(base_url=url, timeout=60) as client:
@@ -35,5 +37,5 @@ def test_a_completion_of_every_family_equals_generate(family):
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
     text, reason = alone_answer(model, tok, ids, DecodeConfig(gen_length=8, block_length=4, threshold=0.6,
-                                                              temperature=0.7, seed=5), 8)
+                                                              temperature=0.7, seed=5, cache=cache), 8)
     assert (choice["text"], choice["finish_reason"]) == (text, reason) and text

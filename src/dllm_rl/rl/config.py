@@ -107,9 +107,9 @@ class RolloutConfig(DecodeOptions):
     engine: bool = field(
         False, help="decode rollouts and the held-out evaluation with the continuous-batching engine, "
         "rollout.batch_size sequences at a time, each finished one replaced at once by a waiting one (the same "
-        "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Block models, or full "
-        "attention with cache: none (image prompts and rollout hooks' prefilled tokens included); partial trees "
-        "(until_block) and per-step records (record_steps) decode in fixed batches")
+        "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Every family and cache "
+        "(Fast-dLLM's prefix and dual caches, image prompts and rollout hooks' prefilled tokens included); RCR "
+        "remasking, partial trees (until_block) and per-step records (record_steps) decode in fixed batches")
 
 
 @dataclass

@@ -11,7 +11,10 @@ checks every row in batched ops and reads the device once, however many slots ru
 
 * **Full-attention models** (LLaDA, Dream; ``cache="none"``): every sequence has its own canvas and any block may
   sit beside any other: a step left-pads the canvases so that every row's current block occupies the same columns
-  and forwards them together, so a sequence joins or leaves at any step.
+  and forwards them together, so a sequence joins or leaves at any step. With Fast-dLLM's caches (``cache="prefix"``
+  or ``"dual"``) each slot keeps its canvas's keys (:mod:`~dllm_rl.sampling.slot_cache`): a sequence at its block's
+  first step refreshes them (a forward of its whole canvas that only writes the pool), the others forward their
+  block (dual) or their block and what follows (prefix) against their slot, as ``generate`` does for one row.
 * **Block models** (SDAR/TraDo, LLaDA2, Fast-dLLM v2): each slot keeps its own exact block KV cache
   (:mod:`~dllm_rl.sampling.slot_cache`). A step forwards each row's current block (after its just-finished block,
   whose keys the same forward stores: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode) against its own
@@ -51,8 +54,8 @@ adapter applied to its own row), so one pool of slots and one KV pool serve them
 **Prefilled tokens** (``prefill``: IGPO's hints, inpainting) are committed before decoding, as ``generate`` does;
 a block they leave nothing to decode in costs no step, and ends the answer if it holds only EOS (an EOS stop).
 
-Not served by the engine yet (``generate`` serves them): Fast-dLLM's approximate prefix/dual caches, image prompts on
-block models (no published family has them), RCR remasking, partial decodes (``until_block``) and per-step records
+Not served by the engine yet (``generate`` serves them): image prompts on block models (no published family has
+them), RCR remasking, partial decodes (``until_block``) and per-step records
 (``record_steps``).
 
 One file on purpose (about 510 lines, half of them this docstring and the help texts): it is one state machine.
@@ -131,9 +134,6 @@ class Completion:
 def engine_refusal(model: DiffusionLM, config: DecodeConfig, images=None) -> str | None:
     """Why the engine cannot decode this call (``None``: it can); :func:`~dllm_rl.sampling.generate` serves
     every case named here."""
-    if not model.is_block_causal and config.cache != "none":
-        return (f"the continuous-batching engine decodes full-attention models without a cache; cache "
-                f"{config.cache!r} (Fast-dLLM's approximation) needs generate's fixed batches; set cache: none")
     if images is not None and model.is_block_causal:
         return "the continuous-batching engine decodes image prompts on full-attention models only; use generate"
     if config.remasking != "low_confidence":
@@ -157,7 +157,8 @@ class Engine:
         self.running: list[Sequence | None] = [None] * self.engine.slots
         self.device = model.device
         self.rows = SlotRows(self.engine.slots, self.device)
-        self.cache = SlotCache(self.engine.slots) if model.is_block_causal else None
+        # the KV pool: block models' exact cache, or Fast-dLLM's prefix / dual cache of a full-attention model
+        self.cache = SlotCache(self.engine.slots) if model.is_block_causal or config.cache != "none" else None
         self._next_id = 0
 
     # ---- the serving API -------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ class Engine:
                 self.running[seq.slot], self.running[hole], seq.slot = None, seq, hole
 
     def _joins_apart(self, seq: Sequence) -> bool:
-        return self.cache is not None and seq.cols()[1] - seq.cached > JOIN_APART * self.block
+        return self.model.is_block_causal and seq.cols()[1] - seq.cached > JOIN_APART * self.block
 
     def _skip_prefilled(self, seq: Sequence) -> bool:
         """Move ``seq`` past the blocks its prefill left nothing to decode in, without a step (as ``generate``
@@ -419,7 +420,9 @@ class Engine:
     # ---- one step --------------------------------------------------------------------------------------------
     def _logits(self, group: list[Sequence]) -> torch.Tensor:
         """Logits ``[n, block, V]`` of each sequence's current block."""
-        return self._block_logits(group) if self.cache is not None else self._full_logits(group)
+        if self.model.is_block_causal:
+            return self._block_logits(group)
+        return self._full_logits(group) if self.cache is None else self._fast_dllm_logits(group)
 
     def _full_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Every row's canvas, left-padded so that the current blocks share their columns."""
@@ -438,6 +441,91 @@ class Engine:
             splice = images.splice(self._long([left - st for st in starts]), width)
         return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice,
                           adapter_names=self._adapter_names(group)).logits
+
+    def _fast_dllm_logits(self, group: list[Sequence]) -> torch.Tensor:
+        """Fast-dLLM's prefix or dual cache (``config.cache``) on a full-attention model, per slot, as
+        :class:`~dllm_rl.sampling.runner.ModelRunner`'s modes for one row alone: a row at its block's first step
+        refreshes its slot (its whole canvas forwarded, every column's keys stored, :meth:`_refresh_logits`); the
+        others forward their block (dual: against their cached prefix and suffix) or their block and all after it
+        (prefix: against their cached prefix), storing their fresh keys over the stale ones. The running rows hold
+        consecutive slots, so the cached forward takes them all (a refreshing row's block rides along, its logits
+        replaced by the refresh's)."""
+        self.cache.reserve(self.engine.max_positions or max(s.width for s in group))
+        fresh = [i for i, seq in enumerate(group) if seq.local_step == 0]
+        if len(fresh) == len(group):
+            return self._refresh_logits(group)
+        logits = self._cached_block_logits(group)
+        if fresh:
+            logits[self._long(fresh)] = self._refresh_logits([group[i] for i in fresh])
+        return logits
+
+    def _cached_block_logits(self, group: list[Sequence]) -> torch.Tensor:
+        """Every row's current block ``[s, e)`` (dual) or ``[s, width)`` (prefix), right-padded, against its slot's
+        columns read in place; logits of the block."""
+        device, block, n, pad = self.device, self.block, len(group), self.model.pad_token_id
+        starts = [s.cols()[0] for s in group]
+        host_q_len = [(s.cols()[1] if self.config.cache == "dual" else s.width) - st for s, st in zip(group, starts)]
+        widths = [s.width for s in group]
+        width_q = max(host_q_len)
+        start, q_len = self._long(starts), self._long(host_q_len)
+        cols = torch.arange(width_q, device=device)[None, :]
+        q_valid = cols < q_len[:, None]
+        q_pos = torch.where(q_valid, start[:, None] + cols, (start + q_len - 1)[:, None])
+        ids = self.rows.x[group[0].slot : group[0].slot + n].gather(1, q_pos).masked_fill(~q_valid, pad)
+        keys = torch.arange(max(widths), device=device)[None, :] < self._long(widths)[:, None]
+        bias = attention_bias(keys, num_queries=width_q, dtype=self.model.dtype)
+        write_row = torch.repeat_interleave(torch.arange(n, device=device), q_len, output_size=sum(host_q_len))
+        write_query = torch.arange(len(write_row), device=device) - (q_len.cumsum(0) - q_len)[write_row]
+        plan = StepPlan(group[0].slot, n, write_row, write_query, start[write_row] + write_query, max(widths))
+        prev = self._prev_raw(group) if self.model.family.shift else None
+        keep = block if width_q == block else torch.arange(block, device=device)
+        return self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
+                          use_cache=True, prev_raw_logits=prev, logits_to_keep=keep,
+                          adapter_names=self._adapter_names(group)).logits
+
+    def _refresh_logits(self, group: list[Sequence]) -> torch.Tensor:
+        """The rows' whole canvases, left-padded so that their current blocks share columns (as
+        :meth:`_full_logits`), with every column's keys stored in the rows' slots (any slots: the forward reads
+        nothing cached); logits of the blocks. A shifted family (Dream) keeps each block's first aligned logits,
+        the raw logits of the column before it, for the cached steps."""
+        device, block = self.device, self.block
+        starts = [s.cols()[0] for s in group]
+        widths = [s.width for s in group]
+        left = max(starts)
+        width = left + max(w - st for w, st in zip(widths, starts))
+        offset, lens = self._long([left - st for st in starts]), self._long(widths)
+        col = torch.arange(width, device=device)[None, :] - offset[:, None]  # each query's canvas column
+        valid = (col >= 0) & (col < lens[:, None])
+        slots = self._long([s.slot for s in group])
+        ids = self.rows.x[slots[:, None], col.clamp(0, self.rows.width - 1)]
+        ids = ids.masked_fill(~valid, self.model.pad_token_id)
+        write_row = torch.repeat_interleave(torch.arange(len(group), device=device), lens, output_size=sum(widths))
+        write_col = torch.arange(len(write_row), device=device) - (lens.cumsum(0) - lens)[write_row]
+        plan = StepPlan(0, len(group), write_row, offset[write_row] + write_col, write_col, width, slots=slots)
+        splice = None
+        if any(s.images is not None and s.images.features for s in group):
+            images = PromptImages.cat([s.images for s in group], [1] * len(group))
+            splice = images.splice(offset, width)
+        out = self.model(ids, attention_mask=valid, attn_bias=attention_bias(valid, dtype=self.model.dtype),
+                         position_ids=col.clamp(min=0), past_key_values=self.cache.step_cache(plan), use_cache=True,
+                         logits_to_keep=torch.arange(left, left + block, device=device), splice=splice,
+                         adapter_names=self._adapter_names(group))
+        if self.model.family.shift:
+            self._prev_raw(group, out.logits[:, 0])
+        for seq in group:
+            seq.cached = seq.width  # the slot holds every column of its canvas now
+        return out.logits
+
+    def _prev_raw(self, group: list[Sequence], store: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A shifted family's per-slot raw logits of the column before each row's block: stored (``store``
+        ``[n, V]``) or read (``[n, 1, V]``)."""
+        rows, slots = self.rows, self._long([s.slot for s in group])
+        if store is not None:
+            if rows.prev_raw is None or rows.prev_raw.shape[-1] != store.shape[-1]:
+                rows.prev_raw = store.new_zeros((len(rows.masked0), store.shape[-1]))
+            rows.prev_raw[slots] = store
+            return None
+        return rows.prev_raw[slots][:, None, :]
 
     def _block_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Each row's uncached columns (its prompt or just-finished block, then its current block), left-padded to

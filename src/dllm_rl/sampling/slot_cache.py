@@ -1,4 +1,5 @@
-"""Per-slot KV cache of the continuous-batching engine (block models): each slot keeps the exact keys/values of
+"""Per-slot KV cache of the continuous-batching engine (block models, and Fast-dLLM's caches on full-attention
+models): each slot keeps the exact keys/values of
 its own sequence's columns, whatever the other slots hold, and a step's forward reads them where they lie.
 
 Storage, per layer: keys and values ``[slots, H, capacity, D]``, zero-initialised. Slot ``i`` holds its sequence's
@@ -28,7 +29,9 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 class StepPlan:
     """Where one forward's queries go and what it reads: rows are slots ``first .. first + n - 1``; query
     ``(row, query)`` of each pair in ``write_row`` / ``write_query`` is stored at column ``write_col``; the forward
-    attends over columns ``[0, width)``."""
+    attends over columns ``[0, width)``. ``slots`` (``[n]``, any slots) instead makes a write-only forward: it
+    stores its queries' keys in those slots and attends over its own keys only (a full-attention refresh of
+    Fast-dLLM's caches, which reads nothing cached)."""
 
     first: int
     n: int
@@ -36,6 +39,7 @@ class StepPlan:
     write_query: torch.Tensor
     write_col: torch.Tensor
     width: int
+    slots: torch.Tensor | None = None
 
 
 class SlotCache:
@@ -82,11 +86,11 @@ class SlotCache:
             self.keys.append(key_states.new_zeros((self.slots, n_heads, self._columns, dim)))
             self.values.append(value_states.new_zeros((self.slots, n_heads, self._columns, value_states.shape[3])))
         rows = slice(plan.first, plan.first + plan.n)
-        slot = plan.write_row + plan.first
+        slot = plan.write_row + plan.first if plan.slots is None else plan.slots[plan.write_row]
         out = []
         for store, new in ((self.keys[layer], key_states), (self.values[layer], value_states)):
             store[slot, :, plan.write_col] = new[plan.write_row, :, plan.write_query]
-            out.append(store[rows, :, : plan.width])
+            out.append(store[rows, :, : plan.width] if plan.slots is None else new)
         return out[0], out[1]
 
 
