@@ -112,6 +112,21 @@ def test_requests_decode_with_the_adapter_they_name_as_alone(adapters):
     assert bad.json()["error"]["message"] == "model: 'other' is not served here; served: sdar-countdown, plus, minus"
 
 
+def test_an_adapter_peft_cannot_batch_is_refused_at_start(tmp_path):
+    """DoRA adapters cannot share a forward with others in peft: the server refuses them before it serves."""
+    from peft import LoraConfig, get_peft_model
+
+    from dllm_rl.serve.cli import build_server
+    from dllm_rl.serve.config import ServeConfig
+
+    model = _demo()
+    model.model = get_peft_model(model.model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], use_dora=True))
+    save_adapter(model, tmp_path / "dora")
+    with pytest.raises(UserError, match=r"^--lora: LoRA adapter 'd' uses DoRA, which peft cannot batch beside other "
+                                        r"adapters; merge it into the model and serve the merged checkpoint$"):
+        build_server(str(DEMO / "sdar-countdown"), BASE, ServeConfig(), loras={"d": str(tmp_path / "dora")})
+
+
 def test_bad_lora_flags_and_folders_end_in_one_line(tmp_path):
     from dllm_rl.serve.cli import build_server, parse_loras
     from dllm_rl.serve.config import ServeConfig

@@ -182,9 +182,14 @@ class Engine:
         block, the cache) must be the engine's: a request differing there is refused, naming the field."""
         rid = self._next_id
         config = self._request_config(config if config is not None else self.config, gen_length)
-        if adapter is not None and adapter != BASE_MODEL and adapter not in self.adapters():
-            raise FieldError("adapter", f"request {rid}: the model has no LoRA adapter {adapter!r}; loaded: "
-                             f"{', '.join(self.adapters()) or 'none'}")
+        if adapter is not None and adapter != BASE_MODEL:
+            if adapter not in self.adapters():
+                raise FieldError("adapter", f"request {rid}: the model has no LoRA adapter {adapter!r}; loaded: "
+                                 f"{', '.join(self.adapters()) or 'none'}")
+            from dllm_rl.training.lora import mixed_batch_refusal
+
+            if (refusal := mixed_batch_refusal(self.model, adapter)) is not None:
+                raise FieldError("adapter", f"request {rid}: {refusal}")
         if images is not None and (refusal := engine_refusal(self.model, config, images=images)) is not None:
             raise UserError(refusal)
         try:

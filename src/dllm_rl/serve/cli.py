@@ -36,7 +36,7 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     from dllm_rl.sampling.engine import engine_refusal
     from dllm_rl.serve.app import Server
     from dllm_rl.threads import use_cpu_threads
-    from dllm_rl.training.lora import load_named_adapters
+    from dllm_rl.training.lora import load_named_adapters, mixed_batch_refusal
 
     name = Path(model_dir).name or str(model_dir)
     if name in (loras or {}):
@@ -49,6 +49,9 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
     if loras:
         load_named_adapters(model, loras)
+        for adapter in loras:
+            if (refusal := mixed_batch_refusal(model, adapter)) is not None:
+                raise UserError(f"--lora: {refusal}")
     return Server(model, tokenizer, decode, limits, name, tuple(loras or ()))
 
 

@@ -194,6 +194,19 @@ def load_named_adapters(dlm: DiffusionLM, adapters: Mapping[str, str | Path]) ->
     return dlm
 
 
+def mixed_batch_refusal(dlm: DiffusionLM, name: str) -> str | None:
+    """Why adapter ``name`` cannot share a forward with other adapters (``peft``'s mixed-adapter batch, which the
+    engine runs: plain LoRA only), or None."""
+    cfg = dlm.model.peft_config[name]
+    kind = str(getattr(cfg.peft_type, "value", cfg.peft_type))
+    if kind != "LORA":
+        return f"LoRA adapter {name!r} is a {kind} adapter; the engine batches LoRA adapters only"
+    if getattr(cfg, "use_dora", False):
+        return (f"LoRA adapter {name!r} uses DoRA, which peft cannot batch beside other adapters; merge it into the "
+                "model and serve the merged checkpoint")
+    return None
+
+
 @contextlib.contextmanager
 def active_adapter(dlm: DiffusionLM, name: str | None) -> Iterator[None]:
     """Forwards inside the block use LoRA adapter ``name`` (None: the base model, adapters disabled)."""
