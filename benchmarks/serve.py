@@ -10,6 +10,8 @@ its own seed, so answers end after different numbers of steps). ``sequential``: 
 other. ``cN``: N client threads share the list. Reported per mode: answer tokens/s and requests/s (wall clock),
 p50/p99 request latency, and each as a ratio to sequential; the run checks that every mode's answers equal
 sequential's (a request's answer does not depend on who shares its steps). ``--json PATH`` writes the numbers.
+``--adapters K`` also serves K LoRA adapters (rank 8, random, written to a temporary folder) and sends the requests
+round-robin to the base model and each adapter (their ``model`` field): the mixed-adapter batch at work.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +36,26 @@ def _bodies(n: int, gen: int) -> list[dict]:
     rows = [json.loads(line) for line in (DEMO / "countdown_heldout.jsonl").read_text().splitlines()]
     return [{"prompt": f"nums {' '.join(map(str, r['nums']))} target {r['target']}\n", "max_tokens": gen,
              "temperature": 1.0, "threshold": 0.9, "seed": i} for i, r in enumerate(rows[:n])]
+
+
+def _write_adapters(root: Path, k: int) -> dict[str, str]:
+    """``k`` LoRA adapters of the demo model with random B matrices (a fresh adapter changes nothing)."""
+    import torch
+
+    from dllm_rl.models import load_model
+    from dllm_rl.training.lora import LoraOptions, apply_lora, save_adapter
+
+    out = {}
+    for i in range(k):
+        model = apply_lora(load_model(DEMO / "sdar-countdown"), LoraOptions(enabled=True, r=8), seed=i)
+        g = torch.Generator().manual_seed(100 + i)
+        with torch.no_grad():
+            for name, p in model.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        save_adapter(model, root / f"lora{i}")
+        out[f"lora{i}"] = str(root / f"lora{i}")
+    return out
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -69,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--adapters", type=int, default=0, help="also serve this many LoRA adapters, the requests "
+                    "round-robin over them and the base model (default 0)")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import httpx
@@ -82,16 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     n = args.requests or (16 if args.quick else 64)
     bodies = _bodies(n, args.gen)
+    tmp = tempfile.TemporaryDirectory()
+    loras = _write_adapters(Path(tmp.name), args.adapters) if args.adapters else None
+    for i, body in enumerate(bodies):
+        if loras and i % (len(loras) + 1):
+            body["model"] = list(loras)[i % (len(loras) + 1) - 1]
     server = build_server(str(DEMO / "sdar-countdown"), DecodeConfig(gen_length=args.gen, threshold=0.9),
-                          ServeConfig(slots=args.slots, max_queue=4 * n), device=args.device)
+                          ServeConfig(slots=args.slots, max_queue=4 * n), device=args.device, loras=loras)
     modes = {"sequential": 0, "c1": 1, "c8": 8, "c32": 32}
     with running(server) as url, httpx.Client(base_url=url, timeout=600) as client:
         _run(client, bodies[:2], 0)  # warm-up
         results = {name: _run(client, bodies, c) for name, c in modes.items()}
     base = results["sequential"]
     same = {name: r["texts"] == base["texts"] for name, r in results.items()}
-    print(f"serve benchmark: {n} requests, max_tokens {args.gen}, {args.slots} slots, demo sdar-countdown, "
-          f"{args.device}, {args.threads} thread(s)")
+    print(f"serve benchmark: {n} requests, max_tokens {args.gen}, {args.slots} slots, demo sdar-countdown"
+          f"{f' and {args.adapters} LoRA adapters' if args.adapters else ''}, {args.device}, {args.threads} thread(s)")
     print(f"{'mode':<11}{'tok/s':>9}{'req/s':>8}{'p50 s':>8}{'p99 s':>8}{'x tok/s':>9}{'x p50':>7}{'x p99':>7}  same")
     report = {}
     for name, r in results.items():
