@@ -33,7 +33,7 @@ def masks(batch=3, heads=8, q_len=5, k_len=11):
     per_head[..., 0] = True
     additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
     return {"additive [B,1,L,K]": additive, "bool [B,1,L,K]": keep, "bool per head [B,H,L,K]": per_head,
-            "additive, one row for the batch": additive[:1]}
+            "additive, one row for the batch": additive[:1], "one row for every query [B,1,1,K]": additive[:, :, :1]}
 
 
 @pytest.mark.parametrize("kind", list(masks()))

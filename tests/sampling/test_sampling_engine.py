@@ -165,6 +165,14 @@ def test_the_kv_pool_is_bounded_by_the_slots_not_the_queue(tiny_models):
     assert engine.cache.nbytes() == 2 * pool * 24 // 20
     engine.run([prompt] * 6)
     assert engine.cache.nbytes() == 2 * pool * 24 // 20
+    # run() knows every canvas: the pool takes the widest at once, never regrown (a growth holds old and new)
+    engine = Engine(model, config, EngineConfig(slots=2))
+    grew = []
+    real = engine.cache.reserve
+    engine.cache.reserve = lambda cols: grew.append(bool(engine.cache.keys) and cols > engine.cache.capacity) or \
+        real(cols)
+    engine.run([prompt[:2], prompt[:3], prompt, prompt[:1]])  # the widest joins last
+    assert not any(grew) and engine.cache.nbytes() == 2 * pool
 
 
 def test_early_stop_ends_a_decided_answer_mid_block(fakes):

@@ -60,13 +60,14 @@ def test_the_engine_decodes_every_adapter_in_the_same_steps_as_alone(demo, adapt
     engine = Engine(load_named_adapters(_demo(demo), {"plus": root / "plus", "minus": root / "minus"}), config,
                     EngineConfig(slots=4))
     forwards = []
-    real = engine._adapter_names
-    engine._adapter_names = lambda group: forwards.append(real(group)) or forwards[-1]
+    real = engine.model.forward
+    engine.model.forward = lambda *a, **k: forwards.append(k.get("adapter_names")) or real(*a, **k)
     rids = {engine.add_request(ids[i], seed=7 + k, adapter=name): (i, name, 7 + k) for k, (i, name) in enumerate(names)}
     got = {}
     while engine.has_unfinished():
         got.update({c.request_id: c.rollout for c in engine.step()})
-    assert any(len(set(f)) == 3 for f in forwards)  # one forward held the base model's rows and both adapters'
+    assert any(f and len(set(f)) == 3 for f in forwards)  # one forward held the base model's and both adapters' rows
+    assert any(f is None for f in forwards)  # the last rows, of one adapter, ran it directly (no mixed batch)
     by = {rids[r][:2]: got[r].completion_ids for r in got}
     assert any(not torch.equal(by[(i, BASE_MODEL)], by[(i, name)]) for i in range(len(ids)) for name in ("plus",
                "minus"))  # the adapters change answers
@@ -110,6 +111,24 @@ def test_requests_decode_with_the_adapter_they_name_as_alone(adapters):
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "model"
     assert bad.json()["error"]["message"] == "model: 'other' is not served here; served: sdar-countdown, plus, minus"
+
+
+def test_selected_logprobs_take_each_rows_adapter(adapters):
+    """A scoring forward (``select``) with ``adapter_names`` gives each row its adapter's log-probabilities, as
+    the logits of that adapter alone do."""
+    from dllm_rl.models.diffusion_lm import Selection
+    from dllm_rl.training.lora import active_adapter
+
+    model = load_named_adapters(_demo(), {"plus": adapters / "plus", "minus": adapters / "minus"})
+    ids = torch.randint(3, 60, (3, 10), generator=torch.Generator().manual_seed(0))
+    rows, cols = torch.tensor([0, 1, 2, 2]), torch.tensor([2, 5, 1, 9])
+    names = ["plus", "__base__", "minus"]
+    with torch.no_grad():
+        got = model(ids, select=Selection(rows, cols, ids[rows, cols], 16), adapter_names=names).logprobs
+        for k, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
+            with active_adapter(model, None if names[r] == "__base__" else names[r]):
+                alone = model(ids[r : r + 1]).logits[0, c].log_softmax(-1)[ids[r, c]]
+            torch.testing.assert_close(got[k], alone, atol=1e-5, rtol=0)
 
 
 def test_an_adapter_peft_cannot_batch_is_refused_at_start(tmp_path):

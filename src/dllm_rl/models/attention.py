@@ -27,12 +27,15 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 GROUPED_SDPA = "dllm_rl_grouped_sdpa"
 
 
-def _stacked_mask(mask: torch.Tensor, key: torch.Tensor, heads: int, groups: int) -> torch.Tensor | None:
+def _stacked_mask(mask: torch.Tensor, key: torch.Tensor, heads: int, groups: int, queries: int) -> torch.Tensor | None:
     """``mask`` ``[B, 1 | H, L, K]`` laid out for query heads stacked ``[B, H_kv, G * L, K]``, or None where that
     does not pay. A per-head mask only changes its view; a mask shared by the heads is copied ``G`` times, which is
     worth it while it is smaller than the keys and values that repeating them would copy: always for a decoding
-    step's block of queries, not for a long training sequence (``L >= 2 x H_kv x D``, 2,048 at 8B)."""
+    step's block of queries, not for a long sequence (``L >= 2 x H_kv x D``: 2,048 for SDAR-8B, 1,024 for Dream-7B).
+    A mask with one row for every query (``[B, 1, 1, K]``) broadcasts as it is."""
     b, h, q_len, k_len = mask.shape
+    if q_len != queries:
+        return mask if q_len == 1 and h == 1 else None
     if h == heads:
         return mask.reshape(b, heads // groups, groups * q_len, k_len)
     repeated_keys = key.shape[0] * key.shape[1] * key.shape[-1] * 2 * key.element_size()  # per key position
@@ -59,7 +62,7 @@ def grouped_sdpa(
     plain = (groups <= 1 or q_len == 1 or attention_mask is None or attention_mask.ndim != 4
              or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
              or kwargs.get("output_attentions", False))
-    mask = None if plain else _stacked_mask(attention_mask, key, heads, groups)
+    mask = None if plain else _stacked_mask(attention_mask, key, heads, groups, q_len)
     if mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

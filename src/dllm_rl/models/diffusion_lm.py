@@ -280,7 +280,7 @@ class DiffusionLM(nn.Module):
             if logits_to_keep is not None:
                 raise ValueError("DiffusionLM.forward: select projects its own columns; drop logits_to_keep")
             return self._selected_forward(select, input_ids, attn_bias, position_ids, valid, past_key_values,
-                                          use_cache, splice)
+                                          use_cache, splice, adapter_names)
         keep = _check_keep(logits_to_keep, input_ids.shape[1])
         hf_keep: int | torch.Tensor | None = None
         if keep is not None and shift:
@@ -318,13 +318,14 @@ class DiffusionLM(nn.Module):
                               position_ids=position_ids, cache=past_key_values, use_cache=use_cache, **extra)
 
     def _selected_forward(self, select, input_ids, attn_bias, position_ids, valid, past_key_values, use_cache,
-                          splice=None):
+                          splice=None, adapter_names=None):
         """:meth:`forward` with ``select``: the LM head returns the selected log-probs (every column is passed to
         it as a view of the final hidden states; it projects only the selected ones)."""
         cols = self.raw_columns(select.rows, select.cols, valid) if select.aligned else select.cols
         with head_selects(self.lm_head, select.rows, cols, select.targets, select.chunk_size):
+            extra = {} if adapter_names is None else {"adapter_names": adapter_names}
             out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice,
-                                   logits_to_keep=0)
+                                   logits_to_keep=0, **extra)
         return DLMOutput(logits=None, last_raw_logits=None, past_key_values=out.cache if use_cache else None,
                          logprobs=out.logits)
 

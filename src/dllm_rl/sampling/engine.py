@@ -28,13 +28,15 @@ checks every row in batched ops and reads the device once, however many slots ru
 own ``torch.Generator`` (seed ``seed`` of :meth:`~Engine.add_request`; :meth:`~Engine.run` uses ``config.seed + i``
 as ``generate`` does), with the draw shapes and the rules of :func:`~dllm_rl.sampling.decode.decode`, and spends a
 step only when it decodes. So its tokens, step map, confidences and NFE equal ``generate([prompt], seeds=[seed])``
-whoever shares its steps (up to last-ulp differences between kernel shapes, which matter only at exact
-confidence ties), and the results equal a fixed batch's.
+whoever shares its steps, and the results equal a fixed batch's: exactly in float32 in the tests; in bfloat16
+kernels chosen by batch shape round differently and can flip a near-tied sampled choice (about 1 row in 50).
 
 **Memory** is bounded by the slots, not the queue: a waiting request holds its one-prompt canvas (token ids); the KV
-pool is ``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it, the
-longest canvas admitted so far), and the engine copies none of it per step (nor does the attention: grouped-query
-heads read each key/value head once, :mod:`dllm_rl.models.attention`).
+pool is ``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it,
+the widest canvas of :meth:`~Engine.run`'s prompts, or the longest request admitted so far), and the engine copies
+none of it per step; the attention reads grouped key/value heads once for a step's queries
+(:mod:`dllm_rl.models.attention`; a query span of ``2 x KV heads x head dim`` or more, as a long prompt's fold or
+a prefix-cache suffix, takes transformers' path, which repeats them).
 
 **Early stop** (``EngineConfig.early_stop``, off by default): a sequence whose answer is decided — a committed EOS
 with every slot before it committed — stops at once and its masked slots are filled with EOS (never generated,
@@ -58,7 +60,7 @@ Not served by the engine yet (``generate`` serves them): image prompts on block 
 them), RCR remasking, partial decodes (``until_block``) and per-step records
 (``record_steps``).
 
-One file on purpose (about 510 lines, half of them this docstring and the help texts): it is one state machine.
+One file on purpose (about 650 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
 keep the same invariants between them (the running sequences hold slots ``0 .. n - 1``, a forward's rows are
 consecutive slots, a step reads the device once), so they are read and changed together; the state they share
@@ -77,6 +79,7 @@ from dllm_rl.config import Checked, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.models.prompt_images import PromptImages
+from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import evaluating, to_rollout
@@ -117,9 +120,10 @@ class EngineConfig(Checked):
     max_positions: int | None = field(
         None, ge=1,
         help="The positions a request may take (prompt plus completion slots); a request needing more is refused. "
-        "It bounds memory: a block model's KV cache is slots x max_positions columns, allocated at the first step "
-        "(without it, grown to the longest request so far), and a full-attention model's step pads every running "
-        "row to the longest request. None: the model's context.",
+        "It bounds memory: a block model's KV cache (or a full-attention model's Fast-dLLM prefix / dual cache) is "
+        "slots x max_positions columns, allocated at the first step (without it, grown to the longest request so "
+        "far), and a full-attention model without a cache pads every running row to the longest request. None: the "
+        "model's context.",
     )
 
 
@@ -175,7 +179,7 @@ class Engine:
         ``adapter`` names the LoRA adapter (loaded in the model by name) this request decodes with, or
         :data:`BASE_MODEL` for the base model with the adapters off; None: the model as it is called. Requests
         with different adapters share every step (``peft``'s mixed-adapter batch: each row as it would be alone),
-        so all of them share the slots and the KV pool.
+        so all of them share the slots and the KV pool (:meth:`_forward`).
 
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
@@ -284,6 +288,9 @@ class Engine:
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
         if prefill is not None and len(prefill) != len(prompts):
             raise ValueError(f"prefill has {len(prefill)} entries for {len(prompts)} prompts")
+        if self.cache is not None and self.engine.max_positions is None:  # every canvas is known: no regrowth
+            self.cache.reserve(max(canvas_width(len(p), self.config.gen_length, self.block, self.model.is_block_causal)
+                                   for p in prompts))
         ids = [self._queue(p, self.config, s, images.row(i) if images is not None else None,
                            prefill[i] if prefill is not None else None)
                for i, (p, s) in enumerate(zip(prompts, seeds))]  # (checked above, all of them)
@@ -444,8 +451,7 @@ class Engine:
         if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column left - start
             images = PromptImages.cat([s.images for s in group], [1] * len(group))
             splice = images.splice(self._long([left - st for st in starts]), width)
-        return self.model(ids, attention_mask=valid, logits_to_keep=keep, splice=splice,
-                          adapter_names=self._adapter_names(group)).logits
+        return self._forward(group, ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
 
     def _fast_dllm_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Fast-dLLM's prefix or dual cache (``config.cache``) on a full-attention model, per slot, as
@@ -484,9 +490,9 @@ class Engine:
         plan = StepPlan(group[0].slot, n, write_row, write_query, start[write_row] + write_query, max(widths))
         prev = self._prev_raw(group) if self.model.family.shift else None
         keep = block if width_q == block else torch.arange(block, device=device)
-        return self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
-                          use_cache=True, prev_raw_logits=prev, logits_to_keep=keep,
-                          adapter_names=self._adapter_names(group)).logits
+        return self._forward(group, ids, attn_bias=bias, position_ids=q_pos,
+                             past_key_values=self.cache.step_cache(plan), use_cache=True, prev_raw_logits=prev,
+                             logits_to_keep=keep).logits
 
     def _refresh_logits(self, group: list[Sequence]) -> torch.Tensor:
         """The rows' whole canvases, left-padded so that their current blocks share columns (as
@@ -511,10 +517,9 @@ class Engine:
         if any(s.images is not None and s.images.features for s in group):
             images = PromptImages.cat([s.images for s in group], [1] * len(group))
             splice = images.splice(offset, width)
-        out = self.model(ids, attention_mask=valid, attn_bias=attention_bias(valid, dtype=self.model.dtype),
-                         position_ids=col.clamp(min=0), past_key_values=self.cache.step_cache(plan), use_cache=True,
-                         logits_to_keep=torch.arange(left, left + block, device=device), splice=splice,
-                         adapter_names=self._adapter_names(group))
+        out = self._forward(group, ids, attention_mask=valid, attn_bias=attention_bias(valid, dtype=self.model.dtype),
+                            position_ids=col.clamp(min=0), past_key_values=self.cache.step_cache(plan), use_cache=True,
+                            logits_to_keep=torch.arange(left, left + block, device=device), splice=splice)
         if self.model.family.shift:
             self._prev_raw(group, out.logits[:, 0])
         for seq in group:
@@ -561,20 +566,31 @@ class Engine:
         self.cache.reserve(self.engine.max_positions or max(s.width for s in group))
         shift = self.model.family.shift
         keep = min(width_q, block + 1) if shift else block  # a shifted family also wants the column before
-        out = self.model(ids, attn_bias=bias, position_ids=q_pos, past_key_values=self.cache.step_cache(plan),
-                         use_cache=True, logits_to_keep=keep, align=not shift,
-                         adapter_names=self._adapter_names(group))
+        out = self._forward(group, ids, attn_bias=bias, position_ids=q_pos,
+                            past_key_values=self.cache.step_cache(plan), use_cache=True, logits_to_keep=keep,
+                            align=not shift)
         logits = self._shifted(group, out.logits) if shift else out.logits
         for seq in group:
             seq.cached = seq.cols()[0]  # the columns before the current block are final in the pool now
         return logits
 
-    def _adapter_names(self, group: list[Sequence]) -> list[str] | None:
-        """Each row's LoRA adapter for a mixed-adapter forward (a row without one: the active adapter), or None
-        when no row names one or the model has none (the model as it is called)."""
+    def _forward(self, group: list[Sequence], *args, **kwargs):
+        """The model's forward of ``group``'s rows, each with its LoRA adapter (a row naming none: the model as it
+        is called). Rows of one adapter run it directly (the base model's with the adapters off); only a forward
+        that mixes adapters takes ``peft``'s mixed-adapter batch, which indexes each adapter's rows in every LoRA
+        layer (a host-device synchronisation per layer on a GPU). Inside ``peft``'s ``disable_adapter()`` every
+        row decodes with the base model."""
         if all(s.adapter is None for s in group) or not self.adapters():
-            return None
-        return [s.adapter or self.model.model.active_adapter for s in group]
+            return self.model(*args, **kwargs)
+        names = [s.adapter or self.model.model.active_adapter for s in group]
+        if len(set(names)) > 1:
+            return self.model(*args, adapter_names=names, **kwargs)
+        if names[0] == self.model.model.active_adapter:  # (switching walks every LoRA layer)
+            return self.model(*args, **kwargs)
+        from dllm_rl.training.lora import active_adapter
+
+        with active_adapter(self.model, None if names[0] == BASE_MODEL else names[0]):
+            return self.model(*args, **kwargs)
 
     def _shifted(self, group: list[Sequence], raw: torch.Tensor) -> torch.Tensor:
         """A shifted family's (Fast-dLLM v2) logits of each row's current block ``[s, e)`` from the raw logits of

@@ -34,7 +34,7 @@ class SlotRows:
         for name, dtype in self.FIELDS.items():
             setattr(self, name, torch.zeros((slots, 0), dtype=dtype, device=device))
         self.masked0 = torch.zeros(slots, dtype=torch.long, device=device)
-        self.prev_raw: torch.Tensor | None = None  # [slots, V]: a shifted block family's logits before the block
+        self.prev_raw: torch.Tensor | None = None  # [slots, V]: a shifted family's logits before the block (cached)
 
     @property
     def width(self) -> int:
@@ -76,7 +76,7 @@ class Sequence:
     block_idx: int = 0  # the decoded block being worked on
     local_step: int = 0  # steps spent on it (static schedule counts)
     nfe: int = 0
-    cached: int = 0  # block models: columns [0, cached) are in the slot's KV cache
+    cached: int = 0  # columns [0, cached) are in the slot's KV cache (block models; full attention with a cache)
     comp: tuple[int, int] = (0, 0)  # its completion columns [c0, c1)
     slot: int = -1
     rows: SlotRows | None = None  # where its state lives once it has a slot

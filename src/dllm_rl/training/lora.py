@@ -173,7 +173,8 @@ def load_adapter_weights(dlm: DiffusionLM, directory: str | Path) -> None:
 def load_named_adapters(dlm: DiffusionLM, adapters: Mapping[str, str | Path]) -> DiffusionLM:
     """Load saved LoRA adapters (``peft``'s ``adapter_config.json`` + weights, e.g. a run's
     ``checkpoints/step-N/adapter``) into ``dlm`` under their names, for inference (in place; returns ``dlm``);
-    :func:`active_adapter` chooses the one a forward uses."""
+    :func:`active_adapter` chooses the one a forward uses, a forward's ``adapter_names`` one per row (the engine
+    does both)."""
     from peft import PeftModel
 
     if has_lora(dlm):
