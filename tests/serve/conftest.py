@@ -18,12 +18,13 @@ def demo_model():
 
 @pytest.fixture
 def make_server(demo_model):
-    """``make_server(decode=DecodeConfig, **limits)``: a Server over the demo block model (not started)."""
+    """``make_server(decode=DecodeConfig, api_key=None, **limits)``: a Server over the demo block model (not
+    started)."""
     from dllm_rl.serve.app import Server
     from dllm_rl.serve.config import ServeConfig
 
-    def make(decode, **limits):
+    def make(decode, api_key=None, **limits):
         model, tokenizer = demo_model
-        return Server(model, tokenizer, decode, ServeConfig(**limits), "sdar-countdown")
+        return Server(model, tokenizer, decode, ServeConfig(**limits), "sdar-countdown", api_key=api_key)
 
     return make

@@ -330,14 +330,16 @@ def test_a_stream_never_sends_half_a_character(make_server, demo_model):
 
 
 def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):
+    """`dllm-rl serve` as a process (its API key from the environment): SIGTERM lets the held requests finish."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1",
+           "DLLM_RL_API_KEY": "k3y"}
     proc = subprocess.Popen([sys.executable, "-m", "dllm_rl", "serve", str(DEMO / "sdar-countdown"), "--port",
                              str(port), "--slots", "2", "--gen-length", "32"], env=env, stderr=subprocess.PIPE,
                             text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(base_url=url, timeout=60) as client:
+        with httpx.Client(base_url=url, timeout=60, headers={"Authorization": "Bearer k3y"}) as client:
             deadline = time.monotonic() + 60
             while True:
                 assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
@@ -346,6 +348,7 @@ def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):
                         break
                 except httpx.TransportError:
                     time.sleep(0.1)
+            assert httpx.get(f"{url}/v1/models").status_code == 401  # no key
             with ThreadPoolExecutor(4) as pool:
                 held = [pool.submit(client.post, "/v1/completions", json={"prompt": p, "max_tokens": 32})
                         for p in PROMPTS[:4]]
@@ -362,6 +365,7 @@ def test_sigterm_finishes_the_held_requests_and_exits(tmp_path):
     assert codes == [200] * 4  # held requests finish within the grace period
     err = proc.stderr.read()
     assert "serve: sdar-countdown on http://127.0.0.1:" in err and "Traceback" not in err
+    assert "/v1 requests need the API key" in err
 
 
 def test_the_canvas_streams_after_every_step_for_viewers(make_server, demo_model):
@@ -390,3 +394,25 @@ def test_the_canvas_streams_after_every_step_for_viewers(make_server, demo_model
     want, _ = alone_answer(model, tok, ids, cfg, 30)
     assert "".join(e["choices"][0]["text"] for e in deltas[:-1]) == want  # the text deltas are unchanged
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream_canvas"
+
+
+def test_an_api_key_guards_the_openai_routes(make_server, demo_model):
+    """With an API key the /v1 routes answer 401 (OpenAI's error shape, counted) without it or with another, and
+    serve with it; /health and /metrics stay open."""
+    model, tok = demo_model
+    server = make_server(BASE, api_key="s3cret")
+    body = {"prompt": PROMPTS[0], "max_tokens": 4}
+    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+        missing = client.post("/v1/completions", json=body)
+        wrong = client.get("/v1/models", headers={"Authorization": "Bearer other"})
+        good = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        health = client.get("/health")
+        metrics = client.get("/metrics").text
+    assert missing.status_code == wrong.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    assert missing.json()["error"]["message"].startswith("a valid API key is needed: send the header "
+                                                         "'Authorization: Bearer <key>'")
+    text, _ = alone_answer(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 4)
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == text
+    assert health.status_code == 200
+    assert "dllm_rl_requests_rejected_unauthorized_total 2" in metrics

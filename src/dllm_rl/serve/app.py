@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -112,8 +113,9 @@ class Server:
     (or the base model, ``name``); all of them share the engine's ``limits.slots`` slots and its KV pool."""
 
     def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
-                 adapters: tuple[str, ...] = ()):
+                 adapters: tuple[str, ...] = (), api_key: str | None = None):
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
+        self.api_key = api_key or None  # set: every /v1 request must carry "Authorization: Bearer <api_key>"
         self.adapters = tuple(adapters)
         engine = Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop,
                                                     max_positions=limits.max_positions), tokenizer)
@@ -309,6 +311,21 @@ def create_app(server: Server) -> FastAPI:
 
     app = FastAPI(title="dllm-rl serve", lifespan=lifespan)
 
+    if server.api_key is not None:
+        expected = f"Bearer {server.api_key}".encode()
+
+        @app.middleware("http")
+        async def authorize(request: Request, call_next):
+            """The OpenAI routes want the key (as OpenAI's clients send it); /health and /metrics stay open."""
+            given = request.headers.get("authorization", "").encode()
+            if request.url.path.startswith("/v1/") and not secrets.compare_digest(given, expected):
+                server.worker.counters.rejected_unauthorized += 1
+                return JSONResponse({"error": {"message": "a valid API key is needed: send the header "
+                                               "'Authorization: Bearer <key>' with the key the server was started "
+                                               "with (--api-key)", "type": "invalid_request_error",
+                                               "param": None, "code": "invalid_api_key"}}, status_code=401)
+            return await call_next(request)
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
         if err.status == 400:
@@ -451,6 +468,8 @@ def _metrics_text(server: Server) -> str:
         ("requests_finished_total", "counter", "requests answered in full", c.finished),
         ("requests_rejected_queue_full_total", "counter", "requests answered 429", c.rejected_queue_full),
         ("requests_rejected_invalid_total", "counter", "requests answered 400", c.rejected_invalid),
+        ("requests_rejected_unauthorized_total", "counter", "requests answered 401 (no or a wrong API key)",
+         c.rejected_unauthorized),
         ("requests_aborted_disconnect_total", "counter", "slots freed because the client left",
          c.aborted_disconnect),
         ("requests_timed_out_total", "counter", "slots freed by the timeout", c.timed_out),

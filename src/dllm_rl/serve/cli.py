@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 
@@ -11,6 +12,8 @@ from dllm_rl.config import FieldError, describe
 from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 from dllm_rl.serve.config import ServeConfig
+
+API_KEY_ENV = "DLLM_RL_API_KEY"  # the --api-key default (keeps the key out of the process list)
 
 
 def parse_loras(values: list[str] | None) -> dict[str, str]:
@@ -27,7 +30,7 @@ def parse_loras(values: list[str] | None) -> dict[str, str]:
 
 
 def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32",
-                 loras: dict[str, str] | None = None):
+                 loras: dict[str, str] | None = None, api_key: str | None = None):
     """Load the model, its tokenizer and the LoRA adapters ``loras`` (name -> adapter folder) and wrap them in a
     :class:`~dllm_rl.serve.app.Server` (engines not started)."""
     from pathlib import Path
@@ -52,7 +55,7 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
         for adapter in loras:
             if (refusal := mixed_batch_refusal(model, adapter)) is not None:
                 raise UserError(f"--lora: {refusal}")
-    return Server(model, tokenizer, decode, limits, name, tuple(loras or ()))
+    return Server(model, tokenizer, decode, limits, name, tuple(loras or ()), api_key)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -70,8 +73,9 @@ def serve_command(args: argparse.Namespace) -> int:
     except FieldError as err:
         raise UserError(f"--{err.key.replace('_', '-')}: {err.problem}") from None
     server = build_server(args.model_dir, decode_config_from_args(args), limits, args.device, args.dtype,
-                          parse_loras(args.lora))
+                          parse_loras(args.lora), args.api_key or os.environ.get(API_KEY_ENV))
     served = f"; LoRA adapters (the request's \"model\"): {', '.join(server.adapters)}" if server.adapters else ""
+    served += "; /v1 requests need the API key" if server.api_key else ""
     print(f"serve: {server.name} on http://{args.host}:{args.port} ({limits.slots} slots, decoding in blocks of "
           f"{server.block}{served}); POST /v1/completions, /v1/chat/completions", file=sys.stderr, flush=True)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
@@ -94,6 +98,8 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default: warning)")
+    p.add_argument("--api-key", default=None, help="require \"Authorization: Bearer KEY\" on the /v1 routes (401 "
+                   f"without it; /health and /metrics stay open); default: ${API_KEY_ENV} if set, else none")
     p.add_argument("--lora", action="append", metavar="NAME=DIR",
                    help="serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. a run's "
                    "checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "
