@@ -20,17 +20,18 @@ def _rows(out):
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMES)} for r in rows]
 
 
-def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch):
+@pytest.mark.parametrize("algorithm", ["espo", "mdpo"])  # MDPO's rollouts record every step's prediction
+def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch, algorithm):
     import dllm_rl.sampling.engine as engine_mod
 
     runs, real = [], engine_mod.Engine.run
 
-    def counted(self, prompts, seeds=None, images=None, prefill=None):
-        runs.append((self.engine.slots, len(prompts)))
-        return real(self, prompts, seeds, images, prefill)
+    def counted(self, prompts, seeds=None, images=None, prefill=None, record_steps=None):
+        runs.append((self.engine.slots, len(prompts), record_steps))
+        return real(self, prompts, seeds, images, prefill, record_steps)
 
     monkeypatch.setattr(engine_mod.Engine, "run", counted)
-    common = ("algorithm=espo", "train.max_steps=1", "drop_zero_variance=false", "rollout.threshold=0.5",
+    common = (f"algorithm={algorithm}", "train.max_steps=1", "drop_zero_variance=false", "rollout.threshold=0.5",
               "rollout.batch_size=3", "eval.limit=4", "eval.threshold=0.5")
     rows = {}
     for name, extra in (("fixed", ()), ("engine", ("rollout.engine=true",))):
@@ -38,7 +39,8 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
         train(cfg, reward_fn=digit_reward)
         rows[name] = _rows(tmp_path / name)
     # held-out before, the step's 8 rollouts (2 prompts x 4), held-out after: all through 3 slots
-    assert runs == [(3, 4), (3, 8), (3, 4)]
+    record = "sampled" if algorithm == "mdpo" else None
+    assert runs == [(3, 4, None), (3, 8, record), (3, 4, None)]
     assert rows["engine"] == rows["fixed"] and any("loss" in r for r in rows["fixed"])
 
 

@@ -99,6 +99,35 @@ def test_fast_dllm_caches_decode_as_one_at_a_time_generate(tiny_models, family, 
         assert widths.count(4) > len(widths) // 3 and max(widths) > 4
 
 
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+@pytest.mark.parametrize("kind", ["sampled", "greedy"])
+def test_per_step_records_equal_generates(tiny_models, family, kind):
+    """``record_steps`` through the engine (MDPO's and EGSPO's rollouts): each request's per-step predictions and
+    masks equal what ``generate`` records for it alone (confidences to float rounding), whoever shares its steps,
+    and a fixed batch's through ``generate_batched``; a request its prefill fills keeps an empty record."""
+    model = tiny_models[family]
+    prompts = _prompts(LENGTHS[:7], seed=6)
+    config = DecodeConfig(gen_length=8, block_length=4, temperature=1.0, threshold=0.5, stop_on_eos=False)
+    seeds = [300 + i for i in range(len(prompts))]
+    got = Engine(model, config, EngineConfig(slots=3)).run(prompts, seeds, record_steps=kind)
+    for i, (p, s) in enumerate(zip(prompts, seeds)):
+        one = generate(model, [p], config, seeds=[s], record_steps=kind)
+        _, steps, width = one.step_tokens.shape  # (a block model's completion may start inside the prompt's block)
+        assert steps == int(one.nfe) and steps > 1
+        assert torch.equal(got.step_tokens[i : i + 1, :steps, :width], one.step_tokens), i
+        assert torch.equal(got.step_masked[i : i + 1, :steps, :width], one.step_masked), i
+        assert torch.allclose(got.step_confidence[i : i + 1, :steps, :width], one.step_confidence, atol=1e-6), i
+        assert not got.step_masked[i, steps:].any() and not got.step_masked[i, :, width:].any()  # padding
+    fixed = generate_batched(model, prompts, config, seeds, batch_size=7, record_steps=kind)
+    through = generate_batched(model, prompts, config, seeds, record_steps=kind, engine=EngineConfig(slots=2))
+    assert torch.equal(through.step_tokens, fixed.step_tokens) and torch.equal(through.step_masked, fixed.step_masked)
+    assert torch.allclose(through.step_confidence, fixed.step_confidence, atol=1e-6)
+    width = generate(model, [prompts[0]], config).completion_ids.shape[1]
+    filled = Engine(model, config, EngineConfig(slots=1)).run([prompts[0]], prefill=[dict.fromkeys(range(width), 5)],
+                                                               record_steps=kind)
+    assert filled.step_tokens.shape == (1, 0, width) and int(filled.nfe) == 0
+
+
 @pytest.mark.parametrize("family", ["sdar", "dream", "llada2", "sdar_moe"])
 def test_run_returns_the_fixed_batch_rollout_in_input_order(tiny_models, family):
     model = tiny_models.get(family) or build_model(family, tiny_config(family, vocab_size=64, hidden_size=32,

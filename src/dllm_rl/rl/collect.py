@@ -280,7 +280,7 @@ class RolloutCollector:
             rollout = None if replaces else generate_batched(
                 policy, group_ids, decode_config(cfg, policy), seeds=seeds, tokenizer=self.tokenizer,
                 batch_size=cfg.rollout.batch_size, images=group_images, engine=rollout_engine(cfg),
-                record_steps=getattr(self.rollout_hook, "records_steps", False))
+                record_steps=getattr(self.rollout_hook, "records_steps", None))
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]

@@ -56,11 +56,13 @@ adapter applied to its own row), so one pool of slots and one KV pool serve them
 **Prefilled tokens** (``prefill``: IGPO's hints, inpainting) are committed before decoding, as ``generate`` does;
 a block they leave nothing to decode in costs no step, and ends the answer if it holds only EOS (an EOS stop).
 
-Not served by the engine yet (``generate`` serves them): image prompts on block models (no published family has
-them), RCR remasking, partial decodes (``until_block``) and per-step records
-(``record_steps``).
+**Per-step records** (``record_steps``: MDPO, EGSPO) keep each step's prediction per sequence, as ``generate``'s
+:class:`~dllm_rl.sampling.step_record.StepRecorder` does for a batch of one.
 
-One file on purpose (about 650 lines, a third of them this docstring and the help texts): it is one state machine.
+Not served by the engine yet (``generate`` serves them): image prompts on block models (no published family has
+them), RCR remasking and partial decodes (``until_block``).
+
+One file on purpose (about 690 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
 keep the same invariants between them (the running sequences hold slots ``0 .. n - 1``, a forward's rows are
 consecutive slots, a step reads the device once), so they are read and changed together; the state they share
@@ -87,6 +89,7 @@ from dllm_rl.sampling.inputs import check_inputs, decode_block_length
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
+from dllm_rl.sampling.step_record import PREDICTIONS
 
 # DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
 PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "stop_on_eos",
@@ -168,7 +171,8 @@ class Engine:
     # ---- the serving API -------------------------------------------------------------------------------------
     def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
                     config: DecodeConfig | None = None, images: PromptImages | None = None,
-                    prefill: dict[int, int] | None = None, adapter: str | None = None) -> int:
+                    prefill: dict[int, int] | None = None, adapter: str | None = None,
+                    record_steps: str | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
         ``config.seed + request id``); ``gen_length`` overrides the config's for this request; ``images`` (one row,
         LLaDA-V) are the prompt's image features, spliced at its placeholder positions.
@@ -180,6 +184,9 @@ class Engine:
         :data:`BASE_MODEL` for the base model with the adapters off; None: the model as it is called. Requests
         with different adapters share every step (``peft``'s mixed-adapter batch: each row as it would be alone),
         so all of them share the slots and the KV pool (:meth:`_forward`).
+
+        ``record_steps`` (``"sampled"`` | ``"greedy"``) keeps each step's prediction in the rollout, as
+        ``generate(record_steps=)`` does (:mod:`~dllm_rl.sampling.step_record`: MDPO, EGSPO).
 
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
@@ -200,15 +207,17 @@ class Engine:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
-        return self._queue(ids, config, seed, images, prefill, adapter)
+        return self._queue(ids, config, seed, images, prefill, adapter, record_steps)
 
     def adapters(self) -> tuple[str, ...]:
         """The names of the LoRA adapters loaded in the model (none without ``peft``)."""
         return tuple(getattr(self.model.model, "peft_config", None) or ())
 
     def _queue(self, ids: list[int], config: DecodeConfig, seed: int | None, images: PromptImages | None,
-               prefill: dict[int, int] | None, adapter: str | None = None) -> int:
+               prefill: dict[int, int] | None, adapter: str | None = None, record_steps: str | None = None) -> int:
         """Queue a checked prompt; returns its request id."""
+        if record_steps is not None and record_steps not in PREDICTIONS:
+            raise ValueError(f"record_steps must be one of {', '.join(PREDICTIONS)}, got {record_steps!r}")
         rid = self._next_id
         try:
             seq = Sequence.new(rid, ids, config.gen_length, self.block, self.model.is_block_causal,
@@ -218,7 +227,7 @@ class Engine:
                                self.model.eos_token_id)
         except ValueError as err:  # a prefill offset outside the completion
             raise UserError(f"request {rid}: {err}".replace("prefill[0]", "prefill")) from None
-        seq.config, seq.adapter = config, adapter
+        seq.config, seq.adapter, seq.record = config, adapter, record_steps
         self._next_id += 1
         self.waiting.append(seq)
         return rid
@@ -280,10 +289,11 @@ class Engine:
         return [Completion(seq.request_id, self._rollout(seq)) for seq in finished]
 
     def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None,
-            prefill: list[dict[int, int]] | None = None) -> Rollout:
+            prefill: list[dict[int, int]] | None = None, record_steps: str | None = None) -> Rollout:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
         ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`) and shows the images of
-        row ``i`` of ``images`` (encoded already, as ``generate`` takes them) and commits ``prefill[i]`` first."""
+        row ``i`` of ``images`` (encoded already, as ``generate`` takes them) and commits ``prefill[i]`` first;
+        ``record_steps`` as :meth:`add_request`."""
         prompts = check_inputs(self.model, prompts, self.config, seeds, images, self.engine.max_positions)
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
         if prefill is not None and len(prefill) != len(prompts):
@@ -292,7 +302,7 @@ class Engine:
             self.cache.reserve(max(canvas_width(len(p), self.config.gen_length, self.block, self.model.is_block_causal)
                                    for p in prompts))
         ids = [self._queue(p, self.config, s, images.row(i) if images is not None else None,
-                           prefill[i] if prefill is not None else None)
+                           prefill[i] if prefill is not None else None, record_steps=record_steps)
                for i, (p, s) in enumerate(zip(prompts, seeds))]  # (checked above, all of them)
         order = {rid: i for i, rid in enumerate(ids)}
         out: list[Rollout | None] = [None] * len(ids)
@@ -592,6 +602,27 @@ class Engine:
         with active_adapter(self.model, None if names[0] == BASE_MODEL else names[0]):
             return self.model(*args, **kwargs)
 
+    def _record(self, group: list[Sequence], slots: torch.Tensor, cols: torch.Tensor, todo: torch.Tensor,
+                logits: torch.Tensor, tokens: torch.Tensor, conf: torch.Tensor) -> None:
+        """Each recording row's prediction of this step, before it commits, as
+        :class:`~dllm_rl.sampling.step_record.StepRecorder` keeps it: its completion with the block's masked slots
+        predicted (the sampled tokens, or the logits' argmax for ``"greedy"``), which slots are masked, and the
+        predicted slots' confidences (a device tensor per row and step: no host read)."""
+        greedy = self._long([s.record == "greedy" for s in group]).bool()[:, None]
+        guess = torch.where(greedy, logits.argmax(-1), tokens)
+        x, masked = self.rows.x[slots[:, 0]].clone(), self.rows.todo[slots[:, 0]]
+        x.scatter_(1, cols, torch.where(todo, guess, x.gather(1, cols)))
+        score = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        score.scatter_(1, cols, torch.where(todo, conf.float(), 0.0))
+        width = max(s.comp[1] - s.comp[0] for s in group)
+        idx = (self._long([s.comp[0] for s in group])[:, None] + torch.arange(width, device=x.device)).clamp(
+            max=x.shape[1] - 1)
+        x, masked, score = x.gather(1, idx).int(), masked.gather(1, idx), score.gather(1, idx)
+        for i, seq in enumerate(group):
+            if seq.record:
+                g = seq.comp[1] - seq.comp[0]
+                seq.records.append((x[i, :g], masked[i, :g], score[i, :g]))
+
     def _shifted(self, group: list[Sequence], raw: torch.Tensor) -> torch.Tensor:
         """A shifted family's (Fast-dLLM v2) logits of each row's current block ``[s, e)`` from the raw logits of
         the forward's last query columns (column ``i`` scores token ``i + 1``): column ``i`` reads the raw logits of
@@ -637,6 +668,8 @@ class Engine:
         needs_rng = cfg.temperature > 0 or cfg.confidence == "random"
         gens = [s.generator for s in group] if needs_rng else None
         tokens, conf, ent = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
+        if any(s.record for s in group):
+            self._record(group, slots, cols, todo, logits, tokens, conf)
         candidates = todo if cfg.sub_block is None else current_sub_block(todo, cfg.sub_block)
         if cfg.threshold is not None:
             chosen = select_commits(conf, candidates, threshold=cfg.threshold)

@@ -82,6 +82,8 @@ class Sequence:
     rows: SlotRows | None = None  # where its state lives once it has a slot
     config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
     adapter: str | None = None  # the LoRA adapter its forwards use (None: the model as it is called)
+    record: str | None = None  # record_steps: "sampled" | "greedy" (each step's prediction, step_record)
+    records: list = dataclasses.field(default_factory=list)  # per step: (tokens, masked, confidence) [G] each
     images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
     prefill: dict[int, int] | None = None  # completion offset -> token committed before decoding
     empty: dict[int, bool] | None = None  # prefill only: blocks left with nothing to decode -> holds only EOS / pad
@@ -142,19 +144,27 @@ class Sequence:
         """Its canvas as it stands and the trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of
         one (copies: the slot goes to another sequence next). A sequence that never took a slot (its prefill left
         nothing to decode) reads its own canvas."""
+        device = self.canvas.x.device
         if self.rows is None:
-            w, device = self.width, self.canvas.x.device
-            return self.canvas, {"step_map": torch.full((1, w), -1, dtype=torch.long, device=device),
-                                 "confidence": torch.zeros((1, w), device=device),
-                                 "entropy": torch.zeros((1, w), device=device), "nfe": torch.zeros(1, dtype=torch.long,
-                                                                                                    device=device)}
-        row, w = self.slot, self.width
-        canvas = dataclasses.replace(self.canvas, x=self.rows.x[row : row + 1, :w].clone(),
-                                     todo=self.rows.todo[row : row + 1, :w].clone())
-        trace = {"step_map": self.rows.step_map[row : row + 1, :w].clone(),
-                 "confidence": self.rows.conf[row : row + 1, :w].clone(),
-                 "entropy": self.rows.entropy[row : row + 1, :w].clone(),
-                 "nfe": torch.tensor([self.nfe], device=self.canvas.x.device)}
+            w = self.width
+            canvas = self.canvas
+            trace = {"step_map": torch.full((1, w), -1, dtype=torch.long, device=device),
+                     "confidence": torch.zeros((1, w), device=device),
+                     "entropy": torch.zeros((1, w), device=device)}
+        else:
+            row, w = self.slot, self.width
+            canvas = dataclasses.replace(self.canvas, x=self.rows.x[row : row + 1, :w].clone(),
+                                         todo=self.rows.todo[row : row + 1, :w].clone())
+            trace = {"step_map": self.rows.step_map[row : row + 1, :w].clone(),
+                     "confidence": self.rows.conf[row : row + 1, :w].clone(),
+                     "entropy": self.rows.entropy[row : row + 1, :w].clone()}
+        trace["nfe"] = torch.tensor([self.nfe], device=device)
+        if self.record:  # [1, steps, G], as generate's StepRecorder lays a batch of one out
+            g = self.comp[1] - self.comp[0]
+            for name, k, dtype in (("step_tokens", 0, torch.int32), ("step_masked", 1, torch.bool),
+                                   ("step_confidence", 2, torch.float32)):
+                got = [r[k] for r in self.records]
+                trace[name] = (torch.stack(got) if got else torch.zeros((0, g), dtype=dtype, device=device))[None]
         return canvas, trace
 
 
