@@ -213,8 +213,7 @@ def test_slots_decode_with_the_engine_to_the_same_records(workdir, monkeypatch):
 
     runs, real = [], engine_mod.Engine.run
     monkeypatch.setattr(engine_mod.Engine, "run",
-                        lambda self, p, s=None, images=None, prefill=None, record_steps=None: runs.append(len(p))
-                        or real(self, p, s, images, prefill, record_steps))
+                        lambda self, p, *rest: runs.append(len(p)) or real(self, p, *rest))
     settings = [parse_setting("dyn:threshold=0.3,temperature=1.0"),
                 parse_setting("nocache:block_cache=false,temperature=1.0")]
     common = dict(model_dir=str(workdir / "sdar"), limit=5, num_samples=2, settings=settings, decode={"gen_length": 8})

@@ -20,15 +20,16 @@ def _rows(out):
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMES)} for r in rows]
 
 
-@pytest.mark.parametrize("algorithm", ["espo", "mdpo"])  # MDPO's rollouts record every step's prediction
+# MDPO's rollouts record every step's prediction; d-TreeRPO's grow trees of partial decodes (prefill + until_block)
+@pytest.mark.parametrize("algorithm", ["espo", "mdpo", "d_treerpo"])
 def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch, algorithm):
     import dllm_rl.sampling.engine as engine_mod
 
     runs, real = [], engine_mod.Engine.run
 
-    def counted(self, prompts, seeds=None, images=None, prefill=None, record_steps=None):
+    def counted(self, prompts, seeds=None, images=None, prefill=None, record_steps=None, until_block=None):
         runs.append((self.engine.slots, len(prompts), record_steps))
-        return real(self, prompts, seeds, images, prefill, record_steps)
+        return real(self, prompts, seeds, images, prefill, record_steps, until_block)
 
     monkeypatch.setattr(engine_mod.Engine, "run", counted)
     common = (f"algorithm={algorithm}", "train.max_steps=1", "drop_zero_variance=false", "rollout.threshold=0.5",
@@ -40,7 +41,10 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
         rows[name] = _rows(tmp_path / name)
     # held-out before, the step's 8 rollouts (2 prompts x 4), held-out after: all through 3 slots
     record = "sampled" if algorithm == "mdpo" else None
-    assert runs == [(3, 4, None), (3, 8, record), (3, 4, None)]
+    if algorithm == "d_treerpo":  # the tree's levels: several engine runs between the two evaluations
+        assert runs[0] == runs[-1] == (3, 4, None) and len(runs) > 3
+    else:
+        assert runs == [(3, 4, None), (3, 8, record), (3, 4, None)]
     assert rows["engine"] == rows["fixed"] and any("loss" in r for r in rows["fixed"])
 
 

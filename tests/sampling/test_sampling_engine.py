@@ -425,3 +425,12 @@ def test_prefilled_tokens_decode_as_generate_puts_them(tiny_models, family):
     assert bool(cont.prefilled[0, [0, 5]].all()) and int(cont.prefilled[0].sum()) == 2
     with pytest.raises(UserError, match="request 0: prefill: offset 8 is outside the 8 completion slots"):
         Engine(model, config).add_request([1, 2, 3, 4], prefill={8: 3})
+    # partial decodes (d-TreeRPO's tree nodes): a request ends before its until_block-th decoded block, the rest of
+    # its completion masked; with the prefills (a node continues its parent), as generate_batched leaves them
+    until = [1, 2, 0, 1, 2, 1]  # 0: nothing decoded; the last: its first block prefilled, so it decodes nothing
+    fixed = generate_batched(model, prompts, config, prefill=prefill, until_block=until)
+    cont = Engine(model, config, EngineConfig(slots=2)).run(prompts, prefill=prefill, until_block=until)
+    for name in ("completion_ids", "completion_mask", "step_map", "nfe", "prefilled"):
+        assert torch.equal(getattr(cont, name), getattr(fixed, name)), name
+    assert cont.nfe.tolist()[2] == 0 and cont.nfe.tolist()[5] == 0 and bool((cont.step_map[0, 4:] == -1).all())
+    assert bool((cont.completion_ids[0, [4, 6, 7]] == model.mask_token_id).all())  # left masked (5: prefilled)

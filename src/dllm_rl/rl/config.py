@@ -108,8 +108,8 @@ class RolloutConfig(DecodeOptions):
         False, help="decode rollouts and the held-out evaluation with the continuous-batching engine, "
         "rollout.batch_size sequences at a time, each finished one replaced at once by a waiting one (the same "
         "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Every family and cache "
-        "(Fast-dLLM's prefix and dual caches, image prompts, rollout hooks' prefilled tokens and per-step records "
-        "included); RCR remasking and partial trees (until_block) decode in fixed batches")
+        "(Fast-dLLM's prefix and dual caches, image prompts, rollout hooks' prefilled tokens, per-step records and "
+        "d-TreeRPO's partial trees included); RCR remasking decodes in fixed batches")
 
 
 @dataclass

@@ -59,8 +59,11 @@ a block they leave nothing to decode in costs no step, and ends the answer if it
 **Per-step records** (``record_steps``: MDPO, EGSPO) keep each step's prediction per sequence, as ``generate``'s
 :class:`~dllm_rl.sampling.step_record.StepRecorder` does for a batch of one.
 
+**Partial decodes** (``until_block``: d-TreeRPO's tree nodes) end a sequence before its ``until_block``-th decoded
+block, the rest of its completion left masked.
+
 Not served by the engine yet (``generate`` serves them): image prompts on block models (no published family has
-them), RCR remasking and partial decodes (``until_block``).
+them) and RCR remasking.
 
 One file on purpose (about 690 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
@@ -172,7 +175,7 @@ class Engine:
     def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
                     config: DecodeConfig | None = None, images: PromptImages | None = None,
                     prefill: dict[int, int] | None = None, adapter: str | None = None,
-                    record_steps: str | None = None) -> int:
+                    record_steps: str | None = None, until_block: int | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
         ``config.seed + request id``); ``gen_length`` overrides the config's for this request; ``images`` (one row,
         LLaDA-V) are the prompt's image features, spliced at its placeholder positions.
@@ -186,7 +189,9 @@ class Engine:
         so all of them share the slots and the KV pool (:meth:`_forward`).
 
         ``record_steps`` (``"sampled"`` | ``"greedy"``) keeps each step's prediction in the rollout, as
-        ``generate(record_steps=)`` does (:mod:`~dllm_rl.sampling.step_record`: MDPO, EGSPO).
+        ``generate(record_steps=)`` does (:mod:`~dllm_rl.sampling.step_record`: MDPO, EGSPO). ``until_block``
+        stops the request after its first ``until_block`` decoded blocks, the rest of its completion left masked, as
+        ``generate(until_block=)`` (d-TreeRPO's partial trees).
 
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
@@ -207,14 +212,15 @@ class Engine:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
-        return self._queue(ids, config, seed, images, prefill, adapter, record_steps)
+        return self._queue(ids, config, seed, images, prefill, adapter, record_steps, until_block)
 
     def adapters(self) -> tuple[str, ...]:
         """The names of the LoRA adapters loaded in the model (none without ``peft``)."""
         return tuple(getattr(self.model.model, "peft_config", None) or ())
 
     def _queue(self, ids: list[int], config: DecodeConfig, seed: int | None, images: PromptImages | None,
-               prefill: dict[int, int] | None, adapter: str | None = None, record_steps: str | None = None) -> int:
+               prefill: dict[int, int] | None, adapter: str | None = None, record_steps: str | None = None,
+               until_block: int | None = None) -> int:
         """Queue a checked prompt; returns its request id."""
         if record_steps is not None and record_steps not in PREDICTIONS:
             raise ValueError(f"record_steps must be one of {', '.join(PREDICTIONS)}, got {record_steps!r}")
@@ -227,7 +233,7 @@ class Engine:
                                self.model.eos_token_id)
         except ValueError as err:  # a prefill offset outside the completion
             raise UserError(f"request {rid}: {err}".replace("prefill[0]", "prefill")) from None
-        seq.config, seq.adapter, seq.record = config, adapter, record_steps
+        seq.config, seq.adapter, seq.record, seq.until = config, adapter, record_steps, until_block
         self._next_id += 1
         self.waiting.append(seq)
         return rid
@@ -289,20 +295,23 @@ class Engine:
         return [Completion(seq.request_id, self._rollout(seq)) for seq in finished]
 
     def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None,
-            prefill: list[dict[int, int]] | None = None, record_steps: str | None = None) -> Rollout:
+            prefill: list[dict[int, int]] | None = None, record_steps: str | None = None,
+            until_block: list[int] | None = None) -> Rollout:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
         ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`) and shows the images of
-        row ``i`` of ``images`` (encoded already, as ``generate`` takes them) and commits ``prefill[i]`` first;
-        ``record_steps`` as :meth:`add_request`."""
+        row ``i`` of ``images`` (encoded already, as ``generate`` takes them), commits ``prefill[i]`` first and
+        stops after ``until_block[i]`` decoded blocks; ``record_steps`` as :meth:`add_request`."""
         prompts = check_inputs(self.model, prompts, self.config, seeds, images, self.engine.max_positions)
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
-        if prefill is not None and len(prefill) != len(prompts):
-            raise ValueError(f"prefill has {len(prefill)} entries for {len(prompts)} prompts")
+        for name, per in (("prefill", prefill), ("until_block", until_block)):
+            if per is not None and len(per) != len(prompts):
+                raise ValueError(f"{name} has {len(per)} entries for {len(prompts)} prompts")
         if self.cache is not None and self.engine.max_positions is None:  # every canvas is known: no regrowth
             self.cache.reserve(max(canvas_width(len(p), self.config.gen_length, self.block, self.model.is_block_causal)
                                    for p in prompts))
         ids = [self._queue(p, self.config, s, images.row(i) if images is not None else None,
-                           prefill[i] if prefill is not None else None, record_steps=record_steps)
+                           prefill[i] if prefill is not None else None, record_steps=record_steps,
+                           until_block=until_block[i] if until_block is not None else None)
                for i, (p, s) in enumerate(zip(prompts, seeds))]  # (checked above, all of them)
         order = {rid: i for i, rid in enumerate(ids)}
         out: list[Rollout | None] = [None] * len(ids)
@@ -350,13 +359,16 @@ class Engine:
 
     def _skip_prefilled(self, seq: Sequence) -> bool:
         """Move ``seq`` past the blocks its prefill left nothing to decode in, without a step (as ``generate``
-        does), an EOS stop ending it where such a block holds only EOS / padding; True when it is finished."""
-        while seq.empty is not None and seq.block_idx in seq.empty:
+        does), an EOS stop ending it where such a block holds only EOS / padding; True when it is finished (its
+        last block, or the block its ``until_block`` stops before)."""
+        while seq.until is None or seq.block_idx < seq.until:
+            if seq.empty is None or seq.block_idx not in seq.empty:
+                return seq.block_idx >= seq.canvas.num_blocks
             if seq.config.stop_on_eos and seq.empty[seq.block_idx]:
                 seq.stop_after(seq.cols()[1], self.model.eos_token_id)
                 return True
             seq.block_idx += 1
-        return seq.block_idx >= seq.canvas.num_blocks
+        return True
 
     def _groups(self, running: list[Sequence]) -> list[list[Sequence]]:
         """The forwards of a step: one for full attention. For block models one too, except that sequences whose

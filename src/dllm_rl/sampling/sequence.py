@@ -82,6 +82,7 @@ class Sequence:
     rows: SlotRows | None = None  # where its state lives once it has a slot
     config: DecodeConfig | None = None  # its decoding rules (the engine's, or the request's own)
     adapter: str | None = None  # the LoRA adapter its forwards use (None: the model as it is called)
+    until: int | None = None  # until_block: it ends before this decoded block (a partial decode)
     record: str | None = None  # record_steps: "sampled" | "greedy" (each step's prediction, step_record)
     records: list = dataclasses.field(default_factory=list)  # per step: (tokens, masked, confidence) [G] each
     images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
