@@ -20,8 +20,9 @@ class ServeConfig(Checked):
         None, ge=1, help="The positions a request may take, prompt plus completion slots; more is answered 400 "
         "naming the prompt. It bounds the engine's memory (EngineConfig.max_positions): a block model's KV cache "
         "is slots x max_positions positions, allocated at the first step (a position: layers x 2 x KV "
-        "heads x head dim x bytes, 144 KiB for an 8B Qwen3-shaped model in bfloat16), and a full-attention model "
-        "pads every step's rows to the longest running. None: the model's context (the cache then grows to the "
+        "heads x head dim x bytes, 144 KiB for an 8B Qwen3-shaped model in bfloat16), as is a full-attention "
+        "model's under --cache dual / prefix; without a cache a full-attention model pads every step's rows to the "
+        "longest running. None: the model's context (the cache then grows to the "
         "longest request admitted).")
     timeout_s: float = field(
         600.0, gt=0, help="Seconds a request may take from arrival to its last token; then its slot is freed and "
