@@ -434,3 +434,6 @@ def test_prefilled_tokens_decode_as_generate_puts_them(tiny_models, family):
         assert torch.equal(getattr(cont, name), getattr(fixed, name)), name
     assert cont.nfe.tolist()[2] == 0 and cont.nfe.tolist()[5] == 0 and bool((cont.step_map[0, 4:] == -1).all())
     assert bool((cont.completion_ids[0, [4, 6, 7]] == model.mask_token_id).all())  # left masked (5: prefilled)
+    early = Engine(model, config, EngineConfig(slots=2, early_stop=True)).run(prompts, prefill=prefill,
+                                                                              until_block=until)
+    assert torch.equal(early.completion_ids, fixed.completion_ids)  # early stop leaves a partial decode's rest masked

@@ -222,10 +222,12 @@ def test_a_full_queue_gets_429_and_the_held_requests_finish(make_server):
         assert _metrics(client)["requests_rejected_queue_full_total"] == 1
 
 
-def test_a_client_that_disconnects_frees_its_slot(make_server):
-    server = make_server(BASE, slots=1, max_queue=4)
+@pytest.mark.parametrize("key", [None, "k3y"])  # (the key check must not hide a departed client)
+def test_a_client_that_disconnects_frees_its_slot(make_server, key):
+    server = make_server(BASE, api_key=key, slots=1, max_queue=4)
     gate = Gate(server)
-    with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with running(server) as url, httpx.Client(base_url=url, timeout=60, headers=headers) as client:
         # a streaming client that reads the first event and leaves; a plain one (3 choices) that gives up waiting
         with client.stream("POST", "/v1/chat/completions",
                            json={"messages": [{"role": "user", "content": "1"}], "stream": True}) as resp:
@@ -406,6 +408,7 @@ def test_an_api_key_guards_the_openai_routes(make_server, demo_model):
         missing = client.post("/v1/completions", json=body)
         wrong = client.get("/v1/models", headers={"Authorization": "Bearer other"})
         good = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        lower = client.get("/v1/models", headers={"Authorization": "bearer s3cret"})  # the scheme is case-blind
         health = client.get("/health")
         metrics = client.get("/metrics").text
     assert missing.status_code == wrong.status_code == 401
@@ -413,6 +416,6 @@ def test_an_api_key_guards_the_openai_routes(make_server, demo_model):
     assert missing.json()["error"]["message"].startswith("a valid API key is needed: send the header "
                                                          "'Authorization: Bearer <key>'")
     text, _ = alone_answer(model, tok, tok.encode(PROMPTS[0], add_special_tokens=False), BASE, 4)
-    assert good.status_code == 200 and good.json()["choices"][0]["text"] == text
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == text and lower.status_code == 200
     assert health.status_code == 200
     assert "dllm_rl_requests_rejected_unauthorized_total 2" in metrics

@@ -113,6 +113,32 @@ def test_requests_decode_with_the_adapter_they_name_as_alone(adapters):
     assert bad.json()["error"]["message"] == "model: 'other' is not served here; served: sdar-countdown, plus, minus"
 
 
+def test_a_request_naming_an_adapter_leaves_the_model_as_it_was(adapters):
+    """A training model's own adapter stays active and trainable after the engine decodes a request with another:
+    a later request naming none decodes with the model's adapter, as generate does."""
+    from dllm_rl.sampling import generate
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    model = apply_lora(_demo(), LoraOptions(enabled=True, r=4), seed=3)  # "default", trainable
+    with torch.no_grad():
+        for pname, p in model.model.named_parameters():
+            if "lora_B" in pname:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)) * 0.5)
+    model.model.load_adapter(str(adapters / "plus"), adapter_name="plus", is_trainable=False)
+    trainable = sorted(n for n, p in model.model.named_parameters() if p.requires_grad)
+    config = DecodeConfig(gen_length=16, threshold=0.5)
+    ids = load_tokenizer(DEMO / "sdar-countdown").encode(PROMPTS[0], add_special_tokens=False)
+    want = generate(model, [ids], config, seeds=[1]).completion_ids
+    engine = Engine(model, config, EngineConfig(slots=2))
+    first = engine.run([ids], seeds=[1])  # (the model as it is: its own adapter)
+    engine.add_request(ids, seed=1, adapter="plus")
+    while engine.has_unfinished():
+        engine.step()
+    assert model.model.active_adapter == "default"
+    assert sorted(n for n, p in model.model.named_parameters() if p.requires_grad) == trainable and trainable
+    assert torch.equal(engine.run([ids], seeds=[1]).completion_ids, want) and torch.equal(first.completion_ids, want)
+
+
 def test_selected_logprobs_take_each_rows_adapter(adapters):
     """A scoring forward (``select``) with ``adapter_names`` gives each row its adapter's log-probabilities, as
     the logits of that adapter alone do."""

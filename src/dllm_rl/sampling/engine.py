@@ -50,8 +50,9 @@ whole block holds only EOS/padding), so it is off by default.
 prompt's columns in the padded batch.
 
 **LoRA adapters** (``add_request(adapter=NAME)``, the server's ``--lora``): requests naming different adapters
-loaded in the model, or the base model, share every step through ``peft``'s mixed-adapter batch (each row's
-adapter applied to its own row), so one pool of slots and one KV pool serve them all.
+loaded in the model, or the base model, share every step (a forward mixing adapters takes ``peft``'s mixed-adapter
+batch, each row's adapter applied to its own row; a forward of one adapter switches to it for that forward), so one
+pool of slots and one KV pool serve them all.
 
 **Prefilled tokens** (``prefill``: IGPO's hints, inpainting) are committed before decoding, as ``generate`` does;
 a block they leave nothing to decode in costs no step, and ends the answer if it holds only EOS (an EOS stop).
@@ -120,8 +121,9 @@ class EngineConfig(Checked):
     early_stop: bool = field(
         False,
         help="Stop a sequence as soon as its answer is decided (a committed EOS with every slot before it committed) "
-        "and fill its masked slots with EOS. Same answers, fewer forward passes; the tokens after the first EOS and "
-        "the NFE differ from the published samplers, hence off by default.",
+        "and fill its masked slots with EOS (not a partial decode's, whose later blocks stay masked). Same answers, "
+        "fewer forward passes; the tokens after the first EOS and the NFE differ from the published samplers, hence "
+        "off by default.",
     )
     max_positions: int | None = field(
         None, ge=1,
@@ -185,8 +187,8 @@ class Engine:
 
         ``adapter`` names the LoRA adapter (loaded in the model by name) this request decodes with, or
         :data:`BASE_MODEL` for the base model with the adapters off; None: the model as it is called. Requests
-        with different adapters share every step (``peft``'s mixed-adapter batch: each row as it would be alone),
-        so all of them share the slots and the KV pool (:meth:`_forward`).
+        with different adapters share every step, each row decoded as it would be alone, so all of them share the
+        slots and the KV pool (:meth:`_forward`).
 
         ``record_steps`` (``"sampled"`` | ``"greedy"``) keeps each step's prediction in the rollout, as
         ``generate(record_steps=)`` does (:mod:`~dllm_rl.sampling.step_record`: MDPO, EGSPO). ``until_block``
@@ -407,7 +409,7 @@ class Engine:
         flags = torch.stack(flags, dim=1).tolist()  # the step's one synchronisation
         done, begin = [], []
         for seq, (block_done, eos_block, *ended) in zip(running, flags):
-            if ended and ended[0]:
+            if ended and ended[0] and seq.until is None:  # (a partial decode leaves its later blocks masked)
                 seq.fill_rest(eos)
                 done.append(seq)
             elif block_done and seq.config.stop_on_eos and eos_block:

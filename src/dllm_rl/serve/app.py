@@ -41,7 +41,7 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
@@ -60,13 +60,14 @@ DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks tha
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": None}}, status_code=self.status)
+                                       "code": self.code}}, status_code=self.status)
 
 
 class Decoding(BaseModel):
@@ -311,20 +312,21 @@ def create_app(server: Server) -> FastAPI:
 
     app = FastAPI(title="dllm-rl serve", lifespan=lifespan)
 
-    if server.api_key is not None:
-        expected = f"Bearer {server.api_key}".encode()
+    async def authorized(request: Request) -> None:
+        """The /v1 routes' dependency: with an API key, the request's ``Authorization: Bearer <key>`` must hold it
+        (a dependency, not a middleware: Starlette's middleware would hide a departed client from
+        ``request.is_disconnected``)."""
+        if server.api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # headers arrive as latin-1 text: their bytes are what the client sent
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode("latin-1", "replace"),
+                                                                     server.api_key.encode()):
+            server.worker.counters.rejected_unauthorized += 1
+            raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer <key>' with the "
+                           "key the server was started with (--api-key)", code="invalid_api_key")
 
-        @app.middleware("http")
-        async def authorize(request: Request, call_next):
-            """The OpenAI routes want the key (as OpenAI's clients send it); /health and /metrics stay open."""
-            given = request.headers.get("authorization", "").encode()
-            if request.url.path.startswith("/v1/") and not secrets.compare_digest(given, expected):
-                server.worker.counters.rejected_unauthorized += 1
-                return JSONResponse({"error": {"message": "a valid API key is needed: send the header "
-                                               "'Authorization: Bearer <key>' with the key the server was started "
-                                               "with (--api-key)", "type": "invalid_request_error",
-                                               "param": None, "code": "invalid_api_key"}}, status_code=401)
-            return await call_next(request)
+    v1 = [Depends(authorized)]
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
@@ -349,16 +351,16 @@ def create_app(server: Server) -> FastAPI:
     async def metrics():
         return PlainTextResponse(_metrics_text(server))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "dllm-rl"}
                                            for name in (server.name, *server.adapters)]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(req: CompletionRequest, request: Request):
         return await _serve(server, req, request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat(req: ChatRequest, request: Request):
         return await _serve(server, req, request, chat=True)
 

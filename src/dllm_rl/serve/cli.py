@@ -99,7 +99,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default: warning)")
     p.add_argument("--api-key", default=None, help="require \"Authorization: Bearer KEY\" on the /v1 routes (401 "
-                   f"without it; /health and /metrics stay open); default: ${API_KEY_ENV} if set, else none")
+                   f"without it; /health, /metrics and /docs stay open); default: ${API_KEY_ENV} if set, else none")
     p.add_argument("--lora", action="append", metavar="NAME=DIR",
                    help="serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. a run's "
                    "checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "

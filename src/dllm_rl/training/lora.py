@@ -210,7 +210,8 @@ def mixed_batch_refusal(dlm: DiffusionLM, name: str) -> str | None:
 
 @contextlib.contextmanager
 def active_adapter(dlm: DiffusionLM, name: str | None) -> Iterator[None]:
-    """Forwards inside the block use LoRA adapter ``name`` (None: the base model, adapters disabled)."""
+    """Forwards inside the block use LoRA adapter ``name`` (None: the base model, adapters disabled); the adapter
+    active before is active again after (which adapters are trainable unchanged)."""
     if not has_lora(dlm):
         if name is not None:
             raise UserError(f"active_adapter: the model has no LoRA adapter {name!r}")
@@ -219,5 +220,13 @@ def active_adapter(dlm: DiffusionLM, name: str | None) -> Iterator[None]:
         with dlm.model.disable_adapter():
             yield
     else:
-        dlm.model.set_adapter(name)
-        yield
+        before = dlm.model.active_adapter
+        trainable = {n for n, p in dlm.model.named_parameters() if p.requires_grad}
+        dlm.model.set_adapter(name, inference_mode=True)
+        try:
+            yield
+        finally:
+            dlm.model.set_adapter(before, inference_mode=True)
+            for n, p in dlm.model.named_parameters():
+                if n in trainable:
+                    p.requires_grad_(True)
