@@ -293,9 +293,8 @@ class DiffusionLM(nn.Module):
                 keep = keep.to(input_ids.device)
                 hf_keep = torch.cat([keep, keep.new_full((1,), input_ids.shape[1] - 1)])
         extra = {} if hf_keep is None else {"logits_to_keep": hf_keep}
-        if adapter_names is not None:
-            extra["adapter_names"] = adapter_names
-        out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice, **extra)
+        out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice,
+                               adapter_names, **extra)
         raw = out.logits
         if keep is None:
             logits = self.align_logits(raw, prev_raw_logits, valid) if shift else raw
@@ -309,9 +308,12 @@ class DiffusionLM(nn.Module):
             past_key_values=out.cache if use_cache else None,
         )
 
-    def _hf_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache, splice=None, **extra):
+    def _hf_forward(self, input_ids, attn_bias, position_ids, past_key_values, use_cache, splice=None,
+                    adapter_names=None, **extra):
         """The (wrapped) HF module's forward with an additive 4D mask, the one call every path makes (a text
-        forward never looks the input embedding up)."""
+        forward never looks the input embedding up); ``adapter_names``: peft's per-row adapters."""
+        if adapter_names is not None:
+            extra["adapter_names"] = adapter_names
         spliced = nullcontext() if splice is None else embeddings_spliced(self.causal_lm.get_input_embeddings(), splice)
         with spliced:
             return self.model(input_ids=input_ids, attention_mask=attn_bias.to(self.dtype),
@@ -323,9 +325,8 @@ class DiffusionLM(nn.Module):
         it as a view of the final hidden states; it projects only the selected ones)."""
         cols = self.raw_columns(select.rows, select.cols, valid) if select.aligned else select.cols
         with head_selects(self.lm_head, select.rows, cols, select.targets, select.chunk_size):
-            extra = {} if adapter_names is None else {"adapter_names": adapter_names}
             out = self._hf_forward(input_ids, attn_bias, position_ids, past_key_values, use_cache, splice,
-                                   logits_to_keep=0, **extra)
+                                   adapter_names, logits_to_keep=0)
         return DLMOutput(logits=None, last_raw_logits=None, past_key_values=out.cache if use_cache else None,
                          logprobs=out.logits)
 

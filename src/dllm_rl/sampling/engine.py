@@ -66,7 +66,7 @@ block, the rest of its completion left masked.
 Not served by the engine yet (``generate`` serves them): image prompts on block models (no published family has
 them) and RCR remasking.
 
-One file on purpose (about 690 lines, a third of them this docstring and the help texts): it is one state machine.
+One file on purpose (about 710 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
 keep the same invariants between them (the running sequences hold slots ``0 .. n - 1``, a forward's rows are
 consecutive slots, a step reads the device once), so they are read and changed together; the state they share
@@ -133,6 +133,21 @@ class EngineConfig(Checked):
         "far), and a full-attention model without a cache pads every running row to the longest request. None: the "
         "model's context.",
     )
+
+
+@dataclass
+class _Canvases:
+    """A full-attention forward's layout (:meth:`Engine._canvases`): ``ids``, ``valid`` and each column's canvas
+    column ``col`` ``[n, width]``, each row's left offset and canvas length ``[n]``, the kept (block) columns and
+    the image splice."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor
+    col: torch.Tensor
+    offset: torch.Tensor
+    lens: torch.Tensor
+    keep: torch.Tensor
+    splice: object | None
 
 
 @dataclass
@@ -462,20 +477,32 @@ class Engine:
 
     def _full_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Every row's canvas, left-padded so that the current blocks share their columns."""
+        lay = self._canvases(group)
+        return self._forward(group, lay.ids, attention_mask=lay.valid, logits_to_keep=lay.keep,
+                             splice=lay.splice).logits
+
+    def _canvases(self, group: list[Sequence]) -> _Canvases:
+        """The rows' whole canvases, left-padded so that every current block occupies the same columns (a
+        full-attention forward's layout, with the rows' image splice)."""
         device = self.device
         starts = [s.cols()[0] for s in group]
         left = max(starts)
         width = left + max(s.width - st for s, st in zip(group, starts))
-        col = torch.arange(width, device=device)[None, :] - self._long([left - st for st in starts])[:, None]
-        valid = (col >= 0) & (col < self._long([s.width for s in group])[:, None])
+        offset, lens = self._long([left - st for st in starts]), self._long([s.width for s in group])
+        col = torch.arange(width, device=device)[None, :] - offset[:, None]  # each column's canvas column
+        valid = (col >= 0) & (col < lens[:, None])
         ids = self.rows.x[self._long([s.slot for s in group])[:, None], col.clamp(0, self.rows.width - 1)]
-        ids = ids.masked_fill(~valid, self.model.pad_token_id)
-        keep = torch.arange(left, left + self.block, device=device)
         splice = None
-        if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column left - start
-            images = PromptImages.cat([s.images for s in group], [1] * len(group))
-            splice = images.splice(self._long([left - st for st in starts]), width)
-        return self._forward(group, ids, attention_mask=valid, logits_to_keep=keep, splice=splice).logits
+        if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column offset
+            splice = PromptImages.cat([s.images for s in group], [1] * len(group)).splice(offset, width)
+        return _Canvases(ids.masked_fill(~valid, self.model.pad_token_id), valid, col, offset, lens,
+                         torch.arange(left, left + self.block, device=device), splice)
+
+    def _row_pairs(self, lengths: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(row, index)`` of every item when row ``r`` has ``lengths[r]`` of them (``total`` in all), row by row:
+        a forward's valid queries, to store in the KV pool (``nonzero`` without its host round trip)."""
+        row = torch.repeat_interleave(torch.arange(len(lengths), device=self.device), lengths, output_size=total)
+        return row, torch.arange(total, device=self.device) - (lengths.cumsum(0) - lengths)[row]
 
     def _fast_dllm_logits(self, group: list[Sequence]) -> torch.Tensor:
         """Fast-dLLM's prefix or dual cache (``config.cache``) on a full-attention model, per slot, as
@@ -509,8 +536,7 @@ class Engine:
         ids = self.rows.x[group[0].slot : group[0].slot + n].gather(1, q_pos).masked_fill(~q_valid, pad)
         keys = torch.arange(max(widths), device=device)[None, :] < self._long(widths)[:, None]
         bias = attention_bias(keys, num_queries=width_q, dtype=self.model.dtype)
-        write_row = torch.repeat_interleave(torch.arange(n, device=device), q_len, output_size=sum(host_q_len))
-        write_query = torch.arange(len(write_row), device=device) - (q_len.cumsum(0) - q_len)[write_row]
+        write_row, write_query = self._row_pairs(q_len, sum(host_q_len))
         plan = StepPlan(group[0].slot, n, write_row, write_query, start[write_row] + write_query, max(widths))
         prev = self._prev_raw(group) if self.model.family.shift else None
         keep = block if width_q == block else torch.arange(block, device=device)
@@ -523,27 +549,14 @@ class Engine:
         :meth:`_full_logits`), with every column's keys stored in the rows' slots (any slots: the forward reads
         nothing cached); logits of the blocks. A shifted family (Dream) keeps each block's first aligned logits,
         the raw logits of the column before it, for the cached steps."""
-        device, block = self.device, self.block
-        starts = [s.cols()[0] for s in group]
-        widths = [s.width for s in group]
-        left = max(starts)
-        width = left + max(w - st for w, st in zip(widths, starts))
-        offset, lens = self._long([left - st for st in starts]), self._long(widths)
-        col = torch.arange(width, device=device)[None, :] - offset[:, None]  # each query's canvas column
-        valid = (col >= 0) & (col < lens[:, None])
-        slots = self._long([s.slot for s in group])
-        ids = self.rows.x[slots[:, None], col.clamp(0, self.rows.width - 1)]
-        ids = ids.masked_fill(~valid, self.model.pad_token_id)
-        write_row = torch.repeat_interleave(torch.arange(len(group), device=device), lens, output_size=sum(widths))
-        write_col = torch.arange(len(write_row), device=device) - (lens.cumsum(0) - lens)[write_row]
-        plan = StepPlan(0, len(group), write_row, offset[write_row] + write_col, write_col, width, slots=slots)
-        splice = None
-        if any(s.images is not None and s.images.features for s in group):
-            images = PromptImages.cat([s.images for s in group], [1] * len(group))
-            splice = images.splice(offset, width)
-        out = self._forward(group, ids, attention_mask=valid, attn_bias=attention_bias(valid, dtype=self.model.dtype),
-                            position_ids=col.clamp(min=0), past_key_values=self.cache.step_cache(plan), use_cache=True,
-                            logits_to_keep=torch.arange(left, left + block, device=device), splice=splice)
+        lay = self._canvases(group)
+        write_row, write_col = self._row_pairs(lay.lens, sum(s.width for s in group))
+        plan = StepPlan(0, len(group), write_row, lay.offset[write_row] + write_col, write_col, lay.ids.shape[1],
+                        slots=self._long([s.slot for s in group]))
+        out = self._forward(group, lay.ids, attention_mask=lay.valid,
+                            attn_bias=attention_bias(lay.valid, dtype=self.model.dtype),
+                            position_ids=lay.col.clamp(min=0), past_key_values=self.cache.step_cache(plan),
+                            use_cache=True, logits_to_keep=lay.keep, splice=lay.splice)
         if self.model.family.shift:
             self._prev_raw(group, out.logits[:, 0])
         for seq in group:
@@ -555,9 +568,7 @@ class Engine:
         ``[n, V]``) or read (``[n, 1, V]``)."""
         rows, slots = self.rows, self._long([s.slot for s in group])
         if store is not None:
-            if rows.prev_raw is None or rows.prev_raw.shape[-1] != store.shape[-1]:
-                rows.prev_raw = store.new_zeros((len(rows.masked0), store.shape[-1]))
-            rows.prev_raw[slots] = store
+            rows.raw_logits(store)[slots] = store
             return None
         return rows.prev_raw[slots][:, None, :]
 
@@ -581,10 +592,8 @@ class Engine:
         k_pos = torch.arange(width, device=device)[None, :].expand(n, -1)
         bias = attention_bias(k_pos < ends[:, None], query_block=block_index(q_pos, block),
                               key_block=block_index(k_pos, block), dtype=self.model.dtype)
-        # the valid queries, row by row (q_valid.nonzero() without its host round trip: the count is known here)
-        write_row = torch.repeat_interleave(torch.arange(n, device=device), q_len, output_size=sum(host_q_len))
-        first_of_row = (q_len.cumsum(0) - q_len)[write_row]
-        write_query = pad[write_row] + torch.arange(len(write_row), device=device) - first_of_row
+        write_row, within = self._row_pairs(q_len, sum(host_q_len))  # the valid queries, row by row
+        write_query = pad[write_row] + within
         plan = StepPlan(group[0].slot, n, write_row, write_query, q_pos[write_row, write_query], width)
         # with max_positions the pool takes its bound at once (never regrown: a growth holds old and new together)
         self.cache.reserve(self.engine.max_positions or max(s.width for s in group))
@@ -647,17 +656,15 @@ class Engine:
         block, n_raw = self.block, raw.shape[1]
         starts = [s.cols()[0] for s in group]
         fold = [s.cached < st for s, st in zip(group, starts)]
-        rows = self.rows
-        if rows.prev_raw is None or rows.prev_raw.shape[-1] != raw.shape[-1]:
-            rows.prev_raw = raw.new_zeros((len(rows.masked0), raw.shape[-1]))
+        stored = self.rows.raw_logits(raw[:, 0])
         slots = self._long([s.slot for s in group])
         own = raw[:, n_raw - block :]  # raw logits of [s, e)
-        first = rows.prev_raw[slots]
+        first = stored[slots]
         if any(fold):  # then every row's window is longer than the block: raw holds the column before it
             before = raw[:, n_raw - block - 1]
             folded = self._long(fold).bool()
             first = torch.where(folded[:, None], before, first)
-            rows.prev_raw[slots] = first
+            stored[slots] = first
         first = torch.where(self._long([st == 0 for st in starts]).bool()[:, None], own[:, 0], first)
         return torch.cat([first[:, None], own[:, :-1]], dim=1)
 

@@ -49,6 +49,12 @@ class SlotRows:
             grown[:, : old.shape[1]] = old
             setattr(self, name, grown)
 
+    def raw_logits(self, like: torch.Tensor) -> torch.Tensor:
+        """``prev_raw``, allocated (zeros) for the vocabulary and dtype of ``like`` (``[n, V]``) on first use."""
+        if self.prev_raw is None or self.prev_raw.shape[-1] != like.shape[-1]:
+            self.prev_raw = like.new_zeros((len(self.masked0), like.shape[-1]))
+        return self.prev_raw
+
     def load(self, slot: int, canvas: Canvas) -> None:
         """Put a one-row canvas in ``slot``: its tokens and masks, an empty trace."""
         width = canvas.x.shape[1]
