@@ -413,7 +413,7 @@ def test_images_given_to_generate_of_a_text_family_are_one_user_error():
 
     model = load_model(DEMO / "llada-countdown")
     images = PromptImages([torch.zeros(2, int(model.config.hidden_size))], [((0, 0),)])
-    with pytest.raises(UserError, match=r"^generate\(images=\): image features are spliced into llada_v prompts "
+    with pytest.raises(UserError, match=r"^images: image features are spliced into llada_v prompts "
                                         r"only; a llada model takes none"):
         generate(model, [[5, 6, 7]], DecodeConfig(gen_length=4, block_length=4), images=images)
 

@@ -1,16 +1,15 @@
 """rollout.engine: rollouts and the held-out evaluation decoded by the continuous-batching engine are the ones fixed
-batches give (the same tokens, so the same rewards, losses and accuracy); a decoding it cannot serve is refused
-when the run starts, naming the key."""
+batches give (the same tokens, so the same rewards, losses and accuracy), for every kind of rollout the methods
+ask for."""
 
 import json
 
 import pytest
 from rl_helpers import digit_reward, rl_overrides
 
-from dllm_rl.config import ConfigError, load_config
+from dllm_rl.config import load_config
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
-from dllm_rl.rl.trainer import RLTrainer
 
 TIMES = ("time", "seconds", "tok_s", "per_s", "elapsed", "_s")
 
@@ -20,9 +19,14 @@ def _rows(out):
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMES)} for r in rows]
 
 
-# MDPO's rollouts record every step's prediction; d-TreeRPO's grow trees of partial decodes (prefill + until_block)
-@pytest.mark.parametrize("algorithm", ["espo", "mdpo", "d_treerpo"])
-def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch, algorithm):
+# MDPO's rollouts record every step's prediction (here also with its Running-Confidence Remasking); d-TreeRPO's
+# grow trees of partial decodes (prefill + until_block)
+RCR = ("rollout.remasking=rcr", "rollout.threshold=null", "rollout.steps=4", "eval.threshold=null")
+
+
+@pytest.mark.parametrize("algorithm, decoding", [("espo", ()), ("mdpo", ()), ("mdpo", RCR), ("d_treerpo", ())],
+                         ids=["espo", "mdpo", "mdpo-rcr", "d_treerpo"])
+def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch, algorithm, decoding):
     import dllm_rl.sampling.engine as engine_mod
 
     runs, real = [], engine_mod.Engine.run
@@ -33,7 +37,7 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
 
     monkeypatch.setattr(engine_mod.Engine, "run", counted)
     common = (f"algorithm={algorithm}", "train.max_steps=1", "drop_zero_variance=false", "rollout.threshold=0.5",
-              "rollout.batch_size=3", "eval.limit=4", "eval.threshold=0.5")
+              "rollout.batch_size=3", "eval.limit=4", "eval.threshold=0.5", *decoding)
     rows = {}
     for name, extra in (("fixed", ()), ("engine", ("rollout.engine=true",))):
         cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / name, *common, *extra))
@@ -46,11 +50,3 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
     else:
         assert runs == [(3, 4, None), (3, 8, record), (3, 4, None)]
     assert rows["engine"] == rows["fixed"] and any("loss" in r for r in rows["fixed"])
-
-
-def test_rollout_engine_refuses_a_remasking_it_cannot_decode(rl_setup, tmp_path):
-    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.engine=true",
-                                                   "rollout.remasking=rcr", "rollout.threshold=null"))
-    with pytest.raises(ConfigError, match=r"^rollout.engine: the continuous-batching engine does not decode with "
-                                          r"remasking 'rcr' yet; or set rollout.engine: false$"):
-        RLTrainer(cfg)

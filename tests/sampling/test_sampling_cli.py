@@ -78,7 +78,12 @@ def test_generate_slots_decodes_with_the_engine_to_the_same_trace(model_dir, tmp
     assert [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["engine"]] == \
         [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["fixed"]]
     assert len({r["nfe"] for r in rows["fixed"]}) > 1  # rows finished after different numbers of steps
-    with pytest.raises(ValueError, match=r"--slots: .*remasking 'rcr' yet; use generate \(drop --slots\)"):
-        _run(["generate", str(model_dir), "--prompt", "a", "--remasking", "rcr", "--slots", "2"])
+    rcr = ["generate", str(model_dir), "--prompts-file", str(prompts), "--gen-length", "8", "--block-length", "4",
+           "--remasking", "rcr", "--steps", "4", "--temperature", "1.0"]
+    for name, extra in (("rcr-fixed", []), ("rcr-engine", ["--slots", "2"])):  # RCR decodes in the engine too
+        assert _run([*rcr, *extra, "--trace", str(tmp_path / f"{name}.jsonl")]) == 0
+        rows[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["rcr-engine"]] == \
+        [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["rcr-fixed"]]
     with pytest.raises(UserError, match=r"^--slots: must be >= 1, got 0$"):  # GenerateOptions' range
         _run(["generate", str(model_dir), "--prompt", "a", "--slots", "0"])

@@ -281,19 +281,6 @@ def test_generate_batched_with_an_engine_gives_the_fixed_batch_rollout(tiny_mode
     assert len(set(fixed.nfe.tolist())) > 1
 
 
-def test_generate_batched_falls_back_to_fixed_batches_where_the_engine_cannot_decode(fakes):
-    from dllm_rl.sampling import generate_batched
-    from dllm_rl.sampling.engine import engine_refusal
-
-    model = fakes.fake_model(fakes.table_from({}))
-    rcr = DecodeConfig(gen_length=8, block_length=4, steps=2, remasking="rcr")
-    assert "remasking 'rcr'" in engine_refusal(model, rcr)
-    assert engine_refusal(model, DecodeConfig(gen_length=8, block_length=4, cache="dual")) is None
-    got = generate_batched(model, [[1, 2]], rcr, engine=EngineConfig(slots=2))
-    ref = generate_batched(model, [[1, 2]], rcr)
-    assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.step_map, ref.step_map)
-
-
 @pytest.mark.parametrize("family", ["sdar", "llada"])
 def test_requests_with_their_own_rules_share_the_steps_and_decode_as_alone(tiny_models, family):
     model = tiny_models[family]

@@ -118,14 +118,16 @@ def test_the_engine_decodes_image_prompts_as_generate(dlm, temperature, cache):
     same(whole, through)  # rollouts and evaluation (rollout.engine) hand their images to the engine
 
 
-def test_the_engine_refuses_image_prompts_on_block_models(dlm, tiny_models):
+def test_the_engine_refuses_image_prompts_on_block_models_as_generate_does(dlm, tiny_models):
     from dllm_rl.sampling.engine import Engine, EngineConfig
 
     widened, pim = prompt_images(dlm, [[5, IMAGE_TOKEN_INDEX, 7]], [[pattern(90, 50, 1)]])
     engine = Engine(tiny_models["sdar"], DecodeConfig(gen_length=4), EngineConfig(slots=1))
-    with pytest.raises(UserError, match="^the continuous-batching engine decodes image prompts on full-attention "
-                                        "models only; use generate$"):
+    refusal = r"^images: image features are spliced into llada_v prompts only; a sdar model takes none"
+    with pytest.raises(UserError, match=refusal):
         engine.add_request([5, 6, 7], images=pim)
+    with pytest.raises(UserError, match=refusal):
+        generate(tiny_models["sdar"], [[5, 6, 7]], DecodeConfig(gen_length=4), images=pim)
 
 
 def test_a_group_encodes_each_distinct_image_once(dlm):

@@ -107,22 +107,58 @@ def test_recorded_steps_travel_through_select_and_cat(fakes):
     assert both.step_confidence.shape == (2, 3, 6)
 
 
-def test_rcr_and_recording_decode_in_fixed_batches_not_the_engine(fakes):
-    from dllm_rl.sampling import generate_batched
-    from dllm_rl.sampling.engine import EngineConfig, engine_refusal
+def test_the_engine_remasks_as_generate_on_the_hand_computed_trace(fakes):
+    from dllm_rl.sampling.engine import Engine, EngineConfig
 
-    model = _rcr_model(fakes)
     cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
-    assert "does not decode with remasking 'rcr' yet" in engine_refusal(model, cfg)
-    plain = DecodeConfig(gen_length=6, block_length=6, steps=3, stop_on_eos=False)
-    assert engine_refusal(model, plain) is None
-    out = generate_batched(model, [[1, 2]], plain, engine=EngineConfig(slots=2), record_steps="sampled")
-    alone = generate(model, [[1, 2]], plain, record_steps="sampled")
-    assert torch.equal(out.step_tokens, alone.step_tokens) and torch.equal(out.step_masked, alone.step_masked)
+    out = Engine(_rcr_model(fakes), cfg, EngineConfig(slots=2)).run([[1, 2], [1, 2], [1, 2]],
+                                                                   record_steps="sampled")
+    alone = generate(_rcr_model(fakes), [[1, 2]], cfg, record_steps="sampled")
+    for r in range(3):  # the third joins when the first two finish
+        assert out.step_map[r].tolist() == [0, 1, 2, 1, 1, 2]  # the hand-computed trace above
+        for name in ("completion_ids", "step_map", "confidence", "nfe", "step_tokens", "step_masked"):
+            assert torch.equal(getattr(out, name)[r], getattr(alone, name)[0]), (r, name)
+
+
+def test_the_engine_never_remasks_a_finished_block(fakes):
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    table = fakes.table_from({P + j: (j + 1, p) for j, p in enumerate([0.3, 0.2, 0.25, 0.9, 0.8, 0.7])})
+    cfg = DecodeConfig(gen_length=6, block_length=3, steps=3, remasking="rcr", stop_on_eos=False)
+    out = Engine(fakes.fake_model(table), cfg, EngineConfig(slots=1)).run([[1, 2], [1, 2]])
+    assert out.step_map.tolist() == [[0, 2, 1, 3, 4, 5]] * 2 and out.nfe.tolist() == [6, 6]
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_the_engine_remasks_as_one_at_a_time_generate_on_tiny_models(tiny_models, family):
+    # sampled, prompts of different lengths joining mid-run, and a request with its own rules beside RCR rows
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    model = tiny_models[family]
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 60, (n,), generator=g).tolist() for n in (3, 9, 5, 2, 7)]
+    cfg = DecodeConfig(gen_length=8, block_length=4, steps=4, remasking="rcr", temperature=1.0, top_k=20, seed=7)
+    plain = DecodeConfig(**{**vars(cfg), "remasking": "low_confidence"})
+    engine = Engine(model, cfg, EngineConfig(slots=2))
+    ids = [engine.add_request(p, seed=30 + i, config=plain if i == 3 else None, record_steps="sampled")
+           for i, p in enumerate(prompts)]
+    done = {}
+    while engine.has_unfinished():
+        done.update({c.request_id: c.rollout for c in engine.step()})
+    remasked = 0
+    for i, p in enumerate(prompts):
+        alone = generate(model, [p], plain if i == 3 else cfg, seeds=[30 + i], record_steps="sampled")
+        got = done[ids[i]]
+        for name in ("completion_ids", "step_map", "nfe", "step_tokens", "step_masked"):
+            assert torch.equal(getattr(got, name), getattr(alone, name)), (i, name)
+        # a slot re-masked at some step: masked after a step that had it committed before
+        m = alone.step_masked[0]
+        remasked += int((m[1:] & ~m[:-1]).sum())
+    assert remasked >= 3  # RCR took committed tokens back, so the equality covers the re-masking
 
 
 def test_the_rl_rollout_section_selects_rcr():
-    from dllm_rl.config import ConfigError, load_config
+    from dllm_rl.config import load_config
     from dllm_rl.models import build_model, tiny_config
     from dllm_rl.rl.config import RLConfig, decode_config
 
@@ -131,8 +167,3 @@ def test_the_rl_rollout_section_selects_rcr():
     cfg = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.gen_length=8",
                                        "rollout.steps=4", "rollout.cache=none"])
     assert decode_config(cfg, model).remasking == "rcr"
-    engine = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.cache=none",
-                                          "rollout.engine=true"])
-    with pytest.raises(ConfigError, match="rollout.engine: the continuous-batching engine does not decode with "
-                                          "remasking 'rcr' yet"):
-        decode_config(engine, model)

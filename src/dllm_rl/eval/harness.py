@@ -72,7 +72,7 @@ class EvalRunConfig(Checked):
     slots: int | None = field(
         None, ge=1, help="Decode each batch with the continuous-batching engine, this many sequences at a time (a "
         "finished one replaced at once by the next); batch_size then counts the samples written together. Results do "
-        "not depend on it; a setting the engine cannot decode (RCR remasking) uses fixed batches.")
+        "not depend on it.")
     dtype: str = field("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.")
     device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
     tokenizer: str | None = field(None, help="Tokenizer directory (default: the model directory).")

@@ -107,9 +107,9 @@ class RolloutConfig(DecodeOptions):
     engine: bool = field(
         False, help="decode rollouts and the held-out evaluation with the continuous-batching engine, "
         "rollout.batch_size sequences at a time, each finished one replaced at once by a waiting one (the same "
-        "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Every family and cache "
-        "(Fast-dLLM's prefix and dual caches, image prompts, rollout hooks' prefilled tokens, per-step records and "
-        "d-TreeRPO's partial trees included); RCR remasking decodes in fixed batches")
+        "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Every family, cache and "
+        "remasking (Fast-dLLM's prefix and dual caches, RCR, image prompts, rollout hooks' prefilled tokens, "
+        "per-step records and d-TreeRPO's partial trees included)")
 
 
 @dataclass
@@ -438,9 +438,4 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
                           threshold=schedule.threshold, sub_block=r.sub_block,
                           confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
                           top_k=r.top_k, top_p=r.top_p, cache=r.cache, remasking=r.remasking)
-    if r.engine:
-        from dllm_rl.sampling.engine import engine_refusal
-
-        if (refusal := engine_refusal(model, config)) is not None:
-            raise ConfigError(f"rollout.engine: {refusal.replace('; use generate', '')}; or set rollout.engine: false")
     return config

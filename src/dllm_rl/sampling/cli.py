@@ -107,11 +107,8 @@ def generate_command(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine = None
     if args.slots is not None:
-        from dllm_rl.sampling.engine import EngineConfig, engine_refusal
+        from dllm_rl.sampling.engine import EngineConfig
 
-        refusal = engine_refusal(model, config)
-        if refusal is not None:
-            raise UserError(f"--slots: {refusal} (drop --slots)")
         engine = EngineConfig(slots=args.slots)
     rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=args.batch_size,
                                progress=args.progress, engine=engine)

@@ -304,26 +304,24 @@ def generate_batched(
     encoded already: every batch reuses their features.
 
     ``engine`` (an :class:`~dllm_rl.sampling.engine.EngineConfig`) decodes with the continuous-batching engine
-    instead, ``engine.slots`` sequences at a time (``batch_size`` is then unused), wherever it serves the call
-    (:func:`~dllm_rl.sampling.engine.engine_refusal`); elsewhere fixed batches as without it. Both give every
-    prompt the tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside). ``prefill``,
+    instead, ``engine.slots`` sequences at a time (``batch_size`` is then unused). Both give every prompt the
+    tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside). ``prefill``,
     ``until_block`` and ``record_steps``: see :func:`generate`."""
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
     if engine is not None:
-        from dllm_rl.sampling.engine import Engine, engine_refusal
+        from dllm_rl.sampling.engine import Engine
 
-        if engine_refusal(model, config, images) is None:
-            t0 = time.perf_counter()
-            rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds, images, prefill,
-                                                                   record_steps or None, until_block)
-            if progress:
-                tokens = int(rollout.completion_mask.sum())
-                print(f"generate: {len(prompts)} prompts, {tokens} tokens, "
-                      f"{tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s ({engine.slots} slots)", flush=True)
-            return rollout
+        t0 = time.perf_counter()
+        rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds, images, prefill, record_steps or None,
+                                                               until_block)
+        if progress:
+            tokens = int(rollout.completion_mask.sum())
+            print(f"generate: {len(prompts)} prompts, {tokens} tokens, "
+                  f"{tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s ({engine.slots} slots)", flush=True)
+        return rollout
     parts, t0, done = [], time.perf_counter(), 0
     for b0 in range(0, len(prompts), batch_size):
         chunk = slice(b0, b0 + batch_size)

@@ -63,8 +63,10 @@ a block they leave nothing to decode in costs no step, and ends the answer if it
 **Partial decodes** (``until_block``: d-TreeRPO's tree nodes) end a sequence before its ``until_block``-th decoded
 block, the rest of its completion left masked.
 
-Not served by the engine yet (``generate`` serves them): image prompts on block models (no published family has
-them) and RCR remasking.
+**RCR** (``remasking="rcr"``, MDPO's Running-Confidence Remasking) fills every masked slot of a row's block, then
+re-masks the least confident of the slots that block began with (``SlotRows.drawn``), as ``decode`` does.
+
+Every decoding ``generate`` serves, the engine serves.
 
 One file on purpose (about 710 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
@@ -86,7 +88,14 @@ from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import canvas_width
-from dllm_rl.sampling.confidence import choose_tokens, current_sub_block, select_commits, transfer_counts
+from dllm_rl.sampling.confidence import (
+    choose_tokens,
+    current_sub_block,
+    left_after,
+    rcr_remask,
+    select_commits,
+    transfer_counts,
+)
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import evaluating, to_rollout
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length
@@ -96,10 +105,10 @@ from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
 from dllm_rl.sampling.step_record import PREDICTIONS
 
 # DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
-PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "stop_on_eos",
-               "seed", "gen_length")
+PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "remasking",
+               "stop_on_eos", "seed", "gen_length")
 SHARED = ("block_length", "block_size", "cache")
-CHOICE = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p")  # what one step uses
+CHOICE = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "remasking")  # one step's
 
 #: ``add_request(adapter=BASE_MODEL)``: the base model, LoRA adapters off (``peft``'s name in a mixed-adapter batch).
 BASE_MODEL = "__base__"
@@ -158,25 +167,12 @@ class Completion:
     rollout: Rollout
 
 
-def engine_refusal(model: DiffusionLM, config: DecodeConfig, images=None) -> str | None:
-    """Why the engine cannot decode this call (``None``: it can); :func:`~dllm_rl.sampling.generate` serves
-    every case named here."""
-    if images is not None and model.is_block_causal:
-        return "the continuous-batching engine decodes image prompts on full-attention models only; use generate"
-    if config.remasking != "low_confidence":
-        return f"the continuous-batching engine does not decode with remasking {config.remasking!r} yet; use generate"
-    return None
-
-
 class Engine:
     """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
 
     def __init__(self, model: DiffusionLM, config: DecodeConfig, engine: EngineConfig | None = None, tokenizer=None):
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-        refusal = engine_refusal(model, config)
-        if refusal is not None:
-            raise UserError(refusal)
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
@@ -223,8 +219,6 @@ class Engine:
 
             if (refusal := mixed_batch_refusal(self.model, adapter)) is not None:
                 raise FieldError("adapter", f"request {rid}: {refusal}")
-        if images is not None and (refusal := engine_refusal(self.model, config, images=images)) is not None:
-            raise UserError(refusal)
         try:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
@@ -455,6 +449,7 @@ class Engine:
         if not seqs:
             return
         slots, cols = self._current_blocks(seqs)
+        self.rows.drawn[slots, cols] = self.rows.todo[slots, cols]
         self.rows.masked0[slots[:, 0]] = self.rows.todo[slots, cols].sum(-1)
         for seq in seqs:
             seq.local_step = 0
@@ -692,18 +687,27 @@ class Engine:
         if any(s.record for s in group):
             self._record(group, slots, cols, todo, logits, tokens, conf)
         candidates = todo if cfg.sub_block is None else current_sub_block(todo, cfg.sub_block)
-        if cfg.threshold is not None:
+        local = self._long([s.local_step for s in group])
+        steps, masked0 = cfg.steps or self.block, rows.masked0[slots[:, 0]]
+        if cfg.remasking == "rcr":  # every masked slot is filled, then the least sure drawn ones go back
+            chosen = candidates
+        elif cfg.threshold is not None:
             chosen = select_commits(conf, candidates, threshold=cfg.threshold)
         else:
-            counts = transfer_counts(rows.masked0[slots[:, 0]], cfg.steps or self.block,
-                                     self._long([s.local_step for s in group]))
-            chosen = select_commits(conf, candidates, counts=counts)
+            chosen = select_commits(conf, candidates, counts=transfer_counts(masked0, steps, local))
         step = self._long([s.nfe for s in group])[:, None]
-        rows.x[slots, cols] = torch.where(chosen, tokens, rows.x[slots, cols])
-        rows.todo[slots, cols] = todo & ~chosen
-        rows.step_map[slots, cols] = torch.where(chosen, step, rows.step_map[slots, cols])
-        rows.conf[slots, cols] = torch.where(chosen, conf.float(), rows.conf[slots, cols])
-        rows.entropy[slots, cols] = torch.where(chosen, ent.float(), rows.entropy[slots, cols])
+        x = torch.where(chosen, tokens, rows.x[slots, cols])
+        todo = todo & ~chosen
+        step_map = torch.where(chosen, step, rows.step_map[slots, cols])
+        conf_map = torch.where(chosen, conf.float(), rows.conf[slots, cols])
+        ent_map = torch.where(chosen, ent.float(), rows.entropy[slots, cols])
+        if cfg.remasking == "rcr":
+            back = rcr_remask(conf_map.double(), rows.drawn[slots, cols], left_after(masked0, steps, local))
+            x = x.masked_fill(back, self.model.mask_token_id)
+            todo, step_map = todo | back, step_map.masked_fill(back, -1)
+            conf_map, ent_map = conf_map.masked_fill(back, 0.0), ent_map.masked_fill(back, 0.0)
+        rows.x[slots, cols], rows.todo[slots, cols], rows.step_map[slots, cols] = x, todo, step_map
+        rows.conf[slots, cols], rows.entropy[slots, cols] = conf_map, ent_map
         for seq in group:
             seq.nfe += 1
             seq.local_step += 1

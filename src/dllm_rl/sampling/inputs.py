@@ -74,7 +74,7 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
 def check_images(model: DiffusionLM, images: PromptImages, prompts: list[list[int]]) -> None:
     """Image features go into LLaDA-V prompts only, one row per prompt, at placeholders the prompts hold."""
     if model.is_block_causal or model.family.name != "llada_v":
-        raise UserError(f"generate(images=): image features are spliced into llada_v prompts only; a "
+        raise UserError(f"images: image features are spliced into llada_v prompts only; a "
                         f"{model.family.name} model takes none (mmada reads images as prompt ids: "
                         "dllm_rl.models.image_inputs.PromptEncoder)")
     try:

@@ -23,12 +23,13 @@ from dllm_rl.sampling.config import DecodeConfig
 
 
 class SlotRows:
-    """Tokens, masks and trace of ``slots`` sequences, one row each (``[slots, width]``), and each slot's count of
-    masks its current block held when it began (``masked0``, the static schedule's input). ``width`` grows to the
-    widest canvas admitted; memory is bounded by the slots, never the queue."""
+    """Tokens, masks and trace of ``slots`` sequences, one row each (``[slots, width]``), the masks each current
+    block held when it began (``drawn``: the slots RCR may re-mask) and their count (``masked0``, the static
+    schedule's input). ``width`` grows to the widest canvas admitted; memory is bounded by the slots, never the
+    queue."""
 
     FIELDS = {"x": torch.long, "todo": torch.bool, "step_map": torch.long, "conf": torch.float32,
-              "entropy": torch.float32}
+              "entropy": torch.float32, "drawn": torch.bool}
 
     def __init__(self, slots: int, device):
         for name, dtype in self.FIELDS.items():

@@ -36,7 +36,6 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     from pathlib import Path
 
     from dllm_rl.models import load_model, load_tokenizer
-    from dllm_rl.sampling.engine import engine_refusal
     from dllm_rl.serve.app import Server
     from dllm_rl.threads import use_cpu_threads
     from dllm_rl.training.lora import load_named_adapters, mixed_batch_refusal
@@ -46,9 +45,6 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
         raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
     model = load_model(model_dir, dtype=dtype, device=device)
     use_cpu_threads(model.device)
-    refusal = engine_refusal(model, decode)
-    if refusal is not None:
-        raise UserError(refusal.replace("; use generate", "; dllm-rl serve decodes with the engine only"))
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
     if loras:
         load_named_adapters(model, loras)
