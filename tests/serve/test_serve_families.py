@@ -12,12 +12,16 @@ from dllm_rl.models import build_model, char_tokenizer, get_family, tiny_config
 from dllm_rl.sampling import DecodeConfig
 
 TEXT_FAMILIES = ["llada", "dream", "sdar", "llada2", "llada_moe", "sdar_moe", "fast_dllm_v2"]
-# full-attention families also with Fast-dLLM's caches (`dllm-rl serve --cache dual`)
-CASES = [(f, "none") for f in TEXT_FAMILIES] + [("llada", "dual"), ("dream", "prefix")]
+# full-attention families also with Fast-dLLM's caches (`dllm-rl serve --cache dual`); MDPO's RCR remasking
+# (`--remasking rcr --steps 4`) on both kinds of attention
+RCR = {"remasking": "rcr", "steps": 4, "threshold": None}
+CASES = [(f, {}) for f in TEXT_FAMILIES] + [("llada", {"cache": "dual"}), ("dream", {"cache": "prefix"}),
+                                            ("llada", RCR), ("sdar", RCR)]
 
 
-@pytest.mark.parametrize(("family", "cache"), CASES)
-def test_a_completion_of_every_family_equals_generate(family, cache):
+@pytest.mark.parametrize(("family", "decoding"), CASES,
+                         ids=[f"{f}-{'-'.join(map(str, d.values())) or 'none'}" for f, d in CASES])
+def test_a_completion_of_every_family_equals_generate(family, decoding):
     from dllm_rl.serve.app import Server
     from dllm_rl.serve.config import ServeConfig
 
@@ -29,13 +33,14 @@ def test_a_completion_of_every_family_equals_generate(family, cache):
     model = build_model(family, cfg, seed=1)
     with torch.no_grad():
         model.model.lm_head.weight.mul_(20.0)  # some confidences over the threshold
-    decode = DecodeConfig(gen_length=8, block_length=4, threshold=0.6, cache=cache)
+    decode = DecodeConfig(**{"gen_length": 8, "block_length": 4, "threshold": 0.6, **decoding})
     ids = tok.encode("12+3=", add_special_tokens=False)
     with running(Server(model, tok, decode, ServeConfig(slots=2), family)) as url, \
             httpx.Client(base_url=url, timeout=60) as client:
         r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 8, "temperature": 0.7, "seed": 5})
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
-    text, reason = alone_answer(model, tok, ids, DecodeConfig(gen_length=8, block_length=4, threshold=0.6,
-                                                              temperature=0.7, seed=5, cache=cache), 8)
+    alone = DecodeConfig(**{"gen_length": 8, "block_length": 4, "threshold": 0.6, "temperature": 0.7, "seed": 5,
+                            **decoding})
+    text, reason = alone_answer(model, tok, ids, alone, 8)
     assert (choice["text"], choice["finish_reason"]) == (text, reason) and text
