@@ -1,6 +1,7 @@
 """Our decoders beside the published reference samplers, on the shipped demo models, side by side in one run.
 
     .venv/bin/python benchmarks/reference_sampling.py --espo ESPO_CHECKOUT --trado DLLM_RL_CHECKOUT [--limit 500]
+    .venv/bin/python benchmarks/reference_sampling.py --sweep   # our decoding settings: accuracy vs passes
 
 The references run from checkouts of their repositories (``ML-GSAI/ESPO`` and ``Gen-Verse/dLLM-RL``), read at run
 time; the project ships none of their code:
@@ -106,11 +107,15 @@ def answer_text(tokenizer, row: list[int], eos: int) -> str:
 
 
 class Bench:
-    def __init__(self, name: str, limit: int, seed: int):
+    """A demo model and Countdown puzzles: the first ``limit`` held-out ones, or with ``last_of`` the last ``limit``
+    of that file in the demo folder."""
+
+    def __init__(self, name: str, limit: int, seed: int, last_of: str | None = None):
         self.model = load_model(DEMO / name, device="cpu").eval()
         self.tokenizer = load_tokenizer(DEMO / name)
-        self.task = get_task("countdown", prompt_style="compact", data=str(DEMO / "countdown_heldout.jsonl"))
-        self.examples = self.task.examples[:limit]
+        data = DEMO / (last_of or "countdown_heldout.jsonl")
+        self.task = get_task("countdown", prompt_style="compact", data=str(data))
+        self.examples = self.task.examples[-limit:] if last_of else self.task.examples[:limit]
         _, self.ids, _ = PromptEncoder(self.tokenizer).task_prompts(self.model, self.task, self.examples)
         self.seeds = [seed + i for i in range(len(self.ids))]
 
@@ -187,6 +192,38 @@ def trado_rows(bench: Bench, reference, batch: int) -> dict:
     }
 
 
+SWEEP = [(block, rule, threshold) for block in (16, 8, 4)
+         for rule, thresholds in (("prob", (0.9, 0.8, 0.7)), ("margin", (0.9, 0.7, 0.6, 0.5, 0.4)))
+         for threshold in thresholds]
+
+
+def sweep(limit: int, batch: int, seed: int) -> None:
+    """Issue 37's 3x at equal accuracy, without the reference: every forward of the LLaDA demo costs the same in
+    ESPO's sampler and ours, so the speed-up at equal arithmetic is the pass count's (16 / mean NFE). Which of our
+    decoding settings (decoding block, commit rule, threshold) needs the fewest passes within 1 point of the
+    one-token-per-step decoding? Chosen on the last ``limit`` training puzzles, read on the held-out ones."""
+    sets = {"chosen on": Bench("llada-countdown", limit, seed, last_of="countdown_train.jsonl"),
+            "held-out": Bench("llada-countdown", limit, seed)}
+    base = DecodeConfig(gen_length=16, block_length=16, temperature=0.0)
+    settings = {"one token per step": base} | {
+        f"block {b}, {rule} > {t}": dataclasses.replace(base, block_length=b, threshold=t, confidence=rule)
+        for b, rule, t in SWEEP}
+    print(f"\nour decoding settings, LLaDA-shaped demo, gen 16, greedy: accuracy and mean NFE on {limit} training "
+          "puzzles (where the setting is chosen) and on the held-out ones")
+    got = {}
+    with torch.no_grad():
+        for name, config in settings.items():
+            got[name] = {k: (b.accuracy(texts), nfe) for k, b in sets.items()
+                         for texts, nfe in [b.ours(config, batch)]}
+            row = "  ".join(f"{k} {acc:5.1f}% NFE {nfe:5.2f}" for k, (acc, nfe) in got[name].items())
+            print(f"  {name:<24} {row}", flush=True)
+    floor = got["one token per step"]["chosen on"][0] - 1.0
+    name = min((n for n in got if got[n]["chosen on"][0] >= floor), key=lambda n: got[n]["chosen on"][1])
+    (acc, nfe), (acc0, _) = got[name]["held-out"], got["one token per step"]["held-out"]
+    print(f"  fewest passes within 1 point on the training puzzles: {name}; held-out {acc:.1f}% against {acc0:.1f}%, "
+          f"{16 / nfe:.2f}x fewer passes (issue 37's goal: 3x)")
+
+
 def run(title: str, bench: Bench, rows: dict, rounds: int, sampled: bool) -> None:
     best, results = {}, {}
     with torch.no_grad():
@@ -217,10 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true",
+                    help="our decoding settings' accuracy and passes on the LLaDA demo (needs no reference)")
     args = ap.parse_args(argv)
-    if args.espo is None and args.trado is None:
-        ap.error("give --espo and/or --trado (checkouts of the reference repositories)")
+    if args.espo is None and args.trado is None and not args.sweep:
+        ap.error("give --espo and/or --trado (checkouts of the reference repositories), or --sweep")
     torch.set_num_threads(args.threads)
+    if args.sweep:
+        sweep(args.limit, args.batch, args.seed)
     if args.espo is not None:
         bench = Bench("llada-countdown", args.limit, args.seed)
         run("ESPO reference generate vs ours, LLaDA-shaped demo model (gen 16, one block, greedy)", bench,
