@@ -253,3 +253,68 @@ def test_a_tree_node_that_stopped_on_eos_passes_its_filled_state_on(fakes):
     assert tree.nodes.completion_ids.eq(eos).all() and tree.committed.all()
     assert tree.nodes.step_map.tolist() == [[0, 0, 1, 1, 1, 1, 1, 1], [-1] * 8, [-1] * 8]
     assert tree.nodes.nfe.tolist() == [2, 0, 0]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_fast_dllm_caches_are_the_full_forward_with_the_refresh_keys_outside_the_fresh_columns(family, cache):
+    """The approximation itself, against an oracle that shares no cache code: each step's prediction equals a full
+    forward of the current canvas in which every layer's keys and values outside the fresh columns (the block, and
+    for the prefix cache everything after it) are those of the block's refresh forward (Fast-dLLM, arXiv
+    2505.22618: keys computed once per block and reused). Dream's first block column is scored by the column
+    before it, whose query the cached steps never run again: it keeps the refresh forward's prediction."""
+    from dllm_rl.models import build_model, tiny_config
+
+    kw = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = build_model(family, tiny_config(family, **kw), seed=3)
+    with torch.no_grad():  # attention that depends on its context, and confidences that spread
+        for name, weight in model.model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                weight.mul_(4.0)
+        model.model.lm_head.weight.mul_(20.0)
+    prompt, gen, block = [5, 2, 8], 8, 4
+    config = DecodeConfig(gen_length=gen, block_length=block, steps=block, cache=cache, stop_on_eos=False)
+    out = generate(model, [prompt], config, record_steps="greedy")
+    p, shifted = len(prompt), family == "dream"
+    if shifted:  # the first block's first column is decoded at a cached step, from the refresh's prediction
+        assert out.step_map[0, 0] > 0
+    projections = [m for n, m in model.model.named_modules() if n.endswith(("k_proj", "v_proj"))]
+    refresh, stale = {}, []
+
+    def hook(module, args, output):
+        if stale:  # the oracle forward: the refresh's keys / values outside the fresh columns
+            return torch.where(stale[0][None, :, None], refresh[module], output)
+        refresh[module] = output.detach().clone()
+        return None
+
+    handles = [m.register_forward_hook(hook) for m in projections]
+    try:
+        for t in range(out.nfe.item()):
+            j = t // block  # the block this step decodes (one token per step, nothing skipped)
+            s, e = p + j * block, p + (j + 1) * block
+            state = torch.tensor(prompt + [model.mask_token_id] * gen)
+            committed = out.step_map[0] < t
+            state[p:][committed] = out.completion_ids[0][committed]
+            with torch.no_grad():
+                if t % block == 0:  # the refresh: the whole canvas, as without a cache
+                    stale.clear()
+                    first = model(state[None]).logits[0, s].float()
+                cols = torch.arange(p + gen)
+                stale.append(~((cols >= s) & (cols < e)) if cache == "dual" else cols < s)
+                logits = model(state[None]).logits[0, s:e].float()
+                stale.clear()
+            if shifted:
+                logits[0] = first
+            probs = logits.softmax(-1)
+            masked = out.step_masked[0, t, j * block:(j + 1) * block]
+            assert masked.any()
+            got = out.step_tokens[0, t, j * block:(j + 1) * block].long()
+            assert torch.equal(got[masked], probs.argmax(-1)[masked]), t
+            conf = out.step_confidence[0, t, j * block:(j + 1) * block]
+            assert torch.allclose(conf[masked], probs.max(-1).values[masked], atol=1e-5), t
+    finally:
+        for h in handles:
+            h.remove()
+    # an approximation: the predictions of the cached steps differ from the exact decoding's
+    exact = generate(model, [prompt], DecodeConfig(**{**vars(config), "cache": "none"}), record_steps="greedy")
+    assert (exact.step_confidence - out.step_confidence).abs().max() > 0.01

@@ -9,6 +9,12 @@ Modes (``Canvas`` columns ``[s, e)`` = current block, ``T`` = width):
   the block forward ``[s, T)`` against them. Approximate: the prefix is not updated as the block fills in.
 * ``dual`` (Fast-dLLM dual cache): the first step of a block caches columns ``< s`` and ``>= e`` (the masked
   suffix); later steps forward only ``[s, e)``. Approximate as well (stale prefix and suffix).
+  With Dream's shifted logits the block's first column is scored by column ``s - 1``, whose query these later
+  steps do not run: they keep the refresh forward's prediction for it. Fast-dLLM's own Dream code instead commits
+  that column at every refresh whatever its confidence (and shifts within the block forward, where the column is
+  then never masked); we keep one decoding rule with and without a cache, so Dream's tokens under these caches
+  differ from that code's. ``tests/sampling/test_sampling_models.py`` checks both caches against a full forward
+  given the refresh's keys and values outside the fresh columns.
 * ``block`` (SDAR/TraDo block KV cache; SDAR, "A Synergistic Diffusion-AutoRegression Paradigm", arXiv
   2510.06303): the cache holds exactly the committed blocks — never a speculative one. Each step forwards the
   current block against it and the cache is cut back to ``s``. When a block is done its
