@@ -11,6 +11,11 @@ time; the project ships none of their code:
   are compiled from the file (``ast``), so neither needs installing. It runs the RL rollout call (left-padded
   prompts with their attention mask, one token per step) on the LLaDA-shaped demo model at the demo's rollout shape
   (16 tokens, one block of 16, 16 steps), greedy, on ``--batch`` prompts at a time.
+* **Fast-dLLM** (its LLaDA prefix and dual caches): ``generate_with_prefix_cache`` and ``generate_with_dual_cache``
+  in ``llada/generate.py`` of ``NVlabs/Fast-dLLM`` (compiled from the file like ESPO's, without the module's
+  imports). They decode one prompt at a time and call the model with legacy key/value tuples (and
+  ``replace_position`` for the dual cache, their modified LLaDA's keyword); :class:`LegacyKV` gives our model that
+  call. Greedy, threshold 0.9, on the LLaDA-shaped demo: one block of 16 (prefix cache) and blocks of 8 (dual).
 * **TraDo** (SDAR block models): ``block_diffusion_generate`` in ``generate.py``, with the reference's evaluation
   settings (its ``sdar_eval.yaml``: temperature 1, ``low_confidence_dynamic`` at 0.9, 4 steps per block of 4)
   on the block demo model. It decodes one prompt at a time and calls the model with ``store_kv`` (the SDAR modeling
@@ -52,21 +57,65 @@ from dllm_rl.tasks import get_task
 DEMO = Path(dllm_rl.__file__).parent / "assets" / "demo"
 
 
+def compiled_functions(path: Path, wanted: set[str], holder: str | None = None) -> dict:
+    """The functions ``wanted`` of the Python file ``path`` (methods of the class defining ``holder`` when given),
+    compiled alone, without the module's imports (torch, ``F`` and ``np`` are given)."""
+    tree = ast.parse(path.read_text())
+    body = tree.body
+    if holder is not None:
+        body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and any(
+            isinstance(m, ast.FunctionDef) and m.name == holder for m in node.body)).body
+    found = [m for m in body if isinstance(m, ast.FunctionDef) and m.name in wanted]
+    if {m.name for m in found} != wanted:
+        raise SystemExit(f"{path}: expected functions {sorted(wanted)}")
+    namespace = {"torch": torch, "F": F, "np": np}
+    module = ast.Module(body=found, type_ignores=[])
+    exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)
+    return {name: namespace[name] for name in wanted}
+
+
+def fast_dllm_reference(checkout: Path) -> dict:
+    """Fast-dLLM's LLaDA cache samplers and the helpers they call."""
+    return compiled_functions(checkout / "llada" / "generate.py", {
+        "generate_with_prefix_cache", "generate_with_dual_cache", "get_transfer_index", "get_num_transfer_tokens",
+        "add_gumbel_noise"})
+
+
+class LegacyKV:
+    """Our full-attention model behind the call of Fast-dLLM's modified LLaDA: ``model(x, use_cache=True)`` returns
+    ``past_key_values`` as per-layer ``(keys, values)`` tuples ``[B, H, T, D]``; ``model(x_part,
+    past_key_values=tuples, use_cache=True)`` forwards ``x_part`` after the cached columns; with
+    ``replace_position`` (a ``[B, T]`` bool over the whole canvas) the cache holds every column and ``x_part``
+    replaces the marked ones. Attention is full, as LLaDA's."""
+
+    def __init__(self, model):
+        self.model, self.device = model, model.device
+
+    def __call__(self, x, past_key_values=None, use_cache=False, replace_position=None):
+        from transformers import DynamicCache
+
+        cache, start, keep = DynamicCache(), 0, None
+        if past_key_values is not None:
+            start = past_key_values[0][0].shape[2]
+            if replace_position is not None:  # the marked columns are replaced: cache the others (keys carry RoPE)
+                cols = replace_position[0].nonzero().flatten()
+                start, keep = int(cols[0]), ~replace_position[0]
+            for i, (k, v) in enumerate(past_key_values):
+                cache.update(k[:, :, keep] if keep is not None else k, v[:, :, keep] if keep is not None else v, i)
+        width = x.shape[1]
+        cached = cache.get_seq_length() if past_key_values is not None else 0
+        bias = torch.zeros((x.shape[0], 1, width, cached + width), dtype=self.model.dtype)
+        pos = torch.arange(start, start + width)[None].expand(x.shape[0], -1)
+        out = self.model(x, attn_bias=bias, position_ids=pos, past_key_values=cache, use_cache=True)
+        tuples = [(layer.keys, layer.values) for layer in cache.layers]
+        return types.SimpleNamespace(logits=out.logits, past_key_values=tuples)
+
+
 def espo_reference(checkout: Path):
     """ESPO's rollout sampler, compiled from its trainer file: an object whose ``generate`` is the published method."""
-    path = checkout / "espo" / "espo_trainer.py"
-    tree = ast.parse(path.read_text())
-    wanted = {"generate", "add_gumbel_noise", "get_num_transfer_tokens"}
-    trainer = next(node for node in tree.body if isinstance(node, ast.ClassDef) and any(
-        isinstance(m, ast.FunctionDef) and m.name == "generate" for m in node.body))
-    methods = [m for m in trainer.body if isinstance(m, ast.FunctionDef) and m.name in wanted]
-    if {m.name for m in methods} != wanted:
-        raise SystemExit(f"{path}: expected methods {sorted(wanted)} in {trainer.name}")
-    module = ast.Module(body=[ast.ClassDef(name="Reference", bases=[], keywords=[], body=methods, decorator_list=[],
-                                           type_params=[])], type_ignores=[])
-    namespace = {"torch": torch, "F": F, "np": np}
-    exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)
-    sampler = namespace["Reference"]()
+    methods = compiled_functions(checkout / "espo" / "espo_trainer.py",
+                                 {"generate", "add_gumbel_noise", "get_num_transfer_tokens"}, holder="generate")
+    sampler = type("Reference", (), methods)()
     sampler.args = types.SimpleNamespace(fp16=False)  # the trainer's autocast flag (CUDA only)
     return sampler
 
@@ -167,6 +216,30 @@ def espo_rows(bench: Bench, reference, batch: int) -> dict:
     }
 
 
+def fast_dllm_rows(bench: Bench, reference: dict, batch: int, cache: str) -> dict:
+    """Fast-dLLM's sampler with ``cache`` (prefix: one block of 16; dual: blocks of 8) beside ours."""
+    gen, mask, eos = 16, bench.model.mask_token_id, bench.model.eos_token_id
+    block = gen if cache == "prefix" else 8
+    wrapped = LegacyKV(bench.model)
+
+    def reference_run():
+        texts, nfes = [], []
+        for ids in bench.ids:
+            out, nfe = reference[f"generate_with_{cache}_cache"](
+                wrapped, torch.tensor([ids]), steps=gen, gen_length=gen, block_length=block, temperature=0.0,
+                mask_id=mask, threshold=0.9)
+            texts.append(answer_text(bench.tokenizer, out[0, len(ids):].tolist(), eos))
+            nfes.append(nfe)
+        return texts, float(np.mean(nfes))
+
+    config = DecodeConfig(gen_length=gen, block_length=block, temperature=0.0, threshold=0.9, cache=cache)
+    return {
+        "Fast-dLLM reference (one prompt at a time)": reference_run,
+        "ours, one prompt at a time": lambda: bench.ours(config, 1),
+        f"ours, engine {batch} slots": lambda: bench.ours(config, batch, EngineConfig(slots=batch)),
+    }
+
+
 def trado_rows(bench: Bench, reference, batch: int) -> dict:
     gen, block = 32, 4
     eos, mask = bench.model.eos_token_id, bench.model.mask_token_id
@@ -249,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--espo", type=Path, help="a checkout of ML-GSAI/ESPO (skipped without it)")
     ap.add_argument("--trado", type=Path, help="a checkout of Gen-Verse/dLLM-RL (skipped without it)")
+    ap.add_argument("--fast-dllm", type=Path, help="a checkout of NVlabs/Fast-dLLM (skipped without it)")
     ap.add_argument("--limit", type=int, default=500, help="held-out puzzles (default 500)")
     ap.add_argument("--batch", type=int, default=128, help="prompts per batch / engine slots (default 128, the demo's)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -257,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true",
                     help="our decoding settings' accuracy and passes on the LLaDA demo (needs no reference)")
     args = ap.parse_args(argv)
-    if args.espo is None and args.trado is None and not args.sweep:
-        ap.error("give --espo and/or --trado (checkouts of the reference repositories), or --sweep")
+    if args.espo is None and args.trado is None and args.fast_dllm is None and not args.sweep:
+        ap.error("give --espo, --trado and/or --fast-dllm (checkouts of the reference repositories), or --sweep")
     torch.set_num_threads(args.threads)
     if args.sweep:
         sweep(args.limit, args.batch, args.seed)
@@ -266,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench("llada-countdown", args.limit, args.seed)
         run("ESPO reference generate vs ours, LLaDA-shaped demo model (gen 16, one block, greedy)", bench,
             espo_rows(bench, espo_reference(args.espo), args.batch), args.rounds, sampled=False)
+    if args.fast_dllm is not None:
+        bench = Bench("llada-countdown", args.limit, args.seed)
+        reference = fast_dllm_reference(args.fast_dllm)
+        for cache, blocks in (("prefix", "one block of 16"), ("dual", "blocks of 8")):
+            run(f"Fast-dLLM's {cache} cache vs ours, LLaDA-shaped demo model (gen 16 in {blocks}, greedy, threshold "
+                "0.9)", bench, fast_dllm_rows(bench, reference, args.batch, cache), args.rounds, sampled=False)
     if args.trado is not None:
         bench = Bench("sdar-countdown", args.limit, args.seed)
         run("TraDo reference sampler vs ours, block demo model (gen 32, block 4, temperature 1, threshold 0.9)",
