@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from dllm_rl.rl.advantages import group_filter, group_zscore, leave_one_out
+from dllm_rl.rl.advantages import compute_advantages, group_filter, group_zscore, leave_one_out, pass_at_k
 from dllm_rl.rl.kl import k1, k2, k3
 from dllm_rl.rl.losses import LossConfig, policy_objective, sequence_clipped_loss, token_clipped_loss
 
@@ -38,6 +38,44 @@ def test_leave_one_out_hand_values():
     torch.testing.assert_close(leave_one_out(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
     with pytest.raises(ValueError, match="num_generations >= 2"):
         leave_one_out(r, 1)
+
+
+def test_pass_at_k_hand_values():
+    # one right answer in 8, k = 4: E[max] = C(7,3)/C(8,4) = 35/70 = 1/2; it sits only in subsets that pass
+    # (1 - 1/2), a wrong one fails in C(6,3)/C(7,3) = 20/35 of its subsets (1 - 20/35 - 1/2 = -1/14)
+    r = torch.tensor([0.0, 0, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0])
+    a = pass_at_k(r, 8, k=4)
+    torch.testing.assert_close(a[:8], torch.tensor([-1 / 14] * 2 + [1 / 2] + [-1 / 14] * 5))
+    # four right in 8: E[max] = 1 - C(4,4)/C(8,4) = 69/70; right 1/70; wrong 1 - C(3,3)/C(7,3) - 69/70 = 1/70 - 1/35
+    torch.testing.assert_close(a[8:], torch.tensor([1 / 70] * 4 + [1 / 70 - 1 / 35] * 4))
+    # scaled by the subset scores' std sqrt(p (1 - p)): p = 1/2 -> 1/2
+    torch.testing.assert_close(pass_at_k(r, 8, "group", k=4)[:3], torch.tensor([-1 / 7, -1 / 7, 1.0]), atol=1e-3,
+                               rtol=0)
+    torch.testing.assert_close(pass_at_k(r, 8, k=1), group_zscore(r, 8, "none"))  # k = 1 is GRPO's r - mean
+    with pytest.raises(ValueError, match=r"k must be in \[1, rollout.num_generations = 8\], got 9"):
+        pass_at_k(r, 8, k=9)
+
+
+def test_pass_at_k_equals_the_mean_over_every_subset_for_graded_rewards():
+    import itertools
+
+    r = torch.tensor([0.3, 0.9, 0.0, 0.3, 0.5, 1.0])  # a tie, graded rewards: the best of a subset scores it
+    for k in (1, 2, 3, 6):
+        subsets = list(itertools.combinations(range(6), k))
+        best = {s: max(r[list(s)].tolist()) for s in subsets}
+        mean = sum(best.values()) / len(subsets)
+        want = [sum(b for s, b in best.items() if i in s) / sum(i in s for s in subsets) - mean for i in range(6)]
+        torch.testing.assert_close(pass_at_k(r, 6, k=k), torch.tensor(want), atol=1e-6, rtol=0)
+
+
+def test_advantage_options_reach_the_rule_and_unknown_ones_are_refused():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(compute_advantages("pass_at_k", r, 4, "none", {"k": 2}), pass_at_k(r, 4, k=2))
+    with pytest.raises(ValueError, match=r"^advantage_options: k not read by the 'leave_one_out' advantage; "
+                                         r"valid: \(none\)$"):
+        compute_advantages("leave_one_out", r, 4, "none", {"k": 2})
+    with pytest.raises(ValueError, match=r"^advantage_options: kk not read by the 'pass_at_k' advantage; valid: k$"):
+        compute_advantages("pass_at_k", r, 4, "none", {"kk": 2})
 
 
 def test_group_filter_counts_zero_variance_and_band():
@@ -169,9 +207,12 @@ def test_losses_kl_and_advantages_each_share_one_signature():
     assert {n: params(f) for n, f in POLICY_LOSSES.items()} == {
         n: ["new", "old", "ref", "advantages", "lengths", "config"] for n in POLICY_LOSSES}
     assert {n: params(f) for n, f in KL_ESTIMATORS.items()} == {n: ["logp", "logp_ref"] for n in ("k1", "k2", "k3")}
-    assert {n: params(f) for n, f in ADVANTAGES.items()} == {
+    # an advantage rule: three positional arguments, then its options (advantage_options), each with a default
+    assert {n: params(f)[:3] for n, f in ADVANTAGES.items()} == {
         n: ["rewards", "group_size", "scale_rewards"] for n in ADVANTAGES}
-    assert {"group_zscore", "leave_one_out", "wd1_weights"} <= set(ADVANTAGES)
+    assert all(p.default is not inspect.Parameter.empty for f in ADVANTAGES.values()
+               for p in list(inspect.signature(f).parameters.values())[3:])
+    assert {"group_zscore", "leave_one_out", "wd1_weights", "pass_at_k"} <= set(ADVANTAGES)
 
 
 def test_loss_config_is_read_from_the_resolved_rl_config_and_validated():

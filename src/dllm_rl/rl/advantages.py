@@ -1,12 +1,15 @@
 """Advantage estimators: one function per rule, registered by name (verl's ``core_algos`` style).
 
-Every rule has one signature, ``(rewards, group_size, scale_rewards) -> advantages``: rewards ``[N]`` ordered
-group by group (``rollout.num_generations`` consecutive samples per prompt) in, advantages ``[N]`` (float32) out;
-:data:`ADVANTAGES` is the table of names. :func:`group_filter` decides which groups enter the update.
+Every rule has one signature, ``(rewards, group_size, scale_rewards, **options) -> advantages``: rewards ``[N]``
+ordered group by group (``rollout.num_generations`` consecutive samples per prompt) in, advantages ``[N]``
+(float32) out; a rule's keyword options come from the config's ``advantage_options``. :data:`ADVANTAGES` is the
+table of names. :func:`group_filter` decides which groups enter the update.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,11 +64,45 @@ def leave_one_out(rewards: torch.Tensor, group_size: int, scale_rewards: str = "
     return _scale(loo, g, scale_rewards).reshape(-1)
 
 
-AdvantageFn = Callable[[torch.Tensor, int, str], torch.Tensor]
+def pass_at_k(rewards: torch.Tensor, group_size: int, scale_rewards: str = "none", k: int = 4) -> torch.Tensor:
+    """Pass@k training's advantage (Chen et al. 2025, arXiv 2508.10751, section 4's analytical form; for rewards
+    that are not 0/1, the max over a subset as in Walder and Karkhanis 2025, arXiv 2505.15201): every size-``k``
+    subset of a group is scored by its best reward, and a sample's advantage is the mean score of the subsets
+    holding it less the mean over all subsets, ``A_i = E[max | i in S] - E[max]``. A right answer in a group with
+    few others gains a lot, one among many right ones little, and a wrong one loses only as often as the subsets
+    it sits in hold no right answer: the update leans to the prompts the policy rarely solves and keeps a group's
+    other answers. ``k = 1`` is GRPO's ``r - mean``. ``scale_rewards``: ``group`` divides by the subset scores'
+    standard deviation (the paper's ``sigma``), ``batch`` by the batch's reward standard deviation, ``none``
+    (ESPO's, the default) not at all.
+
+    Closed form, computed exactly (no sampling of subsets): with a group's rewards sorted ascending, ``r_1 <= ...
+    <= r_G``, ``E[max] = sum_j r_j C(j-1, k-1) / C(G, k)`` and, for the sample at rank ``i``, ``E[max | i in S] =
+    (r_i C(i-1, k-1) + sum_{j>i} r_j C(j-2, k-2)) / C(G-1, k-1)`` (ties give the same values in any order)."""
+    if not 1 <= k <= group_size:
+        raise ValueError(f"advantage_options: k must be in [1, rollout.num_generations = {group_size}], got {k}")
+    g = _groups(rewards, group_size).double()
+    r, order = g.sort(dim=1)
+    comb = lambda n, m: math.comb(n, m) if n >= 0 and m >= 0 else 0  # noqa: E731
+    rank = range(1, group_size + 1)
+    w_all = g.new_tensor([comb(j - 1, k - 1) / comb(group_size, k) for j in rank])
+    w_self = g.new_tensor([comb(i - 1, k - 1) / comb(group_size - 1, k - 1) for i in rank])
+    w_above = g.new_tensor([comb(j - 2, k - 2) / comb(group_size - 1, k - 1) for j in rank])
+    mean = (r * w_all).sum(dim=1, keepdim=True)
+    above = (r * w_above).flip(1).cumsum(1).flip(1)  # sum over ranks >= j
+    above = torch.cat([above[:, 1:], above.new_zeros((len(r), 1))], dim=1)  # sum over ranks > i
+    adv = torch.empty_like(r).scatter_(1, order, r * w_self + above - mean)
+    if scale_rewards == "group":
+        std = ((r.square() * w_all).sum(dim=1, keepdim=True) - mean.square()).clamp(min=0).sqrt()
+        return (adv / (std + EPS)).float().reshape(-1)
+    return _scale(adv, g, scale_rewards).float().reshape(-1)
+
+
+AdvantageFn = Callable[..., torch.Tensor]
 
 ADVANTAGES: dict[str, AdvantageFn] = {
     "group_zscore": group_zscore,
     "leave_one_out": leave_one_out,
+    "pass_at_k": pass_at_k,
 }
 
 
@@ -73,11 +110,19 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 register_advantage = registrar(ADVANTAGES, "advantage")
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_rewards: str) -> torch.Tensor:
-    """Advantage rule ``name`` (see :data:`ADVANTAGES`) of ``rewards`` in groups of ``group_size``."""
+def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_rewards: str,
+                       options: dict | None = None) -> torch.Tensor:
+    """Advantage rule ``name`` (see :data:`ADVANTAGES`) of ``rewards`` in groups of ``group_size``, with its keyword
+    ``options`` (``advantage_options``)."""
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; choose one of {', '.join(ADVANTAGES)}")
-    return ADVANTAGES[name](rewards, group_size, scale_rewards)
+    fn, options = ADVANTAGES[name], dict(options or {})
+    valid = [p for p in list(inspect.signature(fn).parameters)[3:]]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"advantage_options: {', '.join(unknown)} not read by the {name!r} advantage; valid: "
+                         f"{', '.join(valid) or '(none)'}")
+    return fn(rewards, group_size, scale_rewards, **options)
 
 
 @dataclass

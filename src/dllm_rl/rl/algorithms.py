@@ -14,6 +14,7 @@ import torch
 
 from dllm_rl.config import ConfigError
 from dllm_rl.estimators import ScoringBatch, estimator_forwards
+from dllm_rl.rl.advantages import compute_advantages
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import NO_HOOK, make_hook
@@ -54,6 +55,11 @@ def check_combination(cfg: RLConfig) -> None:
         raise ConfigError("model.path: set the checkpoint directory (model.path=PATH)")
     if cfg.advantage == "leave_one_out" and cfg.rollout.num_generations < 2:
         raise ConfigError("rollout.num_generations: leave_one_out needs at least 2 generations per prompt")
+    try:  # the rule's options, on one dummy group (an unknown option, k above the group size)
+        compute_advantages(cfg.advantage, torch.zeros(cfg.rollout.num_generations), cfg.rollout.num_generations,
+                           cfg.scale_rewards, cfg.advantage_options)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.reference == "base" and not cfg.lora.enabled:
         raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
     if cfg.beta and getattr(POLICY_LOSSES[cfg.loss_type], "kl_level", None) is None:

@@ -225,7 +225,8 @@ class RolloutCollector:
         parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])
-        adv = compute_advantages(cfg.advantage, every, self.group_size, cfg.scale_rewards)
+        adv = compute_advantages(cfg.advantage, every, self.group_size, cfg.scale_rewards,
+                                 cfg.advantage_options)
         return adv[start:start + len(rewards)]
 
     def filter(self, rewards: torch.Tensor):
@@ -346,4 +347,4 @@ class RolloutCollector:
                            tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
                            gen_length=cfg.rollout.gen_length, step=self.step_idx, span=span_of,
                            mask_token_id=policy.mask_token_id, advantage=cfg.advantage,
-                           scale_rewards=cfg.scale_rewards)
+                           scale_rewards=cfg.scale_rewards, advantage_options=cfg.advantage_options)

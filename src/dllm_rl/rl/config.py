@@ -372,7 +372,12 @@ class RLConfig(Checked):
     advantage: str | None = field(
         None, choices=_registry("dllm_rl.rl.methods", "ADVANTAGES"),
         help=_preset_help("advantage", "advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out "
-                          "(RLOO, as in ESPO, arXiv 2512.03759) | a method's own"))
+                          "(RLOO, as in ESPO, arXiv 2512.03759) | pass_at_k (Pass@k training, arXiv 2508.10751; "
+                          "advantage_options) | a method's own"))
+    advantage_options: dict | None = field(
+        None, help="the advantage rule's options, e.g. {k: 4} for pass_at_k (Pass@k training, arXiv 2508.10751: "
+        "each sample's share in its group's best-of-k, which leans the update to the prompts the policy rarely "
+        "solves; k in [1, rollout.num_generations], default 4)")
     scale_rewards: Literal["group", "batch", "none"] | None = field(
         None, help=_preset_help("scale_rewards", "advantage scaling (TRL scale_rewards): group (GRPO's per-group "
                                 "std, arXiv 2402.03300) | batch | none"))

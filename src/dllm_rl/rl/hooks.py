@@ -90,7 +90,7 @@ class HookContext:
     ``gen_length`` describe the completions; ``step`` is the RL step. ``generate(..., until_block=[...])`` stops
     sample ``indices[k]`` after ``until_block[k]`` decoded blocks (a partial state); ``span(i)`` is sample ``i``'s
     ``(decoded blocks, completion slots)``; ``mask_token_id`` marks the slots a partial state has not decoded;
-    ``advantage``/``scale_rewards`` are the run's advantage rule and scaling."""
+    ``advantage``/``scale_rewards``/``advantage_options`` are the run's advantage rule, scaling and options."""
 
     generate: Callable[..., Rollout]
     reward: Callable[[list[int], Rollout], tuple[list[float], list[str]]]
@@ -103,6 +103,7 @@ class HookContext:
     mask_token_id: int = -1
     advantage: str = "group_zscore"
     scale_rewards: str = "group"
+    advantage_options: dict | None = None
 
 
 class RolloutHook(Protocol):

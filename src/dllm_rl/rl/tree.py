@@ -105,7 +105,7 @@ def node_values(shape: TreeShape, leaf_rewards: torch.Tensor) -> torch.Tensor:
 
 
 def sibling_advantages(shape: TreeShape, values: torch.Tensor, rule: str = "leave_one_out",
-                       scale_rewards: str = "none") -> torch.Tensor:
+                       scale_rewards: str = "none", options: dict | None = None) -> torch.Tensor:
     """``[P, S]`` advantages: advantage rule ``rule`` (:data:`dllm_rl.rl.advantages.ADVANTAGES`) applied to each
     sibling group's values. d-TreeRPO's local advantage is ``leave_one_out`` with ``scale_rewards=none``:
     ``A_i = V_i - mean_{j sibling of i, j != i} V_j``; a node without siblings keeps ``A_i = V_i``."""
@@ -116,7 +116,7 @@ def sibling_advantages(shape: TreeShape, values: torch.Tensor, rule: str = "leav
         if len(cols) == 1:
             out[:, cols] = v
         else:
-            out[:, cols] = compute_advantages(rule, v.reshape(-1), len(cols), scale_rewards).view(v.shape)
+            out[:, cols] = compute_advantages(rule, v.reshape(-1), len(cols), scale_rewards, options).view(v.shape)
     return out
 
 

@@ -70,7 +70,7 @@ def tree_rollout_hook(*, branch: int = 4, depth: int = 2) -> RolloutHook:
         leaves = tree.leaf_rows()
         leaf_rewards, leaf_reasons = ctx.reward(leaves, tree.nodes.select(leaves))
         values = node_values(shape, torch.tensor(leaf_rewards, dtype=torch.float32).view(n_prompts, shape.leaves))
-        adv = sibling_advantages(shape, values, ctx.advantage, ctx.scale_rewards)
+        adv = sibling_advantages(shape, values, ctx.advantage, ctx.scale_rewards, ctx.advantage_options)
         reasons = [f"tree node: mean of its leaves ({v:.4g})" for v in values.flatten().tolist()]
         for i, why in zip(leaves, leaf_reasons):
             reasons[i] = why
