@@ -21,6 +21,7 @@ def _rows(out):
 
 # MDPO's rollouts record every step's prediction (here also with its Running-Confidence Remasking); d-TreeRPO's
 # grow trees of partial decodes (prefill + until_block)
+# (the engine's RCR itself is checked against generate in tests/sampling/test_sampling_rcr.py)
 RCR = ("rollout.remasking=rcr", "rollout.threshold=null", "rollout.steps=4", "eval.threshold=null")
 
 
@@ -29,10 +30,11 @@ RCR = ("rollout.remasking=rcr", "rollout.threshold=null", "rollout.steps=4", "ev
 def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatch, algorithm, decoding):
     import dllm_rl.sampling.engine as engine_mod
 
-    runs, real = [], engine_mod.Engine.run
+    runs, remasking, real = [], [], engine_mod.Engine.run
 
     def counted(self, prompts, seeds=None, images=None, prefill=None, record_steps=None, until_block=None):
         runs.append((self.engine.slots, len(prompts), record_steps))
+        remasking.append(self.config.remasking)
         return real(self, prompts, seeds, images, prefill, record_steps, until_block)
 
     monkeypatch.setattr(engine_mod.Engine, "run", counted)
@@ -43,6 +45,7 @@ def test_rollout_engine_gives_the_fixed_batch_run(rl_setup, tmp_path, monkeypatc
         cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / name, *common, *extra))
         train(cfg, reward_fn=digit_reward)
         rows[name] = _rows(tmp_path / name)
+    assert set(remasking) == {"rcr" if decoding == RCR else "low_confidence"}  # the engine decodes the run's rule
     # held-out before, the step's 8 rollouts (2 prompts x 4), held-out after: all through 3 slots
     record = "sampled" if algorithm == "mdpo" else None
     if algorithm == "d_treerpo":  # the tree's levels: several engine runs between the two evaluations

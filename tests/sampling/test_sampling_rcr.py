@@ -167,3 +167,60 @@ def test_the_rl_rollout_section_selects_rcr():
     cfg = load_config(RLConfig, None, ["model.path=m", "rollout.remasking=rcr", "rollout.gen_length=8",
                                        "rollout.steps=4", "rollout.cache=none"])
     assert decode_config(cfg, model).remasking == "rcr"
+
+
+def test_early_stop_under_rcr_waits_for_the_block_whose_tokens_it_may_take_back(fakes):
+    # step 0 keeps slots 0 (token 1) and 1 (EOS): an answer that looks decided; step 1 re-masks both, step 2
+    # fills them with 7 and 8: the answer has no EOS at all
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    plan = {6: [(1, .9), (fakes.EOS, .8), (2, .3), (3, .3), (4, .3), (5, .3)],
+            4: [(1, .5), (fakes.EOS, .5), (2, .95), (3, .95), (4, .95), (5, .95)],
+            2: [(7, .99), (8, .99), (2, .5), (3, .5), (4, .5), (5, .5)]}
+
+    def fn(input_ids, position_ids, logits):
+        out = torch.zeros_like(logits)
+        for r in range(input_ids.shape[0]):
+            for j, (tok, p) in enumerate(plan[int((input_ids[r] == fakes.MASK).sum())]):
+                out[r, P + j, tok] = fakes.logit_for(p)
+        return out
+
+    model = fakes.fake_model(torch.zeros(16, fakes.V), fn=fn)
+    cfg = DecodeConfig(gen_length=6, block_length=6, steps=3, remasking="rcr", stop_on_eos=False)
+    alone = generate(model, [[1, 2]], cfg)
+    assert alone.completion_ids[0].tolist() == [7, 8, 2, 3, 4, 5] and alone.finish_reason == ["length"]
+    for early in (False, True):
+        out = Engine(model, cfg, EngineConfig(slots=1, early_stop=early)).run([[1, 2]])
+        assert torch.equal(out.completion_ids, alone.completion_ids) and out.finish_reason == ["length"], early
+
+
+def test_a_stream_under_rcr_sends_only_what_no_later_step_takes_back():
+    # what `dllm-rl serve` streams (and checks stop sequences on): committed tokens without a gap, and under RCR
+    # only those of finished blocks
+    from dllm_rl.models import build_model, tiny_config
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+    from dllm_rl.sampling.sequence import settled
+
+    kw = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = build_model("llada", tiny_config("llada", **kw), seed=1)
+    with torch.no_grad():
+        model.model.lm_head.weight.mul_(20.0)
+    eos = model.eos_token_id
+    taken_back, streamed = 0, 0
+    for gen, seed in [(8, s) for s in range(10)] + [(16, s) for s in range(5)]:  # one block of 8, or two
+        cfg = DecodeConfig(gen_length=gen, block_length=8, steps=8, remasking="rcr", temperature=1.0,
+                           stop_on_eos=False)
+        engine = Engine(model, cfg, EngineConfig(slots=1))
+        rid = engine.add_request([5, 9, 11, 3], seed=seed)
+        sent, naive = [], []
+        while not (done := engine.step()):
+            seq = engine.running[0]
+            tokens, todo = engine.completions([rid])[rid]
+            sent = max(sent, settled(tokens, todo, eos, seq.final_slots())[0], key=len)
+            naive = max(naive, settled(tokens, todo, eos)[0], key=len)
+        answer = done[0].rollout.completion_ids[0][done[0].rollout.completion_mask[0]].tolist()
+        assert answer[:len(sent)] == sent, (gen, seed)
+        taken_back += answer[:len(naive)] != naive
+        streamed += len(sent) > 0
+    assert streamed > 0  # the first block's answer tokens are sent before the second block ends
+    assert taken_back > 0  # reading every committed token as final would have streamed tokens RCR took back

@@ -66,7 +66,8 @@ block, the rest of its completion left masked.
 **RCR** (``remasking="rcr"``, MDPO's Running-Confidence Remasking) fills every masked slot of a row's block, then
 re-masks the least confident of the slots that block began with (``SlotRows.drawn``), as ``decode`` does.
 
-Every decoding ``generate`` serves, the engine serves.
+Every decoding ``generate`` serves, the engine serves. Under RCR a committed token of the block being decoded is not
+final: early stop and the settled text (:meth:`Sequence.final_slots`) read only finished blocks there.
 
 One file on purpose (about 710 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
@@ -410,9 +411,10 @@ class Engine:
         blk = x.gather(1, cols)  # an EOS stop: a done block holding only EOS / padding in its completion slots
         flags.append(((blk == eos) | (blk == pad) | (cols < c0) | (cols >= c1)).all(-1))
         if self.engine.early_stop:  # the answer is decided: a committed EOS with every slot before it committed
-            col = torch.arange(rows.width, device=device)[None, :]
+            col = torch.arange(rows.width, device=device)[None, :]  # (and final: RCR takes back its block's tokens)
             inside = (col >= c0) & (col < c1)
-            is_eos = (x == eos) & ~todo & inside
+            final = self._long([s.comp[0] + s.final_slots() for s in running])[:, None]
+            is_eos = (x == eos) & ~todo & inside & (col < final)
             first = torch.where(is_eos, col, rows.width).min(-1).values
             flags.append(is_eos.any(-1) & ~(todo & inside & (col < first[:, None])).any(-1))
         flags = torch.stack(flags, dim=1).tolist()  # the step's one synchronisation

@@ -137,6 +137,13 @@ class Sequence:
     def cols(self) -> tuple[int, int]:
         return self.canvas.cols(self.block_idx)
 
+    def final_slots(self) -> int:
+        """The completion slots (from the first) whose committed tokens no later step changes: all of them, except
+        under RCR remasking, which may take back any token of the block being decoded: those before that block."""
+        if self.config.remasking == "rcr":
+            return max(self.cols()[0] - self.comp[0], 0)
+        return self.comp[1] - self.comp[0]
+
     def fill_rest(self, eos: int) -> None:
         """Fill every slot still masked with EOS, never generated (step_map -1): the early stop."""
         self.x.masked_fill_(self.todo, eos)  # (a boolean index would read the device)
@@ -176,11 +183,13 @@ class Sequence:
         return canvas, trace
 
 
-def settled(tokens: list[int], todo: list[bool], eos: int) -> tuple[list[int], bool]:
+def settled(tokens: list[int], todo: list[bool], eos: int, final: int | None = None) -> tuple[list[int], bool]:
     """``(ids, ended)`` of a completion as it stands (its slots' tokens and still-masked flags, host lists): the
-    tokens committed without a gap from the first slot up to the first still-masked one, cut before the first EOS,
-    and whether the answer is complete (an EOS reached that way). Later steps never change them: what a stream may
-    send."""
+    tokens committed without a gap from the first slot up to the first still-masked one (and within the first
+    ``final`` slots, :meth:`Sequence.final_slots`), cut before the first EOS, and whether the answer is complete (an
+    EOS reached that way). Later steps never change them: what a stream may send."""
+    if final is not None:
+        tokens, todo = tokens[:final], todo[:final] + [True]
     stop = todo.index(True) if True in todo else len(tokens)
     ids = tokens[:stop]
     if eos in ids:

@@ -15,7 +15,8 @@ tokens shown.
 
 ``stop`` (a string or up to :data:`MAX_STOPS`) ends the answer before the first stop sequence it holds
 (``finish_reason: "stop"``). A diffusion model commits tokens out of order, so the text is checked as it settles
-(committed without a gap from the answer's start, which later steps never change): once the settled text holds a
+(committed without a gap from the answer's start, which later steps never change; under RCR remasking, which
+takes back tokens of the block being decoded, only finished blocks'): once the settled text holds a
 stop sequence the answer up to it is final, and the request leaves its slot at once. A stream holds back the last
 ``len(longest stop) - 1`` characters until they cannot begin a stop sequence.
 
@@ -154,12 +155,18 @@ class Server:
             raise ApiError(400, f"max_tokens: {max_tokens} is outside [1, {self.limits.max_tokens}] (the server's "
                            "--max-tokens)", "max_tokens")
         base = self.decode
+        rcr = "this server decodes with RCR remasking (--remasking rcr), which re-masks on the static schedule"
         if req.preset is not None:  # a family's published schedule (dllm_rl.sampling.presets), then the request's own
             try:
-                base = dataclasses.replace(base, **preset(req.preset))
+                schedule = preset(req.preset)
+                if base.remasking == "rcr" and schedule.get("threshold") is not None:
+                    raise ApiError(400, f"preset: {req.preset!r} decodes with a threshold; {rcr}", "preset")
+                base = dataclasses.replace(base, **schedule)
             except (UserError, FieldError) as err:
                 raise ApiError(400, f"preset: {err}", "preset") from None
         over: dict[str, Any] = {k: getattr(req, k) for k in OPTIONS if getattr(req, k) is not None}
+        if "threshold" in over and base.remasking == "rcr":
+            raise ApiError(400, f"threshold: {rcr}: set steps, not threshold", "threshold")
         if "threshold" in over and "steps" not in over:
             over["steps"] = None  # a request's threshold replaces the server's static schedule
         if "steps" in over and "threshold" not in over:

@@ -198,7 +198,7 @@ class Worker:
                 ticket.steps_sent = seq.nfe
                 ticket.put("canvas", (seq.nfe, tokens))
             if ticket.stream or ticket.stop:
-                ids, _ = settled(tokens, todo, self.eos)
+                ids, _ = settled(tokens, todo, self.eos, seq.final_slots())
                 if len(ids) <= ticket.sent:
                     continue
                 ticket.sent = len(ids)
