@@ -128,7 +128,7 @@ def decode(
             if recorder is not None:
                 recorder.add(rows, nfe[rows], s, e, logits.argmax(-1) if recorder.greedy else tokens, conf)
             del logits
-            chosen = _commits(config, conf, todo[active], masked0[active], steps, t)
+            chosen = step_commits(config, conf, todo[active], masked0[active], steps, t)
             r_idx, c_idx = chosen.nonzero(as_tuple=True)
             rr, cc = rows[r_idx], c_idx + s
             canvas.x[rr, cc] = tokens[r_idx, c_idx]
@@ -154,10 +154,11 @@ def decode(
     return {"step_map": step_map, "confidence": conf_map, "entropy": ent_map, "nfe": nfe}
 
 
-def _commits(config: DecodeConfig, conf: torch.Tensor, todo: torch.Tensor, masked0: torch.Tensor, steps: int,
-             t: int) -> torch.Tensor:
+def step_commits(config: DecodeConfig, conf: torch.Tensor, todo: torch.Tensor, masked0: torch.Tensor, steps: int,
+                 t: int | torch.Tensor) -> torch.Tensor:
     """The slots one step commits (``[n, L]`` bool) among the block's masked slots ``todo``: all of them under RCR
-    (its re-masking then takes some back), else the threshold's or the static schedule's most confident."""
+    (its re-masking then takes some back), else the threshold's or the static schedule's most confident (``t``: the
+    local step, one for all rows or ``[n]``; ``masked0``: the masks each block began with). The engine's rule too."""
     if config.remasking == "rcr":
         return todo
     candidates = current_sub_block(todo, config.sub_block) if config.sub_block is not None else todo

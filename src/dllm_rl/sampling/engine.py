@@ -89,16 +89,9 @@ from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import canvas_width
-from dllm_rl.sampling.confidence import (
-    choose_tokens,
-    current_sub_block,
-    left_after,
-    rcr_remask,
-    select_commits,
-    transfer_counts,
-)
+from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
 from dllm_rl.sampling.config import DecodeConfig
-from dllm_rl.sampling.decode import evaluating, to_rollout
+from dllm_rl.sampling.decode import evaluating, step_commits, to_rollout
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence, SlotRows
@@ -688,15 +681,9 @@ class Engine:
         tokens, conf, ent = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
         if any(s.record for s in group):
             self._record(group, slots, cols, todo, logits, tokens, conf)
-        candidates = todo if cfg.sub_block is None else current_sub_block(todo, cfg.sub_block)
         local = self._long([s.local_step for s in group])
         steps, masked0 = cfg.steps or self.block, rows.masked0[slots[:, 0]]
-        if cfg.remasking == "rcr":  # every masked slot is filled, then the least sure drawn ones go back
-            chosen = candidates
-        elif cfg.threshold is not None:
-            chosen = select_commits(conf, candidates, threshold=cfg.threshold)
-        else:
-            chosen = select_commits(conf, candidates, counts=transfer_counts(masked0, steps, local))
+        chosen = step_commits(cfg, conf, todo, masked0, steps, local)
         step = self._long([s.nfe for s in group])[:, None]
         x = torch.where(chosen, tokens, rows.x[slots, cols])
         todo = todo & ~chosen
