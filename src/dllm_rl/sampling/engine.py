@@ -27,9 +27,11 @@ checks every row in batched ops and reads the device once, however many slots ru
 **Batch invariance.** A sequence decodes its own one-prompt canvas (the layout ``generate`` gives it alone) with its
 own ``torch.Generator`` (seed ``seed`` of :meth:`~Engine.add_request`; :meth:`~Engine.run` uses ``config.seed + i``
 as ``generate`` does), with the draw shapes and the rules of :func:`~dllm_rl.sampling.decode.decode`, and spends a
-step only when it decodes. So its tokens, step map, confidences and NFE equal ``generate([prompt], seeds=[seed])``
-whoever shares its steps, and the results equal a fixed batch's: exactly in float32 in the tests; in bfloat16
-kernels chosen by batch shape round differently and can flip a near-tied sampled choice (about 1 row in 50).
+step only when it decodes. So its tokens, step map and NFE equal ``generate([prompt], seeds=[seed])`` whoever
+shares its steps, and the results equal a fixed batch's: exactly in float32 in the tests (the confidences to about
+1e-6: a batch of another shape sums its softmax in another order, so an exact tie between two slots, which orders
+commits and RCR's re-masking, could in principle break the other way); in bfloat16 kernels chosen by batch shape
+round differently and can flip a near-tied sampled choice (about 1 row in 50).
 
 **Memory** is bounded by the slots, not the queue: a waiting request holds its one-prompt canvas (token ids); the KV
 pool is ``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it,
