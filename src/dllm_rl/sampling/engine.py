@@ -98,7 +98,7 @@ from dllm_rl.sampling.inputs import check_inputs, decode_block_length
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
-from dllm_rl.sampling.step_record import PREDICTIONS
+from dllm_rl.sampling.step_record import PREDICTIONS, step_prediction
 
 # DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
 PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "remasking",
@@ -617,22 +617,17 @@ class Engine:
         with active_adapter(self.model, None if names[0] == BASE_MODEL else names[0]):
             return self.model(*args, **kwargs)
 
-    def _record(self, group: list[Sequence], slots: torch.Tensor, cols: torch.Tensor, todo: torch.Tensor,
-                logits: torch.Tensor, tokens: torch.Tensor, conf: torch.Tensor) -> None:
+    def _record(self, group: list[Sequence], slots: torch.Tensor, cols: torch.Tensor, logits: torch.Tensor,
+                tokens: torch.Tensor, conf: torch.Tensor) -> None:
         """Each recording row's prediction of this step, before it commits, as
         :class:`~dllm_rl.sampling.step_record.StepRecorder` keeps it: its completion with the block's masked slots
         predicted (the sampled tokens, or the logits' argmax for ``"greedy"``), which slots are masked, and the
         predicted slots' confidences (a device tensor per row and step: no host read)."""
         greedy = self._long([s.record == "greedy" for s in group]).bool()[:, None]
         guess = torch.where(greedy, logits.argmax(-1), tokens)
-        x, masked = self.rows.x[slots[:, 0]].clone(), self.rows.todo[slots[:, 0]]
-        x.scatter_(1, cols, torch.where(todo, guess, x.gather(1, cols)))
-        score = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        score.scatter_(1, cols, torch.where(todo, conf.float(), 0.0))
-        width = max(s.comp[1] - s.comp[0] for s in group)
-        idx = (self._long([s.comp[0] for s in group])[:, None] + torch.arange(width, device=x.device)).clamp(
-            max=x.shape[1] - 1)
-        x, masked, score = x.gather(1, idx).int(), masked.gather(1, idx), score.gather(1, idx)
+        x, masked, score = step_prediction(self.rows.x[slots[:, 0]], self.rows.todo[slots[:, 0]], cols, guess, conf,
+                                           self._long([s.comp[0] for s in group]),
+                                           max(s.comp[1] - s.comp[0] for s in group))
         for i, seq in enumerate(group):
             if seq.record:
                 g = seq.comp[1] - seq.comp[0]
@@ -682,7 +677,7 @@ class Engine:
         gens = [s.generator for s in group] if needs_rng else None
         tokens, conf, ent = choose_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, cfg.confidence, gens)
         if any(s.record for s in group):
-            self._record(group, slots, cols, todo, logits, tokens, conf)
+            self._record(group, slots, cols, logits, tokens, conf)
         local = self._long([s.local_step for s in group])
         steps, masked0 = cfg.steps or self.block, rows.masked0[slots[:, 0]]
         chosen = step_commits(cfg, conf, todo, masked0, steps, local)

@@ -25,6 +25,21 @@ from dllm_rl.sampling.canvas import Canvas
 PREDICTIONS = ("sampled", "greedy")
 
 
+def step_prediction(x: torch.Tensor, todo: torch.Tensor, cols: torch.Tensor, tokens: torch.Tensor,
+                    conf: torch.Tensor, comp_start: torch.Tensor, width: int):
+    """One step's prediction of rows ``x`` / ``todo`` (``[n, T]``, before the step commits), whose block sits at
+    columns ``cols`` (``[n, L]``) and predicts ``tokens`` with scores ``conf`` (``[n, L]``): the rows with the
+    block's masked slots predicted, which slots are masked, and the predicted slots' scores, read at the completion
+    columns ``comp_start + j``, ``j < width`` (``[n, width]`` int32, bool, float32; clamped to the row, so the
+    caller masks a column past its row's completion). :class:`StepRecorder` and the engine share it."""
+    block = todo.gather(1, cols)
+    pred = x.clone().scatter_(1, cols, torch.where(block, tokens, x.gather(1, cols)))
+    score = torch.zeros(x.shape, dtype=torch.float32, device=x.device).scatter_(
+        1, cols, torch.where(block, conf.float(), 0.0))
+    idx = (comp_start[:, None] + torch.arange(width, device=x.device)[None, :]).clamp(max=x.shape[1] - 1)
+    return pred.gather(1, idx).int(), todo.gather(1, idx), score.gather(1, idx)
+
+
 class StepRecorder:
     """Collects each step's prediction (``prediction``: one of :data:`PREDICTIONS`) for the rows that took it;
     :meth:`tensors` lays them out per sequence."""
@@ -42,17 +57,13 @@ class StepRecorder:
         (sampled, or the argmax: :attr:`greedy`) and scores ``conf`` (``[n, e - s]``); call before the step commits
         anything."""
         c = self.canvas
-        masked = c.todo[rows]
-        pred = c.x[rows].clone()
-        score = torch.zeros(pred.shape, dtype=torch.float32, device=pred.device)
-        block = masked[:, s:e]
-        pred[:, s:e] = torch.where(block, tokens, pred[:, s:e])
-        score[:, s:e] = torch.where(block, conf.float(), score[:, s:e])
-        idx = c.comp_start[rows, None] + torch.arange(c.completion_width, device=pred.device)[None, :]
-        inside = idx < c.comp_end[rows, None]
-        idx = idx.clamp(max=pred.shape[1] - 1)
-        take = lambda t, fill: torch.where(inside, t.gather(1, idx), torch.full_like(idx, fill, dtype=t.dtype))  # noqa: E731
-        self.entries.append((rows, step.clone(), take(pred, 0).int(), take(masked, False), take(score, 0.0)))
+        cols = torch.arange(s, e, device=c.x.device)[None, :].expand(len(rows), -1)
+        pred, masked, score = step_prediction(c.x[rows], c.todo[rows], cols, tokens, conf, c.comp_start[rows],
+                                              c.completion_width)
+        inside = (c.comp_start[rows, None] + torch.arange(c.completion_width, device=c.x.device)[None, :]
+                  < c.comp_end[rows, None])
+        self.entries.append((rows, step.clone(), pred.masked_fill(~inside, 0), masked & inside,
+                             score.masked_fill(~inside, 0.0)))
 
     def tensors(self, num_rows: int, pad_token_id: int) -> dict[str, torch.Tensor]:
         """``step_tokens`` / ``step_masked`` / ``step_confidence``, ``[B, S, G]`` with ``S`` the most steps of any
