@@ -117,7 +117,7 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; choose one of {', '.join(ADVANTAGES)}")
     fn, options = ADVANTAGES[name], dict(options or {})
-    valid = [p for p in list(inspect.signature(fn).parameters)[3:]]
+    valid = list(inspect.signature(fn).parameters)[3:]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(f"advantage_options: {', '.join(unknown)} not read by the {name!r} advantage; valid: "
