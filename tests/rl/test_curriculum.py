@@ -1,6 +1,6 @@
 """Curricula: stages switching at a step or on the rolling reward (data filter, generation length, block size,
-temperature), the switch printed and logged, exact resume across a boundary; online difficulty filtering with
-its pass rates resumed (tiny models, a few steps)."""
+temperature, advantage rule), the switch printed and logged, exact resume across a boundary; online difficulty
+filtering with its pass rates resumed (tiny models, a few steps)."""
 
 import json
 
@@ -87,6 +87,34 @@ def test_stages_change_rollouts_and_data_are_logged_and_resume_exactly(rl_setup,
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_stages_change_the_advantage_rule_and_its_options(rl_setup, tmp_path, monkeypatch, capsys):
+    """Pass@k with k = 2 after step 1, k = 3 after step 2 (options alone keep the rule), leave-one-out after step 3
+    (a rule named alone starts from its own options): each step's advantages are that rule's on its rewards."""
+    calls, real = [], collect_mod.compute_advantages
+
+    def spy(name, rewards, group, scale, options):
+        out = real(name, rewards, group, scale, options)
+        calls.append((name, options, rewards.clone(), scale, out))
+        return out
+
+    monkeypatch.setattr(collect_mod, "compute_advantages", spy)
+    stages = ("curriculum.stages=[{after_step: 1, advantage: pass_at_k, advantage_options: {k: 2}}, "
+              "{after_step: 2, advantage_options: {k: 3}}, {after_step: 3, advantage: leave_one_out}]")
+    train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "train.max_steps=4",
+                                                   "drop_zero_variance=false", stages)), reward_fn=digit_reward)
+    assert [(name, options) for name, options, *_ in calls] == [
+        ("leave_one_out", None), ("pass_at_k", {"k": 2}), ("pass_at_k", {"k": 3}), ("leave_one_out", None)]
+    # graded rewards (digit_reward) differ within the groups, so the rules' advantages differ on the same rewards
+    _, _, rewards, scale, adv = calls[1]
+    assert not torch.allclose(adv, real("leave_one_out", rewards, 4, scale, None))
+    out = capsys.readouterr().out
+    assert ("curriculum: stage 1 from step 2 (after_step 1): advantage leave_one_out -> pass_at_k; advantage_options "
+            "None -> {'k': 2}") in out
+    assert "curriculum: stage 2 from step 3 (after_step 2): advantage_options {'k': 2} -> {'k': 3}" in out
+    assert ("curriculum: stage 3 from step 4 (after_step 3): advantage pass_at_k -> leave_one_out; advantage_options "
+            "{'k': 3} -> None") in out
+
+
 def _parity_reward(prompts, completions, target=None, **cols):
     """1 (plus a little) for every sample of an even target, a little for an odd one: pass rates 1 and 0."""
     return [float(t % 2 == 0) + 0.1 * d for t, d in zip(target, digit_reward(prompts, completions))]
@@ -133,6 +161,10 @@ def test_a_bad_stage_is_refused_before_any_rollout(rl_setup, tmp_path):
                                                    r"target > 99"),
         ("{after_step: 1, filter: 'level > 2'}", r"^curriculum.stages\[0\].filter: .*train.jsonl, line 1 has no column "
                                                  r"'level'"),
+        ("{after_step: 1, advantage_options: {k: 2}}", r"^curriculum.stages\[0\]: advantage_options: k not read by the "
+                                                       r"'leave_one_out' advantage"),
+        ("{after_step: 1, advantage: pass_at_k, advantage_options: {k: 9}}",
+         r"^curriculum.stages\[0\]: advantage_options: k must be in \[1, rollout.num_generations = 4\], got 9"),
     ):
         with pytest.raises(ConfigError, match=message):
             RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "run.overwrite=true",

@@ -12,7 +12,15 @@ object. The modules, by job:
 - :mod:`~dllm_rl.config.flags`: a command's flags generated from its config dataclass.
 """
 
-from dllm_rl.config.fields import Checked, ConfigError, FieldError, allowed_values, check_fields, field
+from dllm_rl.config.fields import (
+    Checked,
+    ConfigError,
+    FieldError,
+    allowed_values,
+    check_fields,
+    field,
+    registry_names,
+)
 from dllm_rl.config.loading import (
     apply_override,
     coerce,
@@ -27,5 +35,5 @@ from dllm_rl.config.yaml_io import YAML_MAX_DEPTH, YAML_MAX_NODES, yaml_load
 
 __all__ = ["YAML_MAX_DEPTH", "YAML_MAX_NODES", "Checked", "ConfigError", "FieldError", "allowed_values",
            "apply_override", "check_fields", "coerce", "describe", "field", "from_dict", "load_command_config",
-           "load_config", "save_config",
+           "load_config", "registry_names", "save_config",
            "to_dict", "yaml_load"]

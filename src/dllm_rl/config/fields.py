@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
 import math
 import types
 import typing
@@ -30,6 +31,12 @@ def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str],
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def registry_names(module: str, name: str) -> Callable[[], tuple]:
+    """``choices`` of a field whose values are the keys of registry ``name`` in ``module``, read when a value is
+    checked (the registries import the configs that name them)."""
+    return lambda: tuple(getattr(importlib.import_module(module), name))
 
 
 def help_text(f: dataclasses.Field) -> str:

@@ -23,7 +23,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from dllm_rl.config import Checked, ConfigError, FieldError, field
+from dllm_rl.config import Checked, ConfigError, FieldError, field, registry_names
 from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
@@ -35,11 +35,6 @@ from dllm_rl.rl.value_config import ValueModelConfig
 from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions, check_schedule
 from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.run_config import RunConfig
-
-
-def _registry(module: str, name: str):
-    """The names of a registry, read when a value is checked (the registries import this module's users)."""
-    return lambda: tuple(getattr(importlib.import_module(module), name))
 
 
 def _algorithms(name: str):
@@ -321,21 +316,21 @@ class RLConfig(Checked):
 
     # the method (None: the preset's value; each method's module in rl/methods/ says where its values come from)
     algorithm: str = field(
-        "espo", choices=_registry("dllm_rl.rl.algorithms", "PRESETS"), help=_algorithms("algorithm_help"))
+        "espo", choices=registry_names("dllm_rl.rl.algorithms", "PRESETS"), help=_algorithms("algorithm_help"))
     estimator: str | None = field(
-        None, choices=_registry("dllm_rl.rl.methods", "ESTIMATORS"),
+        None, choices=registry_names("dllm_rl.rl.methods", "ESTIMATORS"),
         help=_preset_help("estimator", "log-likelihood estimator (dllm_rl.estimators)"))
     estimator_options: dict | None = field(
         None, help=_preset_help("estimator_options", "estimator options (the trace estimator's shrinkage s defaults "
                                 "to TraceRL's: 1 on block models, 8 on full attention; its step_merge: true makes "
                                 "each decoding block one transition, at the rollout's block_length)"))
     loss_type: str | None = field(
-        None, choices=_registry("dllm_rl.rl.methods", "POLICY_LOSSES"),
+        None, choices=registry_names("dllm_rl.rl.methods", "POLICY_LOSSES"),
         help=_preset_help("loss_type", "policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | "
                           "sequence (ESPO's sequence-level ratio, arXiv 2512.03759 eq. 7-9) | a method's own"))
     loss_options: dict | None = field(None, help=_preset_help("loss_options", "settings of the chosen loss"))
     rollout_hook: str | None = field(
-        None, choices=lambda: ("off", *_registry("dllm_rl.rl.methods", "ROLLOUT_HOOKS")()),
+        None, choices=lambda: ("off", *registry_names("dllm_rl.rl.methods", "ROLLOUT_HOOKS")()),
         help=_preset_help("rollout_hook", "hook called after each round's rewards that may replace rollouts "
                           "(dllm_rl.rl.hooks); off: no hook, also where the algorithm's preset has one (its "
                           "rollout_hook_options are then not filled in)"))
@@ -366,11 +361,11 @@ class RLConfig(Checked):
                                       "reference; the demo configs set 0), added once at the level the loss "
                                       "declares (token or sequence)"))
     kl_estimator: str | None = field(
-        None, choices=_registry("dllm_rl.rl.methods", "KL_ESTIMATORS"),
+        None, choices=registry_names("dllm_rl.rl.methods", "KL_ESTIMATORS"),
         help=_preset_help("kl_estimator", "KL estimator: k1 | k2 (ESPO, arXiv 2512.03759) | k3 (GRPO, arXiv "
                           "2402.03300)"))
     advantage: str | None = field(
-        None, choices=_registry("dllm_rl.rl.methods", "ADVANTAGES"),
+        None, choices=registry_names("dllm_rl.rl.methods", "ADVANTAGES"),
         help=_preset_help("advantage", "advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out "
                           "(RLOO, as in ESPO, arXiv 2512.03759) | pass_at_k (Pass@k training, arXiv 2508.10751; "
                           "advantage_options) | a method's own"))
@@ -406,8 +401,9 @@ class RLConfig(Checked):
     value_model: ValueModelConfig = field(
         default_factory=ValueModelConfig, help="TraceRL's diffusion value model (GAE token advantages)")
     curriculum: CurriculumConfig = field(
-        default_factory=CurriculumConfig, help="stages that change the data, generation length, block size and "
-        "temperature at a step or once the rolling reward passes a threshold; online difficulty filtering")
+        default_factory=CurriculumConfig, help="stages that change the data, generation length, block size, "
+        "temperature and advantage rule at a step or once the rolling reward passes a threshold; online "
+        "difficulty filtering")
 
 
 def rollout_engine(cfg: RLConfig):

@@ -1,14 +1,16 @@
 """Curricula for RL runs (the ``curriculum:`` section): stages that change the data, the generation length, the
-block size and the sampling temperature, and online difficulty filtering.
+block size, the sampling temperature and the advantage rule, and online difficulty filtering.
 
 A run starts in stage 0, the config as given. Stage ``k`` (``curriculum.stages[k-1]``) begins once its condition
 holds, checked after each step in order: ``after_step`` (that many steps done), or ``reward_above`` (the mean of
 the last ``curriculum.window`` steps' rewards within the current stage above it, a full window needed). Its
 changes lay over the previous stage's: another data file (``train_file``) and / or a row ``filter`` (``COLUMN OP
 VALUE``, e.g. ``difficulty >= 3``, kept rows only), ``gen_length``, ``block_size`` (TraceRL's block-size
-adaptation still trains at ``train.block_size``) and ``temperature`` of the rollouts. TraDo's long-CoT model comes
-from such a schedule (growing lengths and harder data; TraceRL, arXiv 2509.06949). The held-out evaluation decodes
-with the current stage's window too.
+adaptation still trains at ``train.block_size``) and ``temperature`` of the rollouts, and the ``advantage`` rule
+with its ``advantage_options`` (a stage naming a rule starts from that rule's own options: e.g. Pass@k training,
+``pass_at_k`` with ``{k: 4}``, then ``leave_one_out``). TraDo's long-CoT model comes from such a schedule (growing
+lengths and harder data; TraceRL, arXiv 2509.06949). The held-out evaluation decodes with the current stage's window
+too.
 
 Online difficulty filtering (``pass_rate_band: [lo, hi]``, after DAPO's dynamic sampling, arXiv 2503.14476, and
 the seed's dynamic data): each prompt's pass rate (the share of its group with reward >= 1, the accuracy metric's
@@ -29,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from dllm_rl.config import Checked, ConfigError, FieldError, field
+from dllm_rl.config import Checked, ConfigError, FieldError, field, registry_names
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ class CurriculumStage(Checked):
     gen_length: int | None = field(None, ge=1, help="rollout.gen_length from this stage on")
     block_size: int | None = field(None, ge=1, help="rollout.block_size from this stage on (block models)")
     temperature: float | None = field(None, ge=0, help="rollout.temperature from this stage on")
+    advantage: str | None = field(None, choices=registry_names("dllm_rl.rl.methods", "ADVANTAGES"),
+                                  help="advantage rule from this stage on (its options: this stage's "
+                                       "advantage_options, else the rule's defaults)")
+    advantage_options: dict | None = field(
+        None, help="advantage_options from this stage on (e.g. {k: 1} for pass_at_k)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,7 +87,8 @@ class CurriculumConfig(Checked):
     stages: list[CurriculumStage] = field(
         default_factory=list, help="stages after the config as given (stage 0), in order; each entry: after_step "
         "or reward_above (when it begins), and any of train_file, filter ('COLUMN OP VALUE'), gen_length, "
-        "block_size, temperature (what it changes). The switch is printed and logged (curriculum_stage)")
+        "block_size, temperature, advantage, advantage_options (what it changes). The switch is printed and "
+        "logged (curriculum_stage)")
     window: int = field(10, ge=1, help="steps whose mean reward a stage's reward_above compares")
     pass_rate_band: list[float] | None = field(
         None, check=_band_problem, help="online difficulty filtering: skip drawn prompts whose last pass rate "
@@ -88,13 +96,21 @@ class CurriculumConfig(Checked):
         "checkpoints")
 
 
+ROLLOUT_KEYS = ("gen_length", "block_size", "temperature")  # what a stage changes in ``rollout:``
+ADVANTAGE_KEYS = ("advantage", "advantage_options")  # ... and at the top level
+
+
 def stage_config(cfg: Any, stage: int) -> Any:
-    """The RL config of stage ``stage``: ``cfg`` with the rollout changes of stages 1..``stage`` laid over it."""
-    rollout = cfg.rollout
+    """The RL config of stage ``stage``: ``cfg`` with the changes of stages 1..``stage`` laid over it (a stage
+    that names an advantage rule brings its own options, None: the rule's defaults)."""
+    rollout, top = cfg.rollout, {k: getattr(cfg, k) for k in ADVANTAGE_KEYS}
     for s in cfg.curriculum.stages[:stage]:
-        changes = {k: getattr(s, k) for k in ("gen_length", "block_size", "temperature") if getattr(s, k) is not None}
-        rollout = dataclasses.replace(rollout, **changes)
-    return dataclasses.replace(cfg, rollout=rollout)
+        rollout = dataclasses.replace(rollout, **{k: getattr(s, k) for k in ROLLOUT_KEYS if getattr(s, k) is not None})
+        if s.advantage is not None:
+            top = {"advantage": s.advantage, "advantage_options": s.advantage_options}
+        elif s.advantage_options is not None:
+            top["advantage_options"] = s.advantage_options
+    return dataclasses.replace(cfg, rollout=rollout, **top)
 
 
 def stage_data(cfg: Any, stage: int) -> tuple[str | None, list[str]]:
@@ -206,14 +222,16 @@ def stage_task(trainer: Any, stage: int) -> tuple[Any, str]:
 
 
 def check_stages(trainer: Any) -> None:
-    """Every stage's decoding settings and data, checked before the first rollout (:class:`ConfigError` naming the
-    stage)."""
+    """Every stage's decoding settings, advantage rule and data, checked before the first rollout
+    (:class:`ConfigError` naming the stage)."""
+    from dllm_rl.rl.algorithms import check_combination
     from dllm_rl.rl.block_size import run_block_sizes
     from dllm_rl.rl.config import decode_config
 
     for k, s in enumerate(trainer.base_cfg.curriculum.stages, start=1):
         cfg = stage_config(trainer.base_cfg, k)
         try:
+            check_combination(cfg)
             run_block_sizes(cfg, trainer.model.block_size)
             for evaluation in (False, True):
                 decode_config(cfg, trainer.model, evaluation=evaluation)
@@ -232,8 +250,9 @@ def enter_stage(trainer: Any, stage: int) -> list[str]:
     base, old = trainer.base_cfg, trainer.cfg
     new = stage_config(base, stage)
     changes = [f"rollout.{n} {getattr(old.rollout, n)} -> {getattr(new.rollout, n)}"
-               for n in ("gen_length", "block_size", "temperature")
-               if getattr(old.rollout, n) != getattr(new.rollout, n)]
+               for n in ROLLOUT_KEYS if getattr(old.rollout, n) != getattr(new.rollout, n)]
+    changes += [f"{n} {getattr(old, n)} -> {getattr(new, n)}" for n in ADVANTAGE_KEYS
+                if getattr(old, n) != getattr(new, n)]
     trainer.cfg = trainer.collector.cfg = trainer.updater.cfg = new
     _, trainer.train_block, _ = run_block_sizes(new, trainer.model.block_size)
     trainer.updater.train_block = trainer.train_block
