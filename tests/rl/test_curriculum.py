@@ -45,14 +45,16 @@ def test_stages_switch_at_their_step_or_on_the_rolling_reward():
 
 
 STAGES = ("curriculum.stages=[{after_step: 1, gen_length: 16, temperature: 0.7}, "
-          "{reward_above: -1.0, filter: 'target <= 4', block_size: 8}]")
+          "{reward_above: -1.0, filter: 'target <= 4', block_size: 8, advantage: pass_at_k, "
+          "advantage_options: {k: 2}}]")
 COMMON = ["algorithm=tracerl", "train.max_steps=4", "run.save_every=1", "run.keep_checkpoints=4",
           "train.micro_batch_size=4", "curriculum.window=1", STAGES]
 
 
 def test_stages_change_rollouts_and_data_are_logged_and_resume_exactly(rl_setup, tmp_path, monkeypatch, capsys):
     """Stage 1 after step 1 (longer, cooler rollouts); stage 2 once the last step's reward is above -1 (after step 2:
-    block 8, only rows with target <= 4). 4 steps straight == a resume from the step-2 checkpoint, in stage 2."""
+    block 8, only rows with target <= 4, Pass@2 advantages). 4 steps straight == a resume from the step-2 checkpoint,
+    in stage 2."""
     seen, real = [], collect_mod.generate_batched
 
     def gen(model, prompts, config, *a, **k):
@@ -67,7 +69,8 @@ def test_stages_change_rollouts_and_data_are_logged_and_resume_exactly(rl_setup,
     assert "curriculum: stage 1 from step 2 (after_step 1): rollout.gen_length 8 -> 16; rollout.temperature 1.0 -> " \
            "0.7" in out
     assert ("curriculum: stage 2 from step 3 (mean reward " in out and "of the last 1 steps > reward_above -1): "
-            "rollout.block_size None -> 8; data: 15 prompts of " in out and "train.jsonl where target <= 4" in out)
+            "rollout.block_size None -> 8; advantage group_zscore -> pass_at_k; advantage_options None -> {'k': 2}; "
+            "data: 15 prompts of " in out and "train.jsonl where target <= 4" in out)
     assert [m["curriculum_stage"] for m in _metrics(straight) if "reward" in m] == [1.0, 2.0, 2.0, 2.0]
     steps = _rollouts(straight)
     targets = {int(r["prompt"].split("target")[-1]) for r in steps if r["step"] > 2}  # "nums 1 2 1 target 1"
