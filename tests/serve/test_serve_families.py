@@ -19,12 +19,9 @@ CASES = [(f, {}) for f in TEXT_FAMILIES] + [("llada", {"cache": "dual"}), ("drea
                                             ("llada", RCR), ("sdar", RCR)]
 
 
-@pytest.mark.parametrize(("family", "decoding"), CASES,
-                         ids=[f"{f}-{'-'.join(map(str, d.values())) or 'none'}" for f, d in CASES])
-def test_a_completion_of_every_family_equals_generate(family, decoding):
-    from dllm_rl.serve.app import Server
-    from dllm_rl.serve.config import ServeConfig
-
+def _char_model(family: str):
+    """``(tokenizer, model)``: a tiny random ``family`` model (seed 1) on the character tokenizer, its head scaled
+    so that some confidences pass a threshold."""
     tok = char_tokenizer()
     block = {"block_size": 4} if get_family(family).attention == "block" else {}
     cfg = tiny_config(family, vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -32,7 +29,17 @@ def test_a_completion_of_every_family_equals_generate(family, decoding):
                       pad_token_id=tok.pad_token_id, **block)
     model = build_model(family, cfg, seed=1)
     with torch.no_grad():
-        model.model.lm_head.weight.mul_(20.0)  # some confidences over the threshold
+        model.model.lm_head.weight.mul_(20.0)
+    return tok, model
+
+
+@pytest.mark.parametrize(("family", "decoding"), CASES,
+                         ids=[f"{f}-{'-'.join(map(str, d.values())) or 'none'}" for f, d in CASES])
+def test_a_completion_of_every_family_equals_generate(family, decoding):
+    from dllm_rl.serve.app import Server
+    from dllm_rl.serve.config import ServeConfig
+
+    tok, model = _char_model(family)
     decode = DecodeConfig(**{"gen_length": 8, "block_length": 4, "threshold": 0.6, **decoding})
     ids = tok.encode("12+3=", add_special_tokens=False)
     with running(Server(model, tok, decode, ServeConfig(slots=2), family)) as url, \
@@ -55,13 +62,7 @@ def test_a_server_decoding_with_rcr_streams_only_tokens_no_later_step_takes_back
     from dllm_rl.serve.app import Server
     from dllm_rl.serve.config import ServeConfig
 
-    tok = char_tokenizer()
-    cfg = tiny_config("llada", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                      intermediate_size=64, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    model = build_model("llada", cfg, seed=1)
-    with torch.no_grad():
-        model.model.lm_head.weight.mul_(20.0)
+    tok, model = _char_model("llada")
     decode = DecodeConfig(gen_length=16, block_length=16, steps=16, remasking="rcr")
     ids = tok.encode("12+3=", add_special_tokens=False)
     with running(Server(model, tok, decode, ServeConfig(slots=2), "llada")) as url, \
@@ -88,13 +89,10 @@ def test_a_server_decoding_with_rcr_refuses_a_threshold_naming_why():
     from dllm_rl.serve.app import Server
     from dllm_rl.serve.config import ServeConfig
 
-    tok = char_tokenizer()
-    cfg = tiny_config("llada", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                      intermediate_size=64, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
+    tok, model = _char_model("llada")
     decode = DecodeConfig(gen_length=8, block_length=8, steps=8, remasking="rcr")
     why = "this server decodes with RCR remasking (--remasking rcr), which re-masks on the static schedule"
-    with running(Server(build_model("llada", cfg, seed=1), tok, decode, ServeConfig(slots=2), "llada")) as url, \
+    with running(Server(model, tok, decode, ServeConfig(slots=2), "llada")) as url, \
             httpx.Client(base_url=url, timeout=60) as client:
         refused = (({"threshold": 0.5}, "threshold", f"threshold: {why}: set steps, not threshold"),
                    ({"preset": "sdar"}, "preset", f"preset: 'sdar' decodes with a threshold; {why}"))
