@@ -71,7 +71,7 @@ re-masks the least confident of the slots that block began with (``SlotRows.draw
 Every decoding ``generate`` serves, the engine serves. Under RCR a committed token of the block being decoded is not
 final: early stop and the settled text (:meth:`Sequence.final_slots`) read only finished blocks there.
 
-One file on purpose (about 710 lines, a third of them this docstring and the help texts): it is one state machine.
+One file on purpose (about 700 lines, a third of them this docstring and the help texts): it is one state machine.
 The scheduling (admission, compaction, groups) and the step (the forward's layout, the choice, the finish checks)
 keep the same invariants between them (the running sequences hold slots ``0 .. n - 1``, a forward's rows are
 consecutive slots, a step reads the device once), so they are read and changed together; the state they share
