@@ -46,6 +46,19 @@ def test_applied_swaps_the_average_in_and_the_live_weights_back():
     assert torch.equal(lin.weight, torch.full((1, 2), 4.0))  # restored even when the block raises
 
 
+def test_an_average_of_no_updates_is_the_live_weights():
+    lin = torch.nn.Linear(1, 1, bias=False)
+    _set(lin, 1.0)
+    ema = WeightEMA(lin, decay=0.5)  # the shadow holds 1.0, the weights at construction
+    _set(lin, 5.0)  # trained before the average starts (train.ema_start)
+    with ema.applied():
+        assert lin.weight.item() == 5.0
+    ema.update()
+    _set(lin, 7.0)
+    with ema.applied():
+        assert lin.weight.item() == 5.0  # one update: the weights it saw
+
+
 def test_only_trainable_parameters_are_averaged():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     model[0].requires_grad_(False)  # frozen, as a LoRA base

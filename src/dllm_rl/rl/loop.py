@@ -21,9 +21,11 @@ def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
     after = trainer.evaluate()
     trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
     summary["accuracy_after"] = after.accuracy
+    averaged = trainer.ema is not None and trainer.ema.updates > 0  # none yet: the run ended by train.ema_start
     say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
-        + (f", weight average (train.ema_decay={cfg.train.ema_decay})" if trainer.ema is not None else ""))
-    if trainer.ema is not None:  # what the average bought: the last live policy on the same items
+        + (f", weight average (train.ema_decay={cfg.train.ema_decay}, {trainer.ema.updates} updates)"
+           if averaged else ""))
+    if averaged:  # what the average bought: the last live policy on the same items
         live = trainer.evaluate(live=True)
         summary["accuracy_after_live"] = live.accuracy
         trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)

@@ -47,7 +47,11 @@ class WeightEMA:
 
     @contextmanager
     def applied(self) -> Iterator[None]:
-        """The averaged weights in the live module for the duration of the block, then the live ones back."""
+        """The averaged weights in the live module for the duration of the block, then the live ones back. An
+        average of no updates yet (before the first, or a late start) is the live weights."""
+        if self.updates == 0:
+            yield
+            return
         with torch.no_grad():
             live = [p.detach().clone() for p in self.params]
             torch._foreach_copy_([p.detach() for p in self.params], self.shadow)
