@@ -166,29 +166,29 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "train.ema_decay=1.0")))
 
 
-def test_weight_average_takes_only_the_steps_after_ema_start(rl_setup, tmp_path):
-    """ema_start=1: after step 1 the returned weights are the live ones (an average of no updates), and final/
-    holds the plain mean of the live weights after steps 2 and 3, without step 1's."""
+def test_weight_average_takes_every_nth_step_after_ema_start(rl_setup, tmp_path):
+    """ema_start=1, ema_every=2: until step 3 the returned weights are the live ones (an average of no updates);
+    final/ then holds the plain mean of the live weights after steps 3 and 5, and no other step's."""
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
-                                                   "train.max_steps=3", "drop_zero_variance=false",
-                                                   "train.ema_decay=0.9", "train.ema_start=1"))
+                                                   "train.max_steps=5", "drop_zero_variance=false",
+                                                   "train.ema_decay=0.9", "train.ema_start=1", "train.ema_every=2"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
-    live = []
-    for _ in range(3):
+    live, updates = [], []
+    for _ in range(5):
         trainer.step()
         trainer.step_idx += 1  # as the run's loop does after each step
         live.append({k: v.detach().clone() for k, v in trainer.model.hf_model.state_dict().items()})
-        if len(live) == 1:
-            assert trainer.ema.updates == 0
-            first = _weights(trainer.save_final_model())
-            assert all(torch.equal(first[k], live[0][k]) for k in first)
-    assert trainer.ema.updates == 2
+        updates.append(trainer.ema.updates)
+        if len(live) == 2:
+            early = _weights(trainer.save_final_model())
+            assert all(torch.equal(early[k], live[1][k]) for k in early)
+    assert updates == [0, 0, 1, 1, 2]
     final = _weights(trainer.save_final_model())
-    moved = [k for k in final if not torch.equal(live[0][k], live[1][k])]
+    moved = [k for k in final if not torch.equal(live[2][k], live[4][k])]
     assert moved
     for k in final:
-        assert torch.allclose(final[k], (live[1][k] + live[2][k]) / 2, atol=1e-6), k
-    assert not all(torch.allclose(final[k], (live[0][k] + live[1][k] + live[2][k]) / 3, atol=1e-6) for k in moved)
+        assert torch.allclose(final[k], (live[2][k] + live[4][k]) / 2, atol=1e-6), k
+    assert not all(torch.allclose(final[k], (live[2][k] + live[3][k] + live[4][k]) / 3, atol=1e-6) for k in moved)
 
 
 def test_reward_that_raises_for_one_sample_scores_it_zero():

@@ -245,9 +245,12 @@ class RLTrainConfig(Checked):
         "0.93 is a half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; "
         "rollouts and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
     ema_start: int = field(
-        0, ge=0, help="the weight average takes the updates of the steps after this one (0: every step); until "
-        "then evaluations and final/ use the live policy. With a decay whose horizon 1 / (1 - ema_decay) covers "
-        "the steps after it, the average is their plain mean (a tail average: rl-block.yaml's recipe)")
+        0, ge=0, help="the weight average takes only the weights of the steps after this one (0: from the first "
+        "step; SWA's swa_start); until its first update, evaluations and final/ use the live policy")
+    ema_every: int = field(
+        1, ge=1, help="the weight average takes the weights after every N-th step counted from ema_start (SWA's "
+        "swa_freq): ema_start 60, ema_every 20 and a decay whose horizon 1 / (1 - ema_decay) exceeds the updates "
+        "return the plain mean of the weights after steps 80, 100 and 120 (the block demo's ESPO recipe)")
     block_size: int | None = field(
         None, ge=1, help="block models: the block of the training layout (trace rows, two-stream layout); default "
         "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
@@ -307,7 +310,6 @@ class RLConfig(Checked):
         "max_bad_steps": "train.max_bad_steps",
         "max_skipped_steps": "train.max_skipped_steps",
         "ema_decay": "train.ema_decay",
-        "ema_start": "train.ema_start",
         "train_block_size": "train.block_size",
         "log_samples_every": "log.samples_every",
         "save_rollouts": "log.rollouts",

@@ -251,7 +251,8 @@ class RLTrainer(RLCheckpoints):
             result.update(self.value.fit(scoring, targets))
         if any_kept:
             self._check_weights()
-        if self.ema is not None and self.step_idx >= self.cfg.train.ema_start:  # this is step step_idx + 1
+        since_start = self.step_idx + 1 - self.cfg.train.ema_start  # this is step step_idx + 1
+        if self.ema is not None and since_start > 0 and since_start % self.cfg.train.ema_every == 0:
             self.ema.update()
         return result, time.perf_counter() - t0
 
