@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU PyTorch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-# ALGO empty: the demo config's algorithm (espo on the block model, tracerl on the full and vision ones)
+# ALGO empty: the demo config's algorithm (espo on the block model, with its recipe; tracerl on the full and vision ones)
 # MODEL: block | full | block8 | vision (the LLaDA-V-shaped model on the shapes image task)
 ALGO ?=
 MODEL ?= block

@@ -4,10 +4,11 @@
     python benchmarks/learning.py --runs full:espo --seeds 0 --minutes 3   # one quick run
     python benchmarks/learning.py --runs full:espo --seeds 0 1 --steps 250 # equal updates, any machine speed
     python benchmarks/learning.py --runs full:espo --seeds 0 1 2 --report  # the table of finished runs only
-    python benchmarks/learning.py --steps 40 --out runs/learning-40  # every method at 40 updates (docs/results.md)
+    python benchmarks/learning.py --plain --steps 40 --out runs/learning-40  # each method, 40 updates (docs/results.md)
     python benchmarks/learning.py --runs full:dpo --seeds 0 1 2    # DPO (VRPO) on the model's own answer pairs
 
-Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``) with a training
+Each run is `dllm-rl rl` on the demo config (``src/dllm_rl/assets/demo/rl-<model>.yaml``, with the algorithm's
+recipe laid over it where the demo has one, as ``dllm-rl demo`` does; ``--plain`` leaves it out) with a training
 time budget (``max_time_minutes``, counted from the start of the run, so it includes the held-out evaluation
 before training; the default 9.2 keeps each whole run, both evaluations included, under 10 minutes), one CPU
 thread (plus the method's own demo settings, ``METHOD_EXTRA``), evaluated on ``--eval-limit`` held-out
@@ -37,7 +38,7 @@ from pathlib import Path
 from rare_shapes import write_rare_set
 
 from dllm_rl.rl.algorithms import PRESETS
-from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides
+from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides, recipe_overrides
 from dllm_rl.training import METRICS_FILE, read_metrics
 
 # every preset (the methods' modules, dllm_rl.rl.methods) on both Countdown demo models
@@ -59,17 +60,20 @@ def rare_command(model_dir: Path | str, model: str, result: Path, data: Path) ->
 
 
 def command(model: str, algo: str, seed: int, out: Path, minutes: float, eval_limit: int, extra: list[str],
-            steps: int | None = None):
+            steps: int | None = None, recipe: bool = True):
     if algo == "dpo":  # offline preference training (benchmarks/dpo_demo.py): a step budget only (default 60)
         return [sys.executable, str(DPO_DEMO), "--model", model, "--seed", str(seed), "--out", str(out),
                 "--eval-limit", str(eval_limit), *(["--steps", str(steps)] if steps else []), *extra]
+    # the algorithm's demo recipe (assets/demo/recipes/, as `dllm-rl demo` lays it) unless --plain; it keeps its
+    # own budget (the block ESPO recipe averages the weights of steps 80-120) unless --steps is given
+    recipe_ovs = recipe_overrides(model, algo) if recipe else []
     # a step budget replaces the time budget: settings compared at equal updates, whatever the machine's speed
-    budget = [f"train.max_steps={steps}",
-              "train.max_time_minutes=null"] if steps else [f"train.max_time_minutes={minutes}"]
+    budget = ([f"train.max_steps={steps}", "train.max_time_minutes=null"] if steps
+              else [] if recipe_ovs else [f"train.max_time_minutes={minutes}"])
     return [sys.executable, "-m", "dllm_rl", "rl", str(demo_config_path(model)), *demo_overrides(model),
-            f"algorithm={algo}", f"run.seed={seed}", f"run.output_dir={out}", "run.overwrite=true", *budget,
-            f"eval.limit={eval_limit}", "run.progress=false", "log.samples_every=0", *METHOD_EXTRA.get(algo,
-                                                                                                       []), *extra]
+            *recipe_ovs, f"algorithm={algo}", f"run.seed={seed}",
+            f"run.output_dir={out}", "run.overwrite=true", *budget, f"eval.limit={eval_limit}", "run.progress=false",
+            "log.samples_every=0", *METHOD_EXTRA.get(algo, []), *extra]
 
 
 def finished_file(model: str) -> str:
@@ -93,7 +97,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
     ap.add_argument("--minutes", type=float, default=9.2,
                     help="time budget per run (wall, 1 thread), from the run's start: the evaluation before "
-                    "training counts, the one after does not")
+                    "training counts, the one after does not; a run with a demo recipe keeps the recipe's budget")
     ap.add_argument("--steps", type=int, default=None,
                     help="a step budget instead of --minutes: every run trains exactly this many RL steps (the "
                     "machine's speed varies by 20-50%% over a day, which moves a time budget's step count)")
@@ -102,6 +106,9 @@ def main() -> None:
     ap.add_argument("--force", action="store_true", help="rerun runs whose summary.json already exists")
     ap.add_argument("--report", action="store_true", help="start no run: print the table of the finished ones")
     ap.add_argument("--out", default="runs/learning")
+    ap.add_argument("--plain", action="store_true",
+                    help="the demo config without the algorithm's demo recipe (src/dllm_rl/assets/demo/recipes/): "
+                    "how the block ESPO rows measured before its recipe shipped ran (benchmarks/LEARNING.md)")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args()
     out = Path(args.out)
@@ -115,7 +122,8 @@ def main() -> None:
         model, algo = spec.split(":")
         for seed in args.seeds:
             run_dir = out / f"{model}-{algo}-seed{seed}"
-            rl = command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra, args.steps)
+            rl = command(model, algo, seed, run_dir, args.minutes, args.eval_limit, args.extra, args.steps,
+                         recipe=not args.plain)
             final = run_dir / ("model" if algo == "dpo" else "final")  # dllm-rl dpo publishes model/, rl final/
             rare = rare_command(final, model, run_dir / "rare_after.json", rare_file)
             script = f"{shlex.join(rl)} && {shlex.join(rare)}" if model in COUNTDOWN_MODELS else shlex.join(rl)

@@ -3,7 +3,7 @@ from typing import Literal
 
 import pytest
 
-from dllm_rl.config import Checked, ConfigError, describe, field, load_config, save_config
+from dllm_rl.config import Checked, ConfigError, as_overrides, describe, field, load_config, save_config
 
 
 @dataclass
@@ -54,6 +54,23 @@ def test_bare_dict_and_list_fields_parse_overrides():
     assert load_config(Run, None, ["options=none"]).options is None
     with pytest.raises(ConfigError, match="options: expected a mapping, got 3"):
         load_config(Run, None, ["options=3"])
+
+
+def test_a_mapping_of_settings_as_overrides_laid_over_a_file(tmp_path):
+    """as_overrides: sections are descended into, a dict or list field stays one value, strings stay bare; laid
+    over a file the settings replace only the keys they name (optim.betas is kept), and later overrides win."""
+    settings = {"name": "y", "options": {"k": 4, "mode": "a b"}, "band": [0.1, 0.5], "block_size": None,
+                "optim": {"lr": 0.002}, "bf16": True}
+    overrides = as_overrides(Run, settings)
+    assert overrides == ["name=y", 'options={"k": 4, "mode": "a b"}', "band=[0.1, 0.5]", "block_size=null",
+                         "optim.lr=0.002", "bf16=true"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("steps: 3\nblock_size: 8\noptim:\n  betas: [0.5, 0.6]\n")
+    assert load_config(Run, cfg, [*overrides, "steps=5"]) == Run(
+        name="y", steps=5, bf16=True, block_size=None, optim=Optim(lr=0.002, betas=[0.5, 0.6]),
+        options={"k": 4, "mode": "a b"}, band=[0.1, 0.5])
+    with pytest.raises(ConfigError, match=r"unknown key 'stpes' in config; did you mean 'steps'"):
+        load_config(Run, None, as_overrides(Run, {"stpes": 3}))
 
 
 def test_saved_config_reloads_equal(tmp_path):

@@ -133,13 +133,14 @@ def _local(path: str) -> Path | None:
 def checked_config(argv: list[str], extra: list[str]):
     """Load the config of an rl / sft / demo command with its overrides (None for other commands)."""
     from dllm_rl.config import load_config
-    from dllm_rl.rl.cli import demo_config_path, demo_overrides
+    from dllm_rl.rl.cli import demo_config_path, demo_run_overrides
     from dllm_rl.rl.config import RLConfig
     from dllm_rl.sft.config import SFTConfig
 
     args = _parse(argv)
     if args.command == "demo":
-        return load_config(RLConfig, demo_config_path(args.model), demo_overrides(args.model) + args.overrides)
+        return load_config(RLConfig, demo_config_path(args.model),
+                           demo_run_overrides(args.model, args.algorithm, list(args.overrides)))
     if args.command in ("rl", "sft") and getattr(args, "config", None):
         cls = RLConfig if args.command == "rl" else SFTConfig
         return load_config(cls, _local(args.config) or args.config, extra + list(args.overrides))

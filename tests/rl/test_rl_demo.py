@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 
 from dllm_rl.cli import main
 
@@ -28,10 +29,40 @@ def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, caps
     assert "8 held-out" in out
     name = {"block": "block-attention model", "full": "full-attention model", "vision": "LLaDA-V-shaped vision model"}
     assert f"demo ({default} on the {name[model]}): " in out
-    if model == "block":  # run again into the same folder (`make demo` twice): the old run is replaced
+    if model == "block":  # the demo ran ESPO's recipe (the step budget of the command line won over its 120)
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        assert (saved["advantage"], saved["train"]["ema_every"], saved["train"]["max_steps"]) == ("pass_at_k", 20, 1)
+        # run again into the same folder (`make demo` twice): the old run is replaced
         (run / "checkpoints" / "step-0000001").rename(run / "checkpoints" / "step-0000007")
         assert main(["demo", "--model", model, "--output-dir", str(tmp_path), "train.max_steps=1", "eval.limit=8",
                      "train.prompts_per_step=2", "rollout.num_generations=4", "run.progress=false",
                      "log.samples_every=0"]) == 0
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000001"]
         assert json.loads((run / "summary.json").read_text())["start_step"] == 0
+
+
+def test_the_block_demo_lays_its_espo_recipe_over_the_demo_config_for_espo_only():
+    """`make demo` (ESPO on the block model) runs assets/demo/recipes/block-espo.yaml over rl-block.yaml; another
+    algorithm, given by flag or override, runs rl-block.yaml as it is; the command line wins over the recipe."""
+    from dllm_rl.config import load_config
+    from dllm_rl.rl.cli import demo_config_path, demo_overrides, demo_run_overrides, recipe_overrides
+    from dllm_rl.rl.config import RLConfig
+
+    def demo(algorithm, *overrides):
+        return load_config(RLConfig, demo_config_path("block"), demo_run_overrides("block", algorithm, list(overrides)))
+
+    plain = load_config(RLConfig, demo_config_path("block"), demo_overrides("block"))
+    recipe = demo(None)
+    assert recipe.algorithm == plain.algorithm == "espo"
+    assert (recipe.advantage, recipe.advantage_options, recipe.scale_rewards, recipe.dynamic_sampling) == (
+        "pass_at_k", {"k": 4}, "group", True)
+    assert (recipe.train.max_steps, recipe.train.max_time_minutes, recipe.train.ema_start, recipe.train.ema_every,
+            recipe.train.ema_decay) == (120, 15, 60, 20, 0.9)
+    assert (plain.advantage, plain.dynamic_sampling, plain.train.max_steps, plain.train.ema_decay) == (
+        None, False, 200, 0)
+    assert demo("espo") == recipe and recipe.model == plain.model and recipe.rollout == plain.rollout
+    for other in (demo("tracerl"), demo(None, "algorithm=tracerl")):
+        assert other.algorithm == "tracerl" and other.train == plain.train and other.advantage is None
+    mine = demo(None, "train.ema_start=100", "advantage_options={k: 2}")
+    assert mine.train.ema_start == 100 and mine.advantage_options == {"k": 2} and mine.train.ema_every == 20
+    assert recipe_overrides("full", "espo") == recipe_overrides("block", "tracerl") == []

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import logging
 import math
 from dataclasses import replace
 
@@ -113,11 +114,13 @@ def test_estimator_noise_per_sample_or_shared_by_a_prompt_group(rl_setup, tmp_pa
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "estimator_noise=prompt")))
 
 
-def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path):
-    """4 steps straight == 2 steps, a kill, then a resume from the step-2 checkpoint for the last 2."""
+@pytest.mark.parametrize("ema_start", [0, 2])
+def test_resume_gives_identical_weights_and_rollouts(rl_setup, tmp_path, ema_start):
+    """4 steps straight == 2 steps, a kill, then a resume from the step-2 checkpoint for the last 2; with
+    ema_start=2 the checkpoint's weight average holds no update yet."""
     common = ["algorithm=tracerl", "train.num_iterations=2", "train.micro_batch_size=4", "train.max_steps=4",
               "run.save_every=2",
-              "run.keep_checkpoints=3", "train.ema_decay=0.5"]
+              "run.keep_checkpoints=3", "train.ema_decay=0.5", f"train.ema_start={ema_start}"]
     straight = tmp_path / "straight"
     train(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", straight, *common)), reward_fn=digit_reward)
     ckpt = straight / "checkpoints" / "step-0000002"
@@ -166,7 +169,7 @@ def test_weight_average_is_what_gets_evaluated_and_saved(rl_setup, tmp_path):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "train.ema_decay=1.0")))
 
 
-def test_weight_average_takes_every_nth_step_after_ema_start(rl_setup, tmp_path):
+def test_weight_average_takes_every_nth_step_after_ema_start(rl_setup, tmp_path, caplog):
     """ema_start=1, ema_every=2: until step 3 the returned weights are the live ones (an average of no updates);
     final/ then holds the plain mean of the live weights after steps 3 and 5, and no other step's."""
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
@@ -189,6 +192,14 @@ def test_weight_average_takes_every_nth_step_after_ema_start(rl_setup, tmp_path)
     for k in final:
         assert torch.allclose(final[k], (live[2][k] + live[4][k]) / 2, atol=1e-6), k
     assert not all(torch.allclose(final[k], (live[2][k] + live[3][k] + live[4][k]) / 3, atol=1e-6) for k in moved)
+    for key in ("train.ema_start=60", "train.ema_every=20"):  # without a weight average they would do nothing
+        with pytest.raises(ConfigError, match=rf"{key.split('=')[0]}: shapes the weight average, which is off"):
+            load_config(RLConfig, None, [key])
+    with caplog.at_level(logging.WARNING, logger="dllm_rl.rl.trainer"):  # an average that never starts is said
+        RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "late", "algorithm=tracerl",
+                                                           "train.max_steps=3", "train.ema_decay=0.9",
+                                                           "train.ema_start=3")), reward_fn=digit_reward)
+    assert "first update is at step 4, after train.max_steps=3" in caplog.text
 
 
 def test_reward_that_raises_for_one_sample_scores_it_zero():

@@ -23,6 +23,7 @@ from dllm_rl.config.fields import (
 )
 from dllm_rl.config.loading import (
     apply_override,
+    as_overrides,
     coerce,
     from_dict,
     load_command_config,
@@ -34,6 +35,5 @@ from dllm_rl.config.reference import describe
 from dllm_rl.config.yaml_io import YAML_MAX_DEPTH, YAML_MAX_NODES, yaml_load
 
 __all__ = ["YAML_MAX_DEPTH", "YAML_MAX_NODES", "Checked", "ConfigError", "FieldError", "allowed_values",
-           "apply_override", "check_fields", "coerce", "describe", "field", "from_dict", "load_command_config",
-           "load_config", "registry_names", "save_config",
-           "to_dict", "yaml_load"]
+           "apply_override", "as_overrides", "check_fields", "coerce", "describe", "field", "from_dict",
+           "load_command_config", "load_config", "registry_names", "save_config", "to_dict", "yaml_load"]

@@ -5,6 +5,7 @@ one-line deprecation, and the resolved config written back (``save_config``) to 
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -172,6 +173,22 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
                 raise ConfigError(f"override {key!r}: {part!r} is not a section")
             node = node.setdefault(part, {})
             node_cls = tp
+
+
+def as_overrides(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]:
+    """``data``, a mapping of ``cls``'s keys as a YAML config file holds them, as ``a.b=c`` overrides: a section
+    is descended into, any other value is one override (a mapping or list in JSON, which YAML reads back), so
+    that a file of settings can be laid over another config before the command line's own overrides."""
+    types_ = field_types(cls)
+    out: list[str] = []
+    for key, value in data.items():
+        tp = strip_optional(types_[key])[0] if key in types_ else None
+        if isinstance(value, dict) and tp is not None and dataclasses.is_dataclass(tp):
+            out += as_overrides(tp, value, f"{prefix}{key}.")
+        else:  # an unknown key is left to apply_override, which names it with the closest valid ones
+            text = value if isinstance(value, str) else json.dumps(value)
+            out.append(f"{prefix}{key}={text}")
+    return out
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:

@@ -50,6 +50,35 @@ def demo_overrides(model_kind: str) -> list[str]:
     return [f"{section}.{key}={DEMO_DIR / data[section][key]}" for section, key in keys]
 
 
+def recipe_overrides(model_kind: str, algorithm: str) -> list[str]:
+    """The settings of ``algorithm``'s recipe for the ``model_kind`` demo, as overrides laid over the demo config
+    (``assets/demo/recipes/KIND-ALGORITHM.yaml``, the block demo's ESPO recipe), or none when it has no recipe:
+    a recipe belongs to one algorithm, so the demo's other algorithms run the demo config as it is."""
+    from dllm_rl.config import as_overrides, yaml_load
+    from dllm_rl.rl.config import RLConfig
+
+    path = DEMO_DIR / "recipes" / f"{model_kind}-{algorithm}.yaml"
+    return as_overrides(RLConfig, yaml_load(path.read_bytes(), str(path)) or {}) if path.is_file() else []
+
+
+def demo_algorithm(model_kind: str, algorithm: str | None, overrides: list[str]) -> str:
+    """The algorithm a demo run resolves to: the last ``algorithm=`` override, else ``algorithm`` (the flag), else
+    the demo config's. Read from the text, not a loaded config: the recipe is not laid over yet, and settings
+    that only hold with it (``train.ema_start`` without the recipe's ``ema_decay``) would be refused."""
+    from dllm_rl.config import yaml_load
+
+    given = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "algorithm"]
+    path = demo_config_path(model_kind)
+    return given[-1] if given else algorithm or (yaml_load(path.read_bytes(), str(path)) or {})["algorithm"]
+
+
+def demo_run_overrides(model_kind: str, algorithm: str | None, overrides: list[str]) -> list[str]:
+    """Every override of a ``dllm-rl demo`` run but its directory: the shipped files' paths, ``algorithm`` (None:
+    the demo config's), that algorithm's recipe, then ``overrides``, which win."""
+    base = demo_overrides(model_kind) + ([f"algorithm={algorithm}"] if algorithm else [])
+    return base + recipe_overrides(model_kind, demo_algorithm(model_kind, algorithm, overrides)) + overrides
+
+
 #: what the demo's report calls each model
 DEMO_MODELS = {"full": "full-attention model", "block": "block-attention model", "block8": "block-attention model",
                "vision": "LLaDA-V-shaped vision model"}
@@ -64,13 +93,12 @@ def run_demo(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
     # the demo starts afresh each time (`make demo` twice reruns it), unless run.resume=... is given
-    overrides = demo_overrides(args.model) + ([f"algorithm={args.algorithm}"] if args.algorithm else [])
-    if not any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite=")) for o in args.overrides):
-        overrides.append("run.overwrite=true")
-    # the run directory is named for the algorithm the config resolves to (the demo YAML's unless overridden)
-    algorithm = load_config(RLConfig, path, overrides + list(args.overrides)).algorithm
-    overrides.append(f"run.output_dir={args.output_dir}/{args.model}-{algorithm}")
-    cfg = load_config(RLConfig, path, overrides + list(args.overrides))
+    fresh = [] if any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite="))
+                      for o in args.overrides) else ["run.overwrite=true"]
+    overrides = demo_run_overrides(args.model, args.algorithm, fresh + list(args.overrides))
+    # the run directory is named for the algorithm the run resolves to (the demo YAML's unless given)
+    algorithm = demo_algorithm(args.model, args.algorithm, list(args.overrides))
+    cfg = load_config(RLConfig, path, [f"run.output_dir={args.output_dir}/{args.model}-{algorithm}", *overrides])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)
     print()

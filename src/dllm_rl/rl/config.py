@@ -241,9 +241,10 @@ class RLTrainConfig(Checked):
         "signal (every group's rewards equal, or outside accuracy_band: e.g. rollout.temperature=0 decodes a "
         "group's samples alike, or a constant reward); each such step is warned about. 0 = never stop")
     ema_decay: float = field(
-        0.0, ge=0, lt=1, help="weight average of the policy: decay of an EMA updated once per RL step (0 = off; "
-        "0.93 is a half-life of about 10 steps). When on, the held-out evaluations and final/ use the average; "
-        "rollouts and updates use the live policy, whose final accuracy is also reported (accuracy_after_live)")
+        0.0, ge=0, lt=1, help="weight average of the policy: decay of an EMA updated once per RL step, or as "
+        "ema_start / ema_every say (0 = off; 0.93 is a half-life of about 10 updates). When on, the held-out "
+        "evaluations and final/ use the average; rollouts and updates use the live policy, whose final accuracy "
+        "is also reported (accuracy_after_live)")
     ema_start: int = field(
         0, ge=0, help="the weight average takes only the weights of the steps after this one (0: from the first "
         "step; SWA's swa_start); until its first update, evaluations and final/ use the live policy")
@@ -255,6 +256,13 @@ class RLTrainConfig(Checked):
         None, ge=1, help="block models: the block of the training layout (trace rows, two-stream layout); default "
         "rollout.block_size. A multiple of the rollout block: roll out at B, train at B' (TraceRL's block-size "
         "adaptation, src/dllm_rl/assets/demo/rl-block8.yaml)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ema_decay == 0 and (self.ema_start or self.ema_every != 1):
+            raise FieldError("ema_start" if self.ema_start else "ema_every",
+                             "shapes the weight average, which is off: set train.ema_decay as well (e.g. 0.9), "
+                             "or, to turn the average off, train.ema_start=0 train.ema_every=1 too")
 
 
 @dataclass

@@ -177,6 +177,11 @@ class RLTrainer(RLCheckpoints):
                                   **{"rollout.dtype / rollout.compile": decode_dtype != self.model.dtype
                                      or cfg.rollout.compile})
         self.ema = WeightEMA(self._plain().model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
+        first_average = cfg.train.ema_start + cfg.train.ema_every
+        if self.ema is not None and first_average > cfg.train.max_steps:
+            logger.warning("the weight average's first update is at step %d, after train.max_steps=%d (train."
+                           "ema_start / ema_every): the run returns the live policy", first_average,
+                           cfg.train.max_steps)
         self.rollout_copy = None
         if decode_dtype != self.model.dtype or cfg.rollout.compile:
             self.rollout_copy = RolloutCopy(self._plain(), decode_dtype, compile=cfg.rollout.compile)
