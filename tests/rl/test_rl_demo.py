@@ -49,7 +49,10 @@ def test_the_block_demo_lays_its_espo_recipe_over_the_demo_config_for_espo_only(
     from dllm_rl.rl.config import RLConfig
 
     def demo(algorithm, *overrides):
-        return load_config(RLConfig, demo_config_path("block"), demo_run_overrides("block", algorithm, list(overrides)))
+        chosen, settings = demo_run_overrides("block", algorithm, list(overrides))
+        cfg = load_config(RLConfig, demo_config_path("block"), settings)
+        assert cfg.algorithm == chosen
+        return cfg
 
     plain = load_config(RLConfig, demo_config_path("block"), demo_overrides("block"))
     recipe = demo(None)

@@ -72,11 +72,13 @@ def demo_algorithm(model_kind: str, algorithm: str | None, overrides: list[str])
     return given[-1] if given else algorithm or (yaml_load(path.read_bytes(), str(path)) or {})["algorithm"]
 
 
-def demo_run_overrides(model_kind: str, algorithm: str | None, overrides: list[str]) -> list[str]:
-    """Every override of a ``dllm-rl demo`` run but its directory: the shipped files' paths, ``algorithm`` (None:
-    the demo config's), that algorithm's recipe, then ``overrides``, which win."""
+def demo_run_overrides(model_kind: str, algorithm: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+    """The algorithm a ``dllm-rl demo`` run resolves to, and every override of the run but its directory: the
+    shipped files' paths, ``algorithm`` (None: the demo config's), that algorithm's recipe, then ``overrides``,
+    which win."""
+    chosen = demo_algorithm(model_kind, algorithm, overrides)
     base = demo_overrides(model_kind) + ([f"algorithm={algorithm}"] if algorithm else [])
-    return base + recipe_overrides(model_kind, demo_algorithm(model_kind, algorithm, overrides)) + overrides
+    return chosen, base + recipe_overrides(model_kind, chosen) + overrides
 
 
 #: what the demo's report calls each model
@@ -95,9 +97,8 @@ def run_demo(args: argparse.Namespace) -> int:
     # the demo starts afresh each time (`make demo` twice reruns it), unless run.resume=... is given
     fresh = [] if any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite="))
                       for o in args.overrides) else ["run.overwrite=true"]
-    overrides = demo_run_overrides(args.model, args.algorithm, fresh + list(args.overrides))
     # the run directory is named for the algorithm the run resolves to (the demo YAML's unless given)
-    algorithm = demo_algorithm(args.model, args.algorithm, list(args.overrides))
+    algorithm, overrides = demo_run_overrides(args.model, args.algorithm, fresh + list(args.overrides))
     cfg = load_config(RLConfig, path, [f"run.output_dir={args.output_dir}/{args.model}-{algorithm}", *overrides])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)

@@ -8,7 +8,7 @@ fields are checked by :func:`dllm_rl.rl.algorithms.resolve`. Both run before any
 The papers behind the method knobs' defaults are named by each method's module (:mod:`dllm_rl.rl.methods`),
 from which the help's "Preset:" clauses are derived.
 
-One file on purpose (about 440 lines): it is the one declaration of an RL run's configuration. Its sections are
+One file on purpose (about 460 lines): it is the one declaration of an RL run's configuration. Its sections are
 read together (each help text names keys of the others: ``train.block_size`` against ``rollout.block_size``, the
 ``eval`` schedule against the rollout's), ``RENAMED`` maps the old flat keys onto all of them, and
 ``docs/config.md`` is generated from it in this order. The shared pieces live where they are shared: the run
