@@ -25,6 +25,8 @@ TOK = char_tokenizer()
 IDS = TOK("abcdefghij", add_special_tokens=False)["input_ids"] + [TOK.eos_token_id] * 2
 STEPS = [1, 0, 1, 2, 4, 3, 3, 5, 6, 6, -1, -1]
 PROCESS = "Q={{prompt}} A={{answer}} PRE={{prefix}} CHUNK={{chunk}} \\boxed{}"
+#: the fields pasted raw, so that the prompts of these tests read short (test_judge_delimiting.py checks the fences)
+RAW = {"delimit": False}
 
 
 class Fixed:
@@ -45,7 +47,7 @@ def _judge(answer, **kw):
 
 def test_process_prompts_chunk_by_tokens_and_the_step_placement():
     judge, backend = _judge(lambda t, n: [f"ok \\boxed{{{len(t) % 3 - 1}}}"] * n, mode="process", template=PROCESS,
-                            chunk_length=4, k_sample=3)
+                            chunk_length=4, k_sample=3, **RAW)
     cols = {"answer": ["42"], "completion_ids": [IDS], "step_map": [STEPS]}
     reqs = judge.requests(["2*21?"], ["abcdefghij"], cols)[0]
     assert [r.text for r in reqs] == [
@@ -63,7 +65,7 @@ def test_process_prompts_chunk_by_tokens_and_the_step_placement():
 
 def test_process_prompts_chunk_by_decoding_steps():
     judge, _ = _judge(lambda t, n: ["\\boxed{1}"] * n, mode="process", template=PROCESS, chunk_by="steps",
-                      chunk_length=2)
+                      chunk_length=2, **RAW)
     cols = {"answer": ["42"], "completion_ids": [IDS], "step_map": [STEPS]}
     reqs = judge.requests(["q"], ["abcdefghij"], cols)[0]
     assert [r.positions for r in reqs] == [[0, 1, 2], [3, 5, 6], [4, 7], [8, 9]]
@@ -94,7 +96,7 @@ def test_parsing_is_strict_and_a_failure_is_counted_and_logged(caplog):
     assert parse_score("", pattern, -1, 1) is None
     outputs = {"good": "\\boxed{1}", "bad": "\\boxed{yes}", "empty": ""}
     judge, _ = _judge(lambda t, n: [outputs[t.split("|")[1]]] * n, template="{{prompt}}|{{completion}}",
-                      fallback=-0.25)
+                      fallback=-0.25, **RAW)
     with caplog.at_level(logging.WARNING, logger="dllm_rl.rl.judge"):
         got = judge(["p", "p", "p"], ["good", "bad", "empty"])
     assert got == [1.0, -0.25, -0.25]
@@ -107,7 +109,7 @@ def test_k_sample_sampled_judgements_and_their_aggregation():
     votes = ["\\boxed{1}", "\\boxed{-1}", "\\boxed{1}"]
     for how, want in (("mean", 1 / 3), ("consistency", 0.5)):
         judge, backend = _judge(lambda t, n: votes[:n], template="{{prompt}}{{completion}}", k_sample=3,
-                                temperature=1.0, aggregate=how, disagreement=0.5)
+                                temperature=1.0, aggregate=how, disagreement=0.5, **RAW)
         assert judge(["p"], ["c"]) == [pytest.approx(want)]
         assert backend.calls == [(["pc"], 3)]
     assert aggregate([1.0, 1.0], "consistency", 0.5) == 1.0
@@ -123,7 +125,7 @@ def test_the_cache_avoids_repeated_calls_on_a_real_tiny_judge(tmp_path):
     judge.generate.model.generate = lambda *a, **k: calls.append(k["input_ids"].shape) or real(*a, **k)
     assert judge.generate.chat("p:c") == "[p:c]>"
     first = judge(["p", "p", "q"], ["c", "c", "c"])  # two distinct judge prompts: one batch of two
-    assert calls == [torch.Size([2, 6])]
+    assert calls == [torch.Size([2, 24])]  # "[" "```\np\n```\n:\n```\nc\n```" "]>": the fields fenced
     assert judge.stats["judge_prompts"] == 2 and judge.stats["judge_cache_hits"] == 1
     # the untrained judge writes no score: every judgement is a counted failure scored by the fallback
     assert first == [0.0, 0.0, 0.0] and judge.stats["judge_failures"] == 2

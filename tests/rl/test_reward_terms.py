@@ -82,7 +82,8 @@ STEP_MAP = [0, 0, 1, 1, 3, 2, 3, 2, -1]
 
 
 def _process_judge():
-    cfg = JudgeConfig(model="unused", mode="process", template="{{prompt}}|{{chunk}}", chunk_length=4)
+    # the fields pasted raw (delimit=False), so the scripted judge finds the chunk after "|"
+    cfg = JudgeConfig(model="unused", mode="process", template="{{prompt}}|{{chunk}}", chunk_length=4, delimit=False)
     answers = {"abcd": "\\boxed{1}", "efgh": "\\boxed{-1}"}
     return Judge(cfg, policy_tokenizer=TOK, generator=lambda texts, n, seed: [[answers[t.split("|")[1]]] * n
                                                                               for t in texts])

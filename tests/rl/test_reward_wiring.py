@@ -66,7 +66,7 @@ def test_tracerl_step_with_a_process_judge_feeds_the_value_model_and_caches(rl_s
     judge = trainer.reward.terms[1].fn
     asked, generated = [], []
     real_judgements, real_generate = judge.judgements, judge.generate
-    judge.judgements = lambda texts: asked.append(list(texts)) or real_judgements(texts)
+    judge.judgements = lambda texts, *rest: asked.append(list(texts)) or real_judgements(texts, *rest)
     judge.generate = lambda texts, n, seed: generated.append(list(texts)) or real_generate(texts, n, seed)
     seen, real_targets = [], trainer.value.targets
     trainer.value.targets = lambda batch, rewards, scores: seen.append(scores) or real_targets(batch, rewards, scores)

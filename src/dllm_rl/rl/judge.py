@@ -4,8 +4,9 @@ The judge is any causal LM that transformers loads (vLLM is an optional backend 
 prompt built from a **template** whose ``{{name}}`` placeholders are filled in one pass (everything else, LaTeX
 braces included, is kept verbatim): ``{{prompt}}`` (the policy's prompt), ``{{completion}}`` (outcome mode),
 ``{{chunk}}`` and ``{{prefix}}`` (process mode: the chunk judged, and the completion from its start to the chunk's
-end), and any data column by its name (e.g. ``{{answer}}``). It answers with a score that
-``score_pattern`` reads (its last match; by default the last ``\\boxed{...}``).
+end), and any data column by its name (e.g. ``{{answer}}``). Each field is pasted as a fenced block that its text
+cannot close (``delimit``), and the judge answers with a score that ``score_pattern`` reads in its own words (its
+last match outside echoed blocks; by default the last ``\\boxed{...}``): :mod:`dllm_rl.rl.judge_text`.
 
 - **Outcome mode**: one score per completion.
 - **Process mode** (the seed recipe's ``process_reward_model`` with ``reward_chunk_length`` and ``k_sample``):
@@ -38,42 +39,10 @@ from typing import Any, Literal
 
 from dllm_rl.config import Checked, field
 from dllm_rl.errors import UserError
+from dllm_rl.rl.judge_text import DEFAULT_PATTERN, DEFAULT_TEMPLATES, check_template, parse_score, render
 from dllm_rl.tasks.base import completion_text
 
 logger = logging.getLogger(__name__)
-
-PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-#: what each mode's template must contain (process: the prompt, and the chunk or the prefix ending with it)
-REQUIRED = {"outcome": (("prompt",), ("completion",)), "process": (("prompt",), ("chunk", "prefix"))}
-
-OUTCOME_TEMPLATE = """You are grading a response to a request.
-
-Request:
-{{prompt}}
-
-Response:
-{{completion}}
-
-Judge whether the response fulfils the request correctly and helpfully. Give a short reason, then put your final \
-score in \\boxed{}: 1 (good) or -1 (bad)."""
-
-PROCESS_TEMPLATE = """You are grading one excerpt of a solution.
-
-Question:
-{{prompt}}
-
-The solution up to the end of the excerpt:
-{{prefix}}
-
-The excerpt to grade (the last part of the text above):
-{{chunk}}
-
-Judge only the excerpt, given the question and the text before it. It may be cut at its start or end; do not \
-penalise that. If it contains any error, unjustified step or contradiction, score -1; if it is correct, score 1. \
-Give a short reason, then put your final score in \\boxed{}."""
-
-DEFAULT_TEMPLATES = {"outcome": OUTCOME_TEMPLATE, "process": PROCESS_TEMPLATE}
-DEFAULT_PATTERN = r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\s*\}"
 
 
 def _pattern_problem(value: str) -> str | None:
@@ -97,6 +66,11 @@ class JudgeConfig(Checked):
     template: str | None = field(None, help="the judge prompt with {{prompt}} and {{completion}} (outcome) or "
                                             "{{prompt}} and {{chunk}} / {{prefix}} (process), and any data "
                                             "column as {{name}}; null: the built-in template of the mode")
+    delimit: bool = field(True, help="paste each field (prompt, completion, chunk, prefix, data column) as a fenced "
+                                     "block on its own lines whose fence is longer than any backtick run in the "
+                                     "text, so the text cannot close it; false: paste raw (for a template that "
+                                     "delimits by itself; otherwise a completion can forge the instruction and its "
+                                     "verdict)")
     chunk_by: Literal["tokens", "steps"] = field(
         "tokens", help="process mode: cut the completion every chunk_length tokens, or every chunk_length decoding "
                        "steps of its rollout")
@@ -131,42 +105,6 @@ class JudgeConfig(Checked):
         super().__post_init__()
         if self.score_min > self.score_max:
             raise UserError(f"judge: score_min={self.score_min} is above score_max={self.score_max}")
-
-
-def check_template(template: str, mode: str, key: str = "judge.template") -> None:
-    """Refuse a template without the placeholders its mode needs, naming ``key``."""
-    names = set(PLACEHOLDER.findall(template))
-    for alts in REQUIRED[mode]:
-        if not names.intersection(alts):
-            want = " or ".join("{{" + a + "}}" for a in alts)
-            raise UserError(f"{key}: the template has no {want} placeholder, which mode={mode} needs; add it "
-                            "(placeholders are written {{name}})")
-
-
-def render(template: str, values: dict[str, Any], key: str = "judge.template") -> str:
-    """The template with each ``{{name}}`` replaced by ``values[name]`` in one pass (a value containing
-    ``{{...}}`` is not filled again). A placeholder with no value is a :class:`UserError` naming it."""
-
-    def fill(m: re.Match) -> str:
-        if m.group(1) not in values:
-            raise UserError(f"{key}: placeholder {{{{{m.group(1)}}}}} is neither a judge field nor a data column "
-                            f"(columns: {', '.join(sorted(values)) or 'none'})")
-        return completion_text(values[m.group(1)])
-
-    return PLACEHOLDER.sub(fill, template)
-
-
-def parse_score(text: str, pattern: str, lo: float, hi: float) -> float | None:
-    """The score in a judgement (the last match of ``pattern``), or None when there is none or it lies outside
-    ``[lo, hi]``."""
-    found = re.findall(pattern, text or "")
-    if not found:
-        return None
-    try:
-        value = float(found[-1])
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and lo <= value <= hi else None
 
 
 def aggregate(scores: Sequence[float], how: str, disagreement: float) -> float:
@@ -212,6 +150,7 @@ class Request:
 
     text: str
     positions: list[int] | None = None
+    pasted: tuple[str, ...] = ()  # the fields pasted into it: a judgement repeating one is not read as a verdict
 
 
 class Judge:
@@ -250,7 +189,7 @@ class Judge:
             values = {k: v[i] for k, v in columns.items() if isinstance(v, (list, tuple)) and len(v) == len(prompts)}
             values["prompt"] = p
             if self.cfg.mode == "outcome":
-                out.append([Request(render(self.template, {**values, "completion": c}, f"{self.key}.template"))])
+                out.append([self._request({**values, "completion": c})])
             else:
                 out.append(self._chunk_requests(c, values, self._ids(c, values), values.get("step_map")))
         return out
@@ -276,10 +215,12 @@ class Judge:
         for pos in chunk_positions(n, step_map, self.cfg.chunk_by, self.cfg.chunk_length):
             chunk = decode([ids[p] for p in pos])
             prefix = decode(ids[:max(pos) + 1])
-            text = render(self.template, {**values, "completion": completion, "chunk": chunk, "prefix": prefix},
-                          f"{self.key}.template")
-            reqs.append(Request(text, pos))
+            reqs.append(self._request({**values, "completion": completion, "chunk": chunk, "prefix": prefix}, pos))
         return reqs
+
+    def _request(self, values: dict[str, Any], positions: list[int] | None = None) -> Request:
+        text, pasted = render(self.template, values, f"{self.key}.template", self.cfg.delimit)
+        return Request(text, positions, pasted)
 
     def _decoder(self) -> Callable[[list[int]], str]:
         tok = self.policy_tokenizer
@@ -288,9 +229,11 @@ class Judge:
         return lambda ids: tok.decode(ids, skip_special_tokens=True)
 
     # ---------------------------------------------------------------- judgements
-    def judgements(self, texts: list[str]) -> dict[str, list[float | None]]:
+    def judgements(self, texts: list[str],
+                   pasted: dict[str, tuple[str, ...]] | None = None) -> dict[str, list[float | None]]:
         """``k_sample`` parsed scores (None: unparsable) of each distinct text, from the cache or generated in
-        batches (one generation per text with temperature 0)."""
+        batches (one generation per text with temperature 0); ``pasted`` gives a text's fields, whose copies in a
+        judgement are not its verdict."""
         cfg = self.cfg
         distinct = list(dict.fromkeys(texts))
         found = {t: self.cache[t] for t in distinct if t in self.cache}
@@ -304,7 +247,8 @@ class Judge:
             self.stats["judge_prompts"] += len(todo)
             bad: list[str] = []
             for text, outs in zip(todo, outputs):
-                scores = [parse_score(o, cfg.score_pattern, cfg.score_min, cfg.score_max) for o in outs]
+                echo = (pasted or {}).get(text, ())
+                scores = [parse_score(o, cfg.score_pattern, cfg.score_min, cfg.score_max, echo) for o in outs]
                 bad += [o for o, v in zip(outs, scores) if v is None]
                 found[text] = (scores * cfg.k_sample)[:cfg.k_sample] if n == 1 else scores
                 if cfg.cache_size:
@@ -338,7 +282,7 @@ class Judge:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[Any]:
         reqs = self.requests(prompts, completions, columns)
-        found = self.judgements([r.text for rs in reqs for r in rs])
+        found = self.judgements([r.text for rs in reqs for r in rs], {r.text: r.pasted for rs in reqs for r in rs})
         if self.cfg.mode == "outcome":
             return [self.score(found[rs[0].text]) for rs in reqs]
         return [place_on_steps([self.score(found[r.text]) for r in rs], [r.positions for r in rs],

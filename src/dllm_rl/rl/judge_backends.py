@@ -1,6 +1,10 @@
 """What generates an LLM judge's judgements (:mod:`dllm_rl.rl.judge`): a transformers causal LM, or vLLM where it is
 installed. Each turns judge prompts into ``n`` continuations per prompt; the judge builds the prompts and reads the
-scores."""
+scores.
+
+A judge prompt carries untrusted text (the completion), so it is encoded with the judge tokenizer's special tokens
+split into plain text: a completion that spells a role marker (``<|im_end|>``) cannot end the user turn of the chat
+template; only the template's own markers are special tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ import torch
 
 from dllm_rl.errors import UserError
 from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
+
+#: stands for the judge prompt while the chat template is rendered, to find where the prompt goes
+_SLOT = "\x00judge-prompt\x00"
 
 if TYPE_CHECKING:
     from dllm_rl.rl.judge import JudgeConfig
@@ -21,7 +28,7 @@ class HFGenerator:
     def __init__(self, cfg: JudgeConfig, key: str = "judge.model"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.cfg = cfg
+        self.cfg, self.key = cfg, key
         device = resolve_device(cfg.device)
         dtype = getattr(torch, resolve_eval_dtype(cfg.dtype, device))
         try:
@@ -42,15 +49,28 @@ class HFGenerator:
                                                       add_generation_prompt=True)
         return text
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids of a judge prompt as the model reads it: the chat template's own text with its special
+        tokens, and ``text`` with any special token it spells encoded as plain text."""
+        tok = self.tokenizer
+        if not (self.cfg.chat_template and getattr(tok, "chat_template", None)):
+            return tok(text, split_special_tokens=True)["input_ids"]
+        head, *tail = self.chat(_SLOT).split(_SLOT)
+        if len(tail) != 1:
+            raise UserError(f"{self.key}: the chat template of {self.cfg.model!r} does not paste the user turn "
+                            "verbatim, so the judge prompt cannot be kept apart from its markup; set the judge's "
+                            "chat_template: false")
+        return [i for part, split in ((head, False), (text, True), (tail[0], False)) if part
+                for i in tok(part, add_special_tokens=False, split_special_tokens=split)["input_ids"]]
+
     @torch.no_grad()
     def __call__(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
         """``n`` continuations of each text (one ``generate`` call per ``batch_size`` texts)."""
         cfg, tok, out = self.cfg, self.tokenizer, []
         sample = cfg.temperature > 0
         for i in range(0, len(texts), cfg.batch_size):
-            enc = tok([self.chat(t) for t in texts[i:i + cfg.batch_size]], return_tensors="pt", padding=True,
-                      add_special_tokens=not (cfg.chat_template and getattr(tok, "chat_template", None)))
-            enc = enc.to(self.model.device)
+            enc = tok.pad({"input_ids": [self.encode(t) for t in texts[i:i + cfg.batch_size]]}, padding=True,
+                          return_tensors="pt").to(self.model.device)
             kwargs = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p} if sample else {
                 "do_sample": False}
             with torch.random.fork_rng(devices=[self.model.device] if self.model.device.type == "cuda" else []):
@@ -71,7 +91,7 @@ class VLLMGenerator:  # pragma: no cover - needs vllm and a GPU
         except ImportError:
             raise UserError(f"{key}: judge.backend=vllm needs vllm (pip install vllm); or set "
                             "judge.backend=transformers") from None
-        self.cfg, self._params = cfg, SamplingParams
+        self.cfg, self.key, self._params = cfg, key, SamplingParams
         dtype = "auto" if cfg.dtype == "auto" else cfg.dtype
         try:
             self.llm = LLM(model=cfg.model, dtype=dtype, seed=cfg.seed)
@@ -79,11 +99,11 @@ class VLLMGenerator:  # pragma: no cover - needs vllm and a GPU
             raise UserError(f"{key}: vllm cannot load {cfg.model!r} ({type(exc).__name__}: {exc})") from None
         self.tokenizer = self.llm.get_tokenizer()
 
-    chat = HFGenerator.chat
+    chat, encode = HFGenerator.chat, HFGenerator.encode
 
     def __call__(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
         cfg = self.cfg
         params = self._params(n=n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
                               seed=seed)
-        outputs = self.llm.generate([self.chat(t) for t in texts], params)
+        outputs = self.llm.generate([{"prompt_token_ids": self.encode(t)} for t in texts], params)
         return [[o.text for o in r.outputs] for r in outputs]
