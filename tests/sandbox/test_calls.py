@@ -111,3 +111,46 @@ def test_only_the_names_the_tests_read_are_copied(sb):
     # a 70 MB table is over the frame limit: a test that reads it gets a handle, the others pass
     assert res.passed == [True, True, False], res.details
     assert res.details[2] == "TypeError: object of type 'Remote' has no len()"
+
+
+def test_the_programs_globals_stay_live(sb):
+    prog = (
+        "calls = 0\nlog = []\n"
+        "def f(x=None):\n    global calls, seen\n    calls += 1\n    seen = x\n    log.append(x)\n"
+        "    if x == 'raise':\n        raise ValueError(x)\n    return calls\n"
+    )
+    tests = [
+        "assert calls == 0\nf(); f()\nassert calls == 2",
+        "f(1)\nassert calls == 3 and seen == 1 and log == [None, None, 1]",
+        "try:\n    f('raise')\nexcept ValueError:\n    pass\nassert calls == 4 and seen == 'raise'",
+        "calls = 100\nassert f() == 5 and calls == 100",  # a name the test assigns is the test's own
+    ]
+    res = sb.run_function_tests(prog, tests)
+    assert res.passed == [True] * 4, res.details
+    assert sb.run_function_tests(prog, ["f()\nassert calls == 2"]).details == ["AssertionError"]
+
+
+STDLIB_VALUES = """import array, collections, datetime
+from multiprocessing import Pool
+def square(x):
+    return x * x
+def f(kind):
+    if kind == "pool":
+        with Pool(2) as pool:
+            return pool.map(square, range(4))
+    return {
+        "deque": collections.deque([1, 2], maxlen=5), "array": array.array("i", [3, 4]),
+        "date": datetime.date(2024, 2, 29), "delta": datetime.date(2024, 3, 1) - datetime.date(2024, 2, 1),
+    }[kind]
+"""
+
+
+def test_correct_programs_returning_deques_arrays_or_dates_and_using_a_pool_pass(sb):
+    tests = [
+        "from collections import deque\nassert f('deque') == deque([1, 2]) and f('deque').maxlen == 5",
+        "import array\nassert f('array') == array.array('i', [3, 4])",
+        "import datetime\nassert f('date') == datetime.date(2024, 2, 29) and f('delta').days == 29",
+        "assert f('pool') == [0, 1, 4, 9]",
+    ]
+    res = sb.run_function_tests(STDLIB_VALUES, tests)
+    assert res.passed == [True] * 4, res.details

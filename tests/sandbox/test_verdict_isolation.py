@@ -96,8 +96,16 @@ CHEATS = {
         "import types\nmath = types.SimpleNamespace(isclose=lambda *a, **k: True)\n" + WRONG,
         "import types\nmath = types.SimpleNamespace(isclose=lambda *a, **k: False)\n" + RIGHT,
     ),
+    # a call rebinds the test's own helper in the program's globals (which stay live for the tests)
+    "rebinding the test's helper": (
+        "def _yes(*a):\n    return None\ndef f(x):\n    global check\n    check = _yes\n    return x\n",
+        "def _no(*a):\n    raise AssertionError\ndef f(x):\n    global check\n    check = _no\n    return x + 1\n",
+    ),
 }
-CHEAT_TESTS = {"fake math module": ["assert math.isclose(f(1), 2)", "assert math.isclose(f(2), 3)"]}
+CHEAT_TESTS = {
+    "fake math module": ["assert math.isclose(f(1), 2)", "assert math.isclose(f(2), 3)"],
+    "rebinding the test's helper": [f"def check(c):\n    assert c({i}) == {i + 1}\nf(0)\ncheck(f)" for i in (1, 2)],
+}
 
 
 @pytest.fixture(scope="module", params=[None, False], ids=["bwrap-if-available", "no-bwrap"])

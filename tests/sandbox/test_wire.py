@@ -3,12 +3,14 @@ nothing but built-in types (or explicitly allowed handles) out of the bytes an u
 
 from __future__ import annotations
 
+import array
+import datetime
 import decimal
 import enum
 import fractions
 import math
 import os
-from collections import Counter, OrderedDict, namedtuple
+from collections import Counter, OrderedDict, deque, namedtuple
 
 import pytest
 
@@ -59,6 +61,27 @@ def test_values_rebuilt_from_plain_parts():
     assert [type(x) for x in lazy] == [type(iter([]))] * 4  # iterators, not lists: f() == [...] stays False
 
 
+def test_deques_arrays_and_dates_rebuilt_from_plain_parts():
+    class Queue(deque):
+        def __eq__(self, other):
+            return True
+
+    value = [deque([1, (2,)], maxlen=3), deque(), Queue([4]), array.array("d", [1.5, -0.0]), array.array("u", "hé"),
+             array.array("q"), datetime.date(2020, 2, 29), datetime.datetime(2020, 1, 2, 3, 4, 5, 6, fold=1),
+             datetime.timedelta(days=-1, seconds=5, microseconds=7)]
+    back = roundtrip(value)
+    assert back == value[:2] + [deque([4])] + value[3:]
+    assert [type(x) for x in back] == [deque] * 3 + [array.array] * 3 + [datetime.date, datetime.datetime,
+                                                                        datetime.timedelta]
+    assert back[0].maxlen == 3 and back[1].maxlen is None and back[7].fold == 1
+    assert [x.typecode for x in back[3:6]] == ["d", "u", "q"] and math.copysign(1, back[3][1]) == -1
+    assert wire.dumps(datetime.date(2020, 1, 2)) == b"Gs4:datet3:i7e4;i1;i2;"
+    assert wire.dumps(deque([1], maxlen=2)) == b"Ei2;l1:i1;" and wire.dumps(array.array("b", [1])) == b"As1:bl1:i1;"
+    assert wire.loads(wire.dumps(deque([object()]), lambda obj: 7), lambda i, name: (i, name)) == deque([(7, "object")])
+    with pytest.raises(wire.NotPlain, match="^an object of type datetime$"):  # the tzinfo is the program's object
+        wire.dumps(datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC))
+
+
 def test_objects_need_a_handle_maker():
     with pytest.raises(wire.NotPlain, match="^an object of type object$"):
         wire.dumps([1, object()])
@@ -88,6 +111,13 @@ def test_objects_need_a_handle_maker():
         (b"Ds3:abc", "malformed value from the other process (InvalidOperation)"),
         (b"ns1:Pt1:s1:xl1:i1;", "malformed value from the other process (parts)"),
         (b"ns3:P Qt1:s1:xt1:i1;", "malformed value from the other process (ValueError)"),
+        (b"Es1:xl0:", "malformed value from the other process (parts)"),
+        (b"ENt0:", "malformed value from the other process (parts)"),
+        (b"As2:iil0:", "no array typecode 'ii'"),
+        (b"As1:bl1:s1:x", "malformed value from the other process (TypeError)"),
+        (b"Gs4:timet0:", "malformed value from the other process (parts)"),
+        (b"Gs4:datet2:i1;i1;", "malformed value from the other process (parts)"),
+        (b"Gs4:datet3:i7e4;id;i1;", "malformed value from the other process (ValueError)"),
     ],
 )
 def test_malformed_values_are_rejected(data, message):

@@ -122,6 +122,33 @@ def test_reward_from_trl_columns():
     assert out == [1.0, 1.0]
 
 
+#: correct programs the sandbox once scored 0 (a global the test reads after calling, a deque / array / date result or
+#: argument, a process pool), as MBPP rows: (code, test, setup)
+WIDER = {
+    "global": ("calls = 0\ndef tick():\n    global calls\n    calls += 1\n",
+               "assert tick() is None and tick() is None and calls == 2", ""),
+    "deque": ("from collections import deque\ndef rotate(xs, k):\n    d = deque(xs)\n    d.rotate(k)\n    return d\n",
+              "assert rotate([1, 2, 3], 1) == deque([3, 1, 2])", "from collections import deque"),
+    "array": ("import array\ndef as_array(xs):\n    return array.array('i', xs)\n",
+              "assert as_array([1, 2]) == array.array('i', [1, 2])", "import array"),
+    "date": ("import datetime\ndef next_day(d):\n    return d + datetime.timedelta(days=1)\n",
+             "assert next_day(datetime.date(2024, 2, 28)) == datetime.date(2024, 2, 29)", "import datetime"),
+    "pool": ("from multiprocessing import Pool\ndef _sq(x):\n    return x * x\n"
+             "def squares(xs):\n    with Pool(2) as p:\n        return p.map(_sq, xs)\n",
+             "assert squares([1, 2, 3]) == [1, 4, 9]", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(WIDER))
+def test_correct_programs_with_live_globals_stdlib_values_or_a_pool_score_one(case):
+    code, test, setup = WIDER[case]
+    t = task([{**MBPP_ROW, "code": code, "test_list": [test], "test_setup_code": setup}])
+    s = t.score_one(f"```python\n{code}```", t.examples[0])
+    assert s == 1.0, s.reason
+    if case == "global":
+        assert t.score_one("calls = 0\ndef tick():\n    pass\n", t.examples[0]) == 0.0
+
+
 def test_mbpp_entry_point():
     assert mbpp_entry_point("assert math.isclose(area(2), 4.0)") == "area"
     assert mbpp_entry_point("assert set(similar((3, 4), (5, 4))) == set((4,))") == "similar"

@@ -17,7 +17,9 @@ setup read that is not a builtin and that the trusted *prelude* (HumanEval's pro
 its helpers such as ``poly``) does not define. So a program that redefines ``abs``, ``poly`` or any
 other name with a trusted meaning changes nothing the tests call; a name of a standard-library module
 (``math``) is always this process's own module. The entry point may carry a builtin's name (MBPP 126's
-is ``sum``).
+is ``sum``). The program's globals stay live: when a call changes one the tests read, the program's process
+sends it again before the reply and it is bound again here, unless the tests or the setup bound that name
+themselves since (a helper of the test stays the test's).
 """
 
 import builtins
@@ -93,6 +95,7 @@ class Link:
         self.req_w, self.rep_r = req_w, rep_r
         self.broken = None
         self.remotes = {}
+        self.on_globals = None  # called with the program's changed globals (a manifest) before a reply
 
     def remote(self, ident, name, kind):
         """The one stand-in of handle ``ident`` (so ``node.left is node.left``)."""
@@ -126,10 +129,22 @@ class Link:
     def receive(self, handles=None):
         """The reply to the last request (see :meth:`ask`)."""
 
+        while True:
+            made = []
+            reply = self._frame(made)
+            if reply[0] != "globals":
+                if handles is not None:
+                    handles.extend(made)
+                return reply
+            if len(reply) == 2 and self.on_globals is not None:
+                self.on_globals(reply[1])
+
+    def _frame(self, made):
+        """The next frame from the program's process, a non-empty list; ``made`` collects its new stand-ins."""
+
         def stand_in(ident, type_name):
             remote = self.remote(ident, type_name, "obj")
-            if handles is not None:
-                handles.append(remote)
+            made.append(remote)
             return remote
 
         try:
@@ -214,31 +229,49 @@ def wanted_names(entry, codes):
     return sorted(names)
 
 
-def bind(ns, manifest, link, entry):
-    """Put the program's names into the test namespace ``ns`` (which already holds the prelude's): as
-    stand-ins, copies or this process's modules. A name the prelude defined stays the prelude's, except
-    the entry point, which the program provides."""
-    trusted = set(ns)
-    for item in manifest if type(manifest) is list else []:
-        if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
-            continue
-        name, kind, payload = item
-        if (name.startswith("__") and name.endswith("__")) or (name in trusted and name != entry):
-            continue
+_ABSENT = object()
+
+
+class Names:
+    """The program's names in the test namespace ``ns`` (which already holds the prelude's), bound from the
+    program's manifest and bound again when a call changes them."""
+
+    def __init__(self, ns, link, entry, wanted):
+        self.ns, self.link, self.entry, self.wanted = ns, link, entry, frozenset(wanted)
+        self.trusted = set(ns)
+        self.bound = {}  # what this class last bound to each name
+
+    def bind(self, manifest):
+        """Bind the names of the program's manifest: as stand-ins, copies or this process's modules. A name the
+        prelude defined stays the prelude's, except the entry point, which the program provides."""
+        for item in manifest if type(manifest) is list else []:
+            if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
+                continue
+            name, kind, payload = item
+            if (name.startswith("__") and name.endswith("__")) or (name in self.trusted and name != self.entry):
+                continue
+            value = self._value(name, kind, payload)
+            if value is not _ABSENT:
+                self.ns[name] = self.bound[name] = value
+        return self.ns
+
+    def rebind(self, manifest):
+        """Bind again the program's globals that a call changed (the names the tests read), except those the tests
+        or the setup bound themselves since."""
+        self.bind([item for item in manifest if type(manifest) is list and type(item) is list and item
+                   and item[0] in self.wanted and self.ns.get(item[0], _ABSENT) is self.bound.get(item[0], _ABSENT)])
+
+    def _value(self, name, kind, payload):
         if _STDLIB is not None and name in _STDLIB:  # ``math`` is this process's math, whatever the program bound
-            mod = _module(name)
-            if mod is not None:
-                ns[name] = mod
-            continue
+            return _module(name) or _ABSENT
         if kind == "val":
-            ns[name] = payload
-        elif kind == "mod" and isinstance(payload, str):
-            mod = _module(payload)
-            if mod is not None:
-                ns[name] = mod
-        elif kind in ("fn", "cls", "obj") and type(payload) is int and payload >= 0:
-            ns[name] = link.remote(payload, name, kind)
-    return ns
+            return payload
+        if kind == "mod" and isinstance(payload, str):
+            return _module(payload) or _ABSENT
+        if kind in ("fn", "cls", "obj") and type(payload) is int and payload >= 0:
+            return self.link.remote(payload, name, kind)
+        return _ABSENT
+
 
 
 def _compiled(source, where):
@@ -255,9 +288,10 @@ def run_function_tests(job, link, emit):
     setup = _compiled(job.get("setup") or "", "<setup>")
     entry = job.get("entry_point")
     ns = {"__name__": "solution", "__builtins__": builtins}
+    wanted = wanted_names(entry, [setup, *tests])
     step = "program"
     try:
-        link.send(["program", job["program"], wanted_names(entry, [setup, *tests])])
+        link.send(["program", job["program"], wanted])
         step = "prelude"  # runs here while the program's process runs the program
         if job.get("prelude"):
             exec(compile(job["prelude"], "<prelude>", "exec"), ns)
@@ -266,7 +300,9 @@ def run_function_tests(job, link, emit):
         if reply[0] != "ready" or len(reply) != 2:
             why = str(reply[1]) if reply[0] == "fail" and len(reply) == 2 else "malformed reply"
             raise ProgramError(why)
-        bind(ns, reply[1], link, entry)
+        names = Names(ns, link, entry, wanted)
+        names.bind(reply[1])
+        link.on_globals = names.rebind
         step = "setup"
         if isinstance(setup, BaseException):
             raise setup

@@ -8,6 +8,12 @@ Replies: ``["ready", manifest]`` / ``["fail", why]`` for the program, then ``["o
 type name, message, built-in base]`` (the call raised; the base is the first built-in exception class of
 its type's MRO), or ``["bad", why]`` (the result is not plain data). A call returns a handle only when it calls
 a class (a constructor); attributes may be handles (``node.left``).
+
+The program runs as the module ``solution`` in ``sys.modules``, so its functions pickle by reference
+(``multiprocessing.Pool`` forks workers that find them). Its globals stay live for the tests: the names the
+tests read that were plain values, or not yet defined, when the program ran are checked after every request,
+and those that changed are sent as ``["globals", manifest entries]`` before the reply (``calls = 0`` that
+``f`` increments reads 2 after two calls).
 """
 
 import builtins
@@ -91,6 +97,39 @@ def manifest(ns, objects, wanted):
     return out
 
 
+class Live:
+    """The names whose values go back to the tests whenever a request changed them (see the module docstring)."""
+
+    #: values that cannot change without their name being rebound
+    ATOMS = (int, float, complex, str, bytes, type(None))
+
+    def __init__(self, ns, objects, wanted, first):
+        self.ns, self.objects = ns, objects
+        sent = {item[0]: item for item in first}
+        self.names = [n for n in wanted if type(n) is str and (n not in sent or sent[n][1] == "val")]
+        self.last = {n: (self.ns.get(n, _ABSENT), self._key(sent.get(n))) for n in self.names}
+
+    def _key(self, item):
+        return None if item is None else wire.dumps(item, self.objects.add)
+
+    def changes(self):
+        """The manifest entries of the live names whose values changed since they were last sent."""
+        out = []
+        for name in self.names:
+            obj = self.ns.get(name, _ABSENT)
+            before, key = self.last[name]
+            if obj is before and type(obj) in self.ATOMS:
+                continue
+            (item,) = manifest(self.ns, self.objects, [name]) or [None]
+            if self._key(item) != key:
+                out.append(item)
+            self.last[name] = (obj, self._key(item))
+        return [item for item in out if item is not None]
+
+
+_ABSENT = object()
+
+
 def _answer(req, objects):
     """``(reply, handle)``: the reply to one request, and the handle maker for its value (None: plain only)."""
     op = req[0]
@@ -134,7 +173,10 @@ def serve(req_r, rep_w):
     msg = wire.recv(req_r)
     if not msg or msg[0] != "program" or len(msg) != 3 or type(msg[2]) is not list:
         return
-    ns = {"__name__": "solution", "__builtins__": builtins}
+    module = types.ModuleType("solution")
+    sys.modules["solution"] = module  # pickle finds the program's functions by reference
+    ns = module.__dict__
+    ns["__builtins__"] = builtins
     try:
         exec(compile(msg[1], "<solution>", "exec"), ns)
     except BaseException as exc:
@@ -142,9 +184,12 @@ def serve(req_r, rep_w):
         return
     try:
         ready = ["ready", manifest(ns, objects, msg[2])]
+        live = Live(ns, objects, msg[2], ready[1])
     except BaseException as exc:
         ready = ["fail", "the program's names could not be read: " + wire.describe(exc)]
     wire.send(rep_w, ready)
+    if ready[0] != "ready":
+        return
     while True:
         req = wire.recv(req_r, objects.get)
         if req is None:
@@ -153,4 +198,15 @@ def serve(req_r, rep_w):
             reply, handle = _answer(req, objects)
         except BaseException as exc:
             reply, handle = ["bad", "the program's process could not answer: " + wire.describe(exc)], None
+        _send_changes(rep_w, live)
         _reply(rep_w, reply, handle)
+
+
+def _send_changes(rep_w, live):
+    """Send the live names that the last request changed (nothing when none did)."""
+    try:
+        changed = live.changes()
+        if changed:
+            wire.send(rep_w, ["globals", changed], live.objects.add)
+    except BaseException:  # a value that cannot be read or sent stays as the tests last saw it
+        pass

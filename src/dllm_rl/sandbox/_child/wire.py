@@ -13,7 +13,10 @@ Values that correct programs return although they are not among those types trav
 plain parts on the receiving side: a built-in type by name (``B`` + str: MBPP 533's tests pass ``int``),
 ``range`` (``R`` + a tuple), ``bytearray`` (``Y`` like ``y``), ``fractions.Fraction`` (``Q`` + two ints),
 ``decimal.Decimal`` (``D`` + its str), a namedtuple (``n`` + type name, field names, values: read by
-attribute in tests), dict views (``K`` / ``V`` / ``W`` + keys, values, pairs) and any other iterator --
+attribute in tests), ``collections.deque`` (``E`` + its maxlen, None or an int, and a list of its values),
+``array.array`` (``A`` + its typecode and a list of its values), ``datetime.date``, naive ``datetime.datetime``
+and ``datetime.timedelta`` (``G`` + the type's name and a tuple of ints: its fields; a datetime with a tzinfo is not
+plain), dict views (``K`` / ``V`` / ``W`` + keys, values, pairs) and any other iterator --
 ``map``, ``filter``, ``zip``, a generator -- materialised (``I`` + its values; it arrives as an iterator
 over them, so ``list(f())`` works and ``f() == [...]`` stays False, as in Python).
 
@@ -38,10 +41,16 @@ _BUILD = {ord("l"): list, ord("t"): tuple, ord("S"): set, ord("Z"): frozenset}
 #: what :func:`dumps` sends (the text of "not plain data" messages)
 PLAIN = (
     "None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset, range, "
-    "built-in types, Fraction, Decimal, namedtuples, dict views, iterators"
+    "built-in types, Fraction, Decimal, namedtuples, deque, array, date, datetime, timedelta, dict views, iterators"
 )
 _VIEWS = {type({}.keys()): b"K", type({}.values()): b"V", type({}.items()): b"W"}
 _NAMEDTUPLES = {}
+#: the ``datetime`` types sent as ``G`` + name + their fields (what the constructor takes back)
+_DATES = {
+    "date": ("year", "month", "day"),
+    "datetime": ("year", "month", "day", "hour", "minute", "second", "microsecond", "fold"),
+    "timedelta": ("days", "seconds", "microseconds"),
+}
 
 
 class NotPlain(TypeError):
@@ -136,6 +145,8 @@ def _dump_other(v, handle, out):
     elif decimal is not None and isinstance(v, decimal):
         out.append(b"D")
         _dump(decimal.__str__(v), None, out)
+    elif _dump_stdlib(v, handle, out):
+        pass
     elif type(v) in _VIEWS:
         _items(_VIEWS[type(v)], list(v), handle, out)
     elif isinstance(v, Iterator):
@@ -145,6 +156,40 @@ def _dump_other(v, handle, out):
     else:
         out.append(b"h%d;" % handle(v))
         _dump(str(type(v).__name__), None, out)
+
+
+def _date_kind(v):
+    """``date`` / ``datetime`` / ``timedelta`` for a value of those types (a datetime only without a tzinfo)."""
+    mod = sys.modules.get("datetime")
+    if mod is None:
+        return None
+    if isinstance(v, mod.datetime):
+        return "datetime" if v.tzinfo is None else None
+    for name in ("date", "timedelta"):
+        if isinstance(v, getattr(mod, name)):
+            return name
+    return None
+
+
+def _dump_stdlib(v, handle, out):
+    """Encode a deque, array or datetime value (see the module docstring); False for anything else."""
+    deque, array = _stdlib_type("_collections", "deque"), _stdlib_type("array", "array")
+    if deque is not None and isinstance(v, deque):
+        out.append(b"E")
+        _dump(v.maxlen if type(v.maxlen) is int else None, None, out)
+        _items(b"l", list(deque.__iter__(v)), handle, out)
+    elif array is not None and isinstance(v, array):
+        out.append(b"A")
+        _dump(str(v.typecode), None, out)
+        _dump(array.tolist(v), None, out)
+    elif _date_kind(v) is not None:
+        kind = _date_kind(v)
+        out.append(b"G")
+        _dump(kind, None, out)
+        _dump(tuple(int.__int__(getattr(v, f)) for f in _DATES[kind]), None, out)
+    else:
+        return False
+    return True
 
 
 def loads(data, handle=None):
@@ -185,7 +230,7 @@ def _load(d, i, handle):
         if tag == ord("s"):
             return raw.decode("utf-8", "surrogatepass"), i + n
         return (bytes(raw) if tag == ord("y") else bytearray(raw)), i + n
-    if tag in b"BRQDn":
+    if tag in b"BRQDnEAG":
         return _load_rebuilt(d, i, tag, handle)
     if tag in b"KVWI":
         n, i = _count(d, i, b":")
@@ -225,6 +270,8 @@ def _parts(d, i, kind):
 
 
 def _load_rebuilt(d, i, tag, handle):
+    if tag in b"EAG":
+        return _load_stdlib(d, i, tag, handle)
     if tag == ord("B"):
         name, i = _parts(d, i, str)
         cls = getattr(builtins, name, None) if not name.startswith("_") else None
@@ -251,6 +298,34 @@ def _load_rebuilt(d, i, tag, handle):
     import fractions
 
     return fractions.Fraction(*ints), i
+
+
+def _load_stdlib(d, i, tag, handle):
+    """A deque, array or datetime value rebuilt from its plain parts."""
+    if tag == ord("E"):
+        import collections
+
+        maxlen, i = _load(d, i, None)
+        items, i = _load(d, i, handle)  # the values may be handles, as a list's may
+        if not (maxlen is None or type(maxlen) is int) or type(items) is not list:
+            raise ProtocolError("malformed value from the other process (parts)")
+        return collections.deque(items, maxlen), i
+    name, i = _parts(d, i, str)
+    if tag == ord("A"):
+        import array
+
+        values, i = _parts(d, i, list)
+        if len(name) != 1 or name not in array.typecodes:
+            raise ProtocolError(f"no array typecode {name[:40]!r}")
+        return array.array(name, values), i
+    import datetime
+
+    fields, i = _parts(d, i, tuple)
+    if name not in _DATES or len(fields) != len(_DATES[name]) or not all(type(x) is int for x in fields):
+        raise ProtocolError("malformed value from the other process (parts)")
+    if name == "datetime":
+        return datetime.datetime(*fields[:7], fold=fields[7]), i
+    return getattr(datetime, name)(*fields), i
 
 
 def _namedtuple(name, fields):
@@ -311,7 +386,8 @@ def recv(fd, handle=None):
 
 
 def describe(exc):
-    """``Type: message`` of an exception, at most 300 characters of message (never raises)."""
+    """``Type: message`` of an exception, at most 400 characters of message, room for the
+    list of plain types in a "not plain data" reason (never raises)."""
     try:
         name = type(exc).__name__
         text = str(exc)
@@ -319,6 +395,6 @@ def describe(exc):
         return "exception"
     if not isinstance(name, str) or not isinstance(text, str):
         return "exception"
-    if len(text) > 300:
-        text = text[:300] + "..."
+    if len(text) > 400:
+        text = text[:400] + "..."
     return f"{name}: {text}" if text else name
