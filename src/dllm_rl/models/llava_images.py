@@ -6,8 +6,9 @@ tile's 729, then the unpadded tile grid with a newline per row for ``anyres_max_
 over everything, image included.
 
 - :func:`preprocess`: pixels through transformers' PIL image processors (``pad``: the published gray
-  ``(127, 127, 127)`` square, then a 384 px SigLIP resize; ``anyres_max_N``: LLaVA-OneVision's tiling over the
-  config's grid pinpoints), no torchvision.
+  ``(127, 127, 127)`` square, then a 384 px SigLIP resize, computed without building the square at full size
+  (:func:`~dllm_rl.models.square_image.square_resize`, the same pixels); ``anyres_max_N``: LLaVA-OneVision's
+  tiling over the config's grid pinpoints), no torchvision.
 - :func:`image_features`: the shortened SigLIP tower's last hidden state (before ``post_layernorm``), the
   projector, and transformers' ``LlavaOnevisionModel.pack_image_features`` (unpad, anyres_max resize,
   newlines).
@@ -39,6 +40,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.models.diffusion_lm import DiffusionLM, EmbedSplice
 from dllm_rl.models.families.llada_v import aspect_ratio, grid_pinpoints, vision_config
 from dllm_rl.models.prompt_images import PromptImages
+from dllm_rl.models.square_image import square_resize
 
 IMAGE_TOKEN_INDEX = -200
 # SigLIP's normalisation; the pad colour is int(0.5 * 255) per channel, as the published code computes it.
@@ -71,9 +73,8 @@ def preprocess(images: Sequence[Image.Image], published_config: dict) -> tuple[l
     for img in images:
         rgb = img.convert("RGB")
         sizes.append((rgb.height, rgb.width))
-        if ratio == "pad":
-            square = tiler.pad_to_square(np.asarray(rgb).transpose(2, 0, 1), background_color=_GRAY)
-            out = resizer(square, input_data_format="channels_first", return_tensors="pt")["pixel_values"]
+        if ratio == "pad":  # the square already has the tower's side: the processor rescales and normalises it
+            out = resizer(square_resize(rgb, size, _GRAY), return_tensors="pt")["pixel_values"]
         else:
             out = torch.as_tensor(np.asarray(tiler(rgb)["pixel_values"][0]))
         pixels.append(out.float())

@@ -23,6 +23,7 @@ from PIL import Image
 
 from dllm_rl.errors import UserError
 from dllm_rl.models.families.mmada import EOI_ID, MMU_ID, SOI_ID
+from dllm_rl.models.square_image import square_resize
 
 #: the published image side (32 x 32 = 1024 codes with the published MAGVIT-v2 encoder)
 RESOLUTION = 512
@@ -42,7 +43,7 @@ def pad_to_square(image: Image.Image, fill: tuple[int, int, int] = (255, 255, 25
 
 def image_transform(image: Image.Image, resolution: int = RESOLUTION) -> torch.Tensor:
     """The published MMaDA pixels of ``image``: ``[3, resolution, resolution]`` float32 in [-1, 1]."""
-    square = pad_to_square(image).resize((resolution, resolution), Image.Resampling.BICUBIC)
+    square = square_resize(image, resolution, (255, 255, 255))  # pad_to_square then resize, without the square
     pixels = torch.from_numpy(np.asarray(square, dtype=np.uint8).copy()).permute(2, 0, 1)
     return pixels.float().div(255).sub(0.5).div(0.5)  # torchvision's ToTensor then Normalize, same float ops
 
