@@ -7,7 +7,8 @@
 2. builds the text prompt as the task does, then puts one ``<image>`` line per image at the start of the user
    message (unless the question places its own placeholders) and refuses the row when the placeholder count
    differs from the image count;
-3. decodes each image once (:func:`~dllm_rl.tasks.images.row_images`), so a missing or unreadable image stops
+3. decodes each image once (:func:`~dllm_rl.tasks.images.row_images`), so a missing, unreadable or too large
+   image (over ``image_limits``, :class:`~dllm_rl.tasks.image_limits.ImageLimits`, checked before decoding) stops
    the load with one line naming the file, row and column, before any model runs. The decoded pixels are not
    kept: :meth:`ImageTask.images` decodes them again when a model needs them, so examples stay small.
 
@@ -25,18 +26,22 @@ from typing import Any
 from PIL import Image
 
 from .base import DataError, Task, is_hf_name
+from .image_limits import ImageLimits, as_limits
 from .images import IMAGE_COLUMNS, check_placeholders, image_values, row_images, with_placeholders
 
 
 class ImageTask(Task):
     """A task over rows with one or more images (see the module docstring).
 
-    Extra arg: ``image_column`` (the column holding the image or the list of images; default ``image``, else
-    ``images``)."""
+    Extra args: ``image_column`` (the column holding the image or the list of images; default ``image``, else
+    ``images``) and ``image_limits`` (the largest image accepted: an :class:`ImageLimits` or a mapping of its
+    fields; default :class:`ImageLimits`)."""
 
-    def __init__(self, data: Any = None, *, image_column: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, data: Any = None, *, image_column: str | None = None,
+                 image_limits: ImageLimits | dict | None = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
         self.image_column = image_column
+        self.image_limits = as_limits(image_limits)
 
     @property
     def image_dir(self) -> Path | None:
@@ -71,10 +76,10 @@ class ImageTask(Task):
             return None
         ex["prompt"] = with_placeholders(ex["prompt"], n)
         check_placeholders(ex["prompt"], n, column, where)
-        row_images(ex, column, self.image_dir, where)
+        row_images(ex, column, self.image_dir, where, self.image_limits)
         return ex
 
     def images(self, example: Mapping[str, Any]) -> list[Image.Image]:
         """The example's images as RGB PIL images, one per ``<image>`` placeholder of its prompt, in order."""
         column = self.image_column or next((c for c in IMAGE_COLUMNS if example.get(c) is not None), IMAGE_COLUMNS[0])
-        return row_images(example, column, self.image_dir, "example")
+        return row_images(example, column, self.image_dir, "example", self.image_limits)

@@ -13,6 +13,11 @@ A column may hold one value or a list of them (an ``images`` column). Every fail
 :class:`~dllm_rl.tasks.io.DataError` on one line naming the row (file and line / row), the column and what to
 do, so a bad image stops a run at load time instead of inside a model.
 
+Every image is bounded before it is decoded (:class:`~dllm_rl.tasks.image_limits.ImageLimits`): the encoded size
+first (a file's size, a data URI's length), then the size its header declares; only then are its pixels read.
+This is the one way into the project for an image file or bytes: tasks, SFT and DPO rows, evaluation and
+``dllm-rl trace --image`` all read through :func:`load_image`.
+
 The prompt marks where each image goes with :data:`IMAGE_PLACEHOLDER` (``<image>``, LLaDA-V's published
 placeholder); :func:`with_placeholders` puts them at the start of the user message and
 :func:`check_placeholders` refuses a row whose placeholder count differs from its image count.
@@ -24,12 +29,14 @@ import base64
 import binascii
 import io
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
+from .image_limits import ImageLimits, check_encoded, check_size
 from .io import DataError
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -43,17 +50,39 @@ def _one_line(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _decode(data: bytes, what: str, where: str) -> Image.Image:
+def _unreadable(exc: BaseException, what: str, where: str) -> DataError:
+    return DataError(f"{where}: {what} is not a readable image ({type(exc).__name__}: {_one_line(exc)}); store it "
+                     "as PNG or JPEG")
+
+
+def _open(source: Any, what: str, where: str, limits: ImageLimits) -> Image.Image:
+    """Open ``source`` (a path or a binary stream), check the size its header declares, then decode it as RGB."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            return img.convert("RGB")
+        with warnings.catch_warnings():
+            # Pillow warns (and goes on) between its limit and twice it: check_size refuses those images instead,
+            # naming their size (Pillow's limit is one of its checks)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(source)
+    except Image.DecompressionBombError as exc:  # twice Pillow's limit: refused inside Image.open
+        raise DataError(f"{where}: {what}: over Pillow's decompression-bomb limit ({_one_line(exc)}); use a smaller "
+                        "image") from None
     except _READ_ERRORS as exc:
-        raise DataError(f"{where}: {what} is not a readable image ({type(exc).__name__}: {_one_line(exc)}); "
-                        "store it as PNG or JPEG") from None
+        raise _unreadable(exc, what, where) from None
+    with img:
+        check_size(img.width, img.height, limits, what, where)
+        try:
+            img.load()  # the first frame only, for an animated image
+            return img.convert("RGB")
+        except _READ_ERRORS as exc:
+            raise _unreadable(exc, what, where) from None
 
 
-def _from_path(value: str | os.PathLike, base_dir: Path | None, where: str) -> Image.Image:
+def _decode(data: bytes, what: str, where: str, limits: ImageLimits) -> Image.Image:
+    check_encoded(len(data), limits, what, where)
+    return _open(io.BytesIO(data), what, where, limits)
+
+
+def _from_path(value: str | os.PathLike, base_dir: Path | None, where: str, limits: ImageLimits) -> Image.Image:
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = (base_dir or Path.cwd()) / path
@@ -62,48 +91,60 @@ def _from_path(value: str | os.PathLike, base_dir: Path | None, where: str) -> I
         raise DataError(f"{where}: image file {str(value)!r} not found (looked for {path}; relative paths are read "
                         f"from {folder}); fix the path or add the file")
     try:
-        data = path.read_bytes()
+        check_encoded(path.stat().st_size, limits, f"image file {path}", where)  # before a byte is read
+        with path.open("rb") as fh:
+            return _open(fh, f"image file {path}", where, limits)
     except OSError as exc:
         raise DataError(f"{where}: image file {path} cannot be read ({type(exc).__name__}: {_one_line(exc)})") \
             from None
-    return _decode(data, f"image file {path}", where)
 
 
-def _from_data_uri(value: str, where: str) -> Image.Image:
+def _from_data_uri(value: str, where: str, limits: ImageLimits) -> Image.Image:
     head, _, payload = value.partition(",")
     if not head.endswith(";base64"):
         raise DataError(f"{where}: image data URI {head[:40]!r} is not base64 ('data:image/png;base64,...')")
+    # base64 holds 3 bytes per 4 characters: the decoded size is known before decoding
+    check_encoded(len(payload) // 4 * 3, limits, "the embedded image", where)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise DataError(f"{where}: image data URI has invalid base64 ({_one_line(exc)})") from None
-    return _decode(data, "the embedded image", where)
+    return _decode(data, "the embedded image", where, limits)
 
 
-def load_image(value: Any, base_dir: str | os.PathLike | None = None, where: str = "<row>") -> Image.Image:
+def _from_pil(value: Image.Image, where: str, limits: ImageLimits) -> Image.Image:
+    """A PIL image handed over (a ``datasets`` Image feature, an in-memory row): its size is checked before it is
+    loaded (a lazily opened image) and converted."""
+    check_size(value.width, value.height, limits, "the image", where)
+    try:
+        value.load()
+        return value.convert("RGB")
+    except _READ_ERRORS as exc:
+        raise DataError(f"{where}: the image cannot be decoded ({type(exc).__name__}: {_one_line(exc)})") from None
+
+
+def load_image(value: Any, base_dir: str | os.PathLike | None = None, where: str = "<row>",
+               limits: ImageLimits | None = None) -> Image.Image:
     """One image value (see the module docstring) as an RGB PIL image; ``where`` names the row and column in
-    the :class:`DataError` raised when it is missing or cannot be read."""
+    the :class:`DataError` raised when it is missing, cannot be read or is over ``limits`` (default
+    :class:`ImageLimits`)."""
     base = Path(base_dir) if base_dir is not None else None
+    limits = limits or ImageLimits()
     if isinstance(value, Image.Image):
-        try:
-            value.load()
-            return value.convert("RGB")
-        except _READ_ERRORS as exc:
-            raise DataError(f"{where}: the image cannot be decoded ({type(exc).__name__}: {_one_line(exc)})") \
-                from None
+        return _from_pil(value, where, limits)
     if isinstance(value, bytes | bytearray | memoryview):
-        return _decode(bytes(value), "the image bytes", where)
+        return _decode(bytes(value), "the image bytes", where, limits)
     if isinstance(value, str) and value.startswith("data:"):
-        return _from_data_uri(value, where)
+        return _from_data_uri(value, where, limits)
     if isinstance(value, str | os.PathLike):
         if not str(value).strip():
             raise DataError(f"{where}: empty image path; give a file path, bytes or an image")
-        return _from_path(value, base, where)
+        return _from_path(value, base, where, limits)
     if isinstance(value, Mapping) and ("bytes" in value or "path" in value):
         if value.get("bytes") is not None:
-            return load_image(value["bytes"], base, where)
+            return load_image(value["bytes"], base, where, limits)
         if value.get("path"):
-            return _from_path(value["path"], base, where)
+            return _from_path(value["path"], base, where, limits)
         raise DataError(f"{where}: the image has neither bytes nor a path")
     if value is None:
         raise DataError(f"{where}: no image (null); give a file path, bytes or an image")
@@ -127,12 +168,12 @@ def image_values(row: Mapping[str, Any], column: str, where: str) -> list[Any]:
 
 
 def row_images(row: Mapping[str, Any], column: str, base_dir: str | os.PathLike | None = None,
-               where: str = "<row>") -> list[Image.Image]:
-    """Every image of ``row[column]`` (one value or a list) as RGB PIL images, in order."""
+               where: str = "<row>", limits: ImageLimits | None = None) -> list[Image.Image]:
+    """Every image of ``row[column]`` (one value or a list) as RGB PIL images, in order, each within ``limits``."""
     values = image_values(row, column, where)
     if len(values) == 1:
-        return [load_image(values[0], base_dir, f"{where}: column {column!r}")]
-    return [load_image(v, base_dir, f"{where}: column {column!r}[{i}]") for i, v in enumerate(values)]
+        return [load_image(values[0], base_dir, f"{where}: column {column!r}", limits)]
+    return [load_image(v, base_dir, f"{where}: column {column!r}[{i}]", limits) for i, v in enumerate(values)]
 
 
 def placeholder_count(text: str) -> int:
