@@ -83,7 +83,10 @@ def _bomb(levels: int = 9, width: int = 9) -> str:
 
 def _image_rows(root: Path) -> dict[str, Path]:
     """Shapes data files with one mistake each (issue 34's bad input): an unreadable image, no image column, a
-    placeholder count that differs from the images; and a good one."""
+    placeholder count that differs from the images, an image over the limits (a few hundred bytes of PNG that
+    declare 20000 x 1, 1 x 40000 or 13000 x 13000 pixels, written as ``NAME.png``); and a good one."""
+    from big_images import zero_png
+
     from dllm_rl.tasks.shapes import make_shapes, write_shapes
 
     good = root / "shapes.jsonl"
@@ -94,11 +97,18 @@ def _image_rows(root: Path) -> dict[str, Path]:
         "no_column": [{k: v for k, v in r.items() if k != "image"} for r in rows],
         "placeholders": [rows[0], {**rows[1], "query": "<image> <image> " + rows[1]["query"]}],
     }
+    for name, size in BIG_IMAGES.items():
+        zero_png(*size, root / f"{name}.png")
+        files[name] = [rows[0], {**rows[1], "image": f"{name}.png"}]
     out = {"good": good}
     for name, content in files.items():
         out[name] = root / f"shapes_{name}.jsonl"
         out[name].write_text("".join(json.dumps(r) + "\n" for r in content))
     return out
+
+
+#: images over the limits (ImageLimits): name -> (width, height)
+BIG_IMAGES = {"wide": (20000, 1), "tall": (1, 40000), "bomb": (13000, 13000)}
 
 
 def _mistakes(root: Path) -> dict:
@@ -121,7 +131,16 @@ def _mistakes(root: Path) -> dict:
     shapes = _image_rows(root)
     ev_shapes = ["eval", str(DEMO / "llada-countdown"), "--task", "shapes", "--prompt-style", "compact", "-o",
                  str(root / "ev_shapes"), "--data"]
+    llada_v = str(DEMO / "llada_v-shapes")
+    big = {f"image_{name}": ((shapes[name], root / f"{name}.png"),
+                             ["eval", llada_v, "--task", "shapes", "--data", shapes[name], "-o", root / f"ev_{name}"])
+           for name in BIG_IMAGES}
+    big |= {f"trace_image_{name}": ((root / f"{name}.png",) * 2,
+                                    ["trace", llada_v, "--prompt", "<image>\ncount red circle\n", "--image",
+                                     root / f"{name}.png", "-o", root / f"{name}.html"])
+            for name in BIG_IMAGES}
     return {
+        **big,
         "hf_parent": ("../../etc", ["data", "show", "hf:../../etc", "--task-type", "countdown"]),
         "hf_empty": ("", ["data", "show", "hf:", "--task-type", "countdown"]),
         "hf_nested": ("a/b/c", ["data", "show", "hf:a/b/c", "--task-type", "countdown"]),
@@ -384,6 +403,16 @@ SAYS = {
                           "image(s); give one image per placeholder",
     "image_text_family": "task 'shapes' has images, but a llada model reads text only; use a model of an image "
                          "family (llada_v, mmada) or a text task",
+    # the probe's images, refused from their header in the shipped llada_v model's eval and trace (they used to run
+    # at 5.4 GB, 20 GB and 4 GB)
+    **{f"{cmd}image_{name}": f"{where}: image file {{inputs[1]}} ({size[0]}x{size[1]} px): {says}"
+       for cmd, where in (("", "{inputs[0]}, line 2: column 'image'"), ("trace_", "--image {inputs[0]}"))
+       for name, size, says in (
+           ("wide", (20000, 1), "its 20000 px side is over the limit of 16384 px (image_limits.max_side); use a "
+                                "smaller image or raise the limit"),
+           ("tall", (1, 40000), "its 40000 px side is over the limit of 16384 px (image_limits.max_side)"),
+           ("bomb", (13000, 13000), "its 169,000,000 pixels are over the limit of 40,000,000 "
+                                    "(image_limits.max_pixels)"))},
 }
 
 
