@@ -107,7 +107,8 @@ class DiffusionLM(nn.Module):
         self.family = family
         self.published_config = dict(published_config)
         pub = self.published_config
-        self.mask_token_id: int = int(pub.get("mask_token_id", family.mask_token_id))
+        mask = pub.get("mask_token_id", family.mask_token_id)
+        self.mask_token_id: int | None = None if mask is None else int(mask)  # None: uniform-state noise
         self.eos_token_id: int = int(pub.get("eos_token_id", family.eos_token_id))
         pad = pub.get("pad_token_id")
         self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)

@@ -132,12 +132,14 @@ def load_model(
 
     The mask id is ``config.json``'s ``mask_token_id``, else the mask token of the tokenizer in
     ``tokenizer_dir`` (default: the checkpoint directory), else the family's published id
-    (:func:`~dllm_rl.models.families.resolve_mask_token_id`)."""
+    (:func:`~dllm_rl.models.families.resolve_mask_token_id`); a family of uniform-state noise has none."""
     path = resolve_model_path(path)
     tokenizer_dir = resolve_model_path(tokenizer_dir) if tokenizer_dir is not None else None
     pub = read_config(path)
     fam = detect_family(pub, str(path / "config.json"))
-    pub["mask_token_id"] = resolve_mask_token_id(pub, fam, path / "config.json", tokenizer_dir or path)
+    mask_id = resolve_mask_token_id(pub, fam, path / "config.json", tokenizer_dir or path)
+    if mask_id is not None:  # None: uniform-state noise, no mask token
+        pub["mask_token_id"] = mask_id
     torch_dtype = resolve_dtype(dtype)
     model = _instantiate(fam, pub, torch_dtype, attn_implementation, empty=True)
     expected = {k: v for k, v in model.state_dict().items()}
@@ -206,10 +208,13 @@ def save_model(
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
                  "weight_map": split.tensor_to_filename}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-    pub = dlm.family.published_config(dlm.config, dlm.published_config)
+    pub = dlm.family.published_config(dlm.hf_model.config, dlm.published_config)  # the whole config (multimodal too)
     saved_dtype = next(iter(state.values())).dtype if state else dlm.dtype
-    pub["torch_dtype"] = str(saved_dtype).removeprefix("torch.")
-    pub["mask_token_id"] = dlm.mask_token_id
+    # transformers 5 writes ``dtype`` where 4.x wrote ``torch_dtype``: keep the key the published config uses
+    dtype_key = "dtype" if "dtype" in pub and "torch_dtype" not in pub else "torch_dtype"
+    pub[dtype_key] = str(saved_dtype).removeprefix("torch.")
+    if dlm.mask_token_id is not None:
+        pub["mask_token_id"] = dlm.mask_token_id
     key = dlm.family.block_size_key
     if dlm.block_size is not None and key and (key in pub or dlm.block_size != dlm.family.block_size):
         pub[key] = dlm.block_size

@@ -17,6 +17,7 @@ One module per family:
 | fast_dllm_v2 | Efficient-Large-Model/Fast_dLLM_v2_1.5B / 7B | Qwen2ForCausalLM | block (32) | 151665 | shifted |
 | mmada  | Gen-Verse/MMaDA-8B-Base / -MixCoT (+ magvit.py codes) | LlamaForCausalLM | full | 126336 | same position |
 | llada_v | GSAI-ML/LLaDA-V | LlavaOnevisionForConditionalGeneration (SigLIP + Llama) | full | 126336 | same |
+| diffusion_gemma | google/diffusiongemma-26B-A4B-it | DiffusionGemmaForBlockDiffusion | canvas (256) | none | same |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dllm_rl.errors import UserError
 from dllm_rl.models.families.base import Family
+from dllm_rl.models.families.diffusion_gemma import DIFFUSION_GEMMA
 from dllm_rl.models.families.llada import LLADA
 from dllm_rl.models.families.llada2 import LLADA2
 from dllm_rl.models.families.llada_v import LLADA_V
@@ -36,7 +38,7 @@ from dllm_rl.models.families.qwen import DREAM, FAST_DLLM_V2, SDAR_FAMILY
 from dllm_rl.models.families.qwen_moe import LLADA_MOE, SDAR_MOE
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLADA, DREAM, SDAR_FAMILY, LLADA2, LLADA_MOE, SDAR_MOE,
-                                                     FAST_DLLM_V2, MMADA, LLADA_V)}
+                                                     FAST_DLLM_V2, MMADA, LLADA_V, DIFFUSION_GEMMA)}
 
 
 def get_family(name: str) -> Family:
@@ -94,10 +96,13 @@ def _tokenizer_mask_id(tokenizer_dir: str | Path, fam: Family) -> int | None:
 
 
 def resolve_mask_token_id(pub: dict[str, Any], fam: Family, source: str | Path,
-                          tokenizer_dir: str | Path | None = None) -> int:
+                          tokenizer_dir: str | Path | None = None) -> int | None:
     """The mask id of a published config: its ``mask_token_id``; else (configs of several published
     families lack it) the tokenizer's mask token; else the family's published id. An id
-    outside the embedding (``vocab_size`` rows) is refused, naming ``source`` (the config.json)."""
+    outside the embedding (``vocab_size`` rows) is refused, naming ``source`` (the config.json).
+    None for a family of uniform-state noise (DiffusionGemma): it has no mask token, whatever the config says."""
+    if fam.noise == "uniform":
+        return None
     if "mask_token_id" in pub:
         mask_id, origin = int(pub["mask_token_id"]), f"{source}: mask_token_id {pub['mask_token_id']}"
     else:
@@ -128,7 +133,7 @@ def tiny_config(
     pad_token_id: int | None = None,
     block_size: int = 4,
     max_position_embeddings: int = 1024,
-    tie_word_embeddings: bool = False,
+    tie_word_embeddings: bool | None = None,
     rope_theta: float = 10000.0,
     **moe: int,
 ) -> dict[str, Any]:
@@ -137,6 +142,8 @@ def tiny_config(
     Token ids default to the last ids of the vocabulary (mask = V-1, eos = pad = V-2). MoE families take
     ``num_experts`` (4), ``experts_per_token`` (2) and ``moe_intermediate_size`` (16); LLaDA2's tiny shape
     has one dense first layer, one shared expert and 2 expert groups (1 kept per token).
+    ``tie_word_embeddings=None``: the family's published default (:meth:`Family.tied` of an empty config; untied
+    but for DiffusionGemma).
     """
     fam = get_family(family)
     if moe and not fam.moe:
@@ -144,7 +151,8 @@ def tiny_config(
     return fam.tiny(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                     num_kv_heads=num_kv_heads, intermediate_size=intermediate_size, mask_token_id=mask_token_id,
                     eos_token_id=eos_token_id, pad_token_id=pad_token_id, block_size=block_size,
-                    max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
+                    max_position_embeddings=max_position_embeddings,
+                    tie_word_embeddings=fam.tied({}) if tie_word_embeddings is None else tie_word_embeddings,
                     rope_theta=rope_theta, **moe)
 
 

@@ -18,7 +18,7 @@ class Family:
     name: str
     attention: str  # "full" (bidirectional) or "block" (block-causal)
     shift: bool  # True when raw logits at i score token i+1 (Dream, Fast-dLLM v2)
-    mask_token_id: int
+    mask_token_id: int | None  # None: the family has no mask token (uniform-state noise)
     eos_token_id: int
     pad_token_id: int
     model_type: str
@@ -41,6 +41,10 @@ class Family:
     # The transformers auto class that builds the stock module from :meth:`hf_config` (a multimodal family's
     # stock class is an image-text-to-text model, not a causal LM).
     hf_auto_class: type = AutoModelForCausalLM
+    # The kind of noise the model was trained to remove: "mask" (a slot is a mask or a committed token, which stays;
+    # every family but DiffusionGemma) or "uniform" (every slot holds a token, a step accepts some positions and
+    # re-noises the rest with random ids; no mask token). Samplers and estimators read it; nothing else should.
+    noise: str = "mask"
 
     # -- config ---------------------------------------------------------------------------------
     def hf_config(self, pub: dict[str, Any]) -> PretrainedConfig:
