@@ -3,7 +3,6 @@ a busy directory or a file is refused before any compute; a resumed run keeps it
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -15,7 +14,6 @@ import pytest
 from full_disk import disk_full_at
 from rl_helpers import rl_overrides
 
-import dllm_rl.training.checkpoint as checkpoint
 from dllm_rl.cli import main
 from dllm_rl.config import load_config
 from dllm_rl.rl.config import RLConfig
@@ -159,10 +157,7 @@ def test_ctrl_c_and_a_full_disk_end_with_one_line(rl_setup, tmp_path, capsys, mo
     assert "Traceback" not in err
     monkeypatch.setattr(RLTrainer, "step", real_step)
 
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(checkpoint, "_write_main_files", full)
+    disk_full_at(monkeypatch, out / "checkpoints" / "step-0000002")  # safetensors' error, as a full disk gives it
     assert main(["rl", *_yaml(tmp_path), *args, "run.resume=latest"]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(rf"dllm-rl rl: error: no space left on device writing the checkpoint {out}/checkpoints/"

@@ -138,3 +138,21 @@ def test_a_finite_absurd_learning_rate_stops_with_one_line_naming_the_step_and_t
                                     "(optim.lr=1e+10, loss nan); model/ is not written. Lower optim.lr and start "
                                     "again, or resume from an earlier checkpoint")
     assert "Traceback" not in err and not (tmp_path / "run" / "model").exists()
+
+
+def test_a_full_disk_during_a_checkpoint_ends_with_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The disk fills up while step 2's optimizer.pt is written (torch's writer: RuntimeError, the ENOSPC in its
+    chain): one line, exit 2, step 1 whole and no step-2 leftover; resuming after that finishes the run."""
+    out = tmp_path / "run"
+    disk_full_at(monkeypatch, out / "checkpoints" / "step-0000002", names=("optimizer.pt",))
+    args = _overrides(tmp_path)
+    assert main(["sft", *args]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"dllm-rl sft: error: no space left on device writing the checkpoint {out}/checkpoints/"
+                        r"step-0000002: it needs about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space \(or lower "
+                        r"keep_checkpoints\), then resume the run\n", err)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001"]
+    monkeypatch.undo()
+    assert main(["sft", *args, "run.resume=latest"]) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001", "step-0000002", "step-0000003"]

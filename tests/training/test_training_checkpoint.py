@@ -5,11 +5,13 @@ from __future__ import annotations
 import errno
 import json
 import random
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
+from full_disk import disk_full_at
 from safetensors import safe_open
 
 import dllm_rl.training.checkpoint as ck_mod
@@ -215,3 +217,40 @@ def test_a_full_disk_while_the_published_model_is_written_says_so_and_leaves_no_
     monkeypatch.setattr(ck_mod, "save_model", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
     with pytest.raises(OSError, match="I/O"):  # any other OS error is no full disk
         ck_mod.save_published(dlm, path)
+
+
+def _value_file(path):
+    """An extra file written as the RL value model's is: ``torch.save`` to a path (torch's C++ writer)."""
+    torch.save({"w": torch.zeros(100)}, path)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "value_model.pt"])
+def test_a_full_disk_as_each_writer_reports_it_is_a_disk_full_error(tmp_path, monkeypatch, name):
+    """A full disk as safetensors (SafetensorError, os error 28), torch.save through a file (RuntimeError with the
+    ENOSPC as context) and torch.save to a path (RuntimeError, no error number, no free space left) report it:
+    one DiskFullError line with the folder, the size of the last checkpoint and the free space; the partial
+    folder removed and the last checkpoint intact."""
+    dlm, opt, sched = _setup()
+    root = tmp_path / "checkpoints"
+    kw = {"optimizer": opt, "scheduler": sched, "extra_files": {"value_model.pt": _value_file}}
+    save_checkpoint(root / checkpoint_name(2), dlm, step=2, **kw)
+    need = sum(f.stat().st_size for f in (root / "step-0000002").rglob("*") if f.is_file())
+    disk_full_at(monkeypatch, root / checkpoint_name(3), names=(name,))
+    with pytest.raises(ck_mod.DiskFullError) as info:
+        save_checkpoint(root / checkpoint_name(3), dlm, step=3, **kw)
+    assert re.fullmatch(rf"no space left on device writing the checkpoint {re.escape(str(root / 'step-0000003'))}: "
+                        rf"it needs about {need / 1e3:.1f} KB, \d+\.\d [KMGT]B free there; free space \(or lower "
+                        r"keep_checkpoints\), then resume the run", str(info.value))
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
+    assert latest_checkpoint(tmp_path) == root / "step-0000002"
+
+
+def test_a_full_disk_in_safetensors_while_the_published_model_is_written_is_a_disk_full_error(tmp_path,
+                                                                                                monkeypatch):
+    dlm, _, _ = _setup()
+    path = tmp_path / "final"
+    disk_full_at(monkeypatch, path)
+    with pytest.raises(ck_mod.DiskFullError, match=rf"^no space left on device writing the model {re.escape(str(path))}"
+                       r": it needs about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run "):
+        ck_mod.save_published(dlm, path)
+    assert not list(path.glob("*.safetensors"))  # no partial weights

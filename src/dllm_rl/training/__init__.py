@@ -3,7 +3,7 @@ docstring.
 
 ``accel`` (accelerate set-up, device and dtype), ``backend`` and ``sharding`` (FSDP2 / DeepSpeed ZeRO), ``ranks``
 (what every rank does alike), ``run_config`` (the run section every command shares), ``checkpoint`` (exact resume),
-``run_dir`` (one run per output directory, and the
+``disk_full`` (a full disk told apart from other write failures), ``run_dir`` (one run per output directory, and the
 manifest of what it wrote), ``resume_check`` (a resume's config against the checkpoint's), ``user_paths`` (``~`` in
 paths), ``finite`` (the NaN/inf weight check), ``optim`` (AdamW and schedules), ``lora`` (peft), ``ema`` (weight
 average), ``sampler`` (resumable data position), ``metrics`` / ``trackers`` / ``plots`` / ``run_log`` (what a run

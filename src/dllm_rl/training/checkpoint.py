@@ -20,8 +20,10 @@ folder fsync'ed, then renamed to ``step-NNNNNNN``. A *complete* checkpoint is a 
 ``step-<digits>`` exactly and whose state file parses; :func:`list_checkpoints` / :func:`latest_checkpoint`
 see only those, and :func:`clean_leftovers` deletes the other ``step-<digits>[.old][.tmp]`` entries under
 ``checkpoints/`` (what a kill during a save leaves; any other name there is not ours and stays). A disk that
-fills up during a save ends it with a :class:`DiskFullError` naming the folder and the size needed; so does one
-that fills up while a run writes its published model (RL's ``final/``, SFT's ``model/``: :func:`save_published`).
+fills up during a save ends it with a :class:`DiskFullError` naming the folder, the size needed and the free
+space, the temporary folder removed; so does one that fills up while a run writes its published model (RL's
+``final/``, SFT's ``model/``: :func:`save_published`). :mod:`~dllm_rl.training.disk_full` tells a full disk from
+other failures however the writer reports it (safetensors, torch, Python).
 Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
 environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 
@@ -32,7 +34,6 @@ once its temporary directory was renamed into place), so a change of the format 
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.jsonl import fsync_path
 from dllm_rl.models import DiffusionLM, save_model
 from dllm_rl.training.backend import is_sharded, publishable
+from dllm_rl.training.disk_full import DiskFullError, disk_full_error, is_disk_full, torch_save
 from dllm_rl.training.ema import WeightEMA
 from dllm_rl.training.lora import has_lora, load_adapter_weights, merged_model, save_adapter
 
@@ -154,7 +156,7 @@ def save_checkpoint(
         if main:
             _write_main_files(tmp, plain, lora, tokenizer, None if sharded else optimizer, scheduler, ema, config,
                               extra_files)
-        torch.save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
+        torch_save(capture_rng(generators), tmp / f"rng_state_rank{rank}.pt")
         if accelerator is not None:
             accelerator.wait_for_everyone()
         if main:  # the state file last: a folder with it holds everything else
@@ -167,23 +169,11 @@ def save_checkpoint(
             _replace_dir(tmp, directory)
         if accelerator is not None:
             accelerator.wait_for_everyone()
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+    except Exception as exc:
+        if not is_disk_full(exc, tmp):
             raise
         raise _disk_full(directory, tmp, dlm, optimizer) from None
     return directory
-
-
-class DiskFullError(UserError):
-    """The disk filled up while a checkpoint was written (the message names the folder and the size needed)."""
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _disk_full(directory: Path, tmp: Path, dlm: DiffusionLM, optimizer: Any) -> DiskFullError:
@@ -199,10 +189,8 @@ def _disk_full(directory: Path, tmp: Path, dlm: DiffusionLM, optimizer: Any) -> 
         if optimizer is not None:
             tensors += [t for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
         need = sum(t.numel() * t.element_size() for t in tensors)
-    existing = next(p for p in (directory, *directory.parents) if p.exists())
-    free = shutil.disk_usage(existing).free
-    return DiskFullError(f"no space left on device writing the checkpoint {directory}: it needs about {_size(need)}, "
-                         f"{_size(free)} free there; free space (or lower keep_checkpoints), then resume the run")
+    return disk_full_error("the checkpoint", directory, need,
+                           "free space (or lower keep_checkpoints), then resume the run")
 
 
 def save_published(dlm: DiffusionLM, path: Path, tokenizer: Any = None, resume_hint: str = "run.resume=latest") -> Path:
@@ -212,16 +200,14 @@ def save_published(dlm: DiffusionLM, path: Path, tokenizer: Any = None, resume_h
     folder is never read as a whole model."""
     try:
         return save_model(dlm, path, tokenizer=tokenizer)
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+    except Exception as exc:
+        if not is_disk_full(exc, path):
             raise
         for partial in Path(path).glob("model*.safetensors*"):
             partial.unlink()
         need = sum(t.numel() * t.element_size() for t in dlm.model.state_dict().values())
-        existing = next(p for p in (Path(path), *Path(path).parents) if p.exists())
-        raise DiskFullError(f"no space left on device writing the model {path}: it needs about {_size(need)}, "
-                            f"{_size(shutil.disk_usage(existing).free)} free there; free space, then resume the run "
-                            f"({resume_hint}) to write it") from None
+        raise disk_full_error("the model", Path(path), need,
+                              f"free space, then resume the run ({resume_hint}) to write it") from None
 
 
 def _write_main_files(tmp: Path, plain: DiffusionLM, lora: bool, tokenizer: Any, optimizer: Any, scheduler: Any,
@@ -231,9 +217,9 @@ def _write_main_files(tmp: Path, plain: DiffusionLM, lora: bool, tokenizer: Any,
     if lora:
         save_adapter(plain, tmp / "adapter")
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch_save(scheduler.state_dict(), tmp / "scheduler.pt")
     if ema is not None:
         ema.save(tmp / EMA_FILE)
     if config is not None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from dllm_rl.training.disk_full import torch_save
+
 
 class WeightEMA:
     """EMA of ``module``'s trainable parameters. Call :meth:`update` after each training step (here: each
@@ -74,7 +76,7 @@ class WeightEMA:
         self.updates = int(state["updates"])
 
     def save(self, path: str | Path) -> None:
-        torch.save(self.state_dict(), path)
+        torch_save(self.state_dict(), path)  # a full disk keeps its ENOSPC
 
     def load(self, path: str | Path) -> None:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
