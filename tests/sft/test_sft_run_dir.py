@@ -156,3 +156,28 @@ def test_a_full_disk_during_a_checkpoint_ends_with_one_line_and_the_last_checkpo
     monkeypatch.undo()
     assert main(["sft", *args, "run.resume=latest"]) == 0
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001", "step-0000002", "step-0000003"]
+
+
+def test_a_truncated_checkpoint_is_refused_by_name_and_passed_over_by_latest(tmp_path, capsys, caplog):
+    """The last checkpoint's weights cut short: resuming it by name is one line naming the file (exit 2);
+    run.resume=latest resumes the one before with one warning naming the file."""
+    args = _overrides(tmp_path)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert main(["sft", *args]) == 0
+    capsys.readouterr()
+    file = ckpts / "step-0000003" / "model" / "model.safetensors"
+    size = file.stat().st_size
+    file.write_bytes(file.read_bytes()[:1000])  # a copy cut short
+    assert main(["sft", *args, f"run.resume={ckpts / 'step-0000003'}", "train.max_steps=4"]) == 2
+    assert capsys.readouterr().err == (
+        f"dllm-rl sft: error: {file} is truncated (1000 of its {size} bytes): the checkpoint {ckpts / 'step-0000003'} "
+        "cannot be resumed; resume from an earlier checkpoint (run.resume=latest takes the newest intact one)\n")
+    with caplog.at_level("WARNING", logger="dllm_rl.training.checkpoint"):
+        assert main(["sft", *args, "run.resume=latest", "train.max_steps=4"]) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{file} is truncated (1000 of its {size} bytes): the checkpoint {ckpts / 'step-0000003'} is skipped; the "
+        f"newest intact checkpoint is {ckpts / 'step-0000002'}"]
+    assert f"sft: resumed from {ckpts / 'step-0000002'} at step 2" in capsys.readouterr().out
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in metrics] == [1, 2, 3, 4]
+    assert file.stat().st_size == size  # step 3 written again, whole

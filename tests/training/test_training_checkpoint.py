@@ -29,7 +29,8 @@ from dllm_rl.training import (
     prune_checkpoints,
     save_checkpoint,
 )
-from dllm_rl.training.checkpoint import checkpoint_step
+from dllm_rl.training.checkpoint import checkpoint_defect, checkpoint_step
+from dllm_rl.training.run_config import RunConfig, resume_checkpoint
 
 
 def _setup(seed=0):
@@ -242,7 +243,7 @@ def test_a_full_disk_as_each_writer_reports_it_is_a_disk_full_error(tmp_path, mo
                         rf"it needs about {need / 1e3:.1f} KB, \d+\.\d [KMGT]B free there; free space \(or lower "
                         r"keep_checkpoints\), then resume the run", str(info.value))
     assert sorted(p.name for p in root.iterdir()) == ["step-0000002"]
-    assert latest_checkpoint(tmp_path) == root / "step-0000002"
+    assert latest_checkpoint(tmp_path) == root / "step-0000002" and checkpoint_defect(root / "step-0000002") is None
 
 
 def test_a_full_disk_in_safetensors_while_the_published_model_is_written_is_a_disk_full_error(tmp_path,
@@ -254,3 +255,93 @@ def test_a_full_disk_in_safetensors_while_the_published_model_is_written_is_a_di
                        r": it needs about \d+\.\d KB, \d+\.\d [KMGT]B free there; free space, then resume the run "):
         ck_mod.save_published(dlm, path)
     assert not list(path.glob("*.safetensors"))  # no partial weights
+
+
+def _two_checkpoints(tmp_path):
+    dlm, opt, sched = _setup()
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save_checkpoint(root / checkpoint_name(step), dlm, optimizer=opt, scheduler=sched, step=step)
+    return dlm, opt, sched, root
+
+
+def _truncate(file, keep):
+    data = file.read_bytes()
+    file.write_bytes(data[:keep])
+    return len(data)
+
+
+def test_a_truncated_checkpoint_is_passed_over_by_latest_and_refused_when_named(tmp_path, caplog):
+    """The state file lists every file's size: a checkpoint with a file cut short is skipped by latest with one
+    warning naming the file (said once however often latest is asked) and refused, in one line naming the file,
+    when resumed by name; nothing but sizes is read."""
+    dlm, opt, sched, root = _two_checkpoints(tmp_path)
+    meta = json.loads((root / "step-0000002" / "trainer_state.json").read_text())
+    assert sorted(meta["files"]) == ["model/config.json", "model/model.safetensors", "optimizer.pt",
+                                     "rng_state_rank0.pt", "scheduler.pt"]
+    file = root / "step-0000002" / "model" / "model.safetensors"
+    size = _truncate(file, 100)
+    with caplog.at_level("WARNING", logger="dllm_rl.training.checkpoint"):
+        assert latest_checkpoint(tmp_path) == root / "step-0000001"
+        assert latest_checkpoint(tmp_path) == root / "step-0000001"
+    line = (f"{file} is truncated (100 of its {size} bytes): the checkpoint {root / 'step-0000002'} is skipped; "
+            f"the newest intact checkpoint is {root / 'step-0000001'}")
+    assert [r.getMessage() for r in caplog.records] == [line]
+    with pytest.raises(ck_mod.CorruptCheckpointError) as info:
+        load_checkpoint(root / "step-0000002", dlm, optimizer=opt, scheduler=sched)
+    assert str(info.value) == (f"{file} is truncated (100 of its {size} bytes): the checkpoint "
+                               f"{root / 'step-0000002'} cannot be resumed; resume from an earlier checkpoint "
+                               "(run.resume=latest takes the newest intact one)")
+    assert isinstance(info.value, UserError)
+    assert load_checkpoint(root / "step-0000001", dlm, optimizer=opt, scheduler=sched).step == 1
+    (root / "step-0000001" / "optimizer.pt").unlink()
+    assert latest_checkpoint(tmp_path) is None
+    assert checkpoint_defect(root / "step-0000001") == f"{root / 'step-0000001' / 'optimizer.pt'} is missing"
+
+
+def test_a_checkpoint_saved_without_the_size_list_is_checked_by_its_headers(tmp_path):
+    """Checkpoints saved before the state file listed sizes: a safetensors file its header does not cover, a
+    torch file without its zip end record, are corrupt; whole ones still load."""
+    dlm, opt, sched, root = _two_checkpoints(tmp_path)
+    for ck in root.iterdir():
+        meta = json.loads((ck / "trainer_state.json").read_text())
+        del meta["files"]
+        (ck / "trainer_state.json").write_text(json.dumps(meta))
+    assert checkpoint_defect(root / "step-0000002") is None
+    assert load_checkpoint(root / "step-0000002", dlm, optimizer=opt, scheduler=sched).step == 2
+    opt_file = root / "step-0000002" / "optimizer.pt"
+    _truncate(opt_file, opt_file.stat().st_size - 30)
+    assert checkpoint_defect(root / "step-0000002") == (f"{root / 'step-0000002' / 'optimizer.pt'} is truncated or "
+                                                        "corrupt (no zip end record)")
+    st_file = root / "step-0000001" / "model" / "model.safetensors"
+    _truncate(st_file, st_file.stat().st_size - 100)
+    assert checkpoint_defect(root / "step-0000001") == (
+        f"{st_file} is truncated or corrupt (Error while deserializing header: incomplete metadata, file not fully "
+        "covered)")
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_damaged_file_of_the_right_size_is_named_when_read(tmp_path):
+    dlm, opt, sched, root = _two_checkpoints(tmp_path)
+    file = root / "step-0000002" / "model" / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    data[8:16] = b"\xff" * 8  # the header's JSON, size unchanged
+    file.write_bytes(bytes(data))
+    assert checkpoint_defect(root / "step-0000002") is None  # sizes only
+    with pytest.raises(ck_mod.CorruptCheckpointError, match=rf"^{re.escape(str(file))} is corrupt \(Error while "
+                       r"deserializing header: .*\): resume from an earlier checkpoint$"):
+        load_checkpoint(root / "step-0000002", dlm, optimizer=opt, scheduler=sched)
+
+
+@pytest.mark.parametrize("word", ["latest", "auto"])
+def test_resume_latest_or_auto_with_every_checkpoint_damaged_is_one_line(tmp_path, word):
+    """auto does not start a new run over damaged checkpoints (it would write over them); with none at all it
+    still does."""
+    _two_checkpoints(tmp_path)
+    for step in (1, 2):
+        (tmp_path / "checkpoints" / checkpoint_name(step) / "scheduler.pt").unlink()
+    with pytest.raises(ck_mod.CorruptCheckpointError) as info:
+        resume_checkpoint(RunConfig(output_dir=str(tmp_path), resume=word))
+    assert str(info.value) == (f"run.resume={word}: every checkpoint in {tmp_path / 'checkpoints'} is damaged (the "
+                               "warnings above name the files); restore them, or start afresh with run.overwrite=true")
+    assert resume_checkpoint(RunConfig(output_dir=str(tmp_path / "new"), resume="auto")) is None

@@ -8,7 +8,8 @@ A checkpoint directory::
     scheduler.pt                scheduler.state_dict()            (when a scheduler is given)
     ema.pt                      WeightEMA.state_dict()            (when a weight average is given)
     rng_state_rank{R}.pt        python / numpy / torch / cuda RNG + named torch.Generators, one per rank
-    trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format"}
+    trainer_state.json          {"step", "data_state", "extra", "world_size", "lora", "format", "files"}:
+                                "files" lists every other file with its size (relative path -> bytes)
     config.yaml                 the run's resolved config (when given)
     sharded/                    FSDP2 / DeepSpeed only: accelerator.save_state (model + optimizer shards);
                                 optimizer.pt is then not written
@@ -24,12 +25,19 @@ fills up during a save ends it with a :class:`DiskFullError` naming the folder, 
 space, the temporary folder removed; so does one that fills up while a run writes its published model (RL's
 ``final/``, SFT's ``model/``: :func:`save_published`). :mod:`~dllm_rl.training.disk_full` tells a full disk from
 other failures however the writer reports it (safetensors, torch, Python).
+
+Intact: a complete checkpoint can still be damaged after its save (a copy cut short, a disk error).
+:func:`checkpoint_defect` compares each file's size with the state file's list (no tensor is read; a checkpoint
+saved before the list: safetensors headers and zip end records); :func:`latest_checkpoint` passes a damaged one
+over with one warning naming the file, and :func:`load_checkpoint` refuses it with a
+:class:`CorruptCheckpointError` naming the file (as it does a file its library cannot parse).
 Fault injection for tests: with ``DLLM_RL_TEST_KILL_IN_CHECKPOINT=N`` in the
 environment, the process SIGKILLs itself while saving step N, after the state file and before the rename.
 
-One file on purpose (about 420 lines): it owns one on-disk format. Saving, loading, naming, listing, pruning and
-the clean-up of a save cut short all read the same layout and the same rule (a checkpoint is complete only
-once its temporary directory was renamed into place), so a change of the format is one file's change.
+One file on purpose (about 510 lines): it owns one on-disk format. Saving, loading, checking, naming, listing,
+pruning and the clean-up of a save cut short all read the same layout and the same rule (a checkpoint is
+complete only once its temporary directory was renamed into place, intact while its files have the sizes its
+state file lists), so a change of the format is one file's change.
 """
 
 from __future__ import annotations
@@ -37,18 +45,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
 import signal
+import zipfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from dllm_rl.config import save_config
 from dllm_rl.errors import UserError
@@ -161,7 +172,7 @@ def save_checkpoint(
             accelerator.wait_for_everyone()
         if main:  # the state file last: a folder with it holds everything else
             meta = {"format": FORMAT, "step": int(step), "data_state": data_state or {}, "extra": extra or {},
-                    "world_size": world, "lora": lora, "sharded": sharded}
+                    "world_size": world, "lora": lora, "sharded": sharded, "files": _file_sizes(tmp)}
             (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             _fsync_tree(tmp)
             if os.environ.get(KILL_ENV) == str(int(step)):
@@ -228,6 +239,12 @@ def _write_main_files(tmp: Path, plain: DiffusionLM, lora: bool, tokenizer: Any,
         write(tmp / name)
 
 
+def _file_sizes(root: Path) -> dict[str, int]:
+    """Every file under ``root`` (relative, POSIX) with its size: the state file's list that
+    :func:`checkpoint_defect` checks a checkpoint against."""
+    return {f.relative_to(root).as_posix(): f.stat().st_size for f in sorted(root.rglob("*")) if f.is_file()}
+
+
 def _fsync_tree(root: Path) -> None:
     """Every file under ``root``, then every folder (deepest first), forced to disk."""
     folders = [root]
@@ -253,6 +270,74 @@ def _replace_dir(tmp: Path, directory: Path) -> None:
         shutil.rmtree(old)
 
 
+class CorruptCheckpointError(UserError):
+    """A complete checkpoint whose files were cut short or damaged since it was saved (the message names the
+    file)."""
+
+
+def _defect_by_size(directory: Path, sizes: dict[str, int]) -> str | None:
+    for rel, size in sorted(sizes.items()):
+        file = directory / rel
+        try:
+            actual = file.stat().st_size
+        except FileNotFoundError:
+            return f"{file} is missing"
+        if actual != size:
+            return (f"{file} is truncated ({actual} of its {size} bytes)" if actual < size else
+                    f"{file} is corrupt ({actual} bytes where {size} were written)")
+    return None
+
+
+def _defect_by_header(directory: Path) -> str | None:
+    """A checkpoint saved before the state file listed its files' sizes: each safetensors header must cover its
+    file (safetensors checks it when opening) and each torch file must end in its zip end record."""
+    for file in sorted(directory.rglob("*")):
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt", device="cpu"):
+                    pass
+            except (SafetensorError, OSError) as exc:
+                return f"{file} is truncated or corrupt ({exc})"
+        elif file.suffix == ".pt" and not zipfile.is_zipfile(file):
+            return f"{file} is truncated or corrupt (no zip end record)"
+    return None
+
+
+def checkpoint_defect(directory: str | Path) -> str | None:
+    """What makes a complete checkpoint unusable, told cheaply (file sizes, headers; no tensor is read): a file
+    missing or not of the size the save wrote (the state file lists them), or, for a checkpoint saved before
+    that list, a header that does not cover its file. None: intact."""
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"{directory / STATE_FILE} is unreadable ({exc})"
+    sizes = meta.get("files") if isinstance(meta, dict) else None
+    return _defect_by_size(directory, sizes) if isinstance(sizes, dict) else _defect_by_header(directory)
+
+
+def check_intact(directory: str | Path) -> None:
+    """Refuse a checkpoint that :func:`checkpoint_defect` finds corrupt, in one line naming the file."""
+    directory = Path(directory)
+    if not (directory / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{directory}: not a checkpoint (no {STATE_FILE})")
+    defect = checkpoint_defect(directory)
+    if defect is not None:
+        raise CorruptCheckpointError(f"{defect}: the checkpoint {directory} cannot be resumed; resume from an "
+                                     "earlier checkpoint (run.resume=latest takes the newest intact one)")
+
+
+@contextmanager
+def _reading(file: Path):
+    """A file of the checkpoint that its library cannot parse (damaged with its size unchanged) is an error
+    naming it."""
+    try:
+        yield
+    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CorruptCheckpointError(f"{file} is corrupt ({why}): resume from an earlier checkpoint") from None
+
+
 def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
     """Copy a published-layout checkpoint's tensors into the live (non-LoRA) module, in place."""
     fam = dlm.family
@@ -261,7 +346,7 @@ def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
         raise FileNotFoundError(f"{model_dir}: no model*.safetensors")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with _reading(file), safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 state[fam.to_hf_name(name)] = f.get_tensor(name)
     result = dlm.model.load_state_dict(state, strict=False)
@@ -292,10 +377,8 @@ def load_checkpoint(
     the ones ``dlm`` was loaded with. Optimizer, scheduler and RNG states are restored when given.
     """
     directory = Path(directory)
-    state_file = directory / STATE_FILE
-    if not state_file.is_file():
-        raise FileNotFoundError(f"{directory}: not a checkpoint (no {STATE_FILE})")
-    meta = json.loads(state_file.read_text())
+    check_intact(directory)
+    meta = json.loads((directory / STATE_FILE).read_text())
     rank, world, _ = _rank_world(accelerator)
     if meta.get("lora") and not has_lora(dlm):
         raise UserError(f"{directory}: checkpoint was trained with LoRA; enable LoRA with the same settings")
@@ -316,12 +399,16 @@ def load_checkpoint(
         file = directory / "optimizer.pt"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: checkpoint has no optimizer state")
-        optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+        with _reading(file):
+            saved = torch.load(file, map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(saved)
     if scheduler is not None:
         file = directory / "scheduler.pt"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: checkpoint has no scheduler state")
-        scheduler.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+        with _reading(file):
+            saved = torch.load(file, map_location="cpu", weights_only=True)
+        scheduler.load_state_dict(saved)
     if ema is not None:
         if (directory / EMA_FILE).is_file():
             ema.load(directory / EMA_FILE)
@@ -335,7 +422,9 @@ def load_checkpoint(
                 f"{directory}: saved with {meta.get('world_size')} processes, resuming with {world}; "
                 "exact resume needs the same world size (pass restore_rng_state=False to continue anyway)"
             )
-        rng = torch.load(directory / f"rng_state_rank{rank}.pt", map_location="cpu", weights_only=False)
+        file = directory / f"rng_state_rank{rank}.pt"
+        with _reading(file):
+            rng = torch.load(file, map_location="cpu", weights_only=False)
         restore_rng(rng, generators)
     return TrainerState(step=int(meta["step"]), data_state=dict(meta.get("data_state") or {}),
                         extra=dict(meta.get("extra") or {}), path=directory)
@@ -386,10 +475,26 @@ def clean_leftovers(output_dir: str | Path) -> list[Path]:
     return doomed
 
 
+_SAID: set[str] = set()  # the corrupt checkpoints already warned about (a resume looks for the latest twice)
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``output_dir/checkpoints``, or None."""
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
+    """The newest complete and intact checkpoint under ``output_dir/checkpoints``, or None. A newer one that
+    :func:`checkpoint_defect` finds corrupt is passed over with one warning (once per process)."""
+    corrupt, intact = [], None
+    for path in reversed(list_checkpoints(output_dir)):
+        defect = checkpoint_defect(path)
+        if defect is None:
+            intact = path
+            break
+        corrupt.append((path, defect))
+    for path, defect in corrupt:
+        line = (f"{defect}: the checkpoint {path} is skipped; "
+                + (f"the newest intact checkpoint is {intact}" if intact else "no intact checkpoint is left"))
+        if line not in _SAID:
+            _SAID.add(line)
+            logger.warning("%s", line)
+    return intact
 
 
 def prune_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dllm_rl.config import Checked, field
 from dllm_rl.hub import check_repo_id
-from dllm_rl.training.checkpoint import latest_checkpoint
+from dllm_rl.training.checkpoint import CorruptCheckpointError, check_intact, latest_checkpoint, list_checkpoints
 from dllm_rl.training.trackers import check_report_to
 
 #: the words ``run.resume`` takes besides a checkpoint directory
@@ -45,12 +45,18 @@ class RunConfig(Checked):
 
 def resume_checkpoint(run: RunConfig, out: str | Path | None = None) -> Path | None:
     """The checkpoint ``run.resume`` names (None: a new run). ``latest`` without a checkpoint is an error;
-    ``auto`` without one is a new run. ``out``: the run directory (default ``run.output_dir``)."""
+    ``auto`` without one is a new run; either passes a damaged checkpoint over for an older one (a warning), and
+    is an error when every one is damaged. A named checkpoint that is damaged is an error naming the file.
+    ``out``: the run directory (default ``run.output_dir``)."""
     out = Path(out if out is not None else run.output_dir)
     if run.resume is None:
         return None
     if run.resume in RESUME_WORDS:
         found = latest_checkpoint(out)
+        if found is None and list_checkpoints(out):  # auto too: a new run would write over the damaged one
+            raise CorruptCheckpointError(f"run.resume={run.resume}: every checkpoint in {out / 'checkpoints'} is "
+                                         "damaged (the warnings above name the files); restore them, or start "
+                                         "afresh with run.overwrite=true")
         if found is None and run.resume == "latest":
             raise FileNotFoundError(f"run.resume=latest but {out / 'checkpoints'} holds no checkpoint (run.resume=auto "
                                     "starts a new run when there is none)")
@@ -58,4 +64,5 @@ def resume_checkpoint(run: RunConfig, out: str | Path | None = None) -> Path | N
     path = Path(run.resume).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"run.resume={run.resume}: no such checkpoint directory")
+    check_intact(path)  # before its config.yaml is read
     return path
