@@ -141,6 +141,24 @@ def test_leftovers_of_a_save_cut_short_are_ignored_and_cleaned(tmp_path, caplog)
     assert f"{root / 'step-0000003.tmp'}: not a complete checkpoint (a save cut short?); removed" in caplog.text
 
 
+def test_a_resave_killed_between_its_two_renames_puts_the_old_checkpoint_back(tmp_path, caplog):
+    """A save of an existing step moves the old folder aside before renaming its own into place: a kill between
+    the two leaves step-N.old.tmp (the only complete copy) and step-N.tmp; the clean-up restores the first."""
+    dlm, _, _ = _setup()
+    root = tmp_path / "checkpoints"
+    path = root / checkpoint_name(4)
+    save_checkpoint(path, dlm, step=4, extra={"n": 1})
+    save_checkpoint(root / "step-0000004.tmp", dlm, step=4, extra={"n": 2})  # the new save, complete
+    path.rename(root / "step-0000004.old.tmp")  # as the kill leaves them
+    assert latest_checkpoint(tmp_path) is None
+    with caplog.at_level("WARNING", logger="dllm_rl.training.checkpoint"):
+        removed = clean_leftovers(tmp_path)
+    assert [p.name for p in removed] == ["step-0000004.tmp"]
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000004"]
+    assert latest_checkpoint(tmp_path) == path and load_checkpoint(path, dlm).extra == {"n": 1}
+    assert "put back as step-0000004" in caplog.text
+
+
 def test_a_save_that_fails_leaves_no_state_file_and_the_old_checkpoint_whole(tmp_path, monkeypatch):
     """The state file is written last: a save that dies on the way (here in the RNG states, the last other
     file) leaves a .tmp folder without one; saving the same step again replaces the old checkpoint."""

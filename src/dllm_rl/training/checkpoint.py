@@ -457,14 +457,34 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def _restore_moved_aside(root: Path) -> None:
+    """Put back a checkpoint that a save of the same step moved aside (``step-N.old.tmp``, see
+    :func:`_replace_dir`) when the save was killed before its own folder took the name: the old folder is the only
+    complete copy of step N then. One log line each."""
+    for old in sorted(root.glob("step-*.old.tmp")):
+        home = old.with_name(old.name.removesuffix(".old.tmp"))
+        if home.exists() or not CHECKPOINT_NAME.fullmatch(home.name):
+            continue
+        try:
+            meta = json.loads((old / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("step") == int(home.name.removeprefix("step-")):
+            old.rename(home)
+            logger.warning("%s: a save of the same step was cut short after moving it aside; put back as %s",
+                           old, home.name)
+
+
 def clean_leftovers(output_dir: str | Path) -> list[Path]:
     """Delete the checkpoint-named entries under ``output_dir/checkpoints`` that are not complete checkpoints
-    (``*.tmp`` folders of a save cut short, a folder without its state file); one log line each. Other names
+    (``*.tmp`` folders of a save cut short, a folder without its state file); one log line each. A complete
+    checkpoint that a re-save of its step moved aside and never replaced is put back first. Other names
     are not the trainer's and stay. Call it from the main rank only, with the run directory locked (another
     run's save in progress looks like a leftover). Returns what went."""
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
+    _restore_moved_aside(root)
     doomed = sorted(p for p in root.iterdir() if LEFTOVER_NAME.fullmatch(p.name) and checkpoint_step(p) is None)
     for p in doomed:
         logger.warning("%s: not a complete checkpoint (a save cut short?); removed", p)
