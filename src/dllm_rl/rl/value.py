@@ -48,6 +48,7 @@ from dllm_rl.rl.returns import (
 )
 from dllm_rl.training import apply_lora, build_optimizer, merged_model
 from dllm_rl.training.backend import backward, clip_gradients, deepspeed_clipping, is_sharded, micro_step
+from dllm_rl.training.disk_full import torch_save
 from dllm_rl.training.ranks import micro_batches, sum_over_ranks
 
 STATE_FILE = "value_model.pt"
@@ -261,8 +262,8 @@ class ValueLearner:
         """Write the value model's weights and optimiser state to the file ``path``."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.accelerator.unwrap_model(self.module).state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "lr": self.lr}, path)
+        torch_save({"model": self.accelerator.unwrap_model(self.module).state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "lr": self.lr}, path)  # a full disk keeps its ENOSPC
         return path
 
     def load(self, directory: str | Path) -> None:
