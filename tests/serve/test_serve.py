@@ -173,6 +173,11 @@ INVALID = [
     ({"prompt": "1", "stop": ""}, "stop", "stop: give at most 4 non-empty stop sequences, got ['']"),
     ({"prompt": [1, 500]}, "prompt", "prompt: the prompt has token ids outside the model's vocabulary [0, 91)"),
     ({"prompt": "1", "top_p": "high"}, "top_p", "top_p: Input should be a valid number"),
+    # every integer field is a 64-bit one (a seed past it once overflowed in the engine's thread: a 503)
+    ({"prompt": "1", "seed": 2**64}, "seed", "seed: Input should be less than or equal to 9223372036854775807"),
+    ({"prompt": "1", "seed": -(2**63) - 1}, "seed",
+     "seed: Input should be greater than or equal to -9223372036854775808"),
+    ({"prompt": "1", "steps": 2**70}, "steps", "steps: Input should be less than or equal to 9223372036854775807"),
     ({"max_tokens": 4}, "prompt", "prompt: Field required"),
     ({"prompt": [1] * 40, "max_tokens": 16}, "prompt",  # --max-positions 48: 40 prompt tokens + 16 slots are 56
      "prompt: the prompt's 40 tokens and max_tokens 16 (decoded as 16 slots, whole blocks) need 56 positions, more "
@@ -193,6 +198,15 @@ def test_an_invalid_request_gets_400_naming_the_field(make_server):
             assert err["type"] == "invalid_request_error"
         m = _metrics(client)
     assert m["requests_rejected_invalid_total"] == len(INVALID) and m["requests_total"] == 0
+
+
+def test_integers_at_the_64_bit_bounds_are_served(make_server):
+    """The request schema bounds its integers to 64 bits (past them: a 400 naming the field, INVALID above); the
+    bounds themselves decode, seed + k of the last choices included."""
+    with running(make_server(BASE)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for body in ({"seed": 2**63 - 1, "n": 2}, {"seed": -(2**63)}, {"steps": 2**63 - 1, "top_k": 2**63 - 1}):
+            r = client.post("/v1/completions", json={"prompt": "1", "max_tokens": 4, **body})
+            assert r.status_code == 200, (body, r.text)
 
 
 def test_chat_without_a_template_and_a_bad_message_are_400(make_server, demo_model):

@@ -28,7 +28,7 @@ A request's ``model`` names the base model (the server's name; also when left ou
 request decodes with its adapter as it would alone.
 
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
-field), 429 (queue full), 504 (timeout), 503 (shutting down).
+field; an integer field outside 64 bits included), 429 (queue full), 504 (timeout), 503 (shutting down).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
@@ -58,6 +58,9 @@ from dllm_rl.serve.config import ServeConfig
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
+# Every integer a request gives is a 64-bit one (a seed seeds a torch.Generator, steps and top_k reach torch): one
+# outside is a 400 naming it here, not an overflow in the engine's thread
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class ApiError(Exception):
@@ -76,18 +79,18 @@ class Decoding(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     threshold: float | None = None
-    steps: int | None = None
-    seed: int | None = None
-    block_length: int | None = None
-    block_size: int | None = None
+    steps: Int64 | None = None
+    seed: Int64 | None = None
+    block_length: Int64 | None = None
+    block_size: Int64 | None = None
     stream: bool = False
     stream_canvas: bool = False
-    n: int = 1
+    n: Int64 = 1
     stop: str | list[str] | None = None
     preset: str | None = None
 
