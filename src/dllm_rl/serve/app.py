@@ -28,7 +28,8 @@ A request's ``model`` names the base model (the server's name; also when left ou
 request decodes with its adapter as it would alone.
 
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
-field; an integer field outside 64 bits included), 429 (queue full), 504 (timeout), 503 (shutting down).
+field; an integer field outside 64 bits included), 413 (a body over ``--max-request-bytes``,
+:mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down).
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +55,7 @@ from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.sampling.inputs import check_config, check_inputs
 from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeConfig
+from dllm_rl.serve.guards import BodyLimit, KeyCheck
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
@@ -312,7 +313,10 @@ async def _wait(server: Server, tickets: list[Ticket], request: Request) -> list
     return [finals[k] for k in range(len(tickets))]
 
 
-def create_app(server: Server) -> FastAPI:
+def create_app(server: Server) -> BodyLimit:
+    """The application: FastAPI's routes behind the guards (:mod:`~dllm_rl.serve.guards`): the body limit,
+    outermost, then the API key's check of the /v1 routes, both before the body is read."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server.worker.start()
@@ -321,22 +325,6 @@ def create_app(server: Server) -> FastAPI:
         server.worker.stop()
 
     app = FastAPI(title="dllm-rl serve", lifespan=lifespan)
-
-    async def authorized(request: Request) -> None:
-        """The /v1 routes' dependency: with an API key, the request's ``Authorization: Bearer <key>`` must hold it
-        (a dependency, not a middleware: Starlette's middleware would hide a departed client from
-        ``request.is_disconnected``)."""
-        if server.api_key is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        # headers arrive as latin-1 text: their bytes are what the client sent
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode("latin-1", "replace"),
-                                                                     server.api_key.encode()):
-            server.worker.counters.rejected_unauthorized += 1
-            raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer <key>' with the "
-                           "key the server was started with (--api-key)", code="invalid_api_key")
-
-    v1 = [Depends(authorized)]
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
@@ -361,20 +349,30 @@ def create_app(server: Server) -> FastAPI:
     async def metrics():
         return PlainTextResponse(_metrics_text(server))
 
-    @app.get("/v1/models", dependencies=v1)
+    @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "dllm-rl"}
                                            for name in (server.name, *server.adapters)]}
 
-    @app.post("/v1/completions", dependencies=v1)
+    @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         return await _serve(server, req, request, chat=False)
 
-    @app.post("/v1/chat/completions", dependencies=v1)
+    @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         return await _serve(server, req, request, chat=True)
 
-    return app
+    def too_large():
+        server.worker.counters.rejected_too_large += 1
+        return ApiError(413, f"the request body is larger than the server's --max-request-bytes "
+                        f"({server.limits.max_request_bytes} bytes)", code="request_too_large").response()
+
+    def unauthorized():
+        server.worker.counters.rejected_unauthorized += 1
+        return ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer <key>' with the "
+                        "key the server was started with (--api-key)", code="invalid_api_key").response()
+
+    return BodyLimit(KeyCheck(app, server.api_key, unauthorized), server.limits.max_request_bytes, too_large)
 
 
 async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
@@ -480,6 +478,8 @@ def _metrics_text(server: Server) -> str:
         ("requests_finished_total", "counter", "requests answered in full", c.finished),
         ("requests_rejected_queue_full_total", "counter", "requests answered 429", c.rejected_queue_full),
         ("requests_rejected_invalid_total", "counter", "requests answered 400", c.rejected_invalid),
+        ("requests_rejected_too_large_total", "counter", "requests answered 413 (a body over --max-request-bytes)",
+         c.rejected_too_large),
         ("requests_rejected_unauthorized_total", "counter", "requests answered 401 (no or a wrong API key)",
          c.rejected_unauthorized),
         ("requests_aborted_disconnect_total", "counter", "slots freed because the client left",

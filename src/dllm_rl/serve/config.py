@@ -14,6 +14,10 @@ class ServeConfig(Checked):
     slots: int = field(32, ge=1, help="Requests decoded at once (the engine's slots); the rest wait in the queue.")
     max_queue: int = field(
         256, ge=0, help="Requests that may wait for a slot; one more is answered 429 (retry later).")
+    max_request_bytes: int = field(
+        16 * 1024 * 1024, ge=1, help="The largest request body, in bytes; a larger one is answered 413 before it is "
+        "read (its Content-Length, or the bytes of a chunked body as they arrive) and before the API key is checked. "
+        "16 MiB is far more than text needs and leaves room for images sent as data URIs.")
     max_tokens: int = field(
         1024, ge=1, help="The largest max_tokens a request may ask for; more is answered 400 naming max_tokens.")
     max_positions: int | None = field(

@@ -71,6 +71,7 @@ class Counters:
     finished: int = 0
     rejected_queue_full: int = 0
     rejected_invalid: int = 0
+    rejected_too_large: int = 0
     rejected_unauthorized: int = 0
     aborted_disconnect: int = 0
     timed_out: int = 0
