@@ -36,17 +36,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(server, graceful_s: float = 5.0):
-    """Serve ``server`` (a :class:`dllm_rl.serve.app.Server`) until the block ends; yields its base URL."""
-    import uvicorn
+def running(server, graceful_s: float | None = 5.0):
+    """Serve ``server`` (a :class:`dllm_rl.serve.app.Server`) as `dllm-rl serve` does, on a free port of 127.0.0.1,
+    until the block ends; yields its base URL. ``graceful_s``: the grace period at the end (None: the server's
+    ``--shutdown-timeout``)."""
+    from dllm_rl.serve.listen import GracefulServer, bind
 
-    from dllm_rl.serve.app import create_app
-
-    port = free_port()
-    config = uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning",
-                            timeout_graceful_shutdown=graceful_s)
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    uv = GracefulServer(server, "warning", graceful_s)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not uv.started:

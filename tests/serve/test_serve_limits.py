@@ -1,22 +1,28 @@
-"""`dllm-rl serve`'s guards: the request body's size limit (413 before the body is read or the key checked) and the
-API key's check (401 before the body is read)."""
+"""`dllm-rl serve`'s guards: the request body's size limit (413 before the body is read or the key checked), the end
+of the shutdown grace period (a JSON 503 and one log line per request still held), and the start-up refusals (an
+empty API key, a port out of range or in use), each one line before the model loads."""
 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from serve_helpers import running
+import pytest
+from serve_helpers import DEMO, Gate, running
 
+from dllm_rl.cli import main
+from dllm_rl.errors import UserError
 from dllm_rl.sampling import DecodeConfig
 
 BASE = DecodeConfig(gen_length=16, threshold=0.5)
 
 
-def _metric(client, name: str) -> float:
-    line = next(ln for ln in client.get("/metrics").text.splitlines() if ln.startswith(f"dllm_rl_{name} "))
+def _metric(client, name: str, url: str = "") -> float:
+    line = next(ln for ln in client.get(f"{url}/metrics").text.splitlines() if ln.startswith(f"dllm_rl_{name} "))
     return float(line.split()[1])
 
 
@@ -65,3 +71,117 @@ def test_a_body_over_the_limit_is_413_and_a_missing_key_401_before_the_body_is_r
         assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("stop", "length")
         assert _metric(client, "requests_rejected_too_large_total") == 4
         assert _metric(client, "requests_rejected_unauthorized_total") == 2
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_requests_held_past_the_shutdown_timeout_get_a_503_and_one_log_line_each(make_server):
+    server = make_server(BASE, slots=1, max_queue=2, shutdown_timeout_s=0.3)
+    Gate(server)  # never opened: both requests are held until the grace period ends
+    lines, uvicorn_log = _Lines(), logging.getLogger("uvicorn.error")
+    with ThreadPoolExecutor(2) as pool, httpx.Client(timeout=30) as client:
+        with running(server, graceful_s=None) as url:
+            uvicorn_log.addHandler(lines)  # (uvicorn's configuration, made at the start, would have dropped it)
+            plain = pool.submit(client.post, f"{url}/v1/completions", json={"prompt": "1"})
+
+            def stream():
+                with client.stream("POST", f"{url}/v1/completions", json={"prompt": "2", "stream": True}) as r:
+                    return [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+
+            streamed = pool.submit(stream)
+            while _metric(client, "requests_total", url) < 2:
+                time.sleep(0.01)
+        uvicorn_log.removeHandler(lines)
+    why = "the server shut down before the request finished (its --shutdown-timeout, 0.3 s, ran out)"
+    r = plain.result()
+    assert r.status_code == 503 and r.json() == {"error": {"message": why, "type": "server_error", "param": None,
+                                                           "code": None}}
+    assert streamed.result() == [{"error": {"message": why, "type": "server_error"}}]
+    assert len(lines.lines) == 2 and all(ln.startswith("cmpl-") and ln.endswith(why) for ln in lines.lines), \
+        lines.lines
+    assert server.worker.counters.failed_shutdown == 2
+
+
+# ---- start-up refusals: one line, status 2, before the model loads ---------------------------------------------
+
+@pytest.fixture
+def serve_cli(monkeypatch, capsys):
+    """``serve_cli(*flags) -> (status, stderr)``: `dllm-rl serve DEMO FLAGS` in-process; loading the model fails
+    the test (the refusals come first), and so does serving."""
+    import dllm_rl.serve.cli as serve_cli_module
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(serve_cli_module, "build_server", no_model)
+    monkeypatch.delenv("DLLM_RL_API_KEY", raising=False)
+
+    def run(*flags: str) -> tuple[int, str]:
+        capsys.readouterr()
+        try:
+            status = main(["serve", str(DEMO / "sdar-countdown"), *flags])
+        except SystemExit as exit_:  # argparse's refusals
+            status = exit_.code
+        return status, capsys.readouterr().err
+
+    return run
+
+
+EMPTY = "the API key is empty; give another key, or {leave} to serve without one\n"
+
+
+@pytest.mark.parametrize("flags, env, line", [
+    (["--api-key", ""], None, "--api-key: " + EMPTY.format(leave="leave --api-key out")),
+    (["--api-key", " \t"], None, "--api-key: " + EMPTY.format(leave="leave --api-key out")),
+    ([], "", "$DLLM_RL_API_KEY: " + EMPTY.format(leave="unset DLLM_RL_API_KEY")),
+    (["--api-key", "k3y\n"], None, "--api-key: the API key has whitespace at an end or a control character, which "
+     "an HTTP header cannot carry; give another key, or leave --api-key out to serve without one\n"),
+    (["--port", "99999"], None, "argument --port: 99999 is not a TCP port (0 to 65535; 0: any free one) "
+     "(see dllm-rl serve --help)\n"),
+    (["--port=-1"], None, "argument --port: -1 is not a TCP port (0 to 65535; 0: any free one) "
+     "(see dllm-rl serve --help)\n"),
+])
+def test_a_bad_key_or_port_is_one_line_before_the_model_loads(serve_cli, monkeypatch, flags, env, line):
+    if env is not None:
+        monkeypatch.setenv("DLLM_RL_API_KEY", env)
+    assert serve_cli(*flags) == (2, "dllm-rl serve: error: " + line)
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(serve_cli):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve_cli("--port", str(port)) == (
+            2, f"dllm-rl serve: error: --port {port}: 127.0.0.1:{port} is already in use; stop what listens there or "
+            "choose another port (--port 0: any free one)\n")
+
+
+def test_without_a_key_the_start_up_line_says_the_server_is_open(serve_cli, monkeypatch):
+    """No key option at all: an open server, said so; --port 0 binds a free port, the one the line names and
+    uvicorn is handed (it binds none itself)."""
+    import dllm_rl.serve.cli as serve_cli_module
+    import dllm_rl.serve.listen as listen
+
+    handed = []
+    fake = type("Fake", (), {"name": "sdar-countdown", "adapters": (), "api_key": None, "block": 4})()
+    monkeypatch.setattr(serve_cli_module, "build_server", lambda *a, **k: fake)
+    monkeypatch.setattr(listen, "GracefulServer", lambda server, log_level: type(
+        "Uv", (), {"run": lambda self, sockets: handed.extend(s.getsockname()[1] for s in sockets)})())
+    status, err = serve_cli("--port", "0")
+    assert status == 0 and len(handed) == 1 and handed[0] > 0
+    assert err == (f"serve: sdar-countdown on http://127.0.0.1:{handed[0]} (32 slots, decoding in blocks of 4; the "
+                   "server is open (no API key; --api-key or $DLLM_RL_API_KEY sets one)); POST /v1/completions, "
+                   "/v1/chat/completions\n")
+
+
+def test_a_server_refuses_an_empty_api_key(make_server):
+    with pytest.raises(UserError, match=r"^api_key: the API key is empty; give another key, or None to serve "):
+        make_server(BASE, api_key="")

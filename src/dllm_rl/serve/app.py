@@ -29,7 +29,8 @@ request decodes with its adapter as it would alone.
 
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
 field; an integer field outside 64 bits included), 413 (a body over ``--max-request-bytes``,
-:mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down).
+:mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down, or decoding failed: one
+log line each).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -59,6 +61,7 @@ from dllm_rl.serve.guards import BodyLimit, KeyCheck
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
+log = logging.getLogger("uvicorn.error")  # uvicorn's own log (its format and level under `dllm-rl serve`)
 # Every integer a request gives is a 64-bit one (a seed seeds a torch.Generator, steps and top_k reach torch): one
 # outside is a 400 naming it here, not an overflow in the engine's thread
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
@@ -109,6 +112,16 @@ class ChatRequest(Decoding):
     messages: list[Message]
 
 
+def api_key_problem(key: str) -> str | None:
+    """What makes ``key`` unusable as the API key, or None. An empty one (``--api-key "$KEY"`` with KEY unset) must not
+    turn the key check off; whitespace at its ends, or a control character, cannot travel in an HTTP header."""
+    if not key.strip():
+        return "the API key is empty"
+    if key != key.strip() or not key.isprintable():
+        return "the API key has whitespace at an end or a control character, which an HTTP header cannot carry"
+    return None
+
+
 OPTIONS = ("temperature", "top_p", "top_k", "threshold", "steps", "seed")
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
 
@@ -121,7 +134,9 @@ class Server:
     def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
                  adapters: tuple[str, ...] = (), api_key: str | None = None):
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
-        self.api_key = api_key or None  # set: every /v1 request must carry "Authorization: Bearer <api_key>"
+        if api_key is not None and (problem := api_key_problem(api_key)):
+            raise UserError(f"api_key: {problem}; give another key, or None to serve without one")
+        self.api_key = api_key  # set: every /v1 request must carry "Authorization: Bearer <api_key>"
         self.adapters = tuple(adapters)
         engine = Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop,
                                                     max_positions=limits.max_positions), tokenizer)
@@ -396,6 +411,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     finally:
         server.held -= len(tickets)
     if errors := [value for kind, value in finals if kind == "error"]:
+        log.warning("%s answered 503: %s", rid, errors[0])
         raise ApiError(503, errors[0], kind="server_error")
     choices, completion_tokens, nfe = [], 0, 0
     for k, ((kind, value), ticket) in enumerate(zip(finals, tickets)):
@@ -443,6 +459,7 @@ async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: s
                 return
             if kind == "error":
                 done.add(k)
+                log.warning("%s (a stream) ended with an error: %s", rid, value)
                 yield f"data: {json.dumps({'error': {'message': value, 'type': 'server_error'}})}\n\n"
                 return
             if kind == "canvas":

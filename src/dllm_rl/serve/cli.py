@@ -29,6 +29,28 @@ def parse_loras(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def port_number(text: str) -> int:
+    """``--port``: 0 to 65535 (0: any free port, the start-up line names it); argparse makes a refusal one line."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535; 0: any free one)")
+    return port
+
+
+def api_key_from(flag: str | None, environ=os.environ) -> str | None:
+    """The API key: ``--api-key``, else ``$DLLM_RL_API_KEY``, else None (an open server). A key option given empty
+    (``--api-key "$KEY"`` with KEY unset) or unusable is a one-line error, never an open server."""
+    from dllm_rl.serve.app import api_key_problem
+
+    for source, key, leave in (("--api-key", flag, "leave --api-key out"),
+                               (f"${API_KEY_ENV}", environ.get(API_KEY_ENV), f"unset {API_KEY_ENV}")):
+        if key is not None:
+            if problem := api_key_problem(key):
+                raise UserError(f"{source}: {problem}; give another key, or {leave} to serve without one")
+            return key
+    return None
+
+
 def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32",
                  loras: dict[str, str] | None = None, api_key: str | None = None):
     """Load the model, its tokenizer and the LoRA adapters ``loras`` (name -> adapter folder) and wrap them in a
@@ -56,9 +78,8 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
 
 def serve_command(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
-        from dllm_rl.serve.app import create_app
+        import dllm_rl.serve.app  # noqa: F401  (FastAPI)
+        from dllm_rl.serve.listen import GracefulServer, bind
     except ImportError as err:
         raise UserError(f"dllm-rl serve needs FastAPI and uvicorn ({err.name} is missing): pip install "
                         "'dllm-rl[serve]'") from None
@@ -68,14 +89,20 @@ def serve_command(args: argparse.Namespace) -> int:
         limits = ServeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeConfig)})
     except FieldError as err:
         raise UserError(f"--{err.key.replace('_', '-')}: {err.problem}") from None
-    server = build_server(args.model_dir, decode_config_from_args(args), limits, args.device, args.dtype,
-                          parse_loras(args.lora), args.api_key or os.environ.get(API_KEY_ENV))
-    served = f"; LoRA adapters (the request's \"model\"): {', '.join(server.adapters)}" if server.adapters else ""
-    served += "; /v1 requests need the API key" if server.api_key else ""
-    print(f"serve: {server.name} on http://{args.host}:{args.port} ({limits.slots} slots, decoding in blocks of "
-          f"{server.block}{served}); POST /v1/completions, /v1/chat/completions", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=limits.shutdown_timeout_s)
+    api_key, loras, decode = api_key_from(args.api_key), parse_loras(args.lora), decode_config_from_args(args)
+    sock = bind(args.host, args.port)  # before the model loads: a port in use is refused at once
+    try:
+        server = build_server(args.model_dir, decode, limits, args.device, args.dtype, loras, api_key)
+        served = f"; LoRA adapters (the request's \"model\"): {', '.join(server.adapters)}" if server.adapters else ""
+        served += ("; /v1 requests need the API key" if server.api_key
+                   else f"; the server is open (no API key; --api-key or ${API_KEY_ENV} sets one)")
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"serve: {server.name} on http://{host}:{sock.getsockname()[1]} ({limits.slots} slots, decoding in "
+              f"blocks of {server.block}{served}); POST /v1/completions, /v1/chat/completions", file=sys.stderr,
+              flush=True)
+        GracefulServer(server, args.log_level).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 
@@ -90,12 +117,14 @@ def register(sub) -> None:
     p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer, "
                    "or a hub id org/name[@revision]")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port, 0 to 65535 (default: 8000; 0: any free "
+                   "port, named by the start-up line); one in use is refused before the model loads")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default: warning)")
     p.add_argument("--api-key", default=None, help="require \"Authorization: Bearer KEY\" on the /v1 routes (401 "
-                   f"without it; /health, /metrics and /docs stay open); default: ${API_KEY_ENV} if set, else none")
+                   f"without it; /health, /metrics and /docs stay open); default: ${API_KEY_ENV} if set, else none "
+                   "(an open server); an empty key is refused")
     p.add_argument("--lora", action="append", metavar="NAME=DIR",
                    help="serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. a run's "
                    "checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "

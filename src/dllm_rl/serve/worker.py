@@ -103,13 +103,21 @@ class Worker:
         self.inbox.put(("abort", (ticket, why)))
 
     def stop(self, reason: str = "the server is shutting down") -> None:
-        """Stop the thread; every request still held gets ``("error", reason)``."""
+        """Stop the thread; every request still held gets ``("error", reason)``. Called again (the end of the grace
+        period, then the application's shutdown), it fails nothing twice."""
         self._stop.set()
         self._thread.join()
-        for ticket in self.tickets.values():
+        held, self.tickets = list(self.tickets.values()), {}
+        while True:  # and those submitted but not taken yet
+            try:
+                kind, value = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                held.append(value)
+        for ticket in held:
             self.counters.failed_shutdown += 1
             ticket.put("error", reason)
-        self.tickets.clear()
 
     @property
     def running(self) -> int:
