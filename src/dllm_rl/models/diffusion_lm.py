@@ -109,8 +109,9 @@ class DiffusionLM(nn.Module):
         pub = self.published_config
         mask = pub.get("mask_token_id", family.mask_token_id)
         self.mask_token_id: int | None = None if mask is None else int(mask)  # None: uniform-state noise
-        self.eos_token_id: int = int(pub.get("eos_token_id", family.eos_token_id))
-        pad = pub.get("pad_token_id")
+        text = pub.get("text_config") or {}  # a multimodal published config (DiffusionGemma) keeps its ids there
+        self.eos_token_id: int = int(pub.get("eos_token_id", text.get("eos_token_id", family.eos_token_id)))
+        pad = pub.get("pad_token_id", text.get("pad_token_id"))
         self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)
         # The model's own block (its published config's; None for full attention). Code that runs a block model at
         # another block passes that block explicitly (``forward(block_size=)``, ``ScoringBatch.block_size``,

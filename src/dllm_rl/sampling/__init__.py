@@ -48,6 +48,12 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
   features were spliced into each prompt; ``prompt_ids`` hold the pad id at those positions. Scoring the rollout
   (``ScoringBatch.from_rollout``) splices the same features, computed once.
 
+**Uniform-state families** (DiffusionGemma, ``Family.noise == "uniform"``): ``generate`` decodes them with their
+own sampler (:mod:`~dllm_rl.sampling.uniform_rollout`): ``completion_ids`` are the kept canvases (pad after EOS),
+``nfe`` the stock pass count, ``step_map`` the counted step that last accepted the kept token (-1: none), no
+``confidence`` / ``entropy``, and ``uniform`` the trajectory (canvas fed in, draws, accepted positions,
+self-conditioning and counted rows per step, ``[B, S, G]``).
+
 **Determinism and batch invariance.** Sequence i draws all its randomness (Gumbel noise in float64,
 random confidence) from its own ``torch.Generator`` seeded with ``seeds[i]`` (default ``config.seed + i``),
 with the same draw shapes whatever the batch, and padding never changes positions or blocks; so a prompt's

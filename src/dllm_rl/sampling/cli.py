@@ -59,6 +59,9 @@ def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, 
     per generated token."""
     records = []
     for i in range(len(rollout)):
+        if rollout.uniform is not None:
+            records.append(_uniform_record(rollout, i, prompts[i], config, tokenizer, block))
+            continue
         generated = rollout.step_map[i] >= 0
         ids = rollout.completion_ids[i][generated].tolist()
         records.append({
@@ -75,6 +78,23 @@ def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, 
             "decode_config": {**to_dict(config), "decode_block_length": block},
         })
     return records
+
+
+def _uniform_record(rollout, i: int, prompt: str, config: DecodeConfig, tokenizer, canvas: int) -> dict:
+    """A uniform-state rollout's trace record: every completion position (its step_map: the counted step that last
+    accepted the kept token, -1 none) and the steps themselves (``uniform_steps``, what ``dllm-rl trace`` draws)."""
+    from dllm_rl.sampling.uniform_rollout import uniform_steps
+
+    ids = rollout.completion_ids[i].tolist()
+    return {
+        "prompt": prompt, "prompt_ids": rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist(),
+        "completion": rollout.texts[i] if rollout.texts is not None else None, "token_ids": ids,
+        "tokens": tokenizer.convert_ids_to_tokens(ids), "steps": rollout.step_map[i].tolist(),
+        "answer_length": int(rollout.completion_mask[i].sum()), "nfe": int(rollout.nfe[i]),
+        "finish_reason": rollout.finish_reason[i], "block_length": canvas,
+        "uniform_steps": uniform_steps(rollout.uniform, i, lambda t: tokenizer.convert_ids_to_tokens(int(t)) or ""),
+        "decode_config": {**to_dict(config), "decode_block_length": canvas},
+    }
 
 
 def generate_command(args: argparse.Namespace) -> int:
@@ -117,7 +137,7 @@ def generate_command(args: argparse.Namespace) -> int:
         if len(texts) > 1:
             print(f"=== [{i}] {rollout.finish_reason[i]}, {int(rollout.nfe[i])} NFE")
         print(text)
-    tokens = int((rollout.step_map >= 0).sum())
+    tokens = int(rollout.decoded_tokens().sum())
     print(f"generate: {len(texts)} prompt(s), {tokens} tokens, {int(rollout.nfe.sum())} NFE, "
           f"{elapsed:.2f}s ({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
     if args.trace:

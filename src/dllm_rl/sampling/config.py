@@ -125,11 +125,36 @@ class DecodeConfig(DecodeOptions):
         "the completion is filled with EOS (never generated: step_map -1).",
     )
     seed: int = field(0, help="Sequence i uses torch.Generator seeded with seed + i unless `seeds` are given.")
+    # Uniform-state diffusion (DiffusionGemma) only: the stock sampler's knobs (dllm_rl.sampling.uniform), None =
+    # its default. A masked family refuses them, as a uniform family refuses the mask-only knobs above
+    # (dllm_rl.sampling.inputs.check_config); gen_length is its completion budget, whole canvases.
+    max_denoising_steps: int | None = field(
+        None, ge=1, help="Uniform-state only (DiffusionGemma): denoising steps per canvas at most; adaptive stopping "
+        "may end a row sooner. None: 48, the stock default.")
+    t_min: float | None = field(
+        None, ge=0, help="Uniform-state only: temperature at the last step of the linear schedule. None: 0.4.")
+    t_max: float | None = field(
+        None, ge=0, help="Uniform-state only: temperature at the first step of the linear schedule, above t_min. "
+        "None: 0.8.")
+    entropy_bound: float | None = field(
+        None, gt=0, help="Uniform-state only: each step accepts the lowest-entropy positions while their entropy "
+        "sum less the largest stays at most this (arXiv 2505.24857) and re-noises the rest. None: 0.1.")
+    stability_threshold: int | None = field(
+        None, ge=0, help="Uniform-state only, adaptive stopping: steps for which a row's argmax canvas must be "
+        "unchanged (0: no such condition). None: 1.")
+    confidence_threshold: float | None = field(
+        None, gt=0, help="Uniform-state only, adaptive stopping: a row's mean entropy must be below this. "
+        "None: 0.005.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.sub_block is not None and self.threshold is None:
             raise FieldError("sub_block", "sub-blocks need the dynamic schedule: set threshold (Fast-dLLM v2 uses 0.9)")
+
+
+#: the DecodeConfig fields only uniform-state diffusion reads (None: the stock default)
+UNIFORM_FIELDS: tuple[str, ...] = ("max_denoising_steps", "t_min", "t_max", "entropy_bound", "stability_threshold",
+                                   "confidence_threshold")
 
 
 def _preset_names() -> tuple[str, ...]:

@@ -43,7 +43,7 @@ from dllm_rl.sampling.confidence import (
     transfer_counts,
 )
 from dllm_rl.sampling.config import DecodeConfig
-from dllm_rl.sampling.inputs import check_inputs, decode_block_length
+from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_noise
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.runner import ModelRunner
 from dllm_rl.sampling.step_record import StepRecorder
@@ -240,6 +240,10 @@ def generate(
 ) -> Rollout:
     """Decode a completion for each prompt (token ids, any lengths) and record how it was decoded.
 
+    A uniform-state family (DiffusionGemma) decodes with its own sampler
+    (:func:`~dllm_rl.sampling.uniform_rollout.generate_uniform`), which takes none of the options below but
+    ``seeds`` and ``tokenizer``.
+
     ``images`` (LLaDA-V; one row per prompt, :func:`dllm_rl.models.llava_images.prompt_images`) splices image
     features at their prompt positions in every forward; the rollout keeps them (``Rollout.images``), so scoring
     reuses the same features.
@@ -260,6 +264,11 @@ def generate(
     """
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
+    if uniform_noise(model):  # DiffusionGemma: the uniform-state sampler, recording its trajectory
+        from dllm_rl.sampling.uniform_rollout import generate_uniform
+
+        return generate_uniform(model, prompts, config, seeds, tokenizer, block_cache=block_cache, prefill=prefill,
+                                images=images, record_steps=record_steps, until_block=until_block)
     device = model.device
     images = images.to(device) if images is not None else None
     canvas = build_canvas(prompts, config.gen_length, decode_block_length(model, config), model.is_block_causal,

@@ -94,7 +94,7 @@ from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import evaluating, step_commits, to_rollout
-from dllm_rl.sampling.inputs import check_inputs, decode_block_length
+from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_noise
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
@@ -169,6 +169,9 @@ class Engine:
     def __init__(self, model: DiffusionLM, config: DecodeConfig, engine: EngineConfig | None = None, tokenizer=None):
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+        if uniform_noise(model):  # its canvas-by-canvas sampler has no per-slot scheduling yet
+            raise UserError(f"the continuous-batching engine (slots) decodes masked diffusion only; decode "
+                            f"{model.family.name} (uniform-state) in fixed batches: drop slots / engine")
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)

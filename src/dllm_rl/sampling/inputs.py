@@ -1,16 +1,70 @@
 """The checks every decoding call makes before its first forward pass: the decoding config against the model
 (:func:`check_config`) and the prompts, seeds and images against both (:func:`check_inputs`), each failure one
-:class:`~dllm_rl.errors.UserError` naming what to change."""
+:class:`~dllm_rl.errors.UserError` naming what to change.
+
+:func:`uniform_noise` is where decoding reads the family's kind of noise: the front door
+(:func:`dllm_rl.sampling.generate`), these checks and the engine ask it, nothing else."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import canvas_width
-from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.config import UNIFORM_FIELDS, DecodeConfig
+from dllm_rl.sampling.uniform import UniformDecodeConfig
+
+#: DecodeConfig fields that only masked diffusion reads: a uniform-state family refuses them at any other value
+MASK_FIELDS: tuple[str, ...] = ("block_length", "block_size", "steps", "threshold", "sub_block", "confidence",
+                                "temperature", "top_k", "top_p", "remasking", "cache")
+
+
+def uniform_noise(model: DiffusionLM) -> bool:
+    """Whether ``model`` removes uniform-state noise (DiffusionGemma: random ids, re-noised) rather than masks."""
+    return model.family.noise == "uniform"
+
+
+def uniform_decode_config(config: DecodeConfig) -> UniformDecodeConfig:
+    """The uniform-state sampler's config of ``config``: ``gen_length`` as its budget, the stock defaults where a
+    uniform field is None."""
+    given = {k: getattr(config, k) for k in UNIFORM_FIELDS if getattr(config, k) is not None}
+    try:
+        return UniformDecodeConfig(max_new_tokens=config.gen_length, **given)
+    except FieldError as exc:
+        raise UserError(f"{exc.key}: {exc.problem}") from None
+
+
+def _check_uniform(model: DiffusionLM, config: DecodeConfig) -> int:
+    """A uniform-state family's config: no mask-only option, a canvas within the model's positions, whole canvases;
+    returns the canvas."""
+    name = model.family.name
+    defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+    for key in MASK_FIELDS:
+        if getattr(config, key) != defaults[key]:
+            raise UserError(f"{key}={getattr(config, key)!r} is a masked-diffusion option; {name} is uniform-state "
+                            "diffusion (no mask token) and takes gen_length, stop_on_eos, seed and "
+                            f"{', '.join(UNIFORM_FIELDS)}: drop {key}")
+    canvas = model.layout_block()
+    if canvas > model.max_length:
+        raise UserError(f"canvas_length ({canvas}, the model's config.json) exceeds the model's context of "
+                        f"{model.max_length} positions (max_position_embeddings); fix the checkpoint's config")
+    if config.gen_length % canvas:
+        raise UserError(f"gen_length ({config.gen_length}) must be a multiple of the model's canvas_length ({canvas}); "
+                        f"{name} decodes whole canvases")
+    uniform_decode_config(config)
+    return canvas
+
+
+def _refuse_uniform_fields(model: DiffusionLM, config: DecodeConfig) -> None:
+    for key in UNIFORM_FIELDS:
+        if getattr(config, key) is not None:
+            raise UserError(f"{key}={getattr(config, key)!r} is a uniform-state diffusion option (DiffusionGemma); "
+                            f"{model.family.name} is masked diffusion: drop {key}")
 
 
 def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
@@ -24,6 +78,9 @@ def check_config(model: DiffusionLM, config: DecodeConfig) -> int:
     block."""
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    if uniform_noise(model):
+        return _check_uniform(model, config)
+    _refuse_uniform_fields(model, config)
     if config.block_size is not None and not model.is_block_causal:
         raise UserError(f"block_size ({config.block_size}) is the attention block of block models (SDAR/TraDo); "
                         "a full-attention model decodes in block_length")
@@ -57,7 +114,8 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
             raise UserError(f"prompt {i} is empty")
         if min(ids) < 0 or max(ids) >= vocab:
             raise UserError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
-        need = canvas_width(len(ids), config.gen_length, block, model.is_block_causal)
+        need = len(ids) + config.gen_length if uniform_noise(model) else \
+            canvas_width(len(ids), config.gen_length, block, model.is_block_causal)
         for limit, bound, remedy in (
             (context, f"the model's context is {context} (max_position_embeddings)", ""),
             (max_positions, f"max_positions is {max_positions}", ", or raise max_positions"),

@@ -9,6 +9,9 @@ path), so a preset sets the schedule only:
   within the current sub-block; each block's first token reads the previous block's last logit (the shifted
   logits through the cache, as Dream's).
 * ``sdar``: SDAR / TraDo and SDAR-30B-A3B, block 4, dynamic threshold 0.9 (``low_confidence_dynamic``).
+* ``diffusion_gemma``: DiffusionGemma's stock generation config (uniform-state diffusion): 256 new tokens (one canvas
+  of the published model; the canvas itself is the model's ``canvas_length``), at most 48 denoising steps per canvas,
+  temperature 0.8 -> 0.4, entropy bound 0.1, adaptive stopping after 1 stable step below mean entropy 0.005.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llada2": {"threshold": 0.95, "steps": None, "temperature": 0.0},
     "fast_dllm_v2": {"threshold": 0.9, "steps": None, "temperature": 0.0, "sub_block": 8},
     "sdar": {"threshold": 0.9, "steps": None, "temperature": 0.0},
+    "diffusion_gemma": {"gen_length": 256, "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1,
+                        "stability_threshold": 1, "confidence_threshold": 0.005},
 }
 
 

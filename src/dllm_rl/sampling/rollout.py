@@ -4,7 +4,9 @@ Semantics of the fields are documented in :mod:`dllm_rl.sampling` (the package d
 ``step_map[b, j]`` is the 0-based step of sequence b at which completion token j was committed, -1 where
 it was never generated. ``step_tokens`` / ``step_masked`` / ``step_confidence`` (``[B, S, G]``, only with
 ``generate(..., record_steps="sampled" | "greedy")``) hold every step's full prediction
-(:mod:`dllm_rl.sampling.step_record`).
+(:mod:`dllm_rl.sampling.step_record`). A uniform-state rollout (DiffusionGemma) carries its trajectory in
+``uniform`` (:class:`~dllm_rl.sampling.uniform_rollout.UniformTrace`) and its own ``step_map``
+(:mod:`dllm_rl.sampling.uniform_rollout`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from dllm_rl.models.prompt_images import PromptImages
+from dllm_rl.sampling.uniform_rollout import UniformTrace
 
 
 def _pad_cols(t: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
@@ -54,6 +57,9 @@ class Rollout:
     step_tokens: torch.Tensor | None = None  # [B, S, G] int32
     step_masked: torch.Tensor | None = None  # [B, S, G] bool
     step_confidence: torch.Tensor | None = None  # [B, S, G] float32
+    # uniform-state families (DiffusionGemma): every step's canvas, draws, accepted positions, self-conditioning and
+    # counted rows, [B, S] / [B, S, G] (dllm_rl.sampling.uniform_rollout); None for masked diffusion
+    uniform: UniformTrace | None = None
 
     _ROW_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "step_map", "nfe",
                     "confidence", "entropy", "prefilled", "step_tokens", "step_masked", "step_confidence")
@@ -67,6 +73,8 @@ class Rollout:
         moved = {n: getattr(self, n).to(device) for n in self._ROW_TENSORS if getattr(self, n) is not None}
         if self.images is not None:
             moved["images"] = self.images.to(device)
+        if self.uniform is not None:
+            moved["uniform"] = self.uniform.to(device)
         return replace(self, **moved)
 
     def select(self, idx) -> Rollout:
@@ -83,6 +91,7 @@ class Rollout:
         out["finish_reason"] = [self.finish_reason[i] for i in rows]
         out["texts"] = [self.texts[i] for i in rows] if self.texts is not None else None
         out["images"] = self.images.select(rows) if self.images is not None else None
+        out["uniform"] = self.uniform.select(index) if self.uniform is not None else None
         return replace(self, **out)
 
     @staticmethod
@@ -103,6 +112,9 @@ class Rollout:
             steps = {name: torch.cat([_pad_steps(getattr(r, name), s_w, g_w, pad if fill is None else fill)
                                       for r in rollouts]) for name, fill in Rollout._STEP_FILL.items()}
         with_prefill = any(r.prefilled is not None for r in rollouts)
+        if len({r.uniform is None for r in rollouts}) > 1:
+            raise ValueError("Rollout.cat: uniform-state and masked rollouts do not mix")
+        uniform = UniformTrace.cat([r.uniform for r in rollouts], g_w, pad) if first.uniform is not None else None
         blocks = {r.block_size for r in rollouts}
         if len(blocks) > 1:
             raise ValueError(f"Rollout.cat: rollouts decoded at different blocks ({sorted(blocks, key=str)})")
@@ -123,8 +135,14 @@ class Rollout:
             prefilled=torch.cat([_pad_cols(r.prefilled if r.prefilled is not None else
                                            torch.zeros_like(r.completion_mask), g_w, False)
                                  for r in rollouts]) if with_prefill else None,
+            uniform=uniform,
             **steps,
         )
+
+    def decoded_tokens(self) -> torch.Tensor:
+        """``[B]``: the tokens the sampler produced per row: those committed at some step (``step_map >= 0``), or for
+        a uniform-state rollout, whose kept canvases are all produced, the answer's."""
+        return self.completion_mask.sum(-1) if self.uniform is not None else (self.step_map >= 0).sum(-1)
 
     def completion_lengths(self) -> torch.Tensor:
         """Tokens in each answer (``completion_mask.sum(-1)``)."""

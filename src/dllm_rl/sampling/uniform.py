@@ -16,7 +16,9 @@ Its rule is the stock one (transformers' ``generation_diffusion_gemma``), canvas
 
 Random numbers are drawn in the stock order (the canvas's ``randint``, then per step one ``multinomial`` over all
 positions and one ``randint`` for the re-noising, for every row, stopped or not) from ``generator`` (None: torch's
-global generator), so under the same seed the tokens equal ``model.generate``'s.
+global generator), so under the same seed the tokens equal ``model.generate``'s. A list of generators, one per row,
+draws each row's numbers from its own in the same order: a row's tokens are then those it gets alone under its
+generator's seed, whatever its batch (the library's batch invariance; :func:`dllm_rl.sampling.generate` does this).
 
 Each step is recorded (:class:`UniformStep`) with what a trajectory policy gradient needs: the canvas fed in,
 whether self-conditioning was on, the drawn ids, the accepted positions, which rows were still counted. The logits
@@ -164,12 +166,28 @@ class _Stopping:
         return stable & confident
 
 
+Generators = torch.Generator | list[torch.Generator] | None
+
+
+def _randint(vocab: int, shape: tuple[int, int], generator: Generators, device: torch.device) -> torch.Tensor:
+    if not isinstance(generator, list):
+        return torch.randint(0, vocab, shape, generator=generator, device=device)
+    return torch.cat([torch.randint(0, vocab, (1, shape[1]), generator=g, device=device) for g in generator])
+
+
+def _multinomial(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """One draw per position of ``probs`` ``[B, C, V]``: ``[B, C]``."""
+    if not isinstance(generator, list):
+        return torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(probs.shape[:2])
+    return torch.stack([torch.multinomial(p, 1, generator=g)[:, 0] for p, g in zip(probs, generator, strict=True)])
+
+
 def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Tensor, index: int,
-                    generator: torch.Generator | None, record: list[UniformStep]) -> tuple[torch.Tensor, torch.Tensor]:
+                    generator: Generators, record: list[UniformStep]) -> tuple[torch.Tensor, torch.Tensor]:
     """One canvas: the argmax canvas kept and the steps each row was counted for."""
     batch, width = done.shape[0], ctx.model.config.canvas_length
     vocab, device = ctx.model.config.get_text_config().vocab_size, done.device
-    canvas = torch.randint(0, vocab, (batch, width), generator=generator, device=device)
+    canvas = _randint(vocab, (batch, width), generator, device)
     argmax, self_cond = canvas, None
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     passes = torch.zeros(batch, dtype=torch.long, device=device)
@@ -178,9 +196,9 @@ def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Te
         passes += ~(stopped | done)
         logits = ctx.decode(canvas, self_cond) / temperature(cfg, step)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        sampled = torch.multinomial(probs.view(-1, vocab), 1, generator=generator).view(batch, width)
+        sampled = _multinomial(probs, generator)
         accepted = entropy_bound_accept(Categorical(logits=logits).entropy(), cfg.entropy_bound)
-        noise = torch.randint(0, vocab, (batch, width), generator=generator, device=device)
+        noise = _randint(vocab, (batch, width), generator, device)
         record.append(UniformStep(index, step, canvas, self_cond is not None, sampled, accepted, stopped.clone(),
                                   done.clone(), logits if cfg.keep_logits else None))
         new_argmax, canvas_next = logits.argmax(dim=-1), torch.where(accepted, sampled, noise)
@@ -212,7 +230,7 @@ def finish_canvas(kept: torch.Tensor, done: torch.Tensor, eos: torch.Tensor | No
 
 @torch.no_grad()
 def sample_uniform(model: torch.nn.Module, prompt_ids: torch.Tensor, cfg: UniformDecodeConfig | None = None,
-                   attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                   attention_mask: torch.Tensor | None = None, generator: Generators = None,
                    eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None) -> UniformRollout:
     """Decode ``prompt_ids`` ``[B, L]`` (left padding masked by ``attention_mask``) with a DiffusionGemma model (a
     :class:`~dllm_rl.models.diffusion_lm.DiffusionLM` or the stock module) canvas by canvas; see the module notes.

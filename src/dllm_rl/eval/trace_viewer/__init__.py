@@ -6,6 +6,12 @@ optionally the confidence it had when committed. The page embeds the records as 
 a few lines of inline JavaScript: no network resources, no external scripts, fonts or images. A prompt's
 images (LLaDA-V, MMaDA) are drawn where they stand in the prompt, from PNG ``data:`` URIs embedded in the
 records (scaled to at most :data:`THUMBNAIL` px a side), in place of the hundreds of positions they fill.
+
+A uniform-state rollout (DiffusionGemma) commits nothing for good: its record carries ``uniform_steps``, per counted
+step the canvas it worked on, the ids drawn there and the positions accepted
+(:func:`~dllm_rl.sampling.uniform_rollout.uniform_steps`), and the page
+shows each step's draws in that canvas, the accepted ones highlighted and the re-noised ones struck through, the
+earlier canvases as kept, and after the last step the kept canvases.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dllm_rl.jsonl import iter_jsonl, json_safe
 THUMBNAIL = 256  # px, the longer side of an image drawn in the page
 
 __all__ = ["TraceRecord", "image_data_uri", "load_trace_jsonl", "normalize_trace", "records_from_rollout",
-           "render_html", "write_html"]
+           "render_html", "uniform_steps", "write_html"]
 
 
 @dataclass
@@ -51,6 +57,9 @@ class TraceRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     images: list[str] = field(default_factory=list)  # data: URIs of the prompt's images...
     image_positions: list[int] = field(default_factory=list)  # ...drawn before these prompt_tokens indices
+    # uniform-state rollouts: per counted step {"step", "canvas", "self_conditioned", "ids", "tokens", "accepted"}
+    # (positions inside the canvas of block_length tokens); the page then has one more step, the kept canvases
+    uniform_steps: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.step_map):
@@ -60,6 +69,10 @@ class TraceRecord:
         self.step_map = [_step(s, j) for j, s in enumerate(self.step_map)]
         if self.answer_length is None:
             self.answer_length = len(self.tokens)
+        if self.uniform_steps is not None:
+            if not self.block_length:
+                raise UserError("trace: uniform_steps need block_length, the canvas length")
+            self.num_steps = len(self.uniform_steps) + 1
         if self.num_steps is None:
             self.num_steps = max([s + 1 for s in self.step_map if s >= 0], default=1)
         self.num_steps = max(1, int(self.num_steps))
@@ -85,6 +98,15 @@ def _first(obj: Mapping[str, Any], *names: str) -> Any:
         if n in obj and obj[n] is not None:
             return obj[n]
     return None
+
+
+def _uniform_from_json(steps: Any, tokenizer) -> list[dict[str, Any]] | None:
+    if steps is None:
+        return None
+    if tokenizer is not None:
+        return [{**s, "tokens": [_piece(tokenizer, t) for t in s["ids"]]} if s.get("ids") is not None else s
+                for s in steps]
+    return list(steps)
 
 
 def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> TraceRecord:
@@ -125,7 +147,7 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
     known = {"step_map", "steps", "completion_ids", "token_ids", "completion_tokens", "tokens", "prompt_tokens",
              "prompt_ids", "completion_mask", "answer_length", "length", "completion_length", "confidence", "nfe",
              "num_steps", "text", "completion", "finish_reason", "reward", "label", "block_length",
-             "block_offset"}
+             "block_offset", "uniform_steps"}
     reward = obj.get("reward")
     return TraceRecord(
         prompt_tokens=[str(t) for t in prompt_tokens],
@@ -142,6 +164,7 @@ def normalize_trace(obj: Mapping[str, Any], tokenizer=None, label: str = "") -> 
         reward=float(reward) if isinstance(reward, (int, float)) else None,
         block_length=obj.get("block_length"),
         block_offset=int(obj.get("block_offset") or 0),
+        uniform_steps=_uniform_from_json(obj.get("uniform_steps"), tokenizer),
         extra={k: v for k, v in obj.items() if k not in known and isinstance(v, (str, int, float, bool))},
     )
 
@@ -200,6 +223,11 @@ def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None
     """
     out = []
     conf = getattr(rollout, "confidence", None)
+    trace = getattr(rollout, "uniform", None)
+    if trace is not None:  # a uniform-state rollout: its canvases are the blocks, counted from the completion
+        from dllm_rl.sampling.uniform_rollout import uniform_steps
+
+        block_length, block_offsets = trace.canvas_length, None
     for b in range(rollout.completion_ids.shape[0]):
         pmask = rollout.prompt_mask[b].bool()
         pids = rollout.prompt_ids[b][pmask].tolist()
@@ -222,6 +250,7 @@ def records_from_rollout(rollout, tokenizer, labels: Sequence[str] | None = None
             finish_reason=rollout.finish_reason[b] if getattr(rollout, "finish_reason", None) else None,
             block_length=block_length,
             block_offset=int(block_offsets[b]) if block_offsets is not None else 0,
+            uniform_steps=uniform_steps(trace, b, lambda t: _piece(tokenizer, t)) if trace is not None else None,
         ))
     return out
 
