@@ -1,5 +1,11 @@
 """The estimator registry (verl ``core_algos`` style): an estimator is one *row planner* registered by name.
 
+Uniform-state families (DiffusionGemma, ``Family.noise == "uniform"``) have no mask token and no rows to plan:
+their estimators are *scorers* ``score(model, batch, generator, *, option=...) -> TokenScores`` registered with
+``@register_uniform("name")``. :data:`NOISE` records the noise kind each estimator scores, and
+:func:`check_noise` — called by :func:`estimate`, :func:`plan_rows` and :func:`estimator_forwards` — is the one
+place that refuses an estimator of the other kind, naming the ones that fit.
+
 A planner ``plan(model, batch, generator, *, option=...) -> MaskedRows`` draws every random number it needs
 from the caller's generator and returns the masked rows to forward with each completion token's weight
 (:mod:`dllm_rl.estimators.rows`). Scoring is shared: :func:`estimate` plans the rows with the registered
@@ -20,6 +26,7 @@ from typing import Any
 
 import torch
 
+from dllm_rl.errors import UserError
 from dllm_rl.estimators.batch import MaskedRows, ScoringBatch, TokenScores
 from dllm_rl.estimators.scoring import score_rows
 from dllm_rl.models.diffusion_lm import DiffusionLM
@@ -31,10 +38,33 @@ Planner = Callable[..., MaskedRows]
 SCORER_OPTIONS = ("max_rows", "logprob_chunk_size")
 
 ESTIMATORS: dict[str, Planner] = {}
+#: the noise kind (``Family.noise``) each estimator scores: "mask" for the row planners, "uniform" for the scorers
+NOISE: dict[str, str] = {}
+_SCORES = {"mask": "masked diffusion", "uniform": "uniform-state diffusion"}
+_IS = {"mask": "masked", "uniform": "uniform-state"}
+
+_register = registrar(ESTIMATORS, "estimator")
 
 
-#: ``@register("name")``: register ``planner`` as estimator ``name``.
-register = registrar(ESTIMATORS, "estimator")
+def register(name: str) -> Callable[[Planner], Planner]:
+    """``@register("name")``: register ``planner`` as estimator ``name`` (a masked-diffusion row planner)."""
+    NOISE.setdefault(name, "mask")
+    return _register(name)
+
+
+def register_uniform(name: str) -> Callable[[Callable[..., TokenScores]], Callable[..., TokenScores]]:
+    """``@register_uniform("name")``: register a uniform-state scorer (returns :class:`TokenScores` itself)."""
+    NOISE.setdefault(name, "uniform")
+    return _register(name)
+
+
+def check_noise(family, name: str) -> None:
+    """Refuse estimator ``name`` on a model of ``family`` whose noise kind it does not score (:class:`UserError`,
+    one line naming the estimators that fit)."""
+    kind, noise = NOISE.get(name, "mask"), getattr(family, "noise", "mask")
+    if kind != noise:
+        fits = " or ".join(repr(n) for n in sorted(n for n, k in NOISE.items() if k == noise)) or "none yet"
+        raise UserError(f"estimator {name!r} scores {_SCORES[kind]}; {family.name} is {_IS[noise]}: use {fits}")
 
 
 def _lookup(name: str) -> Planner:
@@ -48,7 +78,8 @@ def estimator_options(name: str) -> list[str]:
     """The keyword options estimator ``name`` accepts: its planner's keyword-only parameters, then the scorer's
     (:data:`SCORER_OPTIONS`)."""
     params = inspect.signature(_lookup(name)).parameters.values()
-    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY] + list(SCORER_OPTIONS)
+    own = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    return own if NOISE.get(name) == "uniform" else own + [o for o in SCORER_OPTIONS if o not in own]
 
 
 def _check_options(name: str, options: dict[str, Any]) -> None:
@@ -74,6 +105,11 @@ def estimate(
     log-prob (:func:`~dllm_rl.estimators.scoring.score_rows`).
     """
     _check_options(name, options)
+    check_noise(model.family, name)
+    if NOISE[name] == "uniform":
+        if batch.images is not None:
+            raise ValueError(f"ScoringBatch.images: estimator {name!r} takes no image features")
+        return ESTIMATORS[name](model, batch, generator, **options)
     scorer = {k: options.pop(k) for k in SCORER_OPTIONS if k in options}
     return score_rows(model, plan_rows(model, name, batch, generator, **options), agree_calls=agree_calls,
                       entropy=entropy, **scorer)
@@ -87,7 +123,11 @@ def plan_rows(model: DiffusionLM, name: str, batch: ScoringBatch, generator: tor
     if batch.images is not None and model.is_block_causal:
         raise ValueError(f"ScoringBatch.images: image features are spliced into full-attention models' prompts "
                          f"(llada_v); a {model.family.name} model takes none")
-    rows = _lookup(name)(model, batch, generator, **options)
+    planner = _lookup(name)
+    check_noise(model.family, name)
+    if NOISE[name] != "mask":
+        raise ValueError(f"estimator {name!r} scores canvas by canvas and plans no rows")
+    rows = planner(model, batch, generator, **options)
     rows.block_size = model.layout_block(batch.block_size)
     if batch.loss_mask is not None:  # the tokens that do not train keep their place in the rows, unscored
         rows.weight = rows.weight * batch.loss_mask[rows.sample.to(batch.loss_mask.device)].to(rows.weight)

@@ -54,6 +54,16 @@ class RowRandom:
             return torch.empty((0, *shape), device=dev)
         return torch.stack([torch.rand(shape, generator=g, device=dev) for g in self.per_sample])
 
+    def randint(self, high: int, *shape: int) -> torch.Tensor:
+        """Uniform integers in ``[0, high)`` of shape ``[B, *shape]`` (exactly uniform, unlike ``floor(rand * high)``
+        at a vocabulary that does not divide 2^24), from the same streams as :meth:`rand`."""
+        dev = self.generator.device
+        if self.per_sample is None:
+            return torch.randint(0, high, (self.batch_size, *shape), generator=self.generator, device=dev)
+        if not self.per_sample:
+            return torch.empty((0, *shape), dtype=torch.long, device=dev)
+        return torch.stack([torch.randint(0, high, shape, generator=g, device=dev) for g in self.per_sample])
+
 
 def build_rows(
     batch: ScoringBatch,

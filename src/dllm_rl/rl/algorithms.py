@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dllm_rl.config import ConfigError
-from dllm_rl.estimators import ScoringBatch, estimator_forwards
+from dllm_rl.estimators import ScoringBatch, check_noise, estimator_forwards
 from dllm_rl.rl.advantages import compute_advantages
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
@@ -81,6 +81,7 @@ def check_estimator_options(cfg: RLConfig, model) -> None:
     value such as ``num_mc: -4``): the estimator plans the rows of one dummy completion (no model forward),
     which runs every check of its options, before the first rollout rather than at the first update. The dummy
     batch is laid out at the training block (``train_block_size``, which the updates score at), not the model's."""
+    check_noise(model.family, cfg.estimator)  # an estimator of the other noise kind: one line naming those that fit
     n = cfg.rollout.gen_length
     token = torch.full((1, n), model.eos_token_id, dtype=torch.long)
     batch = ScoringBatch(token[:, :1], torch.ones(1, 1, dtype=torch.bool), token, torch.ones(1, n, dtype=torch.bool),

@@ -125,6 +125,18 @@ class CanvasContext:
         self.mask = torch.nn.functional.pad(self.mask, (0, canvas.shape[1]), value=True)
         self._encode(canvas)
 
+    def hidden(self, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
+               self_conditioning_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder's last hidden states ``[B, C, H]`` of ``canvas`` (before the LM head), for scorers that project
+        them onto the vocabulary a chunk at a time; ``self_conditioning_mask`` ``[B]`` zeroes some rows' input."""
+        width = canvas.shape[1]
+        mask = torch.nn.functional.pad(self.mask, (0, width), value=True)
+        positions = torch.arange(self.length, self.length + width, device=canvas.device)[None]
+        return self.model.model.decoder(
+            decoder_input_ids=canvas, cache=self.cache, self_conditioning_logits=self_conditioning,
+            self_conditioning_mask=self_conditioning_mask, decoder_attention_mask=mask,
+            decoder_position_ids=positions).last_hidden_state
+
     def decode(self, canvas: torch.Tensor, self_conditioning: torch.Tensor | None) -> torch.Tensor:
         """Raw (soft-capped, float32) logits ``[B, C, V]`` of ``canvas`` after everything encoded so far."""
         width = canvas.shape[1]
