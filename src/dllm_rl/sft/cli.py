@@ -21,9 +21,10 @@ def sft(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser(
         "sft",
-        help="supervised fine-tuning (random_mask | block | trace | ar objectives)",
+        help="supervised fine-tuning (random_mask | block | trace | ar | uniform objectives)",
         description="Fine-tune a diffusion LM on prompt/response JSON lines. Objectives: random_mask (MDLM/LLaDA), "
-        "block (block diffusion; two-stream for block models), trace (TraceRL trajectory replay), ar.",
+        "block (block diffusion; two-stream for block models), trace (TraceRL trajectory replay), ar, uniform "
+        "(uniform-state families such as diffusion_gemma).",
     )
     p.add_argument("config", nargs="?", help="YAML config (see configs/demo-sft.yaml); --help-config lists keys")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100 optim.lr=3e-4")

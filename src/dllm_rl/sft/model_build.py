@@ -65,6 +65,6 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
         dlm = build_model(cfg.family, pub, seed=seed, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
         if cfg.init_std is not None:
             reinit_weights(dlm, cfg.init_std, seed)
-    if tok.mask_token_id != dlm.mask_token_id:
+    if dlm.mask_token_id is not None and tok.mask_token_id != dlm.mask_token_id:  # uniform-state noise: no mask
         raise ValueError(f"tokenizer mask id {tok.mask_token_id} != model mask_token_id {dlm.mask_token_id}")
     return tok, dlm

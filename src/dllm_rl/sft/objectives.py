@@ -15,7 +15,12 @@ the answer length, averaged over the batch). The prompt is never masked or score
 ``trace``       TraceRL's trajectory replay (arXiv 2509.06949 Eq. 4 with unit advantages): the ``trace``
                 estimator over recorded step maps
 ``ar``          next-token cross-entropy under a causal mask, the ``ar`` estimator
+``uniform``     uniform-state families (DiffusionGemma): the published denoising cross-entropy with two-pass
+                self-conditioning, canvas by canvas (the ``uniform_denoise`` estimator)
 =============  ==========================================================================================
+
+An objective trains the noise kind of its estimator (:data:`dllm_rl.estimators.NOISE`); :func:`check_objective`
+refuses it on a family of the other kind.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from typing import Any, Literal
 
 import torch
 
-from dllm_rl.config import Checked, field
-from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
+from dllm_rl.config import Checked, ConfigError, field
+from dllm_rl.estimators import NOISE, ScoringBatch, TokenScores, estimate
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 
@@ -36,12 +41,16 @@ from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 class ObjectiveConfig(Checked):
     """Which SFT loss, and its knobs."""
 
-    name: Literal["random_mask", "block", "trace", "ar"] = field(
+    name: Literal["random_mask", "block", "trace", "ar", "uniform"] = field(
         "random_mask", help="random_mask (MDLM/LLaDA), block (block diffusion / semi-AR), trace (TraceRL "
-        "trajectory replay, needs step maps), ar (next-token loss for AR-adapted full-attention models)")
+        "trajectory replay, needs step maps), ar (next-token loss for AR-adapted full-attention models), uniform "
+        "(uniform-state families such as diffusion_gemma: the published denoising cross-entropy, canvas by canvas)")
     eps: float = field(
         1e-3, gt=0, lt=1, help="noise levels t ~ U(eps, 1) (MDLM/LLaDA eps; keeps the 1/t weight bounded)")
-    num_mc: int = field(1, ge=1, help="random_mask: masked draws per sequence (Monte-Carlo samples of t)")
+    num_mc: int = field(1, ge=1, help="random_mask, uniform: noisy draws per sequence (Monte-Carlo samples of t)")
+    self_conditioning_p: float = field(
+        0.5, ge=0, le=1, help="uniform: probability per example and canvas that a no-grad first pass's logits are "
+        "fed to the scored pass as self-conditioning (NeMo's DiffusionGemma SFT recipe: 0.5)")
     block_size: int | None = field(
         None, ge=1, help="block objective: block length. Block models: null = the model's block_size (must match). "
         "Full-attention models: the semi-AR decoding block_length (required)")
@@ -61,6 +70,9 @@ class ObjectiveConfig(Checked):
             return {"eps": self.eps, "block_size": self.block_size, **scorer}
         if self.name == "trace":
             return {"shrinkage": self.shrinkage, **scorer}
+        if self.name == "uniform":  # decoded canvas by canvas: no rows to bound with max_rows
+            return {"eps": self.eps, "num_mc": self.num_mc, "self_conditioning_p": self.self_conditioning_p,
+                    "logprob_chunk_size": self.logprob_chunk_size}
         return scorer
 
 
@@ -70,7 +82,19 @@ def sequence_loss(scores: TokenScores, lengths: torch.Tensor) -> torch.Tensor:
     return (per_seq / lengths.to(per_seq.device).clamp(min=1).float()).mean()
 
 
-OBJECTIVES = ("random_mask", "block", "trace", "ar")
+OBJECTIVES = ("random_mask", "block", "trace", "ar", "uniform")
+_ESTIMATOR_OF = {"random_mask": "random_mask", "uniform": "uniform_denoise"}  # the others run their namesake
+
+
+def check_objective(name: str, family) -> None:
+    """Refuse SFT objective ``name`` on a model of ``family`` whose noise kind its estimator does not train
+    (:class:`ConfigError`, one line naming ``objective.name`` and the objectives that fit)."""
+    kind = NOISE[_ESTIMATOR_OF.get(name, name)]
+    if kind != family.noise:
+        fits = ", ".join(n for n in OBJECTIVES if NOISE[_ESTIMATOR_OF.get(n, n)] == family.noise)
+        words = {"mask": "masked", "uniform": "uniform-state"}
+        raise ConfigError(f"objective.name={name} trains {words[kind]} diffusion; {family.name} is "
+                          f"{words[family.noise]}: use objective.name={fits}")
 
 
 def objective_estimator(name: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -80,7 +104,7 @@ def objective_estimator(name: str, options: dict[str, Any]) -> tuple[str, dict[s
         opts = dict(options)
         eps = opts.pop("eps", 1e-3)
         return "random_mask", {"lo": eps, "hi": 1.0, "importance_weight": True, **opts}
-    return name, dict(options)
+    return _ESTIMATOR_OF.get(name, name), dict(options)
 
 
 @dataclass

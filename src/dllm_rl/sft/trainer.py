@@ -31,7 +31,7 @@ from dllm_rl.seeding import derive_seed
 from dllm_rl.sft.config import SFTConfig
 from dllm_rl.sft.data import DataReport, SFTExample, collate, encode_images, load_sft_data
 from dllm_rl.sft.model_build import build_tokenizer_and_model
-from dllm_rl.sft.objectives import compute_objective
+from dllm_rl.sft.objectives import check_objective, compute_objective
 from dllm_rl.threads import use_cpu_threads
 from dllm_rl.training import (
     IndexStream,
@@ -118,6 +118,11 @@ class SFTTrainer:
     def load_examples(self) -> tuple[list[Any], DataReport]:
         """The run's examples (each with ``num_tokens`` and ``where``) and their data report."""
         cfg = self.cfg
+        check_objective(cfg.objective.name, self.dlm.family)
+        if self.dlm.family.noise == "uniform" and self.accelerator.num_processes > 1:
+            raise ConfigError(f"objective.name={cfg.objective.name}: a {self.dlm.family.name} model trains in one "
+                              "process for now (its scorers call the stock modules, not the wrapped forward that "
+                              "synchronises gradients); launch one process")
         examples, report = load_sft_data(
             cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=self.verbose and self.accelerator.is_main_process)
         if cfg.objective.name == "trace" and any(e.step_map is None for e in examples):
