@@ -62,6 +62,10 @@ a block they leave nothing to decode in costs no step, and ends the answer if it
 **Per-step records** (``record_steps``: MDPO, EGSPO) keep each step's prediction per sequence, as ``generate``'s
 :class:`~dllm_rl.sampling.step_record.StepRecorder` does for a batch of one.
 
+**Log-probabilities** (``add_request(logprobs=K)``, the server's ``logprobs``): each committed token's
+log-probability under the distribution of the step that committed it, and its ``K`` likeliest alternatives
+(:mod:`~dllm_rl.sampling.logprobs`), computed for the rows that asked only and kept for their committed slots only.
+
 **Partial decodes** (``until_block``: d-TreeRPO's tree nodes) end a sequence before its ``until_block``-th decoded
 block, the rest of its completion left masked.
 
@@ -95,6 +99,7 @@ from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import evaluating, step_commits, to_rollout
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_noise
+from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs, step_logprobs
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
@@ -157,10 +162,12 @@ class _Canvases:
 
 @dataclass
 class Completion:
-    """A finished request: its id (from :meth:`Engine.add_request`) and its one-row :class:`Rollout`."""
+    """A finished request: its id (from :meth:`Engine.add_request`), its one-row :class:`Rollout` and, if it asked,
+    its tokens' log-probabilities at commit."""
 
     request_id: int
     rollout: Rollout
+    logprobs: TokenLogprobs | None = None
 
 
 class Engine:
@@ -187,7 +194,8 @@ class Engine:
     def add_request(self, prompt, seed: int | None = None, gen_length: int | None = None,
                     config: DecodeConfig | None = None, images: PromptImages | None = None,
                     prefill: dict[int, int] | None = None, adapter: str | None = None,
-                    record_steps: str | None = None, until_block: int | None = None) -> int:
+                    record_steps: str | None = None, until_block: int | None = None,
+                    logprobs: int | None = None) -> int:
         """Queue one prompt (token ids); returns its request id. ``seed`` seeds its generator (default
         ``config.seed + request id``); ``gen_length`` overrides the config's for this request; ``images`` (one row,
         LLaDA-V) are the prompt's image features, spliced at its placeholder positions.
@@ -203,7 +211,9 @@ class Engine:
         ``record_steps`` (``"sampled"`` | ``"greedy"``) keeps each step's prediction in the rollout, as
         ``generate(record_steps=)`` does (:mod:`~dllm_rl.sampling.step_record`: MDPO, EGSPO). ``until_block``
         stops the request after its first ``until_block`` decoded blocks, the rest of its completion left masked, as
-        ``generate(until_block=)`` (d-TreeRPO's partial trees).
+        ``generate(until_block=)`` (d-TreeRPO's partial trees). ``logprobs`` (0 to :data:`MAX_TOP`) records each
+        committed token's log-probability at its commit step and that many alternatives
+        (:meth:`Sequence.token_logprobs`, :attr:`Completion.logprobs`).
 
         ``config`` decodes this request with its own choice rules (:data:`PER_REQUEST`: sampling, schedule, order,
         EOS stop); it shares every step's forward with the others, so the fields that shape the forward (the
@@ -222,7 +232,12 @@ class Engine:
             [ids] = check_inputs(self.model, [prompt], config, None, images, self.engine.max_positions)
         except UserError as err:
             raise UserError(str(err).replace("prompt 0", f"request {rid}")) from None
-        return self._queue(ids, config, seed, images, prefill, adapter, record_steps, until_block)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP:
+            raise FieldError("logprobs", f"request {rid}: {logprobs} alternatives asked; give 0 to {MAX_TOP}")
+        rid = self._queue(ids, config, seed, images, prefill, adapter, record_steps, until_block)
+        if logprobs is not None:
+            self.waiting[-1].logprobs = LogprobMaps(self.waiting[-1].width, logprobs, self.device)
+        return rid
 
     def adapters(self) -> tuple[str, ...]:
         """The names of the LoRA adapters loaded in the model (none without ``peft``)."""
@@ -302,7 +317,7 @@ class Engine:
         for seq in finished:  # (rollouts are built outside inference mode: training reads them)
             if seq.rows is not None:
                 self.running[seq.slot] = None
-        return [Completion(seq.request_id, self._rollout(seq)) for seq in finished]
+        return [Completion(seq.request_id, self._rollout(seq), seq.token_logprobs()) for seq in finished]
 
     def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None,
             prefill: list[dict[int, int]] | None = None, record_steps: str | None = None,
@@ -636,6 +651,18 @@ class Engine:
                 g = seq.comp[1] - seq.comp[0]
                 seq.records.append((x[i, :g], masked[i, :g], score[i, :g]))
 
+    def _logprobs(self, group: list[Sequence], logits: torch.Tensor, tokens: torch.Tensor, chosen: torch.Tensor,
+                  cfg: DecodeConfig) -> None:
+        """The rows that asked record their committed tokens' log-probabilities under this step's distribution
+        (:func:`~dllm_rl.sampling.logprobs.step_logprobs`; the others cost nothing)."""
+        ask = [i for i, s in enumerate(group) if s.logprobs is not None]
+        index = self._long(ask)
+        top = max(group[i].logprobs.top for i in ask)
+        lp, vals, ids = step_logprobs(logits.index_select(0, index), tokens.index_select(0, index), cfg.temperature,
+                                      cfg.top_k, cfg.top_p, top)
+        for j, i in enumerate(ask):
+            group[i].logprobs.write(group[i].cols()[0], chosen[i], lp[j], vals[j], ids[j])
+
     def _shifted(self, group: list[Sequence], raw: torch.Tensor) -> torch.Tensor:
         """A shifted family's (Fast-dLLM v2) logits of each row's current block ``[s, e)`` from the raw logits of
         the forward's last query columns (column ``i`` scores token ``i + 1``): column ``i`` reads the raw logits of
@@ -695,6 +722,9 @@ class Engine:
             x = x.masked_fill(back, self.model.mask_token_id)
             todo, step_map = todo | back, step_map.masked_fill(back, -1)
             conf_map, ent_map = conf_map.masked_fill(back, 0.0), ent_map.masked_fill(back, 0.0)
+            chosen = chosen & ~back
+        if any(s.logprobs is not None for s in group):
+            self._logprobs(group, logits, tokens, chosen, cfg)
         rows.x[slots, cols], rows.todo[slots, cols], rows.step_map[slots, cols] = x, todo, step_map
         rows.conf[slots, cols], rows.entropy[slots, cols] = conf_map, ent_map
         for seq in group:

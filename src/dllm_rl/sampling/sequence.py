@@ -20,6 +20,7 @@ import torch
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas
 from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.logprobs import LogprobMaps, TokenLogprobs
 
 
 class SlotRows:
@@ -96,6 +97,7 @@ class Sequence:
     prefill: dict[int, int] | None = None  # completion offset -> token committed before decoding
     empty: dict[int, bool] | None = None  # prefill only: blocks left with nothing to decode -> holds only EOS / pad
     joining: bool = False  # it took its slot in this step (its first forward may run apart)
+    logprobs: LogprobMaps | None = None  # asked for: each committed token's log-probability at its commit step
 
     @classmethod
     def new(cls, request_id: int, prompt: list[int], gen_length: int, block: int, block_causal: bool, mask_id: int,
@@ -154,6 +156,16 @@ class Sequence:
         generated, as :func:`~dllm_rl.sampling.decode.decode` fills them."""
         self.x[end : self.comp[1]] = eos
         self.todo[end : self.comp[1]] = False
+
+    def token_logprobs(self) -> TokenLogprobs | None:
+        """Its completion's tokens with their log-probabilities at commit as they stand (None: not asked for)."""
+        if self.logprobs is None:
+            return None
+        if self.rows is None:
+            steps = torch.full((self.width,), -1, dtype=torch.long, device=self.canvas.x.device)
+        else:
+            steps = self.rows.step_map[self.slot, : self.width]
+        return self.logprobs.read(self.x, steps, *self.comp)
 
     def result(self) -> tuple[Canvas, dict[str, torch.Tensor]]:
         """Its canvas as it stands and the trace :func:`~dllm_rl.sampling.decode.to_rollout` reads, as a batch of
