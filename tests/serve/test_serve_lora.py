@@ -108,9 +108,9 @@ def test_requests_decode_with_the_adapter_they_name_as_alone(adapters):
         name = None if body.get("model") in (None, "sdar-countdown") else body["model"]
         assert answer["choices"][0]["text"] == want[(name, body["prompt"])], body
         assert answer["model"] == (name or "sdar-countdown")
-    assert bad.status_code == 400
-    assert bad.json()["error"]["param"] == "model"
-    assert bad.json()["error"]["message"] == "model: 'other' is not served here; served: sdar-countdown, plus, minus"
+    assert bad.status_code == 404  # OpenAI's and vLLM's answer (the SDK's NotFoundError)
+    assert bad.json()["error"] == {"message": "The model `other` does not exist; served: sdar-countdown, plus, minus",
+                                   "type": "NotFoundError", "param": "model", "code": "model_not_found"}
 
 
 def test_a_request_naming_an_adapter_leaves_the_model_as_it_was(adapters):

@@ -42,6 +42,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -55,9 +56,12 @@ from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.sampling.inputs import check_config, check_inputs
+from dllm_rl.sampling.logprobs import MAX_TOP
 from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeConfig
+from dllm_rl.serve.fields import REFUSED, best_of_refusal, refusal
 from dllm_rl.serve.guards import BodyLimit, KeyCheck
+from dllm_rl.serve.logprob_shapes import chat_shape, completion_shape, kept
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
@@ -78,12 +82,21 @@ class ApiError(Exception):
                                        "code": self.code}}, status_code=self.status)
 
 
-class Decoding(BaseModel):
-    """The request fields both endpoints share (unknown OpenAI fields are ignored; the unsupported are refused)."""
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = None  # a last chunk with "choices": [] and the usage
+    include_obfuscation: bool | None = None  # no obfuscation field is sent: true is refused
 
-    model_config = ConfigDict(extra="ignore")
+
+class Decoding(BaseModel):
+    """The request fields both endpoints share. A field the server does not know is a 400 naming it; one it knows
+    but cannot honour (:data:`~dllm_rl.serve.fields.REFUSED`) is a 400 unless neutral (None, or the SDKs'
+    defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None  # wins over max_tokens
     temperature: float | None = None
     top_p: float | None = None
     top_k: Int64 | None = None
@@ -92,15 +105,26 @@ class Decoding(BaseModel):
     seed: Int64 | None = None
     block_length: Int64 | None = None
     block_size: Int64 | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_canvas: bool = False
-    n: Int64 = 1
+    stream_options: StreamOptions | None = None
+    n: Int64 | None = 1
     stop: str | list[str] | None = None
     preset: str | None = None
+    # refused unless neutral (dllm_rl.serve.fields.REFUSED); NO_EFFECT ones are accepted and change nothing
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    user: Any = None
 
 
 class CompletionRequest(Decoding):
-    prompt: str | list[int]
+    prompt: str | list[str] | list[Int64] | list[list[Int64]]
+    logprobs: Int64 | None = None  # alternatives per token (0: the sampled token's own log-probability)
+    echo: bool | None = False
+    best_of: Int64 | None = None
+    suffix: Any = None
 
 
 class Message(BaseModel):
@@ -110,6 +134,30 @@ class Message(BaseModel):
 
 class ChatRequest(Decoding):
     messages: list[Message]
+    logprobs: bool | None = None
+    top_logprobs: Int64 | None = None
+    # refused unless neutral (dllm_rl.serve.fields.REFUSED)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    store: Any = None
+    service_tier: Any = None
+    # accepted without effect (dllm_rl.serve.fields.NO_EFFECT)
+    metadata: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    parallel_tool_calls: Any = None
 
 
 def api_key_problem(key: str) -> str | None:
@@ -132,8 +180,12 @@ class Server:
     (or the base model, ``name``); all of them share the engine's ``limits.slots`` slots and its KV pool."""
 
     def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
-                 adapters: tuple[str, ...] = (), api_key: str | None = None):
+                 adapters: tuple[str, ...] = (), api_key: str | None = None, aliases: tuple[str, ...] = (),
+                 roots: dict[str, str] | None = None):
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
+        self.names = (name, *(a for a in aliases if a != name))  # --served-model-name: the first is reported
+        self.roots = dict(roots or {})  # a served id -> what /v1/models gives as its root (default: the id)
+        self.created = int(time.time())
         if api_key is not None and (problem := api_key_problem(api_key)):
             raise UserError(f"api_key: {problem}; give another key, or None to serve without one")
         self.api_key = api_key  # set: every /v1 request must carry "Authorization: Bearer <api_key>"
@@ -149,17 +201,50 @@ class Server:
     def adapter_for(self, req: Decoding) -> str | None:
         """The LoRA adapter the request's ``model`` names (None: the base model, also when it names none), or a
         400 naming ``model``."""
-        if req.model is None or req.model == self.name:
+        if req.model is None or req.model in self.names:
             return None
         if req.model in self.adapters:
             return req.model
-        raise ApiError(400, f"model: {req.model!r} is not served here; served: "
-                       f"{', '.join([self.name, *self.adapters])}", "model")
+        raise ApiError(404, f"The model `{req.model}` does not exist; served: "
+                       f"{', '.join([*self.names, *self.adapters])}", "model", kind="NotFoundError",
+                       code="model_not_found")
+
+    def models(self) -> list[dict]:
+        """``/v1/models``: every served name of the base model, then the adapters (``parent``: the base model)."""
+        card = {"object": "model", "created": self.created, "owned_by": "dllm-rl"}
+        return ([{"id": n, **card, "root": self.roots.get(n, n), "parent": None} for n in self.names]
+                + [{"id": a, **card, "root": self.roots.get(a, a), "parent": self.name} for a in self.adapters])
+
+    @staticmethod
+    def check_fields(req: Decoding) -> int | None:
+        """The fields the server cannot honour (a 400 naming the first, unless neutral), and the log-probability
+        alternatives asked for (None: no log-probabilities)."""
+        if (refused := refusal({name: getattr(req, name, None) for name in REFUSED})) is not None:
+            raise ApiError(400, refused[1], refused[0])
+        options = req.stream_options
+        if options is not None and not req.stream:
+            raise ApiError(400, "stream_options: only with \"stream\": true", "stream_options")
+        if options is not None and options.include_obfuscation:
+            raise ApiError(400, "stream_options.include_obfuscation: true cannot be honoured: no obfuscation field "
+                           "is sent; leave it out or false", "stream_options")
+        if isinstance(req, CompletionRequest):
+            if (problem := best_of_refusal(req.best_of, req.n or 1)) is not None:
+                raise ApiError(400, problem, "best_of")
+            asked, name = req.logprobs, "logprobs"
+        else:
+            if req.top_logprobs and not req.logprobs:
+                raise ApiError(400, "top_logprobs: set \"logprobs\": true too", "top_logprobs")
+            asked, name = (req.top_logprobs or 0) if req.logprobs else None, "top_logprobs"
+        if asked is not None and not 0 <= asked <= MAX_TOP:
+            raise ApiError(400, f"{name}: {asked} alternatives asked; give 0 to {MAX_TOP}", name)
+        return asked
 
     def config_for(self, req: Decoding) -> tuple[DecodeConfig, int]:
-        """The request's DecodeConfig and its max_tokens, or a 400 naming the field."""
-        if not 1 <= req.n <= self.limits.slots + self.limits.max_queue:
-            raise ApiError(400, f"n: {req.n} completions asked; give 1 to {self.limits.slots + self.limits.max_queue} "
+        """The request's DecodeConfig and its max_tokens (``max_completion_tokens`` wins over ``max_tokens``), or a
+        400 naming the field."""
+        n = 1 if req.n is None else req.n
+        if not 1 <= n <= self.limits.slots + self.limits.max_queue:
+            raise ApiError(400, f"n: {n} completions asked; give 1 to {self.limits.slots + self.limits.max_queue} "
                            "(the server's --slots plus --max-queue)", "n")
         if req.stream_canvas and not req.stream:
             raise ApiError(400, "stream_canvas: the canvas is streamed; set \"stream\": true too", "stream_canvas")
@@ -169,10 +254,12 @@ class Server:
                 raise ApiError(400, f"{name}: {value} asked, but this server decodes with {name} {own} (every "
                                f"request shares its forward passes); leave {name} out or restart the server with "
                                f"--{name.replace('_', '-')} {value}", name)
-        max_tokens = self.decode.gen_length if req.max_tokens is None else req.max_tokens
+        field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+        asked = getattr(req, field)
+        max_tokens = self.decode.gen_length if asked is None else asked
         if not 1 <= max_tokens <= self.limits.max_tokens:
-            raise ApiError(400, f"max_tokens: {max_tokens} is outside [1, {self.limits.max_tokens}] (the server's "
-                           "--max-tokens)", "max_tokens")
+            raise ApiError(400, f"{field}: {max_tokens} is outside [1, {self.limits.max_tokens}] (the server's "
+                           "--max-tokens)", field)
         base = self.decode
         rcr = "this server decodes with RCR remasking (--remasking rcr), which re-masks on the static schedule"
         if req.preset is not None:  # a family's published schedule (dllm_rl.sampling.presets), then the request's own
@@ -220,10 +307,16 @@ class Server:
         return list(self.tokenizer.apply_chat_template([m.model_dump() for m in req.messages],
                                                        add_generation_prompt=True, tokenize=True, return_dict=False))
 
-    def text_prompt(self, req: CompletionRequest) -> list[int]:
-        if isinstance(req.prompt, str):
-            return self.tokenizer.encode(req.prompt, add_special_tokens=False)
-        return list(req.prompt)
+    def text_prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
+        """Each prompt's token ids and text (what ``echo`` shows): ``prompt`` is a text, token ids, or a list of
+        either."""
+        prompt = req.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise ApiError(400, "prompt: give at least one prompt", "prompt")
+        return [(self.tokenizer.encode(p, add_special_tokens=False), p) if isinstance(p, str)
+                else (list(p), self.tokenizer.decode(list(p), skip_special_tokens=True)) for p in prompt]
 
     def check_prompt(self, ids: list[int], config: DecodeConfig, max_tokens: int, param: str) -> None:
         try:
@@ -236,29 +329,36 @@ class Server:
                            f"{config.gen_length} slots, whole blocks) need {need} positions, more than the server's "
                            f"--max-positions {self.limits.max_positions}; shorten the prompt or max_tokens", param)
 
-    def tickets(self, ids: list[int], config: DecodeConfig, n: int, stream: bool, adapter: str | None = None,
-                canvas: bool = False, stop: tuple[str, ...] = (), max_tokens: int | None = None) -> list[Ticket]:
-        """The ``n`` tickets of one request (choice ``k`` decodes with seed ``config.seed + k``), sharing one event
-        queue; 429 when the queue has no room for all of them, 503 while shutting down."""
+    def tickets(self, prompts: list[list[int]], config: DecodeConfig, n: int, stream: bool,
+                adapter: str | None = None, canvas: bool = False, stop: tuple[str, ...] = (),
+                max_tokens: int | None = None, logprobs: int | None = None) -> list[Ticket]:
+        """The ``n`` tickets of each prompt, sharing one event queue: choice ``i * n + k`` is prompt ``i``'s ``k``-th,
+        decoded with seed ``config.seed + k`` (OpenAI's and vLLM's order of a list prompt's choices); 429 when the
+        queue has no room for all of them, 503 while shutting down."""
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
-        if self.held + n > self.limits.slots + self.limits.max_queue:
+        if self.held + n * len(prompts) > self.limits.slots + self.limits.max_queue:
             self.worker.counters.rejected_queue_full += 1
             raise ApiError(429, f"the queue is full ({self.limits.slots} running, {self.limits.max_queue} waiting); "
                            "retry later", kind="rate_limit_error")
         events, loop = asyncio.Queue(), asyncio.get_running_loop()
-        return [Ticket(ids, cfg, cfg.gen_length, cfg.seed, stream, events, loop, adapter, canvas, stop, max_tokens, k)
-                for k, cfg in enumerate(dataclasses.replace(config, seed=config.seed + k) for k in range(n))]
+        configs = [dataclasses.replace(config, seed=config.seed + k) for k in range(n)]
+        return [Ticket(ids, cfg, cfg.gen_length, cfg.seed, stream, events, loop, adapter, canvas, stop, max_tokens,
+                       i * n + k, logprobs=logprobs)
+                for i, ids in enumerate(prompts) for k, cfg in enumerate(configs)]
 
     # ---- answers ---------------------------------------------------------------------------------------------
-    def final(self, kind: str, value, max_tokens: int, stops: tuple[str, ...]) -> tuple[str, str, int]:
-        """``(text, finish_reason, completion_tokens)`` of a choice's final event: ``("done", rollout)`` or
-        ``("stopped", text)``."""
-        return self.stopped(value) if kind == "stopped" else self.answer(value, max_tokens, stops)
+    def final(self, kind: str, value, max_tokens: int, stops: tuple[str, ...], ticket: Ticket | None = None
+              ) -> Answer:
+        """The answer of a choice's final event: ``("done", rollout)`` or ``("stopped", text)`` (its tokens, for
+        log-probabilities, from ``ticket``)."""
+        if kind == "stopped":
+            lp = ticket.logprobs_at_end if ticket is not None else None
+            return Answer(*self.stopped(value), ids=lp.tokens[:max_tokens] if lp is not None else [], cut=True)
+        return self.answer(value, max_tokens, stops)
 
-    def answer(self, rollout, max_tokens: int, stops: tuple[str, ...] = ()) -> tuple[str, str, int]:
-        """``(text, finish_reason, completion_tokens)`` of a one-row rollout cut to ``max_tokens``, then before its
-        first stop sequence."""
+    def answer(self, rollout, max_tokens: int, stops: tuple[str, ...] = ()) -> Answer:
+        """The answer of a one-row rollout cut to ``max_tokens``, then before its first stop sequence."""
         ids = rollout.completion_ids[0][rollout.completion_mask[0]].tolist()
         ended = rollout.finish_reason[0] == "eos"
         if ended:
@@ -268,12 +368,36 @@ class Server:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         cut, stopped = cut_at_stop(text, stops)
         if stopped:
-            return self.stopped(cut)
-        return text, "stop" if ended else "length", len(ids)
+            return Answer(*self.stopped(cut), ids=ids, cut=True)
+        return Answer(text, "stop" if ended else "length", len(ids), ids)
+
+    def choice_logprobs(self, ticket: Ticket, answer: Answer, chat: bool, echo: tuple[list[int], str] | None
+                        ) -> dict | None:
+        """A choice's ``logprobs`` in the endpoint's shape (:mod:`~dllm_rl.serve.logprob_shapes`), or None when
+        not asked for. ``echo``: the echoed prompt's ids and text."""
+        lp = ticket.logprobs_at_end
+        if ticket.logprobs is None or lp is None:
+            return None
+        count = kept(self.tokenizer, answer.ids, answer.text) if answer.cut else len(answer.ids)
+        if chat:
+            return chat_shape(self.tokenizer, lp, count, ticket.logprobs)
+        return completion_shape(self.tokenizer, lp, count, *(echo or (None, "")))
 
     def stopped(self, text: str) -> tuple[str, str, int]:
         """The answer ended at a stop sequence: ``text`` (before it), ``"stop"``, and its token count."""
         return text, "stop", len(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+@dataclass
+class Answer:
+    """A choice's answer: its text, finish reason and completion tokens (usage), and the token ids its text was
+    decoded from (``cut``: then cut at a stop sequence)."""
+
+    text: str
+    reason: str
+    tokens: int
+    ids: list[int]
+    cut: bool = False
 
 
 class Gone(Exception):
@@ -354,6 +478,9 @@ def create_app(server: Server) -> BodyLimit:
         param = loc[0] if loc else None
         server.worker.counters.rejected_invalid += 1
         where = ".".join(loc) or "body"
+        if first.get("type") == "extra_forbidden":  # refused rather than ignored: it would change nothing unsaid
+            return ApiError(400, f"{where}: not a field this server knows, so it cannot be honoured; leave it out "
+                            "(the fields served are listed in docs/serve.md)", param).response()
         return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param).response()
 
     @app.get("/health")
@@ -366,8 +493,7 @@ def create_app(server: Server) -> BodyLimit:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "dllm-rl"}
-                                           for name in (server.name, *server.adapters)]}
+        return {"object": "list", "data": server.models()}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -391,21 +517,28 @@ def create_app(server: Server) -> BodyLimit:
 
 
 async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
-    """One completion or chat request: its decoding and prompt checked, then answered whole or streamed, with
-    ``n`` choices."""
+    """One completion or chat request: its fields, decoding and prompts checked, then answered whole or streamed,
+    with ``n`` choices per prompt."""
     adapter = server.adapter_for(req)
+    logprobs = server.check_fields(req)
     config, max_tokens = server.config_for(req)
-    ids = server.chat_prompt(req) if chat else server.text_prompt(req)
-    server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt")
-    stream, stops = req.stream, server.stops_for(req)
-    tickets = server.tickets(ids, config, req.n, stream, adapter, req.stream_canvas, stops, max_tokens)
+    prompts = [(server.chat_prompt(req), "")] if chat else server.text_prompts(req)
+    for ids, _ in prompts:
+        server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt")
+    stream, stops, n = bool(req.stream), server.stops_for(req), req.n or 1
+    tickets = server.tickets([ids for ids, _ in prompts], config, n, stream, adapter, req.stream_canvas, stops,
+                             max_tokens, logprobs)
+    echoes = [prompts[t.index // n] if not chat and req.echo else None for t in tickets]
     server.held += len(tickets)
     server.worker.counters.requests += 1
     for ticket in tickets:
         server.worker.submit(ticket)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    prompt_tokens = sum(len(ids) for ids, _ in prompts)
     if stream:
-        return StreamingResponse(_stream(server, tickets, max_tokens, rid, chat), media_type="text/event-stream")
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(server, tickets, max_tokens, rid, chat, echoes, prompt_tokens if usage
+                                         else None), media_type="text/event-stream")
     try:
         finals = await _wait(server, tickets, request)
     finally:
@@ -415,41 +548,51 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
         raise ApiError(503, errors[0], kind="server_error")
     choices, completion_tokens, nfe = [], 0, 0
     for k, ((kind, value), ticket) in enumerate(zip(finals, tickets)):
-        text, reason, n = server.final(kind, value, max_tokens, stops)
-        completion_tokens += n
+        answer = server.final(kind, value, max_tokens, stops, ticket)
+        completion_tokens += answer.tokens
         nfe = max(nfe, ticket.steps if kind == "stopped" else int(value.nfe[0]))
-        choices.append({"index": k, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
-                       if chat else {"index": k, "text": text, "logprobs": None, "finish_reason": reason})
-    usage = {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-             "total_tokens": len(ids) + completion_tokens}
+        lp = server.choice_logprobs(ticket, answer, chat, echoes[k])
+        choices.append({"index": k, "message": {"role": "assistant", "content": answer.text}, "logprobs": lp,
+                        "finish_reason": answer.reason} if chat else
+                       {"index": k, "text": (echoes[k][1] if echoes[k] else "") + answer.text, "logprobs": lp,
+                        "finish_reason": answer.reason})
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": adapter or server.name, "choices": choices, "usage": usage, "nfe": nfe}
 
 
 def _chunk(model: str, rid: str, chat: bool, text: str | None, reason: str | None, first: bool = False,
-           index: int = 0) -> str:
+           index: int = 0, logprobs: dict | None = None, usage: bool = False) -> str:
+    """One streamed chunk of choice ``index`` (``usage``: with ``"usage": null``, as under include_usage)."""
     if chat:
         delta = {"role": "assistant"} if first else {}
         choice = {"index": index, "delta": delta | ({} if text is None else {"content": text}),
-                  "finish_reason": reason}
+                  "logprobs": logprobs, "finish_reason": reason}
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice]}
+            "model": model, "choices": [choice]} | ({"usage": None} if usage else {})
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: str, chat: bool):
-    """Server-sent events: each choice's text as it settles (block by block, chunks carrying the choice's index),
-    each choice's finish reason, then ``[DONE]`` after the last. A client that leaves (the generator is closed or
-    cancelled) frees the slots."""
+async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: str, chat: bool,
+                  echoes: list | None = None, prompt_tokens: int | None = None):
+    """Server-sent events: each choice's text as it settles (block by block, chunks carrying the choice's index;
+    an echoed prompt first), each choice's finish reason (with its log-probabilities, all its tokens at once, when
+    asked for), then, with ``prompt_tokens`` (include_usage), a chunk with ``"choices": []`` and the usage, and
+    ``[DONE]`` after the last. A client that leaves (the generator is closed or cancelled) frees the slots."""
     model, stop = tickets[0].adapter or server.name, tickets[0].stop
-    sent, done = [""] * len(tickets), set()
+    sent, done, completion_tokens = [""] * len(tickets), set(), 0
+    echoes = echoes or [None] * len(tickets)
+    usage = prompt_tokens is not None
     holdback = max(map(len, stop), default=1) - 1  # characters that may begin a stop sequence
     try:
-        if chat:
-            for k in range(len(tickets)):
-                yield _chunk(model, rid, True, "", None, first=True, index=k)
+        for k in range(len(tickets)):
+            if chat:
+                yield _chunk(model, rid, True, "", None, first=True, index=k, usage=usage)
+            elif echoes[k]:
+                yield _chunk(model, rid, False, echoes[k][1], None, index=k, usage=usage)
         while len(done) < len(tickets):
             try:
                 k, kind, value = await _next_event(server, tickets, done, None)
@@ -470,17 +613,27 @@ async def _stream(server: Server, tickets: list[Ticket], max_tokens: int, rid: s
                         "text": server.tokenizer.decode(tokens, skip_special_tokens=False)}
                 yield f"data: {json.dumps(body)}\n\n"
                 continue
+            answer = None
             if kind == "text":  # held back where it may begin a stop sequence, or ends inside a character
                 text = server.tokenizer.decode(value[:max_tokens], skip_special_tokens=True)
-                text, reason = text[: len(text) - holdback].rstrip("\ufffd"), None  # (a byte-level BPE's bytes)
+                text = text[: len(text) - holdback].rstrip("\ufffd")  # (a byte-level BPE's bytes)
             else:
                 done.add(k)
-                text, reason, _ = server.final(kind, value, max_tokens, stop)
+                answer = server.final(kind, value, max_tokens, stop, tickets[k])
+                text = answer.text
+                completion_tokens += answer.tokens
             if text.startswith(sent[k]) and len(text) > len(sent[k]):
-                yield _chunk(model, rid, chat, text[len(sent[k]):], None, index=k)
+                yield _chunk(model, rid, chat, text[len(sent[k]):], None, index=k, usage=usage)
                 sent[k] = text
-            if reason is not None:
-                yield _chunk(model, rid, chat, None, reason, index=k)
+            if answer is not None:
+                yield _chunk(model, rid, chat, None, answer.reason, index=k, usage=usage,
+                             logprobs=server.choice_logprobs(tickets[k], answer, chat, echoes[k]))
+        if usage:
+            body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": model, "choices": [],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens}}
+            yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         server.held -= len(tickets)

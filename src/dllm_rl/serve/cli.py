@@ -52,9 +52,11 @@ def api_key_from(flag: str | None, environ=os.environ) -> str | None:
 
 
 def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32",
-                 loras: dict[str, str] | None = None, api_key: str | None = None):
+                 loras: dict[str, str] | None = None, api_key: str | None = None,
+                 served_names: list[str] | None = None):
     """Load the model, its tokenizer and the LoRA adapters ``loras`` (name -> adapter folder) and wrap them in a
-    :class:`~dllm_rl.serve.app.Server` (engines not started)."""
+    :class:`~dllm_rl.serve.app.Server` (engines not started). ``served_names`` (``--served-model-name``): the
+    names the base model answers to, the first one reported (default: the checkpoint folder's name)."""
     from pathlib import Path
 
     from dllm_rl.models import load_model, load_tokenizer
@@ -62,9 +64,13 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     from dllm_rl.threads import use_cpu_threads
     from dllm_rl.training.lora import load_named_adapters, mixed_batch_refusal
 
-    name = Path(model_dir).name or str(model_dir)
-    if name in (loras or {}):
-        raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
+    root = Path(model_dir).name or str(model_dir)
+    names = list(dict.fromkeys(served_names or [root]))
+    if not all(n.strip() for n in names):
+        raise UserError("--served-model-name: a name is empty; give names a request's \"model\" can carry")
+    for name in names:
+        if name in (loras or {}):
+            raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
     model = load_model(model_dir, dtype=dtype, device=device)
     use_cpu_threads(model.device)
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
@@ -73,7 +79,8 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
         for adapter in loras:
             if (refusal := mixed_batch_refusal(model, adapter)) is not None:
                 raise UserError(f"--lora: {refusal}")
-    return Server(model, tokenizer, decode, limits, name, tuple(loras or ()), api_key)
+    roots = {n: root for n in names} | {a: Path(folder).name for a, folder in (loras or {}).items()}
+    return Server(model, tokenizer, decode, limits, names[0], tuple(loras or ()), api_key, tuple(names[1:]), roots)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -92,7 +99,8 @@ def serve_command(args: argparse.Namespace) -> int:
     api_key, loras, decode = api_key_from(args.api_key), parse_loras(args.lora), decode_config_from_args(args)
     sock = bind(args.host, args.port)  # before the model loads: a port in use is refused at once
     try:
-        server = build_server(args.model_dir, decode, limits, args.device, args.dtype, loras, api_key)
+        server = build_server(args.model_dir, decode, limits, args.device, args.dtype, loras, api_key,
+                              args.served_model_name)
         served = f"; LoRA adapters (the request's \"model\"): {', '.join(server.adapters)}" if server.adapters else ""
         served += ("; /v1 requests need the API key" if server.api_key
                    else f"; the server is open (no API key; --api-key or ${API_KEY_ENV} sets one)")
@@ -129,6 +137,10 @@ def register(sub) -> None:
                    help="serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. a run's "
                    "checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "
                    "others with the base model (repeatable; every adapter shares the --slots slots)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names the base model is served as (a request's \"model\" may give any; responses and "
+                   "/v1/models report the first); default: the checkpoint folder's name (a run's final/ is served "
+                   "as \"final\" without it)")
     limits = p.add_argument_group("limits (ServeConfig)")
     hints = typing.get_type_hints(ServeConfig)
     for f in dataclasses.fields(ServeConfig):

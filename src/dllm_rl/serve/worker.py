@@ -10,9 +10,10 @@ requests: the committed tokens before the first masked slot, :func:`~dllm_rl.sam
 ``canvas``, also ``("canvas", (step, ids))`` after each of its steps (the whole completion, mask ids where still
 masked); then one of ``("done", rollout)``, ``("error", message)`` or, for a request with stop sequences whose
 settled text (decoded, cut to ``max_tokens``) came to hold one, ``("stopped", text)`` (the text before it), its
-slot freed in the same step. After each step the thread reads every watched request's completion from the device at once
-(:meth:`Engine.completions`). A request's decoding depends on itself alone (the engine's batch invariance), so
-concurrent requests get what they would get one at a time.
+slot freed in the same step. A request asking for ``logprobs`` finds its tokens' log-probabilities at commit in
+``Ticket.logprobs_at_end`` when its final event arrives. After each step the thread reads every watched request's
+completion from the device at once (:meth:`Engine.completions`). A request's decoding depends on itself alone (the
+engine's batch invariance), so concurrent requests get what they would get one at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.engine import BASE_MODEL, Engine
+from dllm_rl.sampling.logprobs import TokenLogprobs
 from dllm_rl.sampling.sequence import settled
 
 IDLE_WAIT_S = 0.05  # how long the idle thread blocks on its inbox before checking whether to stop
@@ -53,6 +55,8 @@ class Ticket:
     stop: tuple[str, ...] = ()  # stop sequences: its settled text is checked as it grows
     max_tokens: int | None = None  # the answer's tokens shown (the engine decodes them rounded up to the block)
     index: int = 0  # its choice in the request (n > 1: the request's tickets share ``events``)
+    logprobs: int | None = None  # record its tokens' log-probabilities at commit, with this many alternatives
+    logprobs_at_end: TokenLogprobs | None = None  # those values, set before its final event is put
     request_id: int | None = None
     sent: int = 0  # settled tokens already sent (streaming)
     steps_sent: int = 0  # steps whose canvas was sent (canvas streaming)
@@ -156,7 +160,8 @@ class Worker:
         adapter = ticket.adapter if ticket.adapter is not None else BASE_MODEL if self.engine.adapters() else None
         try:
             ticket.request_id = self.engine.add_request(ticket.prompt, seed=ticket.seed, gen_length=ticket.gen_length,
-                                                        config=ticket.config, adapter=adapter)
+                                                        config=ticket.config, adapter=adapter,
+                                                        logprobs=ticket.logprobs)
         except ValueError as err:  # UserError / FieldError: checked by the app before, so rare
             ticket.put("error", str(err))
             return
@@ -195,6 +200,7 @@ class Worker:
             if ticket is not None:
                 self.counters.finished += 1
                 self.counters.tokens += int(done.rollout.completion_mask.sum())
+                ticket.logprobs_at_end = done.logprobs
                 ticket.put("done", done.rollout)
         watched = {seq.request_id: (seq, ticket) for seq in engine.running if seq is not None
                    and (ticket := self.tickets.get(seq.request_id)) is not None
@@ -214,6 +220,7 @@ class Worker:
                 text, stopped = cut_at_stop(self.decode(ids[: ticket.max_tokens]), ticket.stop) if ticket.stop \
                     else ("", False)
                 if stopped:  # the answer is final up to the stop sequence: its slot goes at once
+                    ticket.logprobs_at_end = seq.token_logprobs()
                     del self.tickets[seq.request_id]
                     engine.abort(seq.request_id)
                     self.counters.stopped += 1
