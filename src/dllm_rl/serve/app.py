@@ -23,12 +23,21 @@ stop sequence the answer up to it is final, and the request leaves its slot at o
 ``n`` asks for that many choices: choice ``k`` decodes with seed ``seed + k`` in a slot of its own, its streamed
 chunks carrying its ``index``.
 
-A request's ``model`` names the base model (the server's name; also when left out) or a LoRA adapter loaded with
+``max_completion_tokens`` wins over ``max_tokens``; a completion's ``prompt`` may be a list (texts or token ids), its
+choices ``i * n + k``; ``stream_options.include_usage`` ends a stream with a chunk of no choices and the usage;
+``logprobs`` (completions: a count; chat: ``logprobs`` + ``top_logprobs``) gives each token's log-probability at the
+step that committed it (:mod:`~dllm_rl.sampling.logprobs`, shaped by :mod:`~dllm_rl.serve.logprob_shapes`; a stream
+sends a choice's whole with its last chunk); ``echo`` prepends the prompt (its tokens' log-probabilities null). A
+field the server cannot honour is a 400 naming it unless neutral, and an unknown field is one too
+(:mod:`~dllm_rl.serve.fields`).
+
+A request's ``model`` names the base model (any of its served names; also when left out) or a LoRA adapter loaded with
 ``--lora NAME=DIR``; requests with different adapters share the engine's steps (each row with its own adapter), so a
 request decodes with its adapter as it would alone.
 
 Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 (``param`` names the
-field; an integer field outside 64 bits included), 413 (a body over ``--max-request-bytes``,
+field; an integer field outside 64 bits included), 404 (an unknown ``model``: ``"type": "NotFoundError"``,
+``"code": "model_not_found"``, as vLLM), 413 (a body over ``--max-request-bytes``,
 :mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down, or decoding failed: one
 log line each).
 """
