@@ -233,7 +233,7 @@ def test_neutral_values_the_sdks_send_are_accepted(client):
                                        max_tokens=4, **neutral)
     assert r.choices[0].logprobs is None
     r = client.completions.create(model="countdown", prompt="1", max_tokens=4, presence_penalty=0,
-                                  frequency_penalty=0, n=1, best_of=1, user="u", suffix=None, logprobs=None,
+                                  frequency_penalty=0, n=1, best_of=1, user="u", suffix=None, logprobs=False,
                                   echo=False, extra_body={"repetition_penalty": 1.0})
     assert r.choices[0].logprobs is None
 

@@ -57,7 +57,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
@@ -134,6 +134,11 @@ class CompletionRequest(Decoding):
     echo: bool | None = False
     best_of: Int64 | None = None
     suffix: Any = None
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _no_logprobs(cls, value):  # "logprobs": false (the chat endpoint's shape) asks for none, not for 0
+        return None if value is False else value
 
 
 class Message(BaseModel):
