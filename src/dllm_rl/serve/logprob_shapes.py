@@ -15,11 +15,21 @@ from __future__ import annotations
 
 from dllm_rl.sampling.logprobs import TokenLogprobs
 
+WINDOW = 8  # tokens of context decoded with each token to measure how much text it adds
+
 
 def starts(tokenizer, ids: list[int], base: int = 0) -> list[int]:
     """Where each of ``ids`` starts in their decoded text (skipping special tokens, as the answers do), plus
-    ``base``."""
-    return [base + len(tokenizer.decode(ids[:k], skip_special_tokens=True)) for k in range(len(ids))]
+    ``base``: each token adds ``len(decode(window + token)) - len(decode(window))`` over the :data:`WINDOW` tokens
+    before it (vLLM's incremental detokenisation does the same), so a 1,024-token answer costs 2,048 short decodes,
+    not 1,024 of its prefixes (a tenth of a second on the asyncio thread at a Qwen vocabulary)."""
+    out, at = [], base
+    for k in range(len(ids)):
+        out.append(at)
+        window = ids[max(0, k - WINDOW) : k]
+        at += len(tokenizer.decode(window + [ids[k]], skip_special_tokens=True)) - len(
+            tokenizer.decode(window, skip_special_tokens=True))
+    return out
 
 
 def kept(tokenizer, ids: list[int], text: str) -> int:
