@@ -73,6 +73,14 @@ class EmbedSplice:
         order = self.where.flatten().long().cumsum(0).sub(1).view_as(self.where)  # n-th True -> n
         return EmbedSplice(where, self.vectors[order[rows, start:stop][where]])
 
+    def apply(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (the input embeddings ``[B, T, H]``) with ``vectors`` at ``where`` (a new tensor: gradients
+        flow). The engine's splice (:class:`~dllm_rl.sampling.row_splice.RowSplice`) writes in place instead."""
+        if self.where.shape != out.shape[:-1]:
+            raise ValueError(f"EmbedSplice.where has shape {tuple(self.where.shape)}, the input ids "
+                             f"{tuple(out.shape[:-1])}")
+        return out.masked_scatter(self.where.to(out.device)[..., None], self.vectors.to(out.dtype))
+
 
 @contextmanager
 def embeddings_spliced(embedding: nn.Module, splice: EmbedSplice | None) -> Iterator[None]:
@@ -86,10 +94,7 @@ def embeddings_spliced(embedding: nn.Module, splice: EmbedSplice | None) -> Iter
         return
 
     def hook(module, args, out):
-        if splice.where.shape != out.shape[:-1]:
-            raise ValueError(f"EmbedSplice.where has shape {tuple(splice.where.shape)}, the input ids "
-                             f"{tuple(out.shape[:-1])}")
-        return out.masked_scatter(splice.where.to(out.device)[..., None], splice.vectors.to(out.dtype))
+        return splice.apply(out)
 
     handle = embedding.register_forward_hook(hook)
     try:

@@ -18,11 +18,11 @@ checks every row in batched ops and reads the device once, however many slots ru
 * **Block models** (SDAR/TraDo, LLaDA2, Fast-dLLM v2): each slot keeps its own exact block KV cache
   (:mod:`~dllm_rl.sampling.slot_cache`). A step forwards each row's current block (after its just-finished block,
   whose keys the same forward stores: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode) against its own
-  cached columns, read in place: the running sequences hold consecutive slots (a finished one's hole is filled by
-  the last), so a forward's cache is a view of the pool. A sequence joins at its first block: a long prompt is
-  forwarded in a group of its own (with the other long joining prompts), so it never widens the others' forward.
-  Fast-dLLM v2's logits are shifted (position ``i`` scores token ``i + 1``): a block's first column reads the column
-  before it, from the forward that folds it in or from the slot's stored copy.
+  cached columns, read in place: the running sequences hold consecutive slots (a finished one's hole is taken by a
+  newcomer, else by the last running one, moved once), so a forward's cache is a view of the pool. A sequence joins
+  at its first block: a long prompt is forwarded in a group of its own (with the other long joining prompts), so it
+  never widens the others' forward. Fast-dLLM v2's logits are shifted (position ``i`` scores token ``i + 1``): a
+  block's first column reads the column before it, from the forward that folds it in or from the slot's stored copy.
 
 **Batch invariance.** A sequence decodes its own one-prompt canvas (the layout ``generate`` gives it alone) with its
 own ``torch.Generator`` (seed ``seed`` of :meth:`~Engine.add_request`; :meth:`~Engine.run` uses ``config.seed + i``
@@ -36,7 +36,8 @@ round differently and can flip a near-tied sampled choice (about 1 row in 50).
 **Memory** is bounded by the slots, not the queue: a waiting request holds its one-prompt canvas (token ids); the KV
 pool is ``slots x capacity`` (capacity: ``EngineConfig.max_positions``, allocated at the first step; without it,
 the widest canvas of :meth:`~Engine.run`'s prompts, or the longest request admitted so far), and the engine copies
-none of it per step; the attention reads grouped key/value heads once for a step's queries
+none of it per step: a step stores its rows' new columns and reads the rest in place (``Engine.copies`` counts the
+bytes, :mod:`~dllm_rl.sampling.copies`); the attention reads grouped key/value heads once for a step's queries
 (:mod:`dllm_rl.models.attention`; a query span of ``2 x KV heads x head dim`` or more, as a long prompt's fold or
 a prefix-cache suffix, takes transformers' path, which repeats them).
 
@@ -48,8 +49,9 @@ with every slot before it committed — stops at once and its masked slots are f
 whole block holds only EOS/padding), so it is off by default.
 
 **Images** (LLaDA-V, full attention): a request brings its prompt's image features, encoded already (one row of
-:class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), and every step splices them at its
-prompt's columns in the padded batch.
+:class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), made ready for its forwards once when
+queued; a forward of its prompt columns writes them in place at its row's columns
+(:mod:`~dllm_rl.sampling.row_splice`).
 
 **LoRA adapters** (``add_request(adapter=NAME)``, the server's ``--lora``): requests naming different adapters
 loaded in the model, or the base model, share every step (a forward mixing adapters takes ``peft``'s mixed-adapter
@@ -97,10 +99,12 @@ from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
 from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.copies import CopyCounter
 from dllm_rl.sampling.decode import evaluating, step_commits, to_rollout
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_noise
 from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs, step_logprobs
 from dllm_rl.sampling.rollout import Rollout
+from dllm_rl.sampling.row_splice import RowSplice, request_images
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
 from dllm_rl.sampling.step_record import PREDICTIONS, step_prediction
@@ -186,8 +190,10 @@ class Engine:
         self.running: list[Sequence | None] = [None] * self.engine.slots
         self.device = model.device
         self.rows = SlotRows(self.engine.slots, self.device)
+        self.copies = CopyCounter()  # the bytes of keys/values and image features each step copies
         # the KV pool: block models' exact cache, or Fast-dLLM's prefix / dual cache of a full-attention model
-        self.cache = SlotCache(self.engine.slots) if model.is_block_causal or config.cache != "none" else None
+        self.cache = (SlotCache(self.engine.slots, self.copies) if model.is_block_causal or config.cache != "none"
+                      else None)
         self._next_id = 0
 
     # ---- the serving API -------------------------------------------------------------------------------------
@@ -259,6 +265,7 @@ class Engine:
         except ValueError as err:  # a prefill offset outside the completion
             raise UserError(f"request {rid}: {err}".replace("prefill[0]", "prefill")) from None
         seq.config, seq.adapter, seq.record, seq.until = config, adapter, record_steps, until_block
+        seq.embeds = request_images(seq.images, self.device, self.model.dtype)  # once for the request
         self._next_id += 1
         self.waiting.append(seq)
         return rid
@@ -307,6 +314,7 @@ class Engine:
     def step(self) -> list[Completion]:
         """Fill free slots from the queue, run one denoising step of every running sequence, and return the
         requests that finished in it."""
+        self.copies.begin_step()
         with evaluating(self.model), torch.inference_mode():
             finished = self._admit()  # those whose prefill left nothing to decode
             running = [s for s in self.running if s is not None]
@@ -314,6 +322,7 @@ class Engine:
                 for group in self._groups(running):
                     self._decode(group, self._logits(group))
                 finished += self._finished(running)
+        self.copies.end_step()
         for seq in finished:  # (rollouts are built outside inference mode: training reads them)
             if seq.rows is not None:
                 self.running[seq.slot] = None
@@ -349,35 +358,39 @@ class Engine:
 
     # ---- scheduling ------------------------------------------------------------------------------------------
     def _admit(self) -> list[Sequence]:
-        """Give free slots to waiting requests, first come first served. The running sequences hold slots
-        ``0 .. n - 1`` (:meth:`_compact`), so every forward reads consecutive slots of the KV pool; newcomers that
-        will run apart (:meth:`_groups`) take the last slots, after those that ride along. Returns the requests
-        their prefill left nothing to decode (finished without a slot)."""
+        """Give free slots to waiting requests, first come first served, keeping the running sequences in slots
+        ``0 .. n - 1`` so that every forward reads consecutive slots of the KV pool. Newcomers that will run apart
+        (:meth:`_groups`) take the last of those slots; the others fill the holes finished or aborted sequences
+        left, so that under load no running sequence moves (a newcomer's keys are written by its own first
+        forward); a running sequence moves (its cached keys once, :meth:`_move`) only into a hole no newcomer
+        fills, or out of the newcomers' run. Returns the requests their prefill left nothing to decode (finished
+        without a slot)."""
         with torch.inference_mode():  # it writes the slot rows and the KV pool, inference tensors
-            self._compact()
-            free = self.running.index(None) if None in self.running else len(self.running)
+            live = [s for s in self.running if s is not None]
             new, done = [], []
-            while self.waiting and free + len(new) < len(self.running):
+            while self.waiting and len(live) + len(new) < len(self.running):
                 seq = self.waiting.popleft()
                 (done if self._skip_prefilled(seq) else new).append(seq)
-            for slot, seq in enumerate(sorted(new, key=self._joins_apart), start=free):
+            apart = [s for s in new if self._joins_apart(s)]
+            front = len(live) + len(new) - len(apart)  # slots [0, front): the running rows and those riding along
+            holes = [i for i in range(front) if self.running[i] is None]
+            for hole, seq in zip(holes, [s for s in live if s.slot >= front]):
+                self._move(seq, hole)
+            riders = [s for s in new if not self._joins_apart(s)]
+            free = [i for i in range(front) if self.running[i] is None] + list(range(front, front + len(apart)))
+            for slot, seq in zip(free, riders + apart, strict=True):
                 seq.place(self.rows, slot)
                 seq.joining = True
                 self.running[slot] = seq
             self._begin_blocks(new)
         return done
 
-    def _compact(self) -> None:
-        """Move the sequences in the last slots into the holes finished or aborted ones left (their cached keys
-        with them), so the running sequences hold slots ``0 .. n - 1``."""
-        live = [s for s in self.running if s is not None]
-        for hole in range(len(live)):
-            if self.running[hole] is None:
-                seq = next(s for s in reversed(self.running) if s is not None)
-                self.rows.move(seq.slot, hole)
-                if self.cache is not None and seq.cached:
-                    self.cache.move(seq.slot, hole, seq.cached)
-                self.running[seq.slot], self.running[hole], seq.slot = None, seq, hole
+    def _move(self, seq: Sequence, slot: int) -> None:
+        """Move a running sequence to the free ``slot``, its cached keys with it."""
+        self.rows.move(seq.slot, slot)
+        if self.cache is not None and seq.cached:
+            self.cache.move(seq.slot, slot, seq.cached)
+        self.running[seq.slot], self.running[slot], seq.slot = None, seq, slot
 
     def _joins_apart(self, seq: Sequence) -> bool:
         return self.model.is_block_causal and seq.cols()[1] - seq.cached > JOIN_APART * self.block
@@ -498,13 +511,12 @@ class Engine:
         starts = [s.cols()[0] for s in group]
         left = max(starts)
         width = left + max(s.width - st for s, st in zip(group, starts))
-        offset, lens = self._long([left - st for st in starts]), self._long([s.width for s in group])
+        host_offset = [left - st for st in starts]
+        offset, lens = self._long(host_offset), self._long([s.width for s in group])
         col = torch.arange(width, device=device)[None, :] - offset[:, None]  # each column's canvas column
         valid = (col >= 0) & (col < lens[:, None])
         ids = self.rows.x[self._long([s.slot for s in group])[:, None], col.clamp(0, self.rows.width - 1)]
-        splice = None
-        if any(s.images is not None and s.images.features for s in group):  # a prompt starts at column offset
-            splice = PromptImages.cat([s.images for s in group], [1] * len(group)).splice(offset, width)
+        splice = RowSplice.of([s.embeds for s in group], host_offset, width, self.copies)  # a prompt starts there
         return _Canvases(ids.masked_fill(~valid, self.model.pad_token_id), valid, col, offset, lens,
                          torch.arange(left, left + self.block, device=device), splice)
 

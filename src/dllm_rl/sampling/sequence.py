@@ -94,6 +94,7 @@ class Sequence:
     record: str | None = None  # record_steps: "sampled" | "greedy" (each step's prediction, step_record)
     records: list = dataclasses.field(default_factory=list)  # per step: (tokens, masked, confidence) [G] each
     images: PromptImages | None = None  # LLaDA-V: its prompt's images (one row; the prompt starts at column 0)
+    embeds: tuple = ()  # the same, ready for its forwards (row_splice.request_images)
     prefill: dict[int, int] | None = None  # completion offset -> token committed before decoding
     empty: dict[int, bool] | None = None  # prefill only: blocks left with nothing to decode -> holds only EOS / pad
     joining: bool = False  # it took its slot in this step (its first forward may run apart)

@@ -13,8 +13,9 @@ a view, so nothing is gathered, copied back or held twice. The columns before a 
 forward wrote (its prompt or just-finished block: the fold of :mod:`~dllm_rl.sampling.runner`'s ``block`` mode);
 the current block's are rewritten by the next step's forward. Columns at or after a row's end (the slot's previous
 sequence's keys, or zeros) are masked by the caller's attention bias; they are finite, so masked scores never turn
-into NaN. (vLLM's paged attention reads its cache in place the same way, through block tables and its own kernels;
-the engine needs no paging, since a slot's capacity is fixed, and so runs on the model's own attention.)
+into NaN. What it writes and moves is counted (``counter``, :mod:`~dllm_rl.sampling.copies`). (vLLM's paged
+attention reads its cache in place the same way, through block tables and its own kernels; the engine needs no
+paging, since a slot's capacity is fixed, and so runs on the model's own attention.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from dllm_rl.sampling.copies import CopyCounter, nbytes
 
 
 @dataclass
@@ -45,8 +48,9 @@ class StepPlan:
 class SlotCache:
     """Keys/values of ``slots`` sequences (see the module docstring)."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, counter: CopyCounter | None = None):
         self.slots = slots
+        self.counter = counter if counter is not None else CopyCounter()  # the bytes it writes and moves
         self.keys: list[torch.Tensor] = []  # per layer [slots, H, capacity, D]
         self.values: list[torch.Tensor] = []
         self._columns = 0  # reserved capacity; the layers are allocated at the first forward (shapes from it)
@@ -68,6 +72,7 @@ class SlotCache:
                 grown = old.new_zeros((*old.shape[:2], columns, old.shape[3]))
                 grown[:, :, : old.shape[2]] = old
                 store[i] = grown
+                self.counter.add("kv_moved", nbytes(old))
         self._columns = columns
 
     def move(self, src: int, dst: int, columns: int) -> None:
@@ -75,6 +80,7 @@ class SlotCache:
         consecutive slots)."""
         for t in (*self.keys, *self.values):
             t[dst, :, :columns] = t[src, :, :columns]
+            self.counter.add("kv_moved", nbytes(t[dst, :, :columns]))
 
     def step_cache(self, plan: StepPlan) -> Cache:
         """The HF cache one forward of ``plan`` passes as ``past_key_values``."""
@@ -89,7 +95,9 @@ class SlotCache:
         slot = plan.write_row + plan.first if plan.slots is None else plan.slots[plan.write_row]
         out = []
         for store, new in ((self.keys[layer], key_states), (self.values[layer], value_states)):
-            store[slot, :, plan.write_col] = new[plan.write_row, :, plan.write_query]
+            written = new[plan.write_row, :, plan.write_query]
+            store[slot, :, plan.write_col] = written
+            self.counter.add("kv_written", nbytes(written))
             out.append(store[rows, :, : plan.width] if plan.slots is None else new)
         return out[0], out[1]
 
