@@ -28,11 +28,13 @@ def nbytes(t: torch.Tensor) -> int:
 
 @dataclass
 class CopyCounter:
-    """Bytes copied by kind (:data:`KINDS`): ``step`` in the step running or last run, ``total`` since the start,
-    ``max_step`` the most any one step copied (all kinds together), ``steps`` the steps counted."""
+    """Bytes copied by kind (:data:`KINDS`): ``step`` in the step running or last run, ``total`` since the start;
+    all kinds together, ``last_step`` in the last step finished and ``max_step`` the most any one step copied;
+    ``steps`` the steps counted."""
 
     step: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    last_step: int = 0
     max_step: int = 0
     steps: int = 0
 
@@ -45,8 +47,26 @@ class CopyCounter:
 
     def end_step(self) -> None:
         self.steps += 1
-        self.max_step = max(self.max_step, self.step_bytes())
+        self.last_step = self.step_bytes()
+        self.max_step = max(self.max_step, self.last_step)
 
     def step_bytes(self) -> int:
         """All kinds together, in the step running or last run."""
         return sum(self.step.values())
+
+
+def metric_rows(counter: CopyCounter) -> list[tuple[str, str, str, int]]:
+    """``(name, kind, help, value)`` of the server's ``/metrics`` lines for ``counter``."""
+    t = counter.total
+    return [
+        ("engine_kv_bytes_written_total", "counter", "keys/values of the forwarded columns stored in the KV pool",
+         t["kv_written"]),
+        ("engine_kv_bytes_moved_total", "counter", "keys/values moved between slots or into a grown KV pool",
+         t["kv_moved"]),
+        ("engine_image_bytes_copied_total", "counter", "image features written into forwards' input embeddings",
+         t["image"]),
+        ("engine_step_bytes_copied_last", "gauge", "bytes the last engine step copied (keys/values and images)",
+         counter.last_step),
+        ("engine_step_bytes_copied_max", "gauge", "the most bytes one engine step copied since start",
+         counter.max_step),
+    ]

@@ -63,6 +63,7 @@ from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.copies import metric_rows
 from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.sampling.inputs import check_config, check_inputs
 from dllm_rl.sampling.logprobs import MAX_TOP
@@ -678,6 +679,7 @@ def _metrics_text(server: Server) -> str:
         ("requests_waiting", "gauge", "requests queued for a slot", w.waiting),
         ("slots", "gauge", "the engine's slots (--slots, shared by the base model and the adapters)",
          server.limits.slots),
+        *metric_rows(server.worker.engine.copies),
     ]
     out = []
     for name, kind, help_text, value in rows:
