@@ -1,29 +1,42 @@
-"""Serving benchmark: `dllm-rl serve` under 1, 8 and 32 concurrent clients, against the same requests sent one at a
-time, in one run.
+"""Serving benchmark: a Poisson arrival trace replayed on the continuous-batching engine and on fixed batches, in
+one run, on both text demo models.
 
-    .venv/bin/python benchmarks/serve.py            # 64 requests on the shipped block demo model (CPU)
-    .venv/bin/python benchmarks/serve.py --quick    # smoke run (16 requests)
+    .venv/bin/python benchmarks/serve.py                # 64 requests a demo model, 8 slots, CPU, one thread
+    .venv/bin/python benchmarks/serve.py --quick        # smoke run (16 requests)
+    .venv/bin/python benchmarks/serve.py --http         # the HTTP server under 1, 8, 32 concurrent clients
 
-A real server (uvicorn on 127.0.0.1, a free port, in this process's thread) over the demo SDAR Countdown model;
-the requests are the demo's held-out prompts with rollout-like decoding (temperature 1, threshold 0.9, each request
-its own seed, so answers end after different numbers of steps). ``sequential``: one client, one request after the
-other. ``cN``: N client threads share the list. Reported per mode: answer tokens/s and requests/s (wall clock),
-p50/p99 request latency, and each as a ratio to sequential; the run checks that every mode's answers equal
-sequential's (a request's answer does not depend on who shares its steps). ``--json PATH`` writes the numbers.
-``--adapters K`` also serves K LoRA adapters (rank 8, random, written to a temporary folder) and sends the requests
-round-robin to the base model and each adapter (their ``model`` field): the mixed-adapter batch at work.
+**The trace** (``--requests``, ``--rate`` requests/s, ``--seed``): arrival gaps drawn from an exponential
+distribution (a Poisson process); each request is 1, 2 or 4 held-out Countdown puzzles in the demo's compact style
+(prompts of about 20, 40 and 80 tokens) with ``max_tokens`` 8, 16 or 32, decoded as rollouts are (temperature 1,
+threshold 0.9, EOS stops, its own seed). The same trace, to the same clock, is replayed through:
+
+* ``engine``: what ``dllm-rl serve``'s worker runs: an arrived request is queued at once, and the engine steps while
+  it holds any (:class:`~dllm_rl.sampling.engine.Engine`, ``--slots``); after each step the running requests'
+  settled text is read, as for a stream.
+* ``fixed``: a static-batching server: when the decoder is free it takes up to ``--slots`` waiting requests and
+  decodes them with one ``generate`` (``gen_length`` the batch's largest ``max_tokens``, each answer cut to its own),
+  answering all of them when the batch ends; requests arriving meanwhile wait for the next batch.
+
+Reported per model and mode: answer tokens/s and requests/s (from the first arrival to the last answer), time to
+the first settled token (TTFT: for ``fixed`` the batch's end, since ``generate`` hands nothing back before), p50 and
+p99 of TTFT and of latency (arrival to answer), and the engine's bytes copied per step (``Engine.copies``: keys and
+values stored and moved, mean and largest step) beside its KV pool. The in-process replay leaves HTTP out, which
+costs both modes the same per request; ``--http`` measures the server itself. ``--json PATH`` writes the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import dllm_rl
@@ -83,8 +96,10 @@ def _run(client, bodies: list[dict], clients: int) -> dict:
             "p99_s": _percentile(lat, 99), "tokens": tokens, "texts": [r[1] for r in results]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def http_main(argv: list[str] | None = None) -> int:
+    """``--http``: the HTTP server under 1, 8 and 32 concurrent clients against sequential calls."""
+    ap = argparse.ArgumentParser(description="serve benchmark --http: concurrent clients over HTTP")
+    ap.add_argument("--http", action="store_true")
     ap.add_argument("--quick", action="store_true", help="16 requests instead of 64")
     ap.add_argument("--requests", type=int, default=None, help="requests per mode (default 64; --quick 16)")
     ap.add_argument("--gen", type=int, default=32, help="max_tokens of every request (default 32)")
@@ -134,6 +149,174 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0 if all(same.values()) else 1
+
+
+
+# ---- the Poisson trace -------------------------------------------------------------------------------------------
+TEXT_DEMOS = (("sdar-countdown", 4), ("llada-countdown", 8))  # (model, decoding block)
+PUZZLES = (1, 2, 4)  # puzzles per prompt
+ANSWERS = (8, 16, 32)  # max_tokens
+
+
+@dataclass
+class Request:
+    arrival: float  # seconds after the trace starts
+    ids: list[int]
+    gen: int  # max_tokens
+    seed: int
+
+
+def poisson_trace(tokenizer, n: int, rate: float, seed: int) -> list[Request]:
+    rows = [json.loads(line) for line in (DEMO / "countdown_heldout.jsonl").read_text().splitlines()]
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        k = rng.choice(PUZZLES)
+        text = "".join(f"nums {' '.join(map(str, r['nums']))} target {r['target']}\n"
+                       for r in (rows[(7 * i + j) % len(rows)] for j in range(k)))
+        out.append(Request(t, tokenizer(text, add_special_tokens=False)["input_ids"], rng.choice(ANSWERS), i))
+    return out
+
+
+class Clock:
+    """The trace's clock: which requests have arrived, and waiting for the next one when idle."""
+
+    def __init__(self, trace: list[Request]):
+        self.trace, self.next, self.t0 = trace, 0, time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def arrived(self) -> list[int]:
+        now, out = self.now(), []
+        while self.next < len(self.trace) and self.trace[self.next].arrival <= now:
+            out.append(self.next)
+            self.next += 1
+        return out
+
+    def idle(self) -> None:
+        if self.next < len(self.trace):
+            time.sleep(max(0.0, self.trace[self.next].arrival - self.now()))
+
+
+def replay_engine(model, cfg, trace: list[Request], slots: int) -> dict:
+    """The engine with its KV pool bounded by the trace's longest request (``--max-positions`` of a server)."""
+    from dllm_rl.sampling.canvas import canvas_width
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+    from dllm_rl.sampling.inputs import decode_block_length
+    from dllm_rl.sampling.sequence import settled
+
+    block = decode_block_length(model, cfg)
+    bound = max(canvas_width(len(r.ids), r.gen, block, model.is_block_causal) for r in trace)
+    engine = Engine(model, cfg, EngineConfig(slots=slots, max_positions=bound))
+    clock, eos = Clock(trace), model.eos_token_id
+    index, first, end, tokens, copied = {}, {}, {}, {}, []
+    while len(end) < len(trace):
+        for i in clock.arrived():
+            index[engine.add_request(trace[i].ids, seed=trace[i].seed, gen_length=trace[i].gen)] = i
+        if not engine.has_unfinished():
+            clock.idle()
+            continue
+        finished = engine.step()
+        copied.append(engine.copies.last_step)
+        now = clock.now()
+        for c in finished:
+            i = index[c.request_id]
+            end[i], tokens[i] = now, int(c.rollout.completion_mask.sum())
+            first.setdefault(i, now)
+        watch = [rid for rid, i in index.items() if i not in first and i not in end]
+        for rid, (ids, todo) in engine.completions(watch).items():
+            got, ended = settled(ids, todo, eos)
+            if got or ended:
+                first[index[rid]] = now
+    pool = engine.cache.nbytes() if engine.cache is not None else 0
+    return _summary(trace, first, end, tokens) | {
+        "steps": len(copied), "copied_mean_kib": statistics.fmean(copied) / 1024, "copied_max_kib": max(copied) / 1024,
+        "kv_moved_kib": engine.copies.total["kv_moved"] / 1024, "pool_kib": pool / 1024}
+
+
+def replay_fixed(model, cfg, trace: list[Request], slots: int) -> dict:
+    from dllm_rl.sampling import generate
+
+    clock, queue, end, tokens, batches = Clock(trace), [], {}, {}, 0
+    while len(end) < len(trace):
+        queue += clock.arrived()
+        if not queue:
+            clock.idle()
+            continue
+        batch, queue = queue[:slots], queue[slots:]
+        gen = max(trace[i].gen for i in batch)
+        out = generate(model, [trace[i].ids for i in batch], dataclasses.replace(cfg, gen_length=gen),
+                       seeds=[trace[i].seed for i in batch])
+        now, batches = clock.now(), batches + 1
+        for j, i in enumerate(batch):
+            end[i], tokens[i] = now, int(out.completion_mask[j, : trace[i].gen].sum())
+    return _summary(trace, dict(end), end, tokens) | {"steps": batches}
+
+
+def _summary(trace: list[Request], first: dict, end: dict, tokens: dict) -> dict:
+    wall = max(end.values()) - trace[0].arrival
+    ttft = [first[i] - r.arrival for i, r in enumerate(trace)]
+    lat = [end[i] - r.arrival for i, r in enumerate(trace)]
+    return {"wall_s": wall, "tok_s": sum(tokens.values()) / wall, "req_s": len(trace) / wall,
+            "ttft_p50_s": _percentile(ttft, 50), "ttft_p99_s": _percentile(ttft, 99),
+            "p50_s": _percentile(lat, 50), "p99_s": _percentile(lat, 99), "tokens": sum(tokens.values())}
+
+
+def _print_trace(name: str, results: dict) -> None:
+    print(f"  {name}")
+    print(f"    {'mode':<7}{'tok/s':>8}{'req/s':>7}{'TTFT p50':>9}{'p99':>7}{'lat p50':>8}{'p99':>7}  KV copied/step "
+          f"KiB mean / max (moved in all; KV pool KiB)")
+    for mode, r in results.items():
+        copies = (f"  {r['copied_mean_kib']:.1f} / {r['copied_max_kib']:.1f} ({r['kv_moved_kib']:.0f}; "
+                  f"{r['pool_kib']:.0f})"
+                  if "copied_mean_kib" in r else "  -")
+        print(f"    {mode:<7}{r['tok_s']:>8.1f}{r['req_s']:>7.2f}{r['ttft_p50_s']:>9.2f}{r['ttft_p99_s']:>7.2f}"
+              f"{r['p50_s']:>8.2f}{r['p99_s']:>7.2f}{copies}")
+    print(f"    engine / fixed, tok/s: {results['engine']['tok_s'] / results['fixed']['tok_s']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--http" in argv:
+        return http_main(argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--http", action="store_true", help="the HTTP server under concurrent clients instead")
+    ap.add_argument("--quick", action="store_true", help="16 requests instead of 64")
+    ap.add_argument("--requests", type=int, default=None, help="requests per model (default 64; --quick 16)")
+    ap.add_argument("--rate", type=float, default=16.0, help="mean arrivals per second (default 16)")
+    ap.add_argument("--slots", type=int, default=8, help="the engine's slots = the fixed batches' size (default 8)")
+    ap.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--models", nargs="+", default=[m for m, _ in TEXT_DEMOS], help="demo models (default both)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None, help="also write the numbers here")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import torch
+
+    from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.sampling import DecodeConfig, generate
+
+    torch.set_num_threads(args.threads)
+    n = args.requests or (16 if args.quick else 64)
+    print(f"serve benchmark: Poisson trace of {n} requests at {args.rate:g}/s (1, 2 or 4 puzzles a prompt, max_tokens "
+          f"8, 16 or 32), temperature 1, threshold 0.9; engine with {args.slots} slots vs fixed batches of "
+          f"{args.slots}; {args.device}, {args.threads} thread(s)")
+    report = {}
+    for name, block in TEXT_DEMOS:
+        if name not in args.models:
+            continue
+        model = load_model(DEMO / name, device=args.device)
+        trace = poisson_trace(load_tokenizer(DEMO / name), n, args.rate, args.seed)
+        cfg = DecodeConfig(gen_length=max(ANSWERS), block_length=block, threshold=0.9, temperature=1.0)
+        generate(model, [trace[0].ids], cfg)  # warm-up
+        report[name] = {"engine": replay_engine(model, cfg, trace, args.slots),
+                        "fixed": replay_fixed(model, cfg, trace, args.slots)}
+        _print_trace(name, report[name])
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
