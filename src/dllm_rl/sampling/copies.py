@@ -10,7 +10,7 @@ columns once, so what a step copies is bounded by the rows' new columns, not by 
 * ``image``: image features written into a forward's input embeddings (LLaDA-V: a full-attention forward of a
   row's prompt columns, each feature written once where it goes, from the request's own copy).
 
-:class:`~dllm_rl.serve.app` reports them in ``/metrics`` and ``benchmarks/serve.py`` prints them.
+The server reports them in ``/metrics`` (:func:`metric_rows`) and ``benchmarks/serve.py`` prints them.
 """
 
 from __future__ import annotations
