@@ -25,8 +25,8 @@ def test_the_terms_entry_is_checked_with_its_key():
                                                                         "name": "rm"}]}})
     assert [(t.kind, t.label, t.weight) for t in cfg.reward.terms] == [("task", "gsm8k", 1.0), ("model", "rm", 0.5)]
     assert cfg.reward.combined and not RLConfig().reward.combined
-    with pytest.raises(ConfigError, match=r"^reward.terms\[1\]: model: give exactly one of task, model, judge per "
-                                          r"reward.terms entry \(this one has task, model\)"):
+    with pytest.raises(ConfigError, match=r"^reward.terms\[1\]: model: give exactly one of task, model, judge, "
+                                          r"speed per reward.terms entry \(this one has task, model\)"):
         from_dict(RLConfig, {"reward": {"terms": [{"task": "gsm8k"}, {"task": "gsm8k", "model": "org/rm"}]}})
     with pytest.raises(ConfigError, match=r"^reward.terms\[0\]: unknown key 'wieght'; did you mean 'weight'"):
         from_dict(RLConfig, {"reward": {"terms": [{"task": "gsm8k", "wieght": 1}]}})

@@ -50,15 +50,16 @@ def _judge_run(rl_setup, out, judge_dir, *extra):
 
 def test_rollout_columns_are_the_answers_ids_and_steps():
     """completion_ids and step_map as a reward receives them: each completion's answer (up to its EOS), the -1 of
-    a prefilled token kept."""
+    a prefilled token kept; and each completion's forward passes and tokens per forward."""
     from dllm_rl.sampling import Rollout
 
     ro = Rollout.__new__(Rollout)
     ro.completion_ids = torch.tensor([[5, 6, 2, 2], [7, 8, 9, 2]])
     ro.completion_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
     ro.step_map = torch.tensor([[1, 0, 1, -1], [-1, 0, 2, 1]])
+    ro.nfe = torch.tensor([3, 2])
     assert rollout_columns(ro) == {"completion_ids": [[5, 6, 2], [7, 8, 9, 2]],
-                                   "step_map": [[1, 0, 1], [-1, 0, 2, 1]]}
+                                   "step_map": [[1, 0, 1], [-1, 0, 2, 1]], "nfe": [3, 2], "tpf": [1.0, 2.0]}
 
 
 def test_tracerl_step_with_a_process_judge_feeds_the_value_model_and_caches(rl_setup, tmp_path, judge_dir):

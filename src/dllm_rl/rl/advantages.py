@@ -125,6 +125,25 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_
     return fn(rewards, group_size, scale_rewards, **options)
 
 
+def decoupled_advantages(name: str, values: torch.Tensor, weights: list[float], group_size: int, scale_rewards: str,
+                         options: dict | None = None) -> torch.Tensor:
+    """LightningRL's per-reward decoupled normalisation (Hu et al., arXiv 2603.13319, Sec. 3.1): each reward term's
+    values ``values[:, k]`` (``[N, K]``, group by group) normalised within the group on their own by advantage rule
+    ``name`` (Eq. 5: ``R_k = (r_k - mean_g r_k) / (std_g r_k + eps)`` under ``group_zscore`` with ``scale_rewards``
+    ``group``), summed with the terms' ``weights`` (Eq. 6, where the paper's weights are 1), and the sum normalised
+    over the batch, ``(A - mean_B A) / (std_B A + eps)`` (Eq. 7), so that the update's scale does not grow with the
+    number of terms. A term with the same value across a group adds nothing to that group's advantages; a group
+    whose every term is flat has advantage 0 before Eq. 7."""
+    values = values.float()
+    if values.dim() != 2 or values.shape[1] != len(weights):
+        raise ValueError(f"decoupled_advantages: values of shape {tuple(values.shape)} for {len(weights)} weights")
+    total = torch.zeros(values.shape[0])
+    for k, w in enumerate(weights):
+        total += w * compute_advantages(name, values[:, k], group_size, scale_rewards, options)
+    std = total.std() if total.numel() > 1 else torch.tensor(0.0)
+    return (total - total.mean()) / (std + EPS)
+
+
 @dataclass
 class GroupFilter:
     """Which samples enter the update, and why the others did not."""
@@ -132,6 +151,7 @@ class GroupFilter:
     keep: torch.Tensor  # [N] bool
     zero_variance_groups: int
     out_of_band_groups: int
+    narrow_tpf_groups: int = 0  # groups that tpf_spread dropped (and no rule before it)
 
 
 def group_filter(
@@ -140,21 +160,37 @@ def group_filter(
     drop_zero_variance: bool = True,
     accuracy_band: tuple[float, float] | None = None,
     correct: torch.Tensor | None = None,
+    tpf: torch.Tensor | None = None,
+    tpf_spread: float | None = None,
 ) -> GroupFilter:
     """Drop groups whose rewards are all equal (no learning signal) and, optionally, groups whose
-    accuracy lies outside ``accuracy_band`` (TraceRL keeps 0.2 <= acc <= 0.8). ``correct`` (bool ``[N]``)
-    defaults to ``reward >= 1``."""
+    accuracy lies outside ``accuracy_band`` (TraceRL keeps 0.2 <= acc <= 0.8) and groups that LightningRL's
+    TPF-aware filter drops (``tpf_spread``: keep a group only when ``max_j tpf - min_j tpf >= tpf_spread``, arXiv
+    2603.13319 Eq. 11, and at least one answer is right; ``tpf`` ``[N]``, each sample's tokens per forward).
+    ``correct`` (bool ``[N]``) defaults to ``reward >= 1``."""
     g = _groups(rewards, group_size)
+    correct = correct if correct is not None else rewards >= 1.0 - 1e-9
     zero_var = (g.max(dim=1).values - g.min(dim=1).values) <= 1e-12
     keep_group = ~zero_var if drop_zero_variance else torch.ones_like(zero_var)
     out_band = torch.zeros_like(zero_var)
     if accuracy_band is not None:
         lo, hi = accuracy_band
-        ok = (correct if correct is not None else rewards >= 1.0 - 1e-9).float().view(-1, group_size).mean(1)
+        ok = correct.float().view(-1, group_size).mean(1)
         out_band = (ok < lo - 1e-9) | (ok > hi + 1e-9)
         keep_group &= ~out_band
+    narrow = torch.zeros_like(zero_var)
+    if tpf_spread is not None:
+        if tpf is None:
+            raise ValueError("group_filter: tpf_spread needs each sample's tokens per forward (tpf)")
+        t = _groups(tpf, group_size)
+        right = correct.view(-1, group_size).any(1)
+        narrow = ((t.max(dim=1).values - t.min(dim=1).values) < tpf_spread - 1e-9) | ~right
+        before = keep_group.clone()
+        keep_group &= ~narrow
+        narrow &= before
     return GroupFilter(
         keep=keep_group.repeat_interleave(group_size),
         zero_variance_groups=int(zero_var.sum()),
         out_of_band_groups=int((out_band & ~(zero_var & drop_zero_variance)).sum()),
+        narrow_tpf_groups=int(narrow.sum()),
     )

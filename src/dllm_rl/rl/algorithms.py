@@ -20,6 +20,7 @@ from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import NO_HOOK, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.methods import METHODS
+from dllm_rl.rl.speed import check_speed_config
 from dllm_rl.rl.value_config import check_value_model
 
 #: Each method's preset, by name (paper defaults: each method's module, :mod:`dllm_rl.rl.methods`, says where each
@@ -70,10 +71,11 @@ def check_combination(cfg: RLConfig) -> None:
             hook.check(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg.dynamic_sampling and not cfg.drop_zero_variance and cfg.accuracy_band is None:
-        raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance or accuracy_band drop; "
-                          "with drop_zero_variance=false and no accuracy_band nothing is dropped")
+    if cfg.dynamic_sampling and not cfg.drop_zero_variance and cfg.accuracy_band is None and cfg.tpf_spread is None:
+        raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance, accuracy_band or tpf_spread "
+                          "drop; with drop_zero_variance=false and neither of the others nothing is dropped")
     check_value_model(cfg.value_model, cfg.loss_type)
+    check_speed_config(cfg)
 
 
 def check_estimator_options(cfg: RLConfig, model) -> None:

@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
-from dllm_rl.rl.advantages import compute_advantages, group_filter
+from dllm_rl.rl.advantages import compute_advantages, decoupled_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.hooks import HookContext, RoundView, TrainingRows, samples_per_prompt
 from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
@@ -56,6 +56,7 @@ class Round:
     training: TrainingRows | None = None  # the rows the update trains on instead (a rollout hook's, e.g. MDPO's)
     advantages: list[float] | torch.Tensor | None = None  # the rollout hook's: per sample (trees), [n, L] (EGSPO)
     policy_rewards: list[float] | None = None  # with a rollout hook: the rewards of the policy's own samples
+    terms: list[dict[str, float] | None] | None = None  # per sample: a combined reward's raw term values
 
 
 @dataclass
@@ -111,11 +112,13 @@ def _training_rows(rounds: list[Round]) -> TrainingRows | None:
 def rollout_columns(rollout: Rollout) -> dict[str, list[list[int]]]:
     """The columns a reward receives from the rollout, per completion over its answer (``completion_mask``):
     ``completion_ids`` (its token ids, as TRL passes them) and ``step_map`` (the decoding step that committed each,
-    -1 for a prefilled one). A judge in process mode chunks the answer by them and places chunk scores on its
-    decoding steps, the steps the value model puts process rewards on."""
+    -1 for a prefilled one); and per completion its forward passes ``nfe`` and tokens per forward ``tpf`` (a speed
+    term's inputs, :mod:`dllm_rl.rl.speed`). A judge in process mode chunks the answer by them and places chunk
+    scores on its decoding steps, the steps the value model puts process rewards on."""
     lengths = rollout.completion_mask.sum(1).tolist()
     return {"completion_ids": [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)],
-            "step_map": [row[:n].tolist() for row, n in zip(rollout.step_map, lengths)]}
+            "step_map": [row[:n].tolist() for row, n in zip(rollout.step_map, lengths)],
+            "nfe": rollout.nfe.tolist(), "tpf": rollout.tokens_per_forward().tolist()}
 
 
 class RolloutCollector:
@@ -163,7 +166,7 @@ class RolloutCollector:
                 rnd = self.round(policy, idx, first_sample=r * len(idx) * G)
                 rounds.append(rnd)
                 self.record_pass_rates(idx, rnd.rewards)
-                signal += int(self.filter(torch.tensor(rnd.rewards)).keep.view(-1, G)[:, 0].sum())
+                signal += int(self.filter(torch.tensor(rnd.rewards), rnd.rollout).keep.view(-1, G)[:, 0].sum())
             if not cfg.dynamic_sampling or max_over_ranks(self.accelerator, int(signal < target)) == 0:
                 break
         rollout = Rollout.cat([x.rollout for x in rounds]) if len(rounds) > 1 else rounds[0].rollout
@@ -171,7 +174,7 @@ class RolloutCollector:
         rewards = torch.tensor(reward_values, dtype=torch.float32)
         seeds = [s for x in rounds for s in x.seeds]
         reward_health = self.check_rewards(rounds)
-        filt = self.filter(rewards)
+        filt = self.filter(rewards, rollout)
         keep_group = filt.keep.view(-1, G)[:, 0]
         surplus = 0
         if cfg.dynamic_sampling:
@@ -222,17 +225,33 @@ class RolloutCollector:
         acc, cfg = self.accelerator, self.cfg
         if rounds and all(x.advantages is not None for x in rounds):
             return torch.cat([torch.as_tensor(x.advantages, dtype=torch.float32) for x in rounds])
-        parts = gather_object([rewards.tolist()])  # one list per rank, in rank order (one process: its own)
+        decoupled = cfg.reward.normalization == "decoupled" and rounds
+        mine = self.term_matrix(rounds) if decoupled else rewards.tolist()
+        parts = gather_object([mine])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])
-        adv = compute_advantages(cfg.advantage, every, self.group_size, cfg.scale_rewards,
-                                 cfg.advantage_options)
+        if decoupled:  # LightningRL's per-term normalisation (rl/speed.py)
+            adv = decoupled_advantages(cfg.advantage, every, [t.weight for t in self.reward_fn.terms],
+                                       self.group_size, cfg.scale_rewards, cfg.advantage_options)
+        else:
+            adv = compute_advantages(cfg.advantage, every, self.group_size, cfg.scale_rewards,
+                                     cfg.advantage_options)
         return adv[start:start + len(rewards)]
 
-    def filter(self, rewards: torch.Tensor):
-        band = tuple(self.cfg.accuracy_band) if self.cfg.accuracy_band else None
-        return group_filter(rewards, self.group_size, drop_zero_variance=self.cfg.drop_zero_variance,
-                            accuracy_band=band)
+    def term_matrix(self, rounds: list[Round]) -> list[list[float]]:
+        """Per sample, each reward term's raw value in the order of ``reward.terms`` (0 where its reward failed)."""
+        names = [t.name for t in self.reward_fn.terms]
+        every = [terms for x in rounds for terms in (x.terms or [None] * len(x.rewards))]
+        return [[(terms or {}).get(n, 0.0) for n in names] for terms in every]
+
+    def filter(self, rewards: torch.Tensor, rollout: Rollout | None = None):
+        """Which groups carry signal (:func:`~dllm_rl.rl.advantages.group_filter`), with ``tpf_spread`` over the
+        tokens per forward of ``rollout``'s samples."""
+        cfg = self.cfg
+        band = tuple(cfg.accuracy_band) if cfg.accuracy_band else None
+        tpf = rollout.tokens_per_forward() if rollout is not None and cfg.tpf_spread is not None else None
+        return group_filter(rewards, self.group_size, drop_zero_variance=cfg.drop_zero_variance,
+                            accuracy_band=band, tpf=tpf, tpf_spread=cfg.tpf_spread)
 
     def check_rewards(self, rounds: list[Round]) -> dict[str, float]:
         """The step's reward failures as metrics (``reward_errors``, ``reward_nonfinite``: samples scored 0), a
@@ -305,7 +324,7 @@ class RolloutCollector:
         return Round(view.rollout, view.rewards, view.reasons, seeds, prompts_rep,
                       t_rollout, time.perf_counter() - t0 - t_rollout, dict(view.stats), steps,
                       scored.failed, scored.nonfinite, scored.error, view.training,
-                      policy_rewards=list(rewards))
+                      policy_rewards=list(rewards), terms=scored.terms)
 
     def _reward_options(self) -> dict:
         """How the trainer calls the reward: its name in messages and the time one call may take."""

@@ -200,8 +200,13 @@ class RewardConfig(RewardModelConfig):
         default_factory=list, help="a weighted sum of rewards, each entry one of {task: NAME or module:function}, "
         "{model: ORG/NAME or DIR} (run with this section's reward-model settings) or {judge: ORG/NAME or DIR} (run "
         "with reward.judge's settings), with weight (default 1) and name (its reward_NAME metric). Empty: the "
-        "task's reward, or reward.model / reward.judge.model alone. The held-out evaluation keeps the task's "
+        "task's reward, or reward.model / reward.judge.model alone; {speed: tpf | per_pass | per_token} rewards "
+        "decoding speed where the answer is right (docs/rewards.md). The held-out evaluation keeps the task's "
         "reward (its accuracy)")
+    normalization: Literal["sum", "decoupled"] = field(
+        "sum", help="how the terms make advantages: sum (the advantage rule on their weighted sum) | decoupled "
+        "(LightningRL's, arXiv 2603.13319 Eq. 5-7: the advantage rule on each term alone, weighted and summed, "
+        "then normalised over the batch; needs reward.terms)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -210,6 +215,9 @@ class RewardConfig(RewardModelConfig):
         if self.function and combined:
             raise FieldError("function", f"is not combined with reward.{combined[0]}; list it as a term instead "
                              f"(reward.terms: [{{task: {self.function}}}, ...])")
+        if self.normalization == "decoupled" and not self.terms:
+            raise FieldError("normalization", "decoupled normalises each of reward.terms on its own; list the "
+                             "terms (e.g. [{task: countdown}, {speed: tpf, weight: 0.5}])")
 
     @property
     def combined(self) -> bool:
@@ -403,6 +411,10 @@ class RLConfig(Checked):
         "train.prompts_per_step groups with signal are kept (the surplus of the last batch is dropped) or "
         "max_sampling_rounds batches were drawn")
     max_sampling_rounds: int = field(4, ge=1, help="dynamic_sampling: most prompt batches rolled out per step")
+    tpf_spread: float | None = field(
+        None, ge=0, help="LightningRL's TPF-aware filter (arXiv 2603.13319 Eq. 11): keep only groups with at least "
+        "one right answer whose tokens per forward spread (max - min) is at least this (the paper: 0.01); with "
+        "dynamic_sampling, roll out further prompts until enough groups pass. null = off")
     reference: Literal["copy", "base"] = field(
         "copy", help="reference policy: copy (frozen copy of the start weights) | base (LoRA adapters disabled; "
         "needs lora.enabled)")

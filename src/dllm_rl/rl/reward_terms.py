@@ -1,11 +1,16 @@
-"""A weighted sum of reward terms: verifiable task rewards, reward models and LLM judges
-(``reward.terms: [{task: gsm8k, weight: 1.0}, {model: ORG/NAME, weight: 0.5}, {judge: ORG/NAME, weight: 0.2}]``).
+"""A weighted sum of reward terms: verifiable task rewards, reward models, LLM judges and speed
+(``reward.terms: [{task: gsm8k, weight: 1.0}, {model: ORG/NAME, weight: 0.5}, {judge: ORG/NAME, weight: 0.2},
+{speed: tpf, weight: 0.5}]``).
 
 The sum is one TRL-signature reward, so the trainer calls it as any other. A reward model term runs with the
 ``reward:`` section's settings (:class:`~dllm_rl.rl.reward_model.RewardModelConfig`) and a judge term with the
 ``reward.judge:`` section's (:class:`~dllm_rl.rl.judge.JudgeConfig`); the term names only the model. Each term's raw
 value (before its weight) is kept per sample for logging (:attr:`CombinedReward.last_terms`,
-:meth:`CombinedReward.metrics`).
+:meth:`CombinedReward.metrics`) and in each :class:`~dllm_rl.tasks.Score`'s ``info["terms"]``, which the decoupled
+normalisation reads (:func:`dllm_rl.rl.advantages.decoupled_advantages`).
+
+A speed term (:mod:`dllm_rl.rl.speed`) counts only where the answer is right: where every task term scores 1 or more
+(the accuracy the trainer reports); elsewhere its value is 0.
 
 When a term gives process rewards (per decoding step: a judge in process mode, or a task reward's per-step list),
 the sum is per step too: per-step terms add step by step (times their weights) and every outcome term's weighted
@@ -25,15 +30,16 @@ from dllm_rl.config import Checked, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.rl.judge import Judge, JudgeConfig
 from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
+from dllm_rl.rl.speed import SPEEDS, SpeedReward, gate
 from dllm_rl.tasks import Score, get_task, list_tasks
 from dllm_rl.tasks.base import load_callable
 
-KINDS = ("task", "model", "judge")
+KINDS = ("task", "model", "judge", "speed")
 
 
 @dataclass
 class RewardTerm(Checked):
-    """One entry of ``reward.terms``: exactly one of ``task``, ``model``, ``judge``, and its weight."""
+    """One entry of ``reward.terms``: exactly one of ``task``, ``model``, ``judge``, ``speed``, and its weight."""
 
     task: str | None = field(None, help="a verifiable reward: a task name (e.g. gsm8k; its reward reads the data's "
                                         "columns) or package.module:function")
@@ -41,16 +47,24 @@ class RewardTerm(Checked):
                                          "the reward: section's settings")
     judge: str | None = field(None, help="an LLM judge (ORG/NAME or a folder of a causal LM), run with the judge: "
                                          "section's settings")
+    speed: str | None = field(None, choices=SPEEDS,
+                              help="decoding speed, counted only where the task terms say the answer is right: tpf "
+                                   "(answer tokens per forward pass, LightningRL arXiv 2603.13319) | per_pass (1 / "
+                                   "passes) | per_token (1 - passes / answer tokens, at least 0); needs a task term "
+                                   "and a dynamic rollout schedule (rollout.threshold) for the passes to vary")
     weight: float = field(1.0, help="the term's weight in the sum of rewards")
     name: str | None = field(None, help="the term's name in logs (reward_NAME); default: the task's name, "
-                                        "reward_model or judge")
+                                        "reward_model, judge or speed_KIND")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         given = [k for k in KINDS if getattr(self, k)]
         if len(given) != 1:
-            raise FieldError(given[1] if given else "task", "give exactly one of task, model, judge per "
+            raise FieldError(given[1] if given else "task", "give exactly one of task, model, judge, speed per "
                              f"reward.terms entry (this one has {', '.join(given) or 'none'})")
+        if self.speed and self.weight < 0:
+            raise FieldError("weight", f"a speed term's weight is 0 or more (got {self.weight:g}): a negative one "
+                             "would reward wrong answers, whose speed counts 0, above slow right ones")
 
     @property
     def kind(self) -> str:
@@ -60,7 +74,8 @@ class RewardTerm(Checked):
     def label(self) -> str:
         if self.name:
             return self.name
-        return {"task": str(self.task).rpartition(":")[2], "model": "reward_model", "judge": "judge"}[self.kind]
+        return {"task": str(self.task).rpartition(":")[2], "model": "reward_model", "judge": "judge",
+                "speed": f"speed_{self.speed}"}[self.kind]
 
 
 @dataclass
@@ -70,6 +85,7 @@ class Term:
     name: str
     weight: float
     fn: Callable[..., Sequence[Any]]
+    kind: str = "task"  # task | model | judge | speed: a speed term is gated on the task terms
 
 
 def _value(v: Any) -> tuple[float, list[float] | None]:
@@ -111,7 +127,11 @@ class CombinedReward:
             if len(values) != n:
                 raise ValueError(f"reward term {t.name!r} returned {len(values)} values for {n} completions")
             per_term.append([_value(v) for v in values])
-            self.last_terms[t.name] = [total for total, _ in per_term[-1]]
+        right = self.right(per_term)
+        for k, t in enumerate(self.terms):
+            if getattr(t.fn, "gated", False):  # a speed term: 0 where the answer is not right
+                per_term[k] = [(v, None) for v in gate([v for v, _ in per_term[k]], right)]
+            self.last_terms[t.name] = [total for total, _ in per_term[k]]
             acc = self._sums.setdefault(t.name, [0.0, 0])
             acc[0] += math.fsum(self.last_terms[t.name])
             acc[1] += n
@@ -119,11 +139,18 @@ class CombinedReward:
         return [self._combine([vals[i] for vals in per_term], step_maps[i] if step_maps is not None else None)
                 for i in range(n)]
 
+    def right(self, per_term: list[list[tuple[float, Any]]]) -> list[bool]:
+        """Per sample: whether every task term scored 1 or more (the answer is right)."""
+        tasks = [vals for t, vals in zip(self.terms, per_term) if t.kind == "task"]
+        n = len(per_term[0]) if per_term else 0
+        return [bool(tasks) and all(vals[i][0] >= 1.0 - 1e-9 for vals in tasks) for i in range(n)]
+
     def _combine(self, values: list[tuple[float, list[float] | None]], step_map: Sequence[int] | None) -> Score:
         total = math.fsum(t.weight * v for t, (v, _) in zip(self.terms, values))
         reason = "; ".join(f"{t.name}={v:.4g}" for t, (v, _) in zip(self.terms, values))
+        terms = {t.name: v for t, (v, _) in zip(self.terms, values)}
         if all(steps is None for _, steps in values):
-            return Score(total, reason)
+            return Score(total, reason, terms=terms)
         width = max([_num_steps(step_map)] + [len(s) for _, s in values if s is not None] + [1])
         out = [0.0] * width
         for t, (v, steps) in zip(self.terms, values):
@@ -132,7 +159,7 @@ class CombinedReward:
             else:
                 for k, s in enumerate(steps):
                     out[k] += t.weight * s
-        return Score(total, reason, steps=out)
+        return Score(total, reason, steps=out, terms=terms)
 
     def metrics(self) -> dict[str, float]:
         """The mean raw value of each term (``reward_NAME``) over the calls since the previous ``metrics()`` (an RL
@@ -175,6 +202,9 @@ def build_reward(terms: Sequence[RewardTerm], reward_model: RewardModelConfig | 
     for a judge in process mode. An empty ``terms`` with ``reward_model.model`` or ``judge.model`` set means that
     one model (both: the two), weight 1."""
     keyed = [(t, f"{key}.terms[{i}].{t.kind}") for i, t in enumerate(terms)]
+    if any(t.kind == "speed" for t in terms) and not any(t.kind == "task" for t in terms):
+        raise UserError(f"{key}.terms: a speed term counts only where the answer is right, which a task term says; "
+                        "add one (e.g. {task: countdown})")
     if not terms:
         if reward_model is not None and reward_model.model:
             keyed.append((RewardTerm(model=reward_model.model), f"{key}.model"))
@@ -184,10 +214,12 @@ def build_reward(terms: Sequence[RewardTerm], reward_model: RewardModelConfig | 
     for term, term_key in keyed:
         if term.kind == "task":
             fn = _task_reward(term.task, term_key, task)
+        elif term.kind == "speed":
+            fn = SpeedReward(term.speed, key=term_key)
         elif term.kind == "model":
             fn = RewardModel(dataclasses.replace(reward_model or RewardModelConfig(), model=term.model), key=term_key)
         else:
             fn = Judge(dataclasses.replace(judge or JudgeConfig(), model=term.judge), key=f"{key}.judge",
                        policy_tokenizer=policy_tokenizer, model_key=term_key)
-        built.append(Term(term.label, term.weight, fn))
+        built.append(Term(term.label, term.weight, fn, term.kind))
     return CombinedReward(built, key=f"{key}.terms")

@@ -27,7 +27,7 @@ import math
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dllm_rl.tasks.base import RewardError
@@ -50,6 +50,7 @@ class Scored:
     failed: int = 0  # samples whose reward raised or timed out (scored 0)
     nonfinite: int = 0  # NaN / inf / None values (scored 0)
     error: str = ""  # the last failure, "Type: message"
+    terms: list[dict[str, float] | None] = field(default_factory=list)  # per sample: a combined reward's raw terms
 
 
 class RewardTimeout(TimeoutError):
@@ -107,7 +108,8 @@ def safe_scores(
     except RewardTimeout as exc:  # no retry one by one: that would take up to len(completions) times as long
         logger.warning("reward %s %s on a batch of %d; its samples score 0", name, exc, len(completions))
         n = len(completions)
-        return Scored([0.0] * n, [f"reward {exc}"] * n, [None] * n, failed=n, error=f"RewardTimeout: {exc}")
+        return Scored([0.0] * n, [f"reward {exc}"] * n, [None] * n, failed=n, error=f"RewardTimeout: {exc}",
+                      terms=[None] * n)
     except Exception as exc:  # noqa: BLE001 - fall back to per-sample scoring
         logger.warning("reward failed on the batch (%s: %s); scoring samples one by one", type(exc).__name__, exc)
     out = Scored([], [], [])
@@ -122,6 +124,7 @@ def safe_scores(
         except Exception as exc:  # noqa: BLE001
             out.totals.append(0.0)
             out.steps.append(None)
+            out.terms.append(None)
             out.reasons.append(f"reward raised {type(exc).__name__}: {str(exc)[:200]}")
             out.failed += 1
             out.error = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -154,6 +157,7 @@ def _add(out: Scored, value: Any, name: str) -> None:
         total = _number(out, value, name)
     out.totals.append(total)
     out.steps.append(steps)
+    out.terms.append((getattr(value, "info", None) or {}).get("terms"))
     out.reasons.append(getattr(value, "reason", ""))
 
 

@@ -278,9 +278,11 @@ class RLTrainer(RLCheckpoints):
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "accuracy": float((rewards >= 1.0).float().mean()),
             "completion_length": float(lengths.mean()), "nfe": float(rollout.nfe.float().mean()),
+            "tpf": float(rollout.tokens_per_forward().mean()),
             "rollout_tokens_per_s": float(lengths.sum()) / max(batch.t_rollout, 1e-9),
             "kept_samples": float(len(batch.keep)), "zero_variance_groups": float(batch.filt.zero_variance_groups),
             "out_of_band_groups": float(batch.filt.out_of_band_groups),
+            "narrow_tpf_groups": float(batch.filt.narrow_tpf_groups),
             "time_rollout": batch.t_rollout, "time_reward": batch.t_reward, "time_update": t_update,
             "lr": float(self.scheduler.get_last_lr()[0]),
         }

@@ -148,6 +148,11 @@ class Rollout:
         """Tokens in each answer (``completion_mask.sum(-1)``)."""
         return self.completion_mask.sum(-1)
 
+    def tokens_per_forward(self) -> torch.Tensor:
+        """Each row's answer tokens per forward pass spent on it (TPF, float32 ``[B]``: ``completion_lengths / nfe``;
+        0 for a row without a pass), the parallelism LightningRL (arXiv 2603.13319) rewards."""
+        return self.completion_lengths().float() / self.nfe.clamp(min=1).float() * (self.nfe > 0)
+
     def as_dict(self) -> dict:
         """Field name -> value (tensors as they are), e.g. for ``torch.save``."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
