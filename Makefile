@@ -9,6 +9,8 @@ TORCH_SPEC ?= torch==2.13.0
 # MODEL: block | full | block8 | vision (the LLaDA-V-shaped model on the shapes image task)
 ALGO ?=
 MODEL ?= block
+# RECIPE: a named recipe over the demo's (speed: a speed reward where the answer is right; docs/rewards.md)
+RECIPE ?=
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist): most tests run tiny models single-threaded, so one worker per core (at most 4)
 # nearly halves the suite on CI's 2 cores. TEST_WORKERS=0 runs it in one process.
@@ -67,7 +69,7 @@ lint: install
 
 # each `make demo` starts afresh in runs/demo/MODEL-ALGO, replacing the previous demo run there
 demo: install
-	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) --model $(MODEL)
+	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) $(if $(RECIPE),--recipe $(RECIPE)) --model $(MODEL)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

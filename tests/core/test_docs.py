@@ -140,7 +140,7 @@ def checked_config(argv: list[str], extra: list[str]):
     args = _parse(argv)
     if args.command == "demo":
         return load_config(RLConfig, demo_config_path(args.model),
-                           demo_run_overrides(args.model, args.algorithm, list(args.overrides))[1])
+                           demo_run_overrides(args.model, args.algorithm, list(args.overrides), args.recipe)[1])
     if args.command in ("rl", "sft") and getattr(args, "config", None):
         cls = RLConfig if args.command == "rl" else SFTConfig
         return load_config(cls, _local(args.config) or args.config, extra + list(args.overrides))

@@ -69,3 +69,28 @@ def test_the_block_demo_lays_its_espo_recipe_over_the_demo_config_for_espo_only(
     mine = demo(None, "train.ema_start=100", "advantage_options={k: 2}")
     assert mine.train.ema_start == 100 and mine.advantage_options == {"k": 2} and mine.train.ema_every == 20
     assert recipe_overrides("full", "espo") == recipe_overrides("block", "tracerl") == []
+
+
+@pytest.mark.parametrize(("model", "algorithm"), [("block", "espo"), ("full", "tracerl")])
+def test_the_speed_recipe_of_each_text_demo_resolves(model, algorithm):
+    """`dllm-rl demo --recipe speed` lays MODEL-ALGORITHM-speed.yaml over the demo config and the algorithm's own
+    recipe; the result passes the config's rules (a resolved preset); a recipe the demo lacks is one line naming its
+    recipes."""
+    from dllm_rl.config import load_config
+    from dllm_rl.errors import UserError
+    from dllm_rl.rl.algorithms import resolve
+    from dllm_rl.rl.cli import demo_config_path, demo_run_overrides
+    from dllm_rl.rl.config import RLConfig
+
+    chosen, settings = demo_run_overrides(model, None, [], "speed")
+    cfg = load_config(RLConfig, demo_config_path(model), settings)
+    assert chosen == cfg.algorithm == algorithm
+    assert [(t.kind, t.weight) for t in cfg.reward.terms] == [("task", 1.0), ("speed", 0.5)]
+    assert (cfg.reward.normalization, cfg.tpf_spread, cfg.dynamic_sampling, cfg.rollout.threshold) == (
+        "decoupled", 0.01, True, 0.9)
+    resolve(cfg, "block" if model == "block" else "full")
+    if model == "block":  # the ESPO recipe underneath (its weight average), its Pass@4 replaced
+        assert cfg.train.ema_decay == 0.9 and cfg.advantage == "group_zscore"
+    with pytest.raises(UserError, match=rf"the {model} demo has no 'fast' recipe for {algorithm} .* "
+                       rf"{model}-{algorithm}-speed"):
+        demo_run_overrides(model, None, [], "fast")

@@ -50,15 +50,28 @@ def demo_overrides(model_kind: str) -> list[str]:
     return [f"{section}.{key}={DEMO_DIR / data[section][key]}" for section, key in keys]
 
 
-def recipe_overrides(model_kind: str, algorithm: str) -> list[str]:
+def recipe_overrides(model_kind: str, algorithm: str, recipe: str | None = None) -> list[str]:
     """The settings of ``algorithm``'s recipe for the ``model_kind`` demo, as overrides laid over the demo config
     (``assets/demo/recipes/KIND-ALGORITHM.yaml``, the block demo's ESPO recipe), or none when it has no recipe:
-    a recipe belongs to one algorithm, so the demo's other algorithms run the demo config as it is."""
+    a recipe belongs to one algorithm, so the demo's other algorithms run the demo config as it is. A named
+    ``recipe`` (``dllm-rl demo --recipe NAME``) is a variant laid over that: ``KIND-ALGORITHM-NAME.yaml``, which
+    must exist (the error lists the demo's named recipes)."""
     from dllm_rl.config import as_overrides, yaml_load
     from dllm_rl.rl.config import RLConfig
 
-    path = DEMO_DIR / "recipes" / f"{model_kind}-{algorithm}.yaml"
-    return as_overrides(RLConfig, yaml_load(path.read_bytes(), str(path)) or {}) if path.is_file() else []
+    folder = DEMO_DIR / "recipes"
+    names = [f"{model_kind}-{algorithm}.yaml"]
+    if recipe:
+        named = folder / f"{model_kind}-{algorithm}-{recipe}.yaml"
+        if not named.is_file():
+            known = ", ".join(sorted(p.stem for p in folder.glob(f"{model_kind}-*-*.yaml"))) or "none"
+            raise UserError(f"--recipe: the {model_kind} demo has no {recipe!r} recipe for {algorithm} "
+                            f"({named.name}); its named recipes (MODEL-ALGORITHM-NAME): {known}")
+        names.append(named.name)
+    out: list[str] = []
+    for path in (folder / name for name in names):
+        out += as_overrides(RLConfig, yaml_load(path.read_bytes(), str(path)) or {}) if path.is_file() else []
+    return out
 
 
 def demo_algorithm(model_kind: str, algorithm: str | None, overrides: list[str]) -> str:
@@ -72,13 +85,14 @@ def demo_algorithm(model_kind: str, algorithm: str | None, overrides: list[str])
     return given[-1] if given else algorithm or (yaml_load(path.read_bytes(), str(path)) or {})["algorithm"]
 
 
-def demo_run_overrides(model_kind: str, algorithm: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+def demo_run_overrides(model_kind: str, algorithm: str | None, overrides: list[str],
+                       recipe: str | None = None) -> tuple[str, list[str]]:
     """The algorithm a ``dllm-rl demo`` run resolves to, and every override of the run but its directory: the
-    shipped files' paths, ``algorithm`` (None: the demo config's), that algorithm's recipe, then ``overrides``,
-    which win."""
+    shipped files' paths, ``algorithm`` (None: the demo config's), that algorithm's recipe and the named ``recipe``
+    over it, then ``overrides``, which win."""
     chosen = demo_algorithm(model_kind, algorithm, overrides)
     base = demo_overrides(model_kind) + ([f"algorithm={algorithm}"] if algorithm else [])
-    return chosen, base + recipe_overrides(model_kind, chosen) + overrides
+    return chosen, base + recipe_overrides(model_kind, chosen, recipe) + overrides
 
 
 #: what the demo's report calls each model
@@ -98,8 +112,10 @@ def run_demo(args: argparse.Namespace) -> int:
     fresh = [] if any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite="))
                       for o in args.overrides) else ["run.overwrite=true"]
     # the run directory is named for the algorithm the run resolves to (the demo YAML's unless given)
-    algorithm, overrides = demo_run_overrides(args.model, args.algorithm, fresh + list(args.overrides))
-    cfg = load_config(RLConfig, path, [f"run.output_dir={args.output_dir}/{args.model}-{algorithm}", *overrides])
+    recipe = getattr(args, "recipe", None)
+    algorithm, overrides = demo_run_overrides(args.model, args.algorithm, fresh + list(args.overrides), recipe)
+    name = f"{args.model}-{algorithm}" + (f"-{recipe}" if recipe else "")
+    cfg = load_config(RLConfig, path, [f"run.output_dir={args.output_dir}/{name}", *overrides])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)
     print()
@@ -133,9 +149,13 @@ def register(sub) -> None:
                    help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
                    "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml), vision = a "
                    "llada_v-shaped model on the shapes image task (rl-vision.yaml)")
+    d.add_argument("--recipe", default=None,
+                   help="a named recipe laid over the demo config and its algorithm's recipe: speed (a speed reward "
+                   "where the answer is right, threshold decoding, LightningRL's decoupled normalisation; for espo "
+                   "on the block model and tracerl on the full one: assets/demo/recipes/MODEL-ALGORITHM-NAME.yaml)")
     d.add_argument("--output-dir", default="runs/demo",
-                   help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM; a previous demo run there is replaced, "
-                   "unless run.resume=latest is given)")
+                   help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM, or MODEL-ALGORITHM-RECIPE; a previous demo "
+                   "run there is replaced, unless run.resume=latest is given)")
     d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
     help_config_argument(d, _rl_config_lines)
     d.set_defaults(func=run_demo)
