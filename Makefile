@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # nearly halves the suite on CI's 2 cores. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
 
-.PHONY: install sysdeps cxx deepspeed-ops test lint demo clean
+.PHONY: install sysdeps cxx deepspeed-ops test lint demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,11 @@ lint: install
 # each `make demo` starts afresh in runs/demo/MODEL-ALGO, replacing the previous demo run there
 demo: install
 	$(PY) -m dllm_rl demo $(if $(ALGO),--algorithm $(ALGO)) $(if $(RECIPE),--recipe $(RECIPE)) --model $(MODEL)
+
+# the sampler's speed gate: both text demos' decoding as a ratio against the in-repo reference loop of the same run,
+# checked against benchmarks/bench_floor.json (exit 1 below a floor); about 2 minutes on 2 cores, out of the suite
+bench: install
+	$(PY) benchmarks/bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
