@@ -1,7 +1,7 @@
 """Log-likelihood estimators for diffusion LMs: ``trace``, ``elbo``, ``mean_field``, ``random_mask``, ``coupled``,
 ``block``, ``ar``, ``spg_block``, ``left_to_right``, ``one_step``, ``ebpo_block``, ``egspo_steps``,
-``tree_segment`` and ``vrpo``; for uniform-state families (DiffusionGemma, no mask token) ``uniform_elbo`` and
-``uniform_denoise``, scorers that decode canvas by canvas (:mod:`~dllm_rl.estimators.canvases`).
+``tree_segment`` and ``vrpo``; for uniform-state families (DiffusionGemma, no mask token) ``trajectory``,
+``uniform_elbo`` and ``uniform_denoise``, scorers that decode canvas by canvas (:mod:`~dllm_rl.estimators.canvases`).
 
 An estimator is one *row planner* registered by name in :data:`ESTIMATORS` (verl's ``core_algos`` style,
 :mod:`~dllm_rl.estimators.registry`); :func:`estimate` plans the rows with it and scores them with the one
@@ -40,6 +40,7 @@ from dllm_rl.estimators.registry import (
 from dllm_rl.estimators.scoring import score_rows
 from dllm_rl.estimators.spg_block import plan_spg_block
 from dllm_rl.estimators.trace import merged_steps, plan_trace
+from dllm_rl.estimators.trajectory import score_trajectory
 from dllm_rl.estimators.tree_segment import plan_tree_segment
 from dllm_rl.estimators.uniform_denoise import score_uniform_denoise
 from dllm_rl.estimators.uniform_elbo import score_uniform_elbo
@@ -50,5 +51,5 @@ __all__ = [
     "estimator_options", "merged_steps", "plan_ar", "plan_block", "plan_coupled", "plan_ebpo_block", "plan_egspo_steps",
     "plan_elbo", "plan_left_to_right", "plan_mean_field", "plan_one_step", "plan_random_mask", "plan_rows",
     "plan_spg_block", "plan_trace", "plan_tree_segment", "plan_vrpo", "register", "score_rows", "NOISE", "check_noise",
-    "register_uniform", "score_uniform_denoise", "score_uniform_elbo",
+    "register_uniform", "score_trajectory", "score_uniform_denoise", "score_uniform_elbo",
 ]

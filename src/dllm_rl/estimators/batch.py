@@ -20,11 +20,14 @@ Conventions shared by all estimators:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dllm_rl.models.prompt_images import PromptImages
+
+if TYPE_CHECKING:
+    from dllm_rl.sampling.uniform_rollout import UniformTrace
 
 
 @dataclass
@@ -64,6 +67,8 @@ class ScoringBatch:
     confidence: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
+    #: a uniform-state rollout's trajectory (DiffusionGemma, ``Rollout.uniform``): what ``trajectory`` scores
+    uniform: UniformTrace | None = None
 
     def __post_init__(self) -> None:
         self.prompt_mask = self.prompt_mask.bool()
@@ -95,6 +100,7 @@ class ScoringBatch:
             images=getattr(rollout, "images", None),
             confidence=getattr(rollout, "confidence", None),
             entropy=getattr(rollout, "entropy", None),
+            uniform=getattr(rollout, "uniform", None),
         )
 
     # ------------------------------------------------------------------------------------------
@@ -149,6 +155,8 @@ class ScoringBatch:
             pick(self.step_map), pick(self.completion_valid), pick(self.sample_seeds), self.block_size,
             self.images.select(index) if self.images is not None else None, pick(self.confidence), pick(self.entropy),
             pick(self.loss_mask),
+            None if self.uniform is None else self.uniform.select(
+                index if isinstance(index, slice) else torch.as_tensor(index, device=self.uniform.step.device)),
         )
 
     def validate(self) -> None:
@@ -170,6 +178,8 @@ class ScoringBatch:
                 checks[name] = (getattr(self, name), g_shape)
         if self.sample_seeds is not None:
             checks["sample_seeds"] = (self.sample_seeds, (b,))
+        if self.uniform is not None:
+            checks["uniform.accepted"] = (self.uniform.accepted, (b, self.uniform.accepted.shape[1], g_shape[1]))
         for name, (t, shape) in checks.items():
             if tuple(t.shape) != shape:
                 raise ValueError(f"ScoringBatch: {name} has shape {tuple(t.shape)}, expected {shape}")

@@ -2,9 +2,11 @@
 
 Uniform-state families (DiffusionGemma, ``Family.noise == "uniform"``) have no mask token and no rows to plan:
 their estimators are *scorers* ``score(model, batch, generator, *, option=...) -> TokenScores`` registered with
-``@register_uniform("name")``. :data:`NOISE` records the noise kind each estimator scores, and
-:func:`check_noise` — called by :func:`estimate`, :func:`plan_rows` and :func:`estimator_forwards` — is the one
-place that refuses an estimator of the other kind, naming the ones that fit.
+``@register_uniform("name", counterpart=..., check=...)``. :data:`NOISE` records the noise kind each estimator
+scores, and :func:`check_noise` — called by :func:`estimate`, :func:`plan_rows` and :func:`estimator_forwards` — is
+the one place that refuses an estimator of the other kind, naming the ones that fit. :data:`COUNTERPART` maps a
+masked estimator onto the uniform-state scorer that plays its part (``trace`` -> ``trajectory``, ``elbo`` ->
+``uniform_elbo``): the one table an RL preset is carried over to a uniform family by (:func:`counterpart`).
 
 A planner ``plan(model, batch, generator, *, option=...) -> MaskedRows`` draws every random number it needs
 from the caller's generator and returns the masked rows to forward with each completion token's weight
@@ -40,6 +42,10 @@ SCORER_OPTIONS = ("max_rows", "logprob_chunk_size")
 ESTIMATORS: dict[str, Planner] = {}
 #: the noise kind (``Family.noise``) each estimator scores: "mask" for the row planners, "uniform" for the scorers
 NOISE: dict[str, str] = {}
+#: masked estimator -> the uniform-state scorer that plays its part on a uniform family (declared by the scorer)
+COUNTERPART: dict[str, str] = {}
+#: uniform-state scorer -> its options' check (raises ValueError), run before any model forward
+_CHECKS: dict[str, Callable[..., None]] = {}
 _SCORES = {"mask": "masked diffusion", "uniform": "uniform-state diffusion"}
 _IS = {"mask": "masked", "uniform": "uniform-state"}
 
@@ -52,10 +58,33 @@ def register(name: str) -> Callable[[Planner], Planner]:
     return _register(name)
 
 
-def register_uniform(name: str) -> Callable[[Callable[..., TokenScores]], Callable[..., TokenScores]]:
-    """``@register_uniform("name")``: register a uniform-state scorer (returns :class:`TokenScores` itself)."""
+def register_uniform(name: str, *, counterpart: str | None = None, check: Callable[..., None] | None = None
+                     ) -> Callable[[Callable[..., TokenScores]], Callable[..., TokenScores]]:
+    """``@register_uniform("name")``: register a uniform-state scorer (returns :class:`TokenScores` itself).
+    ``counterpart``: the masked estimator whose part it plays (:data:`COUNTERPART`); ``check(**options)``: its
+    options' checks (``ValueError``), which :func:`check_options` runs without the model."""
     NOISE.setdefault(name, "uniform")
+    if counterpart is not None:
+        COUNTERPART[counterpart] = name
+    if check is not None:
+        _CHECKS[name] = check
     return _register(name)
+
+
+def counterpart(name: str, noise: str) -> str | None:
+    """The estimator that plays ``name``'s part on a family of noise kind ``noise``: ``name`` itself when it scores
+    that kind, its declared counterpart (:data:`COUNTERPART`), or None when it has none."""
+    if NOISE.get(name, "mask") == noise:
+        return name
+    return COUNTERPART.get(name) if noise == "uniform" else next((m for m, u in COUNTERPART.items() if u == name), None)
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """``ValueError`` for an option estimator ``name`` does not take (by name) or, for a uniform-state scorer, a bad
+    value of one (its declared ``check``), without the model (masked planners check theirs while planning)."""
+    _check_options(name, options)
+    if name in _CHECKS:
+        _CHECKS[name](**options)
 
 
 def check_noise(family, name: str) -> None:

@@ -128,7 +128,13 @@ def elbo_scores(canvases, batch: ScoringBatch, generator: torch.Generator, num_m
                        calls=canvases.num * draws, info={"t": levels.float()})
 
 
-@register_uniform("uniform_elbo")
+def check_uniform_elbo_options(*, num_mc: int = 2, logprob_chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+    """``uniform_elbo``'s options (``ValueError``)."""
+    check_int("num_mc", num_mc, 1)
+    check_chunk_size(logprob_chunk_size)
+
+
+@register_uniform("uniform_elbo", counterpart="elbo", check=check_uniform_elbo_options)
 def score_uniform_elbo(model, batch: ScoringBatch, generator: torch.Generator, *, num_mc: int = 2,
                        logprob_chunk_size: int = DEFAULT_CHUNK_SIZE) -> TokenScores:
     """The uniform-state ELBO (UDLM arXiv 2412.10193 / Duo arXiv 2506.10892; see the module docstring) of each

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from dllm_rl.config import ConfigError
-from dllm_rl.estimators import ScoringBatch, check_noise, estimator_forwards
+from dllm_rl.estimators import NOISE, ScoringBatch, check_noise, estimator_forwards
+from dllm_rl.estimators.registry import check_options, counterpart, estimator_options
 from dllm_rl.rl.advantages import compute_advantages
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
@@ -33,10 +34,44 @@ PRESETS: dict[str, dict[str, Any]] = {name: dict(m.preset) for name, m in METHOD
 PAPERS: dict[str, str] = {name: m.paper for name, m in METHODS.items()}
 
 
-def _fill_preset(cfg: RLConfig, attention: str) -> RLConfig:
+def uniform_refusal(algorithm: str) -> str | None:
+    """Why preset ``algorithm`` has no uniform-state form (a family without a mask token, DiffusionGemma), or None
+    when it runs there: its estimator needs a uniform-state counterpart (the registry's
+    :data:`~dllm_rl.estimators.registry.COUNTERPART`), and a loss back-propagated draw by draw replays masked rows."""
+    preset = PRESETS[algorithm]
+    est, loss = preset["estimator"], preset["loss_type"]
+    if counterpart(est, "uniform") is None:
+        return f"scores with {est}, which masks tokens"
+    if getattr(POLICY_LOSSES[loss], "draw_by_draw", False):
+        return f"back-propagates its {loss} loss draw by draw over the masked rows of {est}"
+    return None
+
+
+def _uniform_preset(cfg: RLConfig, family) -> dict[str, Any]:
+    """``cfg.algorithm``'s preset carried over to the uniform-state ``family``: its estimator replaced by the
+    counterpart (``trace`` -> ``trajectory``, ``elbo`` -> ``uniform_elbo``) with the preset options that one takes;
+    a preset without one is refused in one line naming why and the presets that run."""
+    preset = dict(PRESETS[cfg.algorithm])
+    why = uniform_refusal(cfg.algorithm)
+    uses_preset = cfg.estimator is None or (cfg.loss_type is None and "draw by draw" in (why or ""))
+    if why and uses_preset:
+        runs = [name for name in PRESETS if uniform_refusal(name) is None]
+        raise ConfigError(f"algorithm={cfg.algorithm}: preset {cfg.algorithm} {why}; {family.name} is uniform-state "
+                          f"(no mask token): use {', '.join(runs[:-1])} or {runs[-1]}")
+    target = counterpart(preset["estimator"], "uniform")
+    if target is not None and target != preset["estimator"]:
+        takes = estimator_options(target)
+        preset["estimator"] = target
+        preset["estimator_options"] = {k: v for k, v in (preset["estimator_options"] or {}).items() if k in takes}
+    return preset
+
+
+def _fill_preset(cfg: RLConfig, attention: str, family=None) -> RLConfig:
     """``cfg`` with its ``None`` fields taken from its algorithm's preset (TraceRL's shrinkage per attention
-    kind); building the new config checks every value (:func:`dllm_rl.config.check_fields`)."""
-    preset = PRESETS[cfg.algorithm]
+    kind; a uniform-state ``family``'s counterpart estimators, :func:`_uniform_preset`); building the new config
+    checks every value (:func:`dllm_rl.config.check_fields`)."""
+    uniform = getattr(family, "noise", "mask") == "uniform"
+    preset = _uniform_preset(cfg, family) if uniform else PRESETS[cfg.algorithm]
     skip = {"rollout_hook_options"} if cfg.rollout_hook == NO_HOOK else set()  # the preset's hook is switched off
     out = dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None and k not in skip})
     opts = dict(out.estimator_options or {})
@@ -84,6 +119,12 @@ def check_estimator_options(cfg: RLConfig, model) -> None:
     which runs every check of its options, before the first rollout rather than at the first update. The dummy
     batch is laid out at the training block (``train_block_size``, which the updates score at), not the model's."""
     check_noise(model.family, cfg.estimator)  # an estimator of the other noise kind: one line naming those that fit
+    if NOISE[cfg.estimator] == "uniform":  # a scorer plans no rows: its options are checked by name and value
+        try:
+            check_options(cfg.estimator, dict(cfg.estimator_options or {}))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"estimator_options: {exc}") from None
+        return
     n = cfg.rollout.gen_length
     token = torch.full((1, n), model.eos_token_id, dtype=torch.long)
     batch = ScoringBatch(token[:, :1], torch.ones(1, 1, dtype=torch.bool), token, torch.ones(1, n, dtype=torch.bool),
@@ -96,10 +137,11 @@ def check_estimator_options(cfg: RLConfig, model) -> None:
         raise ConfigError(f"estimator_options: {exc}") from None
 
 
-def resolve(cfg: RLConfig, attention: str) -> RLConfig:
+def resolve(cfg: RLConfig, attention: str, family=None) -> RLConfig:
     """Fill ``cfg``'s ``None`` fields from its algorithm preset for a model of ``attention`` kind
-    (``full`` | ``block``) and validate the result. Returns a new config."""
-    out = _fill_preset(cfg, attention)
+    (``full`` | ``block``) and ``family`` (its noise kind: a uniform-state family takes the presets' counterpart
+    estimators) and validate the result. Returns a new config."""
+    out = _fill_preset(cfg, attention, family)
     check_combination(out)
     return out
 

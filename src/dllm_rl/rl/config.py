@@ -32,7 +32,7 @@ from dllm_rl.rl.judge import JudgeConfig
 from dllm_rl.rl.reward_model import RewardModelConfig
 from dllm_rl.rl.reward_terms import RewardTerm
 from dllm_rl.rl.value_config import ValueModelConfig
-from dllm_rl.sampling.config import CacheMode, DecodeConfig, DecodeOptions, check_schedule
+from dllm_rl.sampling.config import UNIFORM_FIELDS, CacheMode, DecodeConfig, DecodeOptions, check_schedule
 from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.run_config import RunConfig
 
@@ -71,6 +71,11 @@ def _decode_default(name: str, default: Any) -> Any:
     return dataclasses.field(default=default, metadata=base.metadata)
 
 
+def _uniform_field(name: str) -> Any:
+    """A uniform-state knob of :class:`DecodeConfig` (None: the stock default; same help and checks)."""
+    return dataclasses.field(default=None, metadata=DecodeConfig.__dataclass_fields__[name].metadata)
+
+
 @dataclass
 class RolloutConfig(DecodeOptions):
     """How rollouts are decoded: the sampler's :class:`~dllm_rl.sampling.config.DecodeOptions` (window,
@@ -104,7 +109,16 @@ class RolloutConfig(DecodeOptions):
         "rollout.batch_size sequences at a time, each finished one replaced at once by a waiting one (the same "
         "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Every family, cache and "
         "remasking (Fast-dLLM's prefix and dual caches, RCR, image prompts, rollout hooks' prefilled tokens, "
-        "per-step records and d-TreeRPO's partial trees included)")
+        "per-step records and d-TreeRPO's partial trees included); not a uniform-state family (diffusion_gemma), "
+        "which decodes in fixed batches")
+    # uniform-state diffusion (DiffusionGemma) only, as in DecodeConfig: a masked family refuses them, and a uniform
+    # family refuses the mask-only knobs above at any value but their defaults (decode_config)
+    max_denoising_steps: int | None = _uniform_field("max_denoising_steps")
+    t_min: float | None = _uniform_field("t_min")
+    t_max: float | None = _uniform_field("t_max")
+    entropy_bound: float | None = _uniform_field("entropy_bound")
+    stability_threshold: int | None = _uniform_field("stability_threshold")
+    confidence_threshold: float | None = _uniform_field("confidence_threshold")
 
 
 @dataclass
@@ -447,8 +461,15 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     rollout's block (``rollout.block_size``) or the evaluation's (``eval.block_size``), given to the sampler as
     ``DecodeConfig.block_size``."""
     from dllm_rl.rl.block_size import run_block_sizes
+    from dllm_rl.sampling.inputs import uniform_noise
 
+    if uniform_noise(model):
+        return _uniform_decode_config(cfg, model)
     r = cfg.rollout
+    for key in UNIFORM_FIELDS:
+        if getattr(r, key) is not None:
+            raise ConfigError(f"rollout.{key}={getattr(r, key)!r} is a uniform-state diffusion option "
+                              f"(DiffusionGemma); {model.family.name} is masked diffusion: drop rollout.{key}")
     schedule = cfg.eval if evaluation else r
     rollout_block, _, eval_block = run_block_sizes(cfg, model.block_size)
     block_size = eval_block if evaluation else rollout_block  # None for full attention
@@ -466,4 +487,43 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
                           threshold=schedule.threshold, sub_block=r.sub_block,
                           confidence=r.confidence, temperature=cfg.eval.temperature if evaluation else r.temperature,
                           top_k=r.top_k, top_p=r.top_p, cache=r.cache, remasking=r.remasking)
+    return config
+
+
+#: the held-out evaluation's masked-decoding keys (a uniform family decodes the evaluation as its rollouts)
+_EVAL_MASK_FIELDS = ("temperature", "steps", "threshold", "block_size")
+
+
+def _uniform_decode_config(cfg: RLConfig, model) -> DecodeConfig:
+    """The sampler settings of a uniform-state family (DiffusionGemma), rollouts and held-out evaluation alike (its
+    stock sampler has no greedy mode): ``rollout.gen_length`` and the uniform knobs. A mask-only key of ``rollout``
+    or ``eval`` at any value but its default is refused in one line, as ``rollout.engine`` is (the engine has no
+    uniform-state scheduling yet); the defaults themselves (``rollout.temperature`` 1.0, ``rollout.cache`` prefix)
+    are not the user's and are not read."""
+    from dllm_rl.sampling.inputs import MASK_FIELDS
+
+    name, r = model.family.name, cfg.rollout
+    given = [(f"rollout.{k}", getattr(r, k)) for k in MASK_FIELDS
+             if getattr(r, k) != RolloutConfig.__dataclass_fields__[k].default]
+    given += [(f"eval.{k}", getattr(cfg.eval, k)) for k in _EVAL_MASK_FIELDS
+              if getattr(cfg.eval, k) != HeldOutConfig.__dataclass_fields__[k].default]
+    if given:
+        key, value = given[0]
+        knobs = ", rollout.".join(UNIFORM_FIELDS)
+        raise ConfigError(f"{key}={value!r} is a masked-diffusion option; {name} is uniform-state diffusion (no mask "
+                          f"token) and decodes with rollout.gen_length and rollout.{knobs}: drop {key}")
+    if r.engine:
+        raise ConfigError(f"rollout.engine: {name} (uniform-state) decodes its rollouts in fixed batches; the "
+                          "continuous-batching engine has no canvas-by-canvas scheduling yet: set rollout.engine=false")
+    canvas = model.layout_block()
+    if r.gen_length % canvas:
+        raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of the model's canvas_length "
+                          f"({canvas}); {name} decodes whole canvases")
+    config = DecodeConfig(gen_length=r.gen_length, **{k: getattr(r, k) for k in UNIFORM_FIELDS})
+    from dllm_rl.sampling.inputs import uniform_decode_config
+
+    try:
+        uniform_decode_config(config)  # t_max above t_min, with the stock defaults where unset
+    except UserError as exc:
+        raise ConfigError(f"rollout.{exc}") from None
     return config

@@ -95,13 +95,17 @@ class RLTrainer(RLCheckpoints):
         if not cfg.model.path:
             raise ConfigError("model.path: set the checkpoint directory (model.path=PATH)")
         family = detect_family(read_config(cfg.model.path), f"{cfg.model.path}/config.json")
-        self.cfg = cfg = resolve(cfg, family.attention)  # every config error before anything heavy
+        self.cfg = cfg = resolve(cfg, family.attention, family)  # every config error before anything heavy
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
         self.accelerator = make_accelerator(
             cpu=runs_on_cpu(cfg.model.device), timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         setup_backend(self.accelerator, cfg.train.micro_batch_size, cfg.optim.max_grad_norm)
+        if family.noise == "uniform" and self.accelerator.num_processes > 1:
+            raise ConfigError(f"model.path: a {family.name} model trains with RL in one process for now (its "
+                              "estimators call the stock modules, not the wrapped forward that synchronises "
+                              "gradients); launch one process")
         self.chunk_size = cfg.model.logprob_chunk_size
         self.out = Path(cfg.run.output_dir)
         self.is_main = self.accelerator.is_main_process

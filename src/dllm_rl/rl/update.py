@@ -105,7 +105,8 @@ class PolicyUpdater:
             batch.completion_valid)), sample_seeds=batch.sample_seeds, block_size=self.train_block,
             images=batch.images.to(device) if batch.images is not None else None,
             confidence=batch.confidence.to(device) if batch.confidence is not None else None,
-            entropy=batch.entropy.to(device) if batch.entropy is not None else None)
+            entropy=batch.entropy.to(device) if batch.entropy is not None else None,
+            uniform=batch.uniform.to(device) if batch.uniform is not None else None)
 
     def run(self, rollout, keep: torch.Tensor, adv: torch.Tensor, mask_seeds: list[int], step_idx: int) -> dict:
         """``train.num_iterations`` optimisation passes over the kept samples ``keep`` of ``rollout`` (advantages

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dllm_rl.errors import UserError
-from dllm_rl.sampling.uniform import UniformStep, sample_uniform
+from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformStep, sample_uniform, temperature
 
 
 @dataclass
@@ -37,7 +37,9 @@ class UniformTrace:
     there, past the end of a shorter batch), ``step`` (the schedule's step, counting down to 1; 0 where none),
     ``self_conditioned``, ``counted`` (the row was neither stopped nor finished: the step is one of its NFE).
     ``[B, S, G]``: ``canvas`` (int32, ids fed in), ``sampled`` (int32, ids drawn), ``accepted`` (bool, the draws
-    kept into the next canvas; every other position of the canvas was re-noised)."""
+    kept into the next canvas; every other position of the canvas was re-noised). ``temperature`` ``[B, S]`` float32:
+    the schedule's temperature of each step, the very value the sampler divided its logits by (1 where no step;
+    None in a trace built without the sampler's config)."""
 
     canvas_length: int
     canvas_index: torch.Tensor
@@ -48,14 +50,17 @@ class UniformTrace:
     canvas: torch.Tensor
     sampled: torch.Tensor
     accepted: torch.Tensor
+    temperature: torch.Tensor | None = None
 
     _FILL = {"canvas_index": -1, "step": 0, "self_conditioned": False, "stopped": False, "done": False,
              "canvas": None,
-             "sampled": None, "accepted": False}  # None: the pad id
+             "sampled": None, "accepted": False, "temperature": 1.0}  # None: the pad id
 
     @classmethod
-    def from_steps(cls, steps: list[UniformStep], canvas_length: int, width: int, pad: int) -> UniformTrace:
-        """The trace of one batch's record (``width`` completion columns)."""
+    def from_steps(cls, steps: list[UniformStep], canvas_length: int, width: int, pad: int,
+                   cfg: UniformDecodeConfig | None = None) -> UniformTrace:
+        """The trace of one batch's record (``width`` completion columns); ``cfg``: the sampler's, whose schedule
+        gives each step's temperature."""
         bsz, device = steps[0].canvas.shape[0], steps[0].canvas.device
         n = len(steps)
         out = {"canvas": torch.full((bsz, n, width), pad, dtype=torch.int32, device=device),
@@ -67,6 +72,9 @@ class UniformTrace:
             out["sampled"][:, s, cols] = st.sampled.to(torch.int32)
             out["accepted"][:, s, cols] = st.accepted
         per_step = torch.tensor([[st.canvas_index, st.step, st.self_conditioned] for st in steps], device=device)
+        if cfg is not None:
+            out["temperature"] = torch.stack([temperature(cfg, st.step) for st in steps]).to(device).expand(
+                bsz, n).clone()
         return cls(canvas_length, per_step[:, 0].expand(bsz, n).clone(), per_step[:, 1].expand(bsz, n).clone(),
                    per_step[:, 2].bool().expand(bsz, n).clone(), torch.stack([st.stopped for st in steps], dim=1),
                    torch.stack([st.done for st in steps], dim=1), **out)
@@ -77,7 +85,7 @@ class UniformTrace:
         return (self.canvas_index >= 0) & ~(self.stopped | self.done)
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self._FILL}
+        return {name: getattr(self, name) for name in self._FILL if getattr(self, name) is not None}
 
     def to(self, device) -> UniformTrace:
         return replace(self, **{k: v.to(device) for k, v in self._tensors().items()})
@@ -97,6 +105,8 @@ class UniformTrace:
             parts = []
             for t in traces:
                 v = getattr(t, name)
+                if v is None:  # a trace without temperatures: 1, the fill
+                    v = torch.full(t.step.shape, fill, dtype=torch.float32, device=t.step.device)
                 shape = (v.shape[0], steps, width)[:v.dim()]
                 padded = torch.full(shape, pad if fill is None else fill, dtype=v.dtype, device=v.device)
                 padded[(slice(None), slice(0, v.shape[1]), slice(0, v.shape[-1]))[:v.dim()]] = v
@@ -184,7 +194,7 @@ def generate_uniform(model, prompts: list[list[int]], config, seeds: list[int], 
     comp[:, :record.completion_ids.shape[1]] = record.completion_ids
     is_eos = comp == eos
     answer = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
-    trace = UniformTrace.from_steps(record.steps, model.layout_block(), config.gen_length, pad)
+    trace = UniformTrace.from_steps(record.steps, model.layout_block(), config.gen_length, pad, cfg)
     step_map = uniform_step_map(trace, comp)
     if config.stop_on_eos:
         step_map = step_map.masked_fill(~answer, -1)
