@@ -11,7 +11,7 @@ import pytest
 import torch
 from rl_helpers import alternating_reward, countdown_root, digit_reward, image_overrides, rl_overrides
 
-from dllm_rl.config import load_config
+from dllm_rl.config import ConfigError, load_config
 from dllm_rl.rl.algorithms import PRESETS
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
@@ -51,6 +51,61 @@ def test_preset_runs_two_steps_on_every_family(request, tmp_path, family, algori
         assert all(math.isfinite(m["loss"]) for m in updated)
         if algorithm not in RATIO_FREE:
             assert all(m["ratio_dev_first_update"] == 0.0 for m in updated)
+        after = list(trainer.model.model.parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    finally:
+        trainer.close()
+
+
+# DiffusionGemma (uniform-state diffusion, no mask token): the presets whose estimator has a uniform-state counterpart
+# run on it (trace -> trajectory, elbo -> uniform_elbo); every other one is refused in one line naming why
+UNIFORM_RUNS = {"cj_grpo": "trajectory", "espo": "uniform_elbo", "tracerl": "trajectory"}
+
+
+@pytest.fixture(scope="module")
+def gemma_setup(tmp_path_factory):
+    from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+
+    root = countdown_root(tmp_path_factory.mktemp("gemma"), (), 16, 2)
+    tok = char_tokenizer()
+    cfg = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
+                      num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    save_model(build_model("diffusion_gemma", cfg, seed=0), root / "diffusion_gemma", tokenizer=tok)
+    return root
+
+
+def gemma_overrides(root, out, *extra: str) -> list[str]:
+    """``rl_overrides`` for the tiny DiffusionGemma: one canvas of 4, 3 denoising steps, no masked-decoding key."""
+    over = [o for o in rl_overrides(root, "diffusion_gemma", out) if not o.startswith("rollout.")]
+    return [*over, "rollout.num_generations=4", "rollout.gen_length=4", "rollout.max_denoising_steps=3",
+            "train.prompts_per_step=1", "train.micro_batch_size=8", *extra]
+
+
+@pytest.mark.parametrize("algorithm", sorted(PRESETS))
+def test_preset_runs_or_is_refused_on_diffusion_gemma(gemma_setup, tmp_path, algorithm):
+    cfg = load_config(RLConfig, None, gemma_overrides(gemma_setup, tmp_path / "run", f"algorithm={algorithm}"))
+    if algorithm not in UNIFORM_RUNS:
+        with pytest.raises(ConfigError) as err:
+            RLTrainer(cfg, reward_fn=digit_reward)
+        est = PRESETS[algorithm]["estimator"]
+        why = (f"back-propagates its {algorithm} loss draw by draw over the masked rows of {est}"
+               if algorithm == "bgpo" else f"scores with {est}, which masks tokens")
+        assert str(err.value) == (f"algorithm={algorithm}: preset {algorithm} {why}; diffusion_gemma is "
+                                  "uniform-state (no mask token): use cj_grpo, espo or tracerl")
+        return
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    try:
+        assert trainer.cfg.estimator == UNIFORM_RUNS[algorithm]
+        before = [p.detach().clone() for p in trainer.model.model.parameters()]
+        metrics = []
+        for _ in range(2):
+            metrics.append(trainer.step().metrics)
+            trainer.step_idx += 1
+        updated = [m for m in metrics if "loss" in m]
+        assert updated, f"{algorithm}: no step had a group with signal"
+        assert all(math.isfinite(m["loss"]) for m in updated)
+        assert all(m["ratio_dev_first_update"] == 0.0 for m in updated)
         after = list(trainer.model.model.parameters())
         assert any(not torch.equal(a, b) for a, b in zip(before, after))
     finally:

@@ -67,7 +67,7 @@ def make_pairs(args: argparse.Namespace) -> int:
     if decode.temperature == 0:
         raise UserError("--temperature 0 decodes one answer per prompt; sample with --temperature > 0 (e.g. 1)")
     model = load_model(args.model, device=args.device)
-    tokenizer = load_tokenizer(args.model, mask_token_id=model.mask_token_id)
+    tokenizer = load_tokenizer(args.model, mask_token_id=model.mask_token_id, noise=model.family.noise)
     opts = {"split": args.split, "limit": args.limit, **({"data": args.data} if args.data else {}),
             **({"prompt_style": args.prompt_style} if args.prompt_style else {})}
     task = get_task(args.task, **opts)

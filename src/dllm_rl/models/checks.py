@@ -20,7 +20,7 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     mask_id = resolve_mask_token_id(pub, fam, model_dir / "config.json", tokenizer_dir)
     eos_id = int(pub.get("eos_token_id", fam.eos_token_id)) if pub.get("eos_token_id", fam.eos_token_id) is not None \
         else None
-    tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id)  # raises on a mask id mismatch
+    tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id, noise=fam.noise)  # raises on a mask id mismatch
     vocab = int(hf.get_text_config().vocab_size)  # an image-text config (llada_v) holds it in its text config
     if len(tok) > vocab:
         raise UserError(f"tokenizer {tokenizer_dir} has {len(tok)} tokens but the model {model_dir} embeds only "

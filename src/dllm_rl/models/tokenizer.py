@@ -25,8 +25,10 @@ CHAR_SPECIALS = ("<pad>", "<eos>", "<mask>", "<unk>")
 DEFAULT_ALPHABET = "0123456789+-*/=()<>[]{},.:;!?#_'\" \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def load_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTrainedTokenizerBase:
-    """Load a tokenizer directory or hub id and check it has a mask token (matching ``mask_token_id`` if given)."""
+def load_tokenizer(path: str | Path, mask_token_id: int | None = None, *, noise: str = "mask"
+                   ) -> PreTrainedTokenizerBase:
+    """Load a tokenizer directory or hub id and check it has a mask token (matching ``mask_token_id`` if given);
+    ``noise``: the model family's noise kind (``Family.noise``): a uniform-state family needs none."""
     path = resolve_model_path(path)
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
@@ -36,19 +38,21 @@ def load_tokenizer(path: str | Path, mask_token_id: int | None = None) -> PreTra
         tok = PreTrainedTokenizerFast.from_pretrained(str(path))
     else:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-    check_tokenizer(tok, mask_token_id, source=str(path))
+    check_tokenizer(tok, mask_token_id, source=str(path), noise=noise)
     return tok
 
 
-def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = None, source: str = "tokenizer"):
-    """Raise a clear error when the tokenizer cannot drive a diffusion LM."""
+def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = None, source: str = "tokenizer",
+                    noise: str = "mask"):
+    """Raise a clear error when the tokenizer cannot drive a diffusion LM (of noise kind ``noise``: a uniform-state
+    family, DiffusionGemma, has no mask token and needs none)."""
     if tok.mask_token_id is None and mask_token_id is not None:
         # Published tokenizers sometimes carry the mask token only as an added token: adopt it.
         token = tok.convert_ids_to_tokens(mask_token_id) if mask_token_id < len(tok) else None
         if token is not None:
             tok.mask_token = token
-    if tok.mask_token_id is None:
-        raise UserError(f"{source}: tokenizer has no mask token; a diffusion LM needs one (set mask_token)")
+    if tok.mask_token_id is None and noise == "mask":
+        raise UserError(f"{source}: tokenizer has no mask token; a masked diffusion LM needs one (set mask_token)")
     if mask_token_id is not None and tok.mask_token_id != mask_token_id:
         raise UserError(
             f"{source}: tokenizer mask token id {tok.mask_token_id} does not match the model's "

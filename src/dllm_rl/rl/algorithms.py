@@ -51,6 +51,11 @@ def _uniform_preset(cfg: RLConfig, family) -> dict[str, Any]:
     """``cfg.algorithm``'s preset carried over to the uniform-state ``family``: its estimator replaced by the
     counterpart (``trace`` -> ``trajectory``, ``elbo`` -> ``uniform_elbo``) with the preset options that one takes;
     a preset without one is refused in one line naming why and the presets that run."""
+    if cfg.value_model.enabled:
+        raise ConfigError(f"value_model.enabled: TraceRL's value model reads each token's value at the masked state "
+                          f"that committed it; {family.name} is uniform-state (no mask token) and its trajectory's "
+                          "states (canvas and self-conditioning input per step) have no value reading yet: set "
+                          "value_model.enabled=false")
     preset = dict(PRESETS[cfg.algorithm])
     why = uniform_refusal(cfg.algorithm)
     uses_preset = cfg.estimator is None or (cfg.loss_type is None and "draw by draw" in (why or ""))

@@ -116,7 +116,7 @@ def generate_command(args: argparse.Namespace) -> int:
     config = decode_config_from_args(args)
     model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
     use_cpu_threads(model.device)
-    tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id)
+    tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")

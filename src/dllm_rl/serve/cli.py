@@ -73,7 +73,7 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
             raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
     model = load_model(model_dir, dtype=dtype, device=device)
     use_cpu_threads(model.device)
-    tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id)
+    tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
     if loras:
         load_named_adapters(model, loras)
         for adapter in loras:

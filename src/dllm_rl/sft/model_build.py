@@ -51,7 +51,7 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
     if cfg.path is not None:
         dlm = load_model(cfg.path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
         if tok is None:
-            tok = load_tokenizer(cfg.path, mask_token_id=dlm.mask_token_id)
+            tok = load_tokenizer(cfg.path, mask_token_id=dlm.mask_token_id, noise=dlm.family.noise)
     else:
         pub = tiny_config(
             cfg.family, vocab_size=len(tok), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,

@@ -351,7 +351,11 @@ def _load_published_weights(dlm: DiffusionLM, model_dir: Path) -> None:
                 state[fam.to_hf_name(name)] = f.get_tensor(name)
     result = dlm.model.load_state_dict(state, strict=False)
     tied = bool(dlm.model.config.tie_word_embeddings)
-    missing = [m for m in result.missing_keys if not (tied and m == "lm_head.weight")]
+    # a tensor the published layout stores once (DiffusionGemma's encoder/decoder ties) was filled through its alias
+    params = dict(dlm.model.named_parameters(remove_duplicate=False))
+    loaded = {id(params[k]) for k in state if k in params}
+    missing = [m for m in result.missing_keys
+               if not (tied and m == "lm_head.weight") and not (m in params and id(params[m]) in loaded)]
     if missing or result.unexpected_keys:
         raise UserError(
             f"{model_dir}: checkpoint does not match the model (missing {missing[:5]}, "
