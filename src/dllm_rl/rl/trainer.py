@@ -129,7 +129,8 @@ class RLTrainer(RLCheckpoints):
         self.model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=self.accelerator.device,
                                 tokenizer_dir=cfg.model.tokenizer)
         use_cpu_threads(self.accelerator.device, cfg.train.num_threads)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id, noise=self.model.family.noise)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id,
+                                        noise=self.model.family.noise)
         for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
             decode_config(cfg, self.model, evaluation=evaluation)
         check_estimator_options(cfg, self.model)
