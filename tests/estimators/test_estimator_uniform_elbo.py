@@ -191,7 +191,7 @@ def test_estimators_refuse_the_other_noise_kind(gemma):
     with pytest.raises(UserError) as err:
         estimate(gemma, "elbo", batch, torch.Generator().manual_seed(0))
     assert str(err.value) == ("estimator 'elbo' scores masked diffusion; diffusion_gemma is uniform-state: use "
-                              "'uniform_denoise' or 'uniform_elbo'")
+                              "'trajectory' or 'uniform_denoise' or 'uniform_elbo'")
     with pytest.raises(UserError, match="estimator 'trace' scores masked diffusion; diffusion_gemma"):
         estimator_forwards(gemma, "trace", batch)
     llada = build_model("llada", tiny_config("llada", vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
