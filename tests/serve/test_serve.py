@@ -215,7 +215,8 @@ def test_chat_without_a_template_and_a_bad_message_are_400(make_server, demo_mod
     with running(server) as url, httpx.Client(base_url=url, timeout=60) as client:
         r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
-        assert "no chat template; use /v1/completions" in r.json()["error"]["message"]
+        assert "no chat template; start the server with --chat-template FILE (a Jinja chat template), or use " \
+            "/v1/completions" in r.json()["error"]["message"]
         r = client.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages.0.content: Field required")
 

@@ -251,20 +251,11 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
 
 
 def _prompt_images(prompts: list[str], paths: list[str]) -> list[list[Any]]:
-    """The ``--image`` files as PIL images, handed to the ``--prompt`` texts' ``<image>`` placeholders in order;
-    a count that does not match is one line."""
-    from dllm_rl.tasks.images import load_image, placeholder_count
+    """The ``--image`` files as PIL images, handed to the ``--prompt`` texts' ``<image>`` placeholders in order
+    (:func:`~dllm_rl.tasks.images.placeholder_images`); a count that does not match is one line."""
+    from dllm_rl.tasks.images import placeholder_images
 
-    wanted = [placeholder_count(p) for p in prompts]
-    if sum(wanted) != len(paths):
-        raise UserError(f"--prompt texts hold {sum(wanted)} <image> placeholder(s) but {len(paths)} --image file(s) "
-                        "were given; give one --image per placeholder, in order")
-    loaded = [load_image(p, where=f"--image {p}") for p in paths]
-    out, k = [], 0
-    for n in wanted:
-        out.append(loaded[k:k + n])
-        k += n
-    return out
+    return placeholder_images(prompts, paths, place=False)[1]  # the page shows each prompt as given
 
 
 def register_trace(sub) -> None:

@@ -45,6 +45,8 @@ from dllm_rl.models.prompt_images import PromptImages
 
 IMAGE_PLACEHOLDER = "<image>"  # the task layer's placeholder (dllm_rl.tasks.images), repeated to keep this cheap
 IMAGE_FAMILIES = ("llada_v", "mmada")
+#: the most images one prompt of a family holds (a family not named: any number)
+MAX_IMAGES = {"mmada": 1}
 VQ_FOLDER = "vq_model"
 _STRIP = re.compile(re.escape(IMAGE_PLACEHOLDER) + r"\n?")
 
@@ -61,6 +63,11 @@ class ImageInputConfig(Checked):
 def takes_images(family_name: str) -> bool:
     """Whether a model of ``family_name`` reads images (:data:`IMAGE_FAMILIES`)."""
     return family_name in IMAGE_FAMILIES
+
+
+def max_images(family_name: str) -> int | None:
+    """The most images one prompt of a ``family_name`` model holds (None: no limit; 0: a text-only family)."""
+    return MAX_IMAGES.get(family_name) if takes_images(family_name) else 0
 
 
 def refuse_images(family_name: str, what: str) -> None:
@@ -168,7 +175,7 @@ class PromptEncoder:
         index: dict[tuple, int] = {}
         distinct: list[Image.Image] = []
         for i, (text, imgs) in enumerate(zip(texts, images)):
-            if len(imgs) > 1:
+            if len(imgs) > MAX_IMAGES["mmada"]:
                 raise UserError(f"prompt {i} has {len(imgs)} images; MMaDA's understanding prompt holds one image")
             k = str(text).count(IMAGE_PLACEHOLDER)
             if k != len(imgs):
@@ -237,4 +244,4 @@ def image_spans(model: DiffusionLM, prompt_ids: Sequence[Sequence[int]], images:
 
 
 __all__ = ["IMAGE_FAMILIES", "VQ_FOLDER", "ImageInputConfig", "PromptEncoder", "copy_vq", "image_key",
-           "image_spans", "refuse_images", "repeat_rows", "save_vq", "takes_images"]
+           "image_spans", "max_images", "refuse_images", "repeat_rows", "save_vq", "takes_images"]

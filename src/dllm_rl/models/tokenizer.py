@@ -42,6 +42,25 @@ def load_tokenizer(path: str | Path, mask_token_id: int | None = None, *, noise:
     return tok
 
 
+def use_chat_template(tok: PreTrainedTokenizerBase, path: str | Path) -> None:
+    """Give ``tok`` the Jinja chat template in the file ``path`` (``--chat-template FILE``: a model without one, or
+    another); a missing, unreadable or empty file, or a template Jinja cannot parse, is a one-line error."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"--chat-template {path}: no such file (give a Jinja chat template file)")
+    text = file.read_text(encoding="utf-8")
+    if not text.strip():
+        raise UserError(f"--chat-template {path}: the file is empty")
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:  # parsed here, so a broken template stops the start, not the first chat request
+        ImmutableSandboxedEnvironment().parse(text)
+    except TemplateSyntaxError as err:
+        raise UserError(f"--chat-template {path}: not a Jinja template (line {err.lineno}: {err.message})") from None
+    tok.chat_template = text
+
+
 def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = None, source: str = "tokenizer",
                     noise: str = "mask"):
     """Raise a clear error when the tokenizer cannot drive a diffusion LM (of noise kind ``noise``: a uniform-state

@@ -113,13 +113,28 @@ def generate_command(args: argparse.Namespace) -> int:
         texts += read_prompts_file(args.prompts_file)
     if not texts:
         raise UserError("give at least one --prompt TEXT or --prompts-file F.jsonl")
+    if args.chat_template and not args.chat:
+        raise UserError("--chat-template FILE is the template of --chat; add --chat")
     config = decode_config_from_args(args)
     model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
     use_cpu_threads(model.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
-    if args.chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise UserError(f"{args.model_dir}: tokenizer has no chat template; drop --chat")
+    texts, images = _with_images(texts, args.image or [], model.family.name)
+    if args.chat_template:
+        from dllm_rl.models.tokenizer import use_chat_template
+
+        use_chat_template(tokenizer, args.chat_template)
+    if args.chat and not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"{args.model_dir}: tokenizer has no chat template; give --chat-template FILE or drop --chat")
+    pim = None
+    if images is not None:  # the tasks' and the server's way from text and images to prompt ids
+        from dllm_rl.hub import resolve_model_path
+        from dllm_rl.models.image_inputs import PromptEncoder
+
+        shown = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                               tokenize=False) for t in texts] if args.chat else texts
+        prompts, pim = PromptEncoder(tokenizer, resolve_model_path(args.model_dir)).encode(model, shown, images)
+    elif args.chat:
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False) for t in texts]
     else:
@@ -131,7 +146,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
         engine = EngineConfig(slots=args.slots)
     rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=args.batch_size,
-                               progress=args.progress, engine=engine)
+                               progress=args.progress, images=pim, engine=engine)
     elapsed = time.perf_counter() - t0
     for i, text in enumerate(rollout.texts):
         if len(texts) > 1:
@@ -149,6 +164,24 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_images(texts: list[str], paths: list[str], family: str) -> tuple[list[str], list[list] | None]:
+    """``--image`` files handed to the prompts' ``<image>`` placeholders (one prompt without any: one per image at
+    its start), through the tasks' bounded loader; None without images. A text-only model, a count that does not
+    match or more images than the family takes in a prompt: one line."""
+    if not paths:
+        return texts, None
+    from dllm_rl.models.image_inputs import max_images, refuse_images
+    from dllm_rl.tasks.images import placeholder_images
+
+    refuse_images(family, "--image was given")
+    texts, images = placeholder_images(texts, paths)
+    most = max_images(family)
+    if most is not None and max(map(len, images)) > most:
+        raise UserError(f"--image: a prompt has {max(map(len, images))} images, but a {family} model takes at most "
+                        f"{most} per prompt")
+    return texts, images
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
                        description="Decode completions; --trace writes each token's unmasking step as JSONL.")
@@ -156,6 +189,9 @@ def register(sub) -> None:
                    "or a hub id org/name[@revision]")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": TEXT} per line")
+    p.add_argument("--image", action="append", metavar="FILE", help="an image for the prompts' <image> "
+                   "placeholders, in order (repeatable; one prompt without a placeholder gets the images at its "
+                   "start); llada_v and mmada models, read as the image tasks read theirs")
     p.add_argument("--trace", help="write one JSON object per prompt (tokens, steps, confidence, nfe) here")
     add_config_arguments(p, GenerateOptions, title="generate (GenerateOptions)")
     add_decode_arguments(p)

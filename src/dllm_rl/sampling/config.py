@@ -174,6 +174,8 @@ class GenerateOptions(Checked):
     device: str = field("cpu", help="torch device")
     dtype: str = field("float32", help="float32 | bfloat16")
     chat: bool = field(False, help="wrap each prompt in the tokenizer's chat template")
+    chat_template: str | None = field(
+        None, help="a Jinja chat template file for --chat (a model whose tokenizer has none, or another)")
     progress: bool = field(False, help="print progress per batch")
     preset: str | None = field(None, choices=_preset_names,
                                help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given "

@@ -61,6 +61,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
+from dllm_rl.models.image_inputs import PromptEncoder
+from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.copies import metric_rows
@@ -72,7 +74,9 @@ from dllm_rl.serve.config import ServeConfig
 from dllm_rl.serve.fields import REFUSED, best_of_refusal, refusal
 from dllm_rl.serve.guards import BodyLimit, KeyCheck
 from dllm_rl.serve.logprob_shapes import chat_shape, completion_shape, kept
+from dllm_rl.serve.media import MediaError, fetch_image, flatten
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
+from dllm_rl.tasks.images import placeholder_count
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log (its format and level under `dllm-rl serve`)
@@ -144,7 +148,7 @@ class CompletionRequest(Decoding):
 
 class Message(BaseModel):
     role: str
-    content: str
+    content: str | list[Any] | None  # a string, or text and image_url parts (dllm_rl.serve.media)
 
 
 class ChatRequest(Decoding):
@@ -192,15 +196,18 @@ MAX_STOPS = 4  # OpenAI's limit on stop sequences
 class Server:
     """The model, its tokenizer, the worker and the limits behind one app. ``adapters`` names the LoRA adapters
     loaded into the model (:func:`~dllm_rl.training.lora.load_named_adapters`): a request's ``model`` field picks one
-    (or the base model, ``name``); all of them share the engine's ``limits.slots`` slots and its KV pool."""
+    (or the base model, ``name``); all of them share the engine's ``limits.slots`` slots and its KV pool.
+    ``encoder`` turns chat prompts with images into prompt ids (and LLaDA-V's features): the tasks'
+    :class:`~dllm_rl.models.image_inputs.PromptEncoder` (MMaDA's needs the model directory, for its VQ encoder)."""
 
     def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
                  adapters: tuple[str, ...] = (), api_key: str | None = None, aliases: tuple[str, ...] = (),
-                 roots: dict[str, str] | None = None):
+                 roots: dict[str, str] | None = None, encoder: PromptEncoder | None = None):
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
         self.names = (name, *(a for a in aliases if a != name))  # --served-model-name: the first is reported
         self.roots = dict(roots or {})  # a served id -> what /v1/models gives as its root (default: the id)
         self.created = int(time.time())
+        self.encoder = encoder or PromptEncoder(tokenizer)
         if api_key is not None and (problem := api_key_problem(api_key)):
             raise UserError(f"api_key: {problem}; give another key, or None to serve without one")
         self.api_key = api_key  # set: every /v1 request must carry "Authorization: Bearer <api_key>"
@@ -313,14 +320,38 @@ class Server:
                            "stop")
         return stops
 
-    def chat_prompt(self, req: ChatRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], PromptImages | None]:
+        """The chat's prompt ids (the chat template over the messages, each image part the model's placeholder where
+        it stands: :mod:`~dllm_rl.serve.media`) and LLaDA-V's image features, or a 400 naming what cannot be taken.
+        Images are read off the event loop; their encoding (the model's vision tower or VQ encoder) waits for the
+        engine's thread between two steps (:attr:`Worker.model_lock`)."""
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ApiError(400, "messages: this model's tokenizer has no chat template; use /v1/completions",
-                           "messages")
+            raise ApiError(400, "messages: this model's tokenizer has no chat template; start the server with "
+                           "--chat-template FILE (a Jinja chat template), or use /v1/completions", "messages")
         if not req.messages:
             raise ApiError(400, "messages: give at least one message", "messages")
-        return list(self.tokenizer.apply_chat_template([m.model_dump() for m in req.messages],
-                                                       add_generation_prompt=True, tokenize=True, return_dict=False))
+        try:
+            messages, urls = flatten([m.model_dump() for m in req.messages], self.model.family.name)
+            images = [await asyncio.to_thread(fetch_image, url, where, self.limits.allowed_local_media_path)
+                      for url, where in urls]
+        except MediaError as err:
+            raise ApiError(400, str(err), "messages") from None
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if placeholder_count(text) != len(images):
+            raise ApiError(400, f"messages: the chat template's prompt holds {placeholder_count(text)} image "
+                           f"placeholder(s) for {len(images)} image(s); it must keep each message's content as "
+                           "it is", "messages")
+        if not images:
+            return self.encoder.encode(self.model, [text], None)[0][0], None
+        try:
+            ids, pim = await asyncio.to_thread(self._encode, text, images)
+        except UserError as err:
+            raise ApiError(400, f"messages: {str(err).replace('prompt 0 ', 'the prompt ')}", "messages") from None
+        return ids[0], pim
+
+    def _encode(self, text: str, images: list) -> tuple[list[list[int]], PromptImages | None]:
+        with self.worker.model_lock:  # the engine's thread is between steps
+            return self.encoder.encode(self.model, [text], [images])
 
     def text_prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
         """Each prompt's token ids and text (what ``echo`` shows): ``prompt`` is a text, token ids, or a list of
@@ -333,9 +364,10 @@ class Server:
         return [(self.tokenizer.encode(p, add_special_tokens=False), p) if isinstance(p, str)
                 else (list(p), self.tokenizer.decode(list(p), skip_special_tokens=True)) for p in prompt]
 
-    def check_prompt(self, ids: list[int], config: DecodeConfig, max_tokens: int, param: str) -> None:
+    def check_prompt(self, ids: list[int], config: DecodeConfig, max_tokens: int, param: str,
+                     images: PromptImages | None = None) -> None:
         try:
-            check_inputs(self.model, [ids], config, None)
+            check_inputs(self.model, [ids], config, None, images)
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
         need = canvas_width(len(ids), config.gen_length, self.block, self.model.is_block_causal)
@@ -346,10 +378,12 @@ class Server:
 
     def tickets(self, prompts: list[list[int]], config: DecodeConfig, n: int, stream: bool,
                 adapter: str | None = None, canvas: bool = False, stop: tuple[str, ...] = (),
-                max_tokens: int | None = None, logprobs: int | None = None) -> list[Ticket]:
+                max_tokens: int | None = None, logprobs: int | None = None,
+                images: list[PromptImages | None] | None = None) -> list[Ticket]:
         """The ``n`` tickets of each prompt, sharing one event queue: choice ``i * n + k`` is prompt ``i``'s ``k``-th,
-        decoded with seed ``config.seed + k`` (OpenAI's and vLLM's order of a list prompt's choices); 429 when the
-        queue has no room for all of them, 503 while shutting down."""
+        decoded with seed ``config.seed + k`` (OpenAI's and vLLM's order of a list prompt's choices), with prompt
+        ``i``'s ``images[i]`` (LLaDA-V's features, shared by its tickets); 429 when the queue has no room for all of
+        them, 503 while shutting down."""
         if self.closing:
             raise ApiError(503, "the server is shutting down", kind="server_error")
         if self.held + n * len(prompts) > self.limits.slots + self.limits.max_queue:
@@ -358,8 +392,9 @@ class Server:
                            "retry later", kind="rate_limit_error")
         events, loop = asyncio.Queue(), asyncio.get_running_loop()
         configs = [dataclasses.replace(config, seed=config.seed + k) for k in range(n)]
+        images = images or [None] * len(prompts)
         return [Ticket(ids, cfg, cfg.gen_length, cfg.seed, stream, events, loop, adapter, canvas, stop, max_tokens,
-                       i * n + k, logprobs=logprobs)
+                       i * n + k, logprobs=logprobs, images=images[i])
                 for i, ids in enumerate(prompts) for k, cfg in enumerate(configs)]
 
     # ---- answers ---------------------------------------------------------------------------------------------
@@ -537,12 +572,17 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     adapter = server.adapter_for(req)
     logprobs = server.check_fields(req)
     config, max_tokens = server.config_for(req)
-    prompts = [(server.chat_prompt(req), "")] if chat else server.text_prompts(req)
-    for ids, _ in prompts:
-        server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt")
+    if chat:
+        ids, images = await server.chat_prompt(req)
+        prompts, prompt_images = [(ids, "")], [images]
+    else:
+        prompts = server.text_prompts(req)
+        prompt_images = [None] * len(prompts)
+    for (ids, _), images in zip(prompts, prompt_images):
+        server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt", images)
     stream, stops, n = bool(req.stream), server.stops_for(req), req.n or 1
     tickets = server.tickets([ids for ids, _ in prompts], config, n, stream, adapter, req.stream_canvas, stops,
-                             max_tokens, logprobs)
+                             max_tokens, logprobs, prompt_images)
     echoes = [prompts[t.index // n] if not chat and req.echo else None for t in tickets]
     server.held += len(tickets)
     server.worker.counters.requests += 1

@@ -53,13 +53,17 @@ def api_key_from(flag: str | None, environ=os.environ) -> str | None:
 
 def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu", dtype: str = "float32",
                  loras: dict[str, str] | None = None, api_key: str | None = None,
-                 served_names: list[str] | None = None):
-    """Load the model, its tokenizer and the LoRA adapters ``loras`` (name -> adapter folder) and wrap them in a
+                 served_names: list[str] | None = None, chat_template: str | None = None):
+    """Load the model, its tokenizer (with the Jinja template file ``chat_template`` when given), MMaDA's VQ
+    encoder and the LoRA adapters ``loras`` (name -> adapter folder) and wrap them in a
     :class:`~dllm_rl.serve.app.Server` (engines not started). ``served_names`` (``--served-model-name``): the
     names the base model answers to, the first one reported (default: the checkpoint folder's name)."""
     from pathlib import Path
 
+    from dllm_rl.hub import resolve_model_path
     from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.models.image_inputs import PromptEncoder
+    from dllm_rl.models.tokenizer import use_chat_template
     from dllm_rl.serve.app import Server
     from dllm_rl.threads import use_cpu_threads
     from dllm_rl.training.lora import load_named_adapters, mixed_batch_refusal
@@ -74,13 +78,19 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     model = load_model(model_dir, dtype=dtype, device=device)
     use_cpu_threads(model.device)
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
+    if chat_template is not None:
+        use_chat_template(tokenizer, chat_template)
+    encoder = PromptEncoder(tokenizer, resolve_model_path(model_dir))
+    if model.family.name == "mmada":
+        encoder.vq(model.device)  # its images' VQ encoder, loaded now: a missing one stops the start, not a request
     if loras:
         load_named_adapters(model, loras)
         for adapter in loras:
             if (refusal := mixed_batch_refusal(model, adapter)) is not None:
                 raise UserError(f"--lora: {refusal}")
     roots = {n: root for n in names} | {a: Path(folder).name for a, folder in (loras or {}).items()}
-    return Server(model, tokenizer, decode, limits, names[0], tuple(loras or ()), api_key, tuple(names[1:]), roots)
+    return Server(model, tokenizer, decode, limits, names[0], tuple(loras or ()), api_key, tuple(names[1:]), roots,
+                  encoder)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -100,7 +110,7 @@ def serve_command(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)  # before the model loads: a port in use is refused at once
     try:
         server = build_server(args.model_dir, decode, limits, args.device, args.dtype, loras, api_key,
-                              args.served_model_name)
+                              args.served_model_name, args.chat_template)
         served = f"; LoRA adapters (the request's \"model\"): {', '.join(server.adapters)}" if server.adapters else ""
         served += ("; /v1 requests need the API key" if server.api_key
                    else f"; the server is open (no API key; --api-key or ${API_KEY_ENV} sets one)")
@@ -141,6 +151,9 @@ def register(sub) -> None:
                    help="the names the base model is served as (a request's \"model\" may give any; responses and "
                    "/v1/models report the first); default: the checkpoint folder's name (a run's final/ is served "
                    "as \"final\" without it)")
+    p.add_argument("--chat-template", metavar="FILE", default=None,
+                   help="a Jinja chat template file for /v1/chat/completions (for a model whose tokenizer has none, "
+                   "or to replace its own); without one, a model with no template answers chat requests 400")
     limits = p.add_argument_group("limits (ServeConfig)")
     hints = typing.get_type_hints(ServeConfig)
     for f in dataclasses.fields(ServeConfig):

@@ -34,6 +34,10 @@ class ServeConfig(Checked):
     shutdown_timeout_s: float = field(
         30.0, ge=0, help="On SIGTERM: seconds the requests held may take to finish; those still running then "
         "fail (never hang).")
+    allowed_local_media_path: str | None = field(
+        None, help="A folder whose image files chat requests may name (an image_url that is a file: URL or a path; "
+        "symlinks resolved, a path outside it refused), as vLLM's option of this name; None: only data URIs are "
+        "read. http(s) image URLs are always refused (the server fetches nothing).")
     early_stop: bool = field(
         False, help="Stop a request as soon as its answer is decided (EngineConfig.early_stop: the same answer, "
         "fewer forward passes).")

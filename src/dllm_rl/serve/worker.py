@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.engine import BASE_MODEL, Engine
 from dllm_rl.sampling.logprobs import TokenLogprobs
@@ -57,6 +58,7 @@ class Ticket:
     index: int = 0  # its choice in the request (n > 1: the request's tickets share ``events``)
     logprobs: int | None = None  # record its tokens' log-probabilities at commit, with this many alternatives
     logprobs_at_end: TokenLogprobs | None = None  # those values, set before its final event is put
+    images: PromptImages | None = None  # LLaDA-V: the prompt's image features (shared by the request's tickets)
     request_id: int | None = None
     sent: int = 0  # settled tokens already sent (streaming)
     steps_sent: int = 0  # steps whose canvas was sent (canvas streaming)
@@ -93,6 +95,8 @@ class Worker:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.tickets: dict[int, Ticket] = {}  # the engine's request id -> ticket
         self.counters = Counters()
+        # held by the thread while it steps: another thread that runs the model (a request's image encoding) takes it
+        self.model_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dllm-rl-engine", daemon=True)
 
@@ -161,7 +165,7 @@ class Worker:
         try:
             ticket.request_id = self.engine.add_request(ticket.prompt, seed=ticket.seed, gen_length=ticket.gen_length,
                                                         config=ticket.config, adapter=adapter,
-                                                        logprobs=ticket.logprobs)
+                                                        logprobs=ticket.logprobs, images=ticket.images)
         except ValueError as err:  # UserError / FieldError: checked by the app before, so rare
             ticket.put("error", str(err))
             return
@@ -178,7 +182,8 @@ class Worker:
     def _step(self) -> None:
         engine = self.engine
         try:
-            finished = engine.step()
+            with self.model_lock:
+                finished = engine.step()
             self.counters.steps += 1
             self._answer(finished)
         except Exception as err:  # a bug or a device error: fail what is held rather than hang it

@@ -189,6 +189,29 @@ def with_placeholders(text: str, n_images: int) -> str:
     return f"{IMAGE_PLACEHOLDER}\n" * n_images + text
 
 
+def placeholder_images(prompts: Sequence[str], paths: Sequence[str], flag: str = "--image", place: bool = True
+                       ) -> tuple[list[str], list[list[Image.Image]]]:
+    """The prompts and the image files ``paths`` (read by :func:`load_image`) handed to their ``<image>``
+    placeholders in order: ``(prompts, images per prompt)``. With ``place``, one prompt without a placeholder gets
+    one per image at its start (:func:`with_placeholders`); a count that does not match is one :class:`UserError`
+    line."""
+    from dllm_rl.errors import UserError
+
+    prompts = list(prompts)
+    if place and len(prompts) == 1 and paths and not placeholder_count(prompts[0]):
+        prompts = [with_placeholders(prompts[0], len(paths))]
+    wanted = [placeholder_count(p) for p in prompts]
+    if sum(wanted) != len(paths):
+        raise UserError(f"--prompt texts hold {sum(wanted)} <image> placeholder(s) but {len(paths)} {flag} file(s) "
+                        f"were given; give one {flag} per placeholder, in order")
+    loaded = [load_image(p, where=f"{flag} {p}") for p in paths]
+    out, k = [], 0
+    for n in wanted:
+        out.append(loaded[k:k + n])
+        k += n
+    return prompts, out
+
+
 def check_placeholders(text: str, n_images: int, column: str, where: str) -> None:
     """DataError naming the row when ``text`` does not hold exactly one placeholder per image."""
     k = placeholder_count(text)
