@@ -97,8 +97,11 @@ def _local_path(url: str, where: str, allowed: str | None) -> Path:
     root = Path(allowed).expanduser().resolve()
     path = Path(raw).expanduser()
     path = (path if path.is_absolute() else root / path).resolve()
+    # the messages name what the client sent, never the server's own folders
     if not path.is_relative_to(root):
-        raise MediaError(f"{where}: {url!r} is outside the server's --allowed-local-media-path {root}")
+        raise MediaError(f"{where}: {url!r} is outside the server's --allowed-local-media-path folder")
+    if not path.is_file():
+        raise MediaError(f"{where}: {url!r}: no such file in the server's --allowed-local-media-path folder")
     return path
 
 
