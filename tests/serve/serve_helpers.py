@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 DEMO = Path(__file__).resolve().parents[2] / "src" / "dllm_rl" / "assets" / "demo"
-# A minimal chat template (the demo tokenizers have none): "user: TEXT\nassistant: "
+# A role-marking chat template (instead of the demo's own, the bare task prompt): "user: TEXT\nassistant: "
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
 
