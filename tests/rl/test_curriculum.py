@@ -3,12 +3,14 @@ temperature, advantage rule), the switch printed and logged, exact resume across
 filtering with its pass rates resumed (tiny models, a few steps)."""
 
 import json
+import logging
 
 import pytest
 import torch
 from rl_helpers import digit_reward, rl_overrides
 
 import dllm_rl.rl.collect as collect_mod
+from dllm_rl.cli import main
 from dllm_rl.config import ConfigError, from_dict, load_config
 from dllm_rl.models import load_model
 from dllm_rl.rl.config import RLConfig
@@ -172,3 +174,74 @@ def test_a_bad_stage_is_refused_before_any_rollout(rl_setup, tmp_path):
         with pytest.raises(ConfigError, match=message):
             RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "run.overwrite=true",
                                                                f"curriculum.stages=[{stage}]")))
+
+
+def test_a_stage_is_checked_against_the_model_and_its_data_like_the_config_as_given(rl_setup, tmp_path):
+    """The checks the config as given gets against the loaded model and data (here: the longest prompt with its
+    completion slots within the context, 1024 positions) run on every stage's config, with its own data, before
+    the first rollout; a stage used to train until it began and fail then, without naming itself."""
+    def trainer(*extra):
+        return RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "run.overwrite=true",
+                                                                  *extra)))
+
+    too_long = (r"the longest training prompt \(item \d+ of .*train.jsonl( where target <= 4)?\) has \d+ tokens; "
+                r"with gen_length 1024 it needs \d+ positions but the model's context is 1024 "
+                r"\(max_position_embeddings\); shorten the prompt or gen_length$")
+    with pytest.raises(ConfigError, match=r"^rollout.gen_length: " + too_long):
+        trainer("rollout.gen_length=1024")
+    with pytest.raises(ConfigError, match=r"^curriculum.stages\[1\]: rollout.gen_length: " + too_long):
+        trainer("curriculum.stages=[{after_step: 1, gen_length: 16}, {after_step: 2, filter: 'target <= 4', "
+                "gen_length: 1024}]")
+    # the held-out prompts, with the evaluation's settings: 1012 tokens fit beside 4 slots but not beside 16
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"nums": [1] * 499, "target": 1}) + "\n")
+    with pytest.raises(ConfigError, match=r"^curriculum.stages\[0\]: rollout.gen_length: the longest held-out prompt "
+                                          r"\(item 0 of .*long.jsonl\) has 1012 tokens; with gen_length 16 it needs "
+                                          r"1028 positions"):
+        trainer("eval.limit=1", f"eval.data={long}", "curriculum.stages=[{after_step: 1, gen_length: 16}]",
+                "rollout.gen_length=4", "rollout.block_length=4")
+
+
+def test_stage_order_reward_thresholds_and_filter_values_are_checked(rl_setup, tmp_path, caplog, capsys):
+    """Stages out of order and a filter whose value is not one are refused when the config is read (the filter
+    'target >=' used to end in a YAML ConstructorError traceback); a reward_above the task's rewards (in [0, 1])
+    can never pass is refused, one they always pass and a stage after train.max_steps are warned about."""
+    for stages, message in (
+        ([{"after_step": 5}, {"after_step": 3}], r"^curriculum.stages\[1\].after_step: 3 is not after "
+                                                 r"curriculum.stages\[0\].after_step \(5\); stages begin in the order "
+                                                 r"given"),
+        ([{"after_step": 5}, {"reward_above": 0.5}, {"after_step": 5}], r"^curriculum.stages\[2\].after_step: 5 is "
+                                                                         r"not after curriculum.stages\[0\]"),
+        ([{"after_step": 1, "filter": "target >="}], r"^curriculum.stages\[0\]: filter: got 'target >=', whose value "
+                                                     r"'=' \(after '>'\) is not a number, a word or a quoted string"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            from_dict(RLConfig, {"curriculum": {"stages": stages}})
+    config = tmp_path / "rl.yaml"
+    config.write_text("algorithm: tracerl\n")
+    args = ["rl", str(config), *rl_overrides(rl_setup, "sdar", tmp_path / "run")]
+    assert main([*args, "curriculum.stages=[{after_step: 1, filter: 'target >='}]"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        f"dllm-rl rl: error: {config}: curriculum.stages[0]: filter: got 'target >=', whose value '=' (after '>') is "
+        "not a number, a word or a quoted string; write COLUMN OP VALUE, e.g. 'difficulty >= 3'"]
+
+    def trainer(*extra):
+        return RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "run.overwrite=true",
+                                                                  "train.max_steps=3", *extra)))
+
+    with pytest.raises(ConfigError, match=r"^curriculum.stages\[1\].reward_above: 1 is never passed: the countdown "
+                                          r"task's rewards lie in \[0, 1\] and the stage begins once their mean"):
+        trainer("curriculum.stages=[{after_step: 1}, {reward_above: 1.0}]")
+    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.curriculum")
+    trainer("curriculum.stages=[{reward_above: -0.5}, {after_step: 3}]").close()
+    assert [r.getMessage() for r in caplog.records if r.name == "dllm_rl.rl.curriculum"] == [
+        "curriculum.stages[0].reward_above: -0.5 is below the countdown task's rewards [0, 1]: the stage begins as "
+        "soon as curriculum.window steps are done",
+        "curriculum.stages[1] never begins: its after_step 3 is not before train.max_steps=3"]
+    caplog.clear()
+    # a reward of the run's own has no known range: nothing to compare with
+    RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "run.overwrite=true",
+                                                       "curriculum.stages=[{reward_above: 5.0}]")),
+              reward_fn=digit_reward).close()
+    assert not [r for r in caplog.records if r.name == "dllm_rl.rl.curriculum"]

@@ -39,9 +39,27 @@ OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.g
 FILTER = re.compile(r"^\s*(\w+)\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
 
 
+def parse_filter(text: str) -> tuple[str, str, Any]:
+    """``(column, op, value)`` of a row filter ``COLUMN OP VALUE``, the value read as YAML (``3``, ``hard``,
+    ``'a b'``, ``true``); :class:`ValueError` saying what to write when it is not one."""
+    match = FILTER.match(text)
+    if match is None:
+        raise ValueError(f"write COLUMN OP VALUE with OP one of == != <= >= < > (e.g. 'difficulty >= 3'), got {text!r}")
+    column, op, raw = match.groups()
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:  # e.g. 'target >=', read as target > '=' (a YAML tag, not a value)
+        raise ValueError(f"got {text!r}, whose value {raw!r} (after {op!r}) is not a number, a word or a quoted "
+                         "string; write COLUMN OP VALUE, e.g. 'difficulty >= 3'") from None
+    return column, op, value
+
+
 def _filter_problem(text: str) -> str | None:
-    return None if FILTER.match(text) else ("write COLUMN OP VALUE with OP one of == != <= >= < > (e.g. "
-                                            f"'difficulty >= 3'), got {text!r}")
+    try:
+        parse_filter(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _band_problem(band: list[float]) -> str | None:
@@ -95,6 +113,20 @@ class CurriculumConfig(Checked):
         "(share of their group with reward >= 1) lies outside [lo, hi] (e.g. [0.1, 0.9]); pass rates kept in "
         "checkpoints")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # stages are entered in order, each checked once the one before has begun: a step count not after an
+        # earlier one would begin its stage one step after that one (the stage before it would last one step)
+        latest: tuple[int, int] | None = None  # (index, after_step) of the last stage with a step count
+        for k, s in enumerate(self.stages):
+            if s.after_step is None:
+                continue
+            if latest is not None and s.after_step <= latest[1]:
+                raise FieldError(f"stages[{k}].after_step", f"{s.after_step} is not after curriculum.stages"
+                                 f"[{latest[0]}].after_step ({latest[1]}); stages begin in the order given, so "
+                                 "list them by increasing after_step")
+            latest = (k, s.after_step)
+
 
 ROLLOUT_KEYS = ("gen_length", "block_size", "temperature")  # what a stage changes in ``rollout:``
 ADVANTAGE_KEYS = ("advantage", "advantage_options")  # ... and at the top level
@@ -129,10 +161,9 @@ def keep_row(row: dict, filters: list[str], where: str, key: str) -> bool:
     """Whether ``row`` passes every filter; a row without the column is a :class:`ConfigError` naming ``key`` and
     the row's ``where`` (file:line)."""
     for text in filters:
-        column, op, raw = FILTER.match(text).groups()
+        column, op, value = parse_filter(text)
         if column not in row:
             raise ConfigError(f"{key}: {where} has no column {column!r} (columns: {', '.join(sorted(row))})")
-        value = yaml.safe_load(raw)
         try:
             if not OPS[op](row[column], value):
                 return False
@@ -222,23 +253,57 @@ def stage_task(trainer: Any, stage: int) -> tuple[Any, str]:
 
 
 def check_stages(trainer: Any) -> None:
-    """Every stage's decoding settings, advantage rule and data, checked before the first rollout
-    (:class:`ConfigError` naming the stage)."""
+    """Every stage's config checked before the first rollout as the config as given is (its decoding settings,
+    block sizes, estimator options and advantage rule against the model, and its longest prompts against the
+    context: :func:`~dllm_rl.rl.run_checks.check_settings`), on its own data; a :class:`ConfigError` naming the
+    stage. A stage that cannot begin within ``train.max_steps``, or whose ``reward_above`` lies outside the task
+    verifier's range, is warned about or refused (:func:`check_schedule`)."""
     from dllm_rl.rl.algorithms import check_combination
-    from dllm_rl.rl.block_size import run_block_sizes
-    from dllm_rl.rl.config import decode_config
+    from dllm_rl.rl.run_checks import check_settings
 
-    for k, s in enumerate(trainer.base_cfg.curriculum.stages, start=1):
-        cfg = stage_config(trainer.base_cfg, k)
+    base = trainer.base_cfg
+    check_schedule(base, trainer.train_task)
+    tasks = {_data_key(base, 0): (trainer.train_task, trainer.train_task.source)}  # each stage's data, read once
+    for k in range(1, len(base.curriculum.stages) + 1):
+        cfg = stage_config(base, k)
+        key = _data_key(base, k)
+        if key not in tasks:
+            task, source = stage_task(trainer, k)
+            tasks[key] = task, source + (f" where {' and '.join(key[1])}" if key[1] else "")
+        task, source = tasks[key]
         try:
             check_combination(cfg)
-            run_block_sizes(cfg, trainer.model.block_size)
-            for evaluation in (False, True):
-                decode_config(cfg, trainer.model, evaluation=evaluation)
+            check_settings(cfg, trainer.model, trainer.prompt_lengths, task, trainer.eval_task, source)
         except ConfigError as exc:
             raise ConfigError(f"curriculum.stages[{k - 1}]: {exc}") from None
-        if s.changes_data:
-            stage_task(trainer, k)
+
+
+def _data_key(cfg: Any, stage: int) -> tuple:
+    file, filters = stage_data(cfg, stage)
+    return file, tuple(filters)
+
+
+def check_schedule(cfg: Any, task: Any) -> None:
+    """Refuse a ``reward_above`` that the mean reward can never pass (at or above the top of the task verifier's
+    range, ``Task.reward_range``); warn about one below its bottom (the stage begins as soon as its window is full)
+    and about a stage whose ``after_step`` is not before ``train.max_steps`` (it never begins). A reward of the
+    run's own (``reward.function``, terms, a model or a judge) has no known range."""
+    span = None if cfg.reward.combined or task.custom_reward is not None else task.reward_range
+    for k, s in enumerate(cfg.curriculum.stages):
+        key = f"curriculum.stages[{k}]"
+        if s.after_step is not None and s.after_step >= cfg.train.max_steps:
+            logger.warning("%s never begins: its after_step %d is not before train.max_steps=%d", key, s.after_step,
+                           cfg.train.max_steps)
+        if s.reward_above is None or span is None:
+            continue
+        lo, hi = span
+        if s.reward_above >= hi:
+            raise ConfigError(f"{key}.reward_above: {s.reward_above:g} is never passed: the {task.name} task's "
+                              f"rewards lie in [{lo:g}, {hi:g}] and the stage begins once their mean over "
+                              f"curriculum.window steps is above it; give a value below {hi:g}")
+        if s.reward_above < lo:
+            logger.warning("%s.reward_above: %g is below the %s task's rewards [%g, %g]: the stage begins as soon as "
+                           "curriculum.window steps are done", key, s.reward_above, task.name, lo, hi)
 
 
 def enter_stage(trainer: Any, stage: int) -> list[str]:

@@ -34,7 +34,7 @@ from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenize
 from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
-from dllm_rl.rl.algorithms import check_estimator_options, resolve
+from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
 from dllm_rl.rl.collect import RolloutCollector, StepBatch
@@ -43,6 +43,7 @@ from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook, samples_per_prompt
 from dllm_rl.rl.reward_terms import build_reward
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
+from dllm_rl.rl.run_checks import PromptLengths, check_settings
 from dllm_rl.rl.update import PolicyUpdater
 from dllm_rl.rl.value import ValueLearner
 from dllm_rl.tasks import get_task
@@ -131,9 +132,6 @@ class RLTrainer(RLCheckpoints):
         use_cpu_threads(self.accelerator.device, cfg.train.num_threads)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id,
                                         noise=self.model.family.noise)
-        for evaluation in (False, True):  # the sampler's settings need the model: checked before any forward
-            decode_config(cfg, self.model, evaluation=evaluation)
-        check_estimator_options(cfg, self.model)
         reward = reward_fn if reward_fn is not None else cfg.reward.function
         self.train_task = get_task(cfg.data.task, data=cfg.data.train_file, split="train",
                                    prompt_style=cfg.data.prompt_style,
@@ -146,6 +144,9 @@ class RLTrainer(RLCheckpoints):
         check_scored(self.train_task, cfg)
         if self.eval_task is not None:
             check_not_empty(self.eval_task, "held-out", "eval.data")
+        # the settings against the model and the data (the curriculum's stages run the same: check_stages)
+        self.prompt_lengths = PromptLengths(self.tokenizer)
+        check_settings(cfg, self.model, self.prompt_lengths, self.train_task, self.eval_task)
         # reward terms, reward model, judge: loaded and checked now, before any rollout (None: the task's reward)
         self.reward = build_reward(cfg.reward.terms, cfg.reward, cfg.reward.judge, task=self.train_task,
                                    policy_tokenizer=self.tokenizer) if cfg.reward.combined else None

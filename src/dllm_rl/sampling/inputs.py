@@ -104,7 +104,7 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
         raise UserError("generate: no prompts given")
     if seeds is not None and len(seeds) != len(prompts):
         raise UserError(f"got {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
-    vocab, context = int(model.config.vocab_size), model.max_length
+    vocab = int(model.config.vocab_size)
     out = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
@@ -114,19 +114,28 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
             raise UserError(f"prompt {i} is empty")
         if min(ids) < 0 or max(ids) >= vocab:
             raise UserError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
-        need = len(ids) + config.gen_length if uniform_noise(model) else \
-            canvas_width(len(ids), config.gen_length, block, model.is_block_causal)
-        for limit, bound, remedy in (
-            (context, f"the model's context is {context} (max_position_embeddings)", ""),
-            (max_positions, f"max_positions is {max_positions}", ", or raise max_positions"),
-        ):
-            if limit is not None and need > limit:
-                raise UserError(f"prompt {i} has {len(ids)} tokens; with gen_length {config.gen_length} it needs "
-                                f"{need} positions but {bound}; shorten the prompt or gen_length{remedy}")
+        check_fits(model, config, block, len(ids), f"prompt {i}", max_positions)
         out.append(ids)
     if images is not None:
         check_images(model, images, out)
     return out
+
+
+def check_fits(model: DiffusionLM, config: DecodeConfig, block: int, tokens: int, what: str,
+               max_positions: int | None = None) -> None:
+    """A prompt of ``tokens`` tokens (named ``what`` in the error) with its ``config.gen_length`` completion slots
+    at decoding block ``block`` fits the model's context, and ``max_positions`` when given (a prompt's canvas only
+    grows with its length, so checking the longest prompt checks them all)."""
+    context = model.max_length
+    need = tokens + config.gen_length if uniform_noise(model) else \
+        canvas_width(tokens, config.gen_length, block, model.is_block_causal)
+    for limit, bound, remedy in (
+        (context, f"the model's context is {context} (max_position_embeddings)", ""),
+        (max_positions, f"max_positions is {max_positions}", ", or raise max_positions"),
+    ):
+        if limit is not None and need > limit:
+            raise UserError(f"{what} has {tokens} tokens; with gen_length {config.gen_length} it needs {need} "
+                            f"positions but {bound}; shorten the prompt or gen_length{remedy}")
 
 
 def check_images(model: DiffusionLM, images: PromptImages, prompts: list[list[int]]) -> None:

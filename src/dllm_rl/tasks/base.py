@@ -158,6 +158,9 @@ class Task:
     prompt_styles: ClassVar[tuple[str, ...]] = ("chat", "plain")
     #: whether the task scores completions itself (False: a reward model, judge or function must)
     has_verifier: ClassVar[bool] = True
+    #: the range of the built-in verifier's rewards (every built-in task: 0 wrong, 1 right, a fraction between for
+    #: partial credit); a curriculum stage's reward_above is checked against it
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __init__(
         self,
