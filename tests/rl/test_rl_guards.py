@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import signal
 import sys
 import time
@@ -41,18 +42,18 @@ def test_nan_weights_stop_the_run_at_that_step_and_nothing_is_saved(rl_setup, tm
     cfg = _cfg(rl_setup, tmp_path / "policy", "train.max_steps=3", "run.save_every=1")
     cfg.optim.lr = math.inf  # past the config's check (which refuses it): an update that leaves the weights NaN
     with pytest.raises(TrainingStopped, match=r"^stopping at step 1: the update left NaN/inf weights in the policy "
-                       r"\(optim.lr=inf\); final/ is not written\. Lower the learning rate"):
+                       r"\(optim.lr=inf\); final/ is not written\. Lower the learning rate \(optim.lr\)"):
         train(cfg, reward_fn=digit_reward)
     assert _nothing_published(tmp_path / "policy")
-    # the value model's weights are checked too: at value_model.lr=1e30 its second update overflows
+    # the value model's weights are checked too: value_model.lr=1e30 throws them to ~1e30 in its first update
     out = tmp_path / "value"
-    with pytest.raises(TrainingStopped, match=r"^stopping at step 2: the update left NaN/inf weights in the value "
-                       r"model \(value_model.lr=1e\+30\)"):
+    with pytest.raises(TrainingStopped, match=r"^stopping at step 1: the value model's weights' norm grew from [\d.]+ "
+                       r"to [\d.]+e\+3\d \(x[\d.]+e\+\d\d\) in one update at value_model.lr=1e\+30 .*Lower the "
+                       r"learning rate \(value_model.lr\)"):
         train(_cfg(rl_setup, out, "train.max_steps=3", "run.save_every=1", "value_model.enabled=true",
                    "value_model.lr=1e30",
                    "drop_zero_variance=false"), reward_fn=digit_reward)
-    assert [m["step"] for m in _metrics(out)] == [1] and [p.name for p in out.glob("checkpoints/*")] == ["step-0000001"]
-    assert not (out / "final").exists()
+    assert _nothing_published(out)
 
 
 def test_steps_without_reward_signal_stop_after_max_skipped_steps(rl_setup, tmp_path, caplog):
@@ -165,17 +166,34 @@ def test_a_reward_that_exits_fails_in_one_line_naming_it(rl_cli, tmp_path, monke
     assert _nothing_published(tmp_path / "run")
 
 
-def test_a_finite_absurd_learning_rate_stops_the_run_in_one_line_naming_the_step_and_the_lr(rl_cli, tmp_path):
-    """optim.lr=1e10 passes the config's check. Step 1's update throws the weights to ~1e10, so from step 2 on
-    every loss is NaN: those updates are skipped (the weights stay finite, so the NaN-weight guard has nothing to
-    see) and the NaN-loss guard stops the run, naming the step and the learning rate. (At optim.lr=1e3 the tiny
-    model's weights stay finite and its losses too: nothing stops that run.)"""
-    assert rl_cli("optim.lr=1e10", "train.max_steps=5", "train.max_bad_steps=2", "drop_zero_variance=false",
-                  "reward.function=rl_helpers:digit_reward") == (2, [
-        "dllm-rl rl: error: stopping at step 3: 2 updates had a NaN/inf loss (train.max_bad_steps=2); lower the "
-        "learning rate (optim.lr=1e+10) or check the rewards"])
-    assert [m["bad_updates"] for m in _metrics(tmp_path / "run")] == [0.0, 1.0]
+@pytest.mark.parametrize("lr", ["10", "1e10"])
+def test_a_finite_absurd_learning_rate_is_warned_about_and_stops_the_run_at_its_first_update(rl_cli, tmp_path, caplog,
+                                                                                              lr):
+    """optim.lr=10 (or 1e10) passes the config's check, but AdamW moves every weight by about the learning rate:
+    the run used to warn at each step that no group had reward signal and stop after 20 steps without naming the
+    learning rate (1e10: after the NaN losses of train.max_bad_steps updates). The start warns about a learning
+    rate outside [1e-9, 1e-2], and the weight check (training/finite.py) stops the run after its first update,
+    naming the step, the learning rate and the norms it measured."""
+    caplog.set_level(logging.WARNING, logger="dllm_rl.training.optim")
+    status, lines = rl_cli(f"optim.lr={lr}", "train.max_steps=5", "drop_zero_variance=false",
+                           "reward.function=rl_helpers:digit_reward")
+    shown = f"{float(lr):g}"
+    assert status == 2 and len(lines) == 1
+    assert re.fullmatch(rf"dllm-rl rl: error: stopping at step 1: the policy's weights' norm grew from 1\d\.\d+ to "
+                        rf"[\d.e+]+ \(x[\d.e+]+\) in one update at optim.lr={re.escape(shown)} \(the guard stops a "
+                        r"change beyond x2 or x0\.5\); final/ is not written\. Lower the learning rate \(optim.lr\) "
+                        r"and start again, or resume from an earlier checkpoint", lines[0]), lines[0]
+    assert [r.getMessage()[:60] for r in caplog.records if r.name == "dllm_rl.training.optim"] == [
+        f"optim.lr={shown} is above AdamW's plausible learning rates [1e-09, 0.01]"[:60]]
     assert _nothing_published(tmp_path / "run")
+
+
+def test_a_sane_learning_rate_is_not_warned_about_and_a_tiny_one_is(rl_setup, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="dllm_rl.training.optim")
+    for lr in ("0.003", "1e-10"):
+        train(_cfg(rl_setup, tmp_path / lr, "train.max_steps=1", f"optim.lr={lr}"), reward_fn=digit_reward)
+    assert [r.getMessage() for r in caplog.records if r.name == "dllm_rl.training.optim"] == [
+        "optim.lr=1e-10 is below AdamW's plausible learning rates [1e-09, 0.01]: the weights will hardly move"]
 
 
 @pytest.mark.parametrize("override,message", [

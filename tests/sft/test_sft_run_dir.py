@@ -130,13 +130,15 @@ def test_a_full_disk_while_model_is_written_ends_with_one_line_and_resume_writes
 
 
 def test_a_finite_absurd_learning_rate_stops_with_one_line_naming_the_step_and_the_lr(tmp_path, capsys):
-    """optim.lr=1e10 passes the config's check; step 2's NaN loss makes its update's weights NaN, and the
-    NaN-weight guard (training/finite.py) stops the run there: one line, exit 2, no model/."""
+    """optim.lr=1e10 passes the config's check; step 1's update throws the weights to about 1e10 (step 2's loss
+    was NaN and its update's weights NaN, where the run used to stop), and the weight check (training/finite.py)
+    stops the run there: one line naming the norms and the learning rate, exit 2, no model/."""
     assert main(["sft", *_overrides(tmp_path), "optim.lr=1e10"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == ("dllm-rl sft: error: sft: stopping at step 2: the update left NaN/inf weights "
-                                    "(optim.lr=1e+10, loss nan); model/ is not written. Lower optim.lr and start "
-                                    "again, or resume from an earlier checkpoint")
+    assert re.fullmatch(r"dllm-rl sft: error: sft: stopping at step 1: the model's weights' norm grew from [\d.]+ to "
+                        r"[\d.]+e\+1\d \(x[\d.]+e\+\d\d\) in one update at optim.lr=1e\+10 \(the guard stops a change "
+                        r"beyond x2 or x0\.5\); model/ is not written\. Lower the learning rate \(optim.lr\) and start "
+                        r"again, or resume from an earlier checkpoint", err.splitlines()[-1]), err
     assert "Traceback" not in err and not (tmp_path / "run" / "model").exists()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 import torch
@@ -138,18 +139,28 @@ def test_init_std_redraws_weight_matrices(tmp_path):
     assert torch.equal(again.dlm.model.model.embed_tokens.weight, emb)  # seeded by run.seed
 
 
-def test_nan_weights_stop_the_run_naming_the_step_and_write_no_model(tmp_path):
-    """optim.lr=1e30 (finite, so the config takes it) overflows the weights within a few steps; the run used to
-    go on and save them as model/. It stops at that step, before its checkpoint, and model/ is never written."""
+def test_exploded_or_nan_weights_stop_the_run_naming_the_step_and_write_no_model(tmp_path):
+    """optim.lr=1e30 (finite, so the config takes it) throws every weight to about 1e30 in one update, still finite:
+    a run that ended before they overflowed saved them with rc 0 and no warning. The weight check stops it at that
+    step (step 2: step 1's warmup learning rate is 0), before its checkpoint, naming the norms and the learning
+    rate; NaN weights (an infinite learning rate) stop it the same way. model/ is never written."""
     from dllm_rl.training.finite import TrainingStopped
 
-    cfg = _cfg(tmp_path, "optim.lr=1e30", "optim.max_grad_norm=null", "train.max_steps=8", "run.save_every=1",
-               "run.keep_checkpoints=0")
-    with pytest.raises(TrainingStopped, match=r"^sft: stopping at step \d+: the update left NaN/inf weights \(optim.lr="
-                       r"1e\+30, loss [-+.e\d]+\); model/ is not written\. Lower optim.lr") as info:
-        train(cfg, verbose=False)
-    step = int(str(info.value).split()[4].rstrip(":"))
-    run = tmp_path / "run"
-    assert 1 < step < 8 and not (run / "model").exists()
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == list(range(1, step))
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{s:07d}" for s in range(1, step)]
+    for lr, step, words in (
+        (1e30, 2, r"the model's weights' norm grew from [\d.]+ to [\d.]+e\+3\d \(x[\d.]+e\+\d\d\) in one update at "
+                  r"optim.lr=1e\+30 \(the guard stops a change beyond x2 or x0\.5\)"),
+        (math.inf, 1, r"the update left NaN/inf weights in the model \(optim.lr=inf\)"),  # warmup: 0 x inf = NaN
+    ):
+        cfg = _cfg(tmp_path, "optim.max_grad_norm=null", "train.max_steps=8", "run.save_every=1",
+                   "run.keep_checkpoints=0", "run.overwrite=true")
+        cfg.optim.lr = lr  # inf: past the config's check, which refuses it
+        with pytest.raises(TrainingStopped, match=rf"^sft: stopping at step {step}: {words}; model/ is not written\. "
+                           r"Lower the learning rate \(optim.lr\) and start again, or resume from an earlier "
+                           r"checkpoint$"):
+            train(cfg, verbose=False)
+        run = tmp_path / "run"
+        assert not (run / "model").exists()
+        metrics = run / "metrics.jsonl"
+        assert [json.loads(x)["step"] for x in (metrics.read_text() if metrics.exists() else "").splitlines()] == \
+            list(range(1, step))
+        assert sorted(p.name for p in run.glob("checkpoints/*")) == [f"step-{s:07d}" for s in range(1, step)]

@@ -59,7 +59,7 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import runs_on_cpu
 from dllm_rl.training.backend import refuse_unsharded_features, setup_backend, shard_reference
-from dllm_rl.training.finite import TrainingStopped, nonfinite_weights
+from dllm_rl.training.finite import Guarded, TrainingStopped, WeightGuard
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 from dllm_rl.training.sharding import gathered_parameters
@@ -178,6 +178,10 @@ class RLTrainer(RLCheckpoints):
         self.model.model, self.optimizer = self.accelerator.prepare(self.model.model, self.optimizer)
         if self.reference is not None:
             shard_reference(self.accelerator, self.reference)
+        self.weight_guard = WeightGuard(self.accelerator, {  # the check after each step's update (training/finite)
+            "policy": Guarded(self.model.model, "optim.lr", cfg.optim.lr),
+            "value model": Guarded(self.value.module if self.value is not None else None, "value_model.lr",
+                                   getattr(self.value, "lr", 0.0))})
         decode_dtype, self.rollout_note = rollout_dtype(cfg.rollout.dtype, self.model.dtype, self.accelerator.device)
         refuse_unsharded_features(self.accelerator, ema_decay=cfg.train.ema_decay > 0,
                                   **{"rollout.dtype / rollout.compile": decode_dtype != self.model.dtype
@@ -253,6 +257,8 @@ class RLTrainer(RLCheckpoints):
         rollout, keep, adv, mask_seeds = batch.trained()  # the kept samples, or a rollout hook's training rows
         any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
         self._count_skipped(any_kept, batch.filt)
+        if any_kept:  # the weights' norms before the update, which the weight check compares with
+            self.weight_guard.before()
         scoring = self.updater.batch(rollout, keep, mask_seeds) if self.value and any_kept else None
         if scoring is not None:  # the values before any update; their GAE token advantages replace `adv`
             targets, adv = self.value.token_advantages(scoring, batch.rewards, keep, batch.step_scores)
@@ -260,8 +266,8 @@ class RLTrainer(RLCheckpoints):
                   else {"skipped_step": 1.0})
         if scoring is not None:  # after the policy update, which used the values from before it
             result.update(self.value.fit(scoring, targets))
-        if any_kept:
-            self._check_weights()
+        if any_kept:  # NaN/inf weights, or norms that exploded or collapsed: stop, naming the step and the lr
+            self.weight_guard.check(self.step_idx + 1)
         since_start = self.step_idx + 1 - self.cfg.train.ema_start  # this is step step_idx + 1
         if self.ema is not None and since_start > 0 and since_start % self.cfg.train.ema_every == 0:
             self.ema.update()
@@ -334,19 +340,6 @@ class RLTrainer(RLCheckpoints):
                                   f"skipped, no group had reward signal ({why}); {hint}, or set "
                                   "train.max_skipped_steps=0 "
                                   "to go on")
-
-    def _check_weights(self) -> None:
-        """Stop, naming the step, when the update left a NaN / inf weight in the policy or the value model (one
-        reduction per step, agreed over the ranks: :func:`~dllm_rl.training.finite.nonfinite_weights`)."""
-        value = self.value.module if self.value is not None else None
-        bad = nonfinite_weights(self.accelerator, {"policy": self.model.model, "value model": value})
-        if not bad:
-            return
-        lrs = {"policy": f"optim.lr={self.cfg.optim.lr:g}",
-               "value model": f"value_model.lr={getattr(self.value, 'lr', 0.0):g}"}
-        raise TrainingStopped(f"stopping at step {self.step_idx + 1}: the update left NaN/inf weights in the "
-                              f"{' and the '.join(bad)} ({', '.join(lrs[b] for b in bad)}); final/ is not written. "
-                              "Lower the learning rate and start again, or resume from an earlier checkpoint")
 
     # ----------------------------------------------------------------------------- evaluation
     def averaged(self, live: bool = False):

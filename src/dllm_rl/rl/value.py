@@ -131,7 +131,8 @@ class ValueLearner:
         self.backbone = self._backbone(cfg, policy)
         self.model = ValueModel(self.backbone).train()
         self.lr = float(v.lr if v.lr is not None else 5.0 * cfg.optim.lr)
-        self.optimizer = build_optimizer(self.model, replace(cfg.optim, lr=self.lr))
+        self.optimizer = build_optimizer(self.model, replace(cfg.optim, lr=self.lr),
+                                         key="value_model.lr" if v.lr is not None else "value_model.lr (5 x optim.lr)")
         with deepspeed_clipping(accelerator, v.max_grad_norm):  # DeepSpeed clips inside its engine's step
             self.module, self.optimizer = accelerator.prepare(self.model, self.optimizer)
         self.micro_batch_size = int(v.micro_batch_size or cfg.train.micro_batch_size)

@@ -51,7 +51,7 @@ from dllm_rl.training import (
 from dllm_rl.training.accel import PreparedModel
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
 from dllm_rl.training.checkpoint import save_published
-from dllm_rl.training.finite import TrainingStopped, nonfinite_weights
+from dllm_rl.training.finite import Guarded, WeightGuard
 from dllm_rl.training.ranks import forward_agreement
 from dllm_rl.training.resume_check import SFT_APPLICABLE, check_resumed_config
 from dllm_rl.training.run_config import resume_checkpoint
@@ -180,6 +180,8 @@ class SFTTrainer:
         prepared, self.optimizer = acc.prepare(self.dlm, self.optimizer)
         self.model = PreparedModel(prepared, self.dlm)
         self.after_prepare()
+        self.weight_guard = WeightGuard(acc, {"model": Guarded(prepared, "optim.lr", cfg.optim.lr)},
+                                        stopping=f"{self.name}: stopping", output="model/")
         self.stream = IndexStream(len(self.examples), seed=cfg.run.seed)
         self.step = 0
         self.tokens_seen = 0  # real tokens through the model over the whole run (all ranks)
@@ -258,16 +260,14 @@ class SFTTrainer:
             for k, v in more.items():
                 extra[k] = extra.get(k, 0.0) + v / accum
         grad_norm = None
+        self.weight_guard.before()
         if cfg.optim.max_grad_norm is not None:
             grad_norm = clip_gradients(acc, self.model.prepared, cfg.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        if nonfinite_weights(acc, {"model": self.model.prepared}):  # before any checkpoint or model/ holds them
-            raise TrainingStopped(f"{self.name}: stopping at step {self.step}: the update left NaN/inf weights "
-                                  f"(optim.lr={cfg.optim.lr:g}, loss {total_loss:.4g}); model/ is not written. Lower "
-                                  "optim.lr and start again, or resume from an earlier checkpoint")
+        self.weight_guard.check(self.step)  # NaN/inf, exploded or collapsed weights: before any checkpoint holds them
         metrics = {"loss": total_loss, "tokens": tokens, "scored_tokens": scored,
                    "lr": self.scheduler.get_last_lr()[0], **extra}
         if grad_norm is not None:

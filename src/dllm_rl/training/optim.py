@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -16,12 +17,15 @@ from transformers.optimization import (
 
 from dllm_rl.config import Checked, field
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class OptimConfig(Checked):
     """Optimizer and schedule (the same section in the SFT and RL configs)."""
 
-    lr: float = field(1e-5, gt=0, help="peak learning rate of AdamW (after warmup)")
+    lr: float = field(1e-5, gt=0, help="peak learning rate of AdamW (after warmup); outside [1e-9, 1e-2] a warning at "
+                      "the start, and a run stops when one update changes the weights' norm beyond x2 or x0.5")
     weight_decay: float = field(
         0.0, ge=0, help="AdamW decoupled weight decay; never applied to norms, biases or 1-D params")
     beta1: float = field(0.9, help="AdamW beta1")
@@ -51,11 +55,30 @@ def parameter_groups(params: nn.Module | Iterable[tuple[str, nn.Parameter]], wei
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over ``model``'s trainable parameters (LoRA: only the adapters are trainable)."""
+#: learning rates AdamW plausibly trains with: published diffusion-LM recipes use 5e-7 to 1e-5 (RL) and up to about
+#: 1e-4 (SFT, LoRA), the tiny models of the demos and tests 1e-3 to 3e-2; outside it a run is warned about at start
+PLAUSIBLE_LR = (1e-9, 1e-2)
+
+
+def check_lr(lr: float, key: str = "optim.lr") -> None:
+    """Warn (one line naming ``key``) about a learning rate outside :data:`PLAUSIBLE_LR`: above it AdamW moves every
+    weight by about the learning rate per step, which wrecks a model in a few steps (the weight check of
+    :mod:`dllm_rl.training.finite` then stops the run); below it nothing moves."""
+    lo, hi = PLAUSIBLE_LR
+    if not lo <= lr <= hi:
+        logger.warning("%s=%g is %s AdamW's plausible learning rates [%g, %g]: %s", key, lr,
+                       "above" if lr > hi else "below", lo, hi,
+                       "each step moves every weight by about that much, which wrecks a model within a few steps "
+                       "(published recipes use 1e-6 to 1e-4)" if lr > hi else "the weights will hardly move")
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, key: str = "optim.lr") -> torch.optim.AdamW:
+    """AdamW over ``model``'s trainable parameters (LoRA: only the adapters are trainable); a learning rate outside
+    :data:`PLAUSIBLE_LR` is warned about, naming ``key`` (:func:`check_lr`)."""
     groups = parameter_groups(model, cfg.weight_decay)
     if not any(g["params"] for g in groups):
         raise ValueError("build_optimizer: the model has no trainable parameters")
+    check_lr(cfg.lr, key)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
