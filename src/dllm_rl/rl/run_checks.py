@@ -47,28 +47,46 @@ class PromptLengths:
 
 def check_settings(cfg: Any, model: Any, lengths: PromptLengths, train_task: Any, eval_task: Any | None,
                    train_source: str | None = None) -> None:
-    """Every check of ``cfg`` (an ``RLConfig``) against ``model`` and the prompts of ``train_task`` (and of
-    ``eval_task``, decoded with the evaluation's settings); a :class:`ConfigError` naming the key. ``train_source``:
-    where the training prompts come from in messages (default ``train_task.source``)."""
+    """Every check of ``cfg`` (an ``RLConfig``) against ``model`` (:func:`check_model_settings`) and the prompts of
+    ``train_task`` and ``eval_task`` (:func:`check_prompts`); a :class:`ConfigError` naming the key."""
+    check_model_settings(cfg, model)
+    check_prompts(cfg, model, lengths, train_task, eval_task, train_source)
+
+
+def check_model_settings(cfg: Any, model: Any) -> None:
+    """The block sizes, the estimator's options and the sampler's settings of the rollouts and the held-out
+    evaluation against ``model`` (no data needed: the trainer runs these before it reads any)."""
     from dllm_rl.rl.algorithms import check_estimator_options
     from dllm_rl.rl.block_size import run_block_sizes
     from dllm_rl.rl.config import decode_config
-    from dllm_rl.sampling.inputs import check_config, check_fits
+    from dllm_rl.sampling.inputs import check_config
 
     run_block_sizes(cfg, model.block_size)
-    check_estimator_options(cfg, model)
-    for task, evaluation, what, source in ((train_task, False, "training", train_source),
-                                           (eval_task, True, "held-out", None)):
+    for evaluation in (False, True):
         decode = decode_config(cfg, model, evaluation=evaluation)
         try:
-            block = check_config(model, decode)  # what the sampler refuses (e.g. a sub_block that does not divide)
+            check_config(model, decode)  # what the sampler refuses (e.g. a sub_block that does not divide)
         except UserError as exc:
             raise ConfigError(f"{'eval' if evaluation else 'rollout'}: {exc}") from None
+    check_estimator_options(cfg, model)
+
+
+def check_prompts(cfg: Any, model: Any, lengths: PromptLengths, train_task: Any, eval_task: Any | None,
+                  train_source: str | None = None) -> None:
+    """The longest prompt of ``train_task`` (and of ``eval_task``, decoded with the evaluation's settings) with its
+    completion slots against the model's context. ``train_source``: where the training prompts come from in
+    messages (default ``train_task.source``)."""
+    from dllm_rl.rl.config import decode_config
+    from dllm_rl.sampling.inputs import check_config, check_fits
+
+    for task, evaluation, what, source in ((train_task, False, "training", train_source),
+                                           (eval_task, True, "held-out", None)):
         longest = lengths(task) if task is not None else None
         if longest is None:
             continue
+        decode = decode_config(cfg, model, evaluation=evaluation)
         try:
-            check_fits(model, decode, block, longest[0], f"the longest {what} prompt (item {longest[1]} of "
-                       f"{source or task.source})")
+            check_fits(model, decode, check_config(model, decode), longest[0],
+                       f"the longest {what} prompt (item {longest[1]} of {source or task.source})")
         except UserError as exc:
             raise ConfigError(f"rollout.gen_length: {exc}") from None

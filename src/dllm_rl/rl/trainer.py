@@ -43,7 +43,7 @@ from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook, samples_per_prompt
 from dllm_rl.rl.reward_terms import build_reward
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
-from dllm_rl.rl.run_checks import PromptLengths, check_settings
+from dllm_rl.rl.run_checks import PromptLengths, check_model_settings, check_prompts
 from dllm_rl.rl.update import PolicyUpdater
 from dllm_rl.rl.value import ValueLearner
 from dllm_rl.tasks import get_task
@@ -132,6 +132,7 @@ class RLTrainer(RLCheckpoints):
         use_cpu_threads(self.accelerator.device, cfg.train.num_threads)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id,
                                         noise=self.model.family.noise)
+        check_model_settings(cfg, self.model)  # the sampler's and estimator's settings: before any data or forward
         reward = reward_fn if reward_fn is not None else cfg.reward.function
         self.train_task = get_task(cfg.data.task, data=cfg.data.train_file, split="train",
                                    prompt_style=cfg.data.prompt_style,
@@ -144,9 +145,9 @@ class RLTrainer(RLCheckpoints):
         check_scored(self.train_task, cfg)
         if self.eval_task is not None:
             check_not_empty(self.eval_task, "held-out", "eval.data")
-        # the settings against the model and the data (the curriculum's stages run the same: check_stages)
+        # the prompts against the context (the curriculum's stages run both checks too: check_stages)
         self.prompt_lengths = PromptLengths(self.tokenizer)
-        check_settings(cfg, self.model, self.prompt_lengths, self.train_task, self.eval_task)
+        check_prompts(cfg, self.model, self.prompt_lengths, self.train_task, self.eval_task)
         # reward terms, reward model, judge: loaded and checked now, before any rollout (None: the task's reward)
         self.reward = build_reward(cfg.reward.terms, cfg.reward, cfg.reward.judge, task=self.train_task,
                                    policy_tokenizer=self.tokenizer) if cfg.reward.combined else None
