@@ -59,6 +59,7 @@ def make_pairs(args: argparse.Namespace) -> int:
     from dllm_rl.models import load_model, load_tokenizer
     from dllm_rl.sampling.cli import decode_config_from_args
     from dllm_rl.tasks import get_task
+    from dllm_rl.training.accel import resolve_device
 
     if args.k < 2 or args.pairs_per_prompt < 1:
         raise UserError(f"--k {args.k} --pairs-per-prompt {args.pairs_per_prompt}: a pair needs --k >= 2 samples "
@@ -66,7 +67,7 @@ def make_pairs(args: argparse.Namespace) -> int:
     decode = decode_config_from_args(args)
     if decode.temperature == 0:
         raise UserError("--temperature 0 decodes one answer per prompt; sample with --temperature > 0 (e.g. 1)")
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=resolve_device(args.device, "--device"))
     tokenizer = load_tokenizer(args.model, mask_token_id=model.mask_token_id, noise=model.family.noise)
     opts = {"split": args.split, "limit": args.limit, **({"data": args.data} if args.data else {}),
             **({"prompt_style": args.prompt_style} if args.prompt_style else {})}

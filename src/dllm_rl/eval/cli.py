@@ -231,7 +231,7 @@ def _decode_for_trace(args: argparse.Namespace, tok_dir: str):
         [[] for _ in args.prompt or []]
     if any(images):
         refuse_images(fam.name, "the trace's prompts carry images")
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     dtype = resolve_eval_dtype(args.dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
     use_cpu_threads(device)

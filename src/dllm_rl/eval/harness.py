@@ -239,7 +239,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         if cfg.num_samples > 1 and rs.decode.temperature == 0:
             warnings.warn(f"setting {name!r}: temperature 0 (greedy) makes all {cfg.num_samples} samples of an "
                           "item identical, so pass@k = pass@1; set temperature > 0", stacklevel=2)
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "--device")
     dtype = resolve_eval_dtype(cfg.dtype, device)
     meta = {
         "model": model_fingerprint(model_dir),

@@ -29,7 +29,7 @@ class HFGenerator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg, self.key = cfg, key
-        device = resolve_device(cfg.device)
+        device = resolve_device(cfg.device, f"{key.rsplit('.', 1)[0]}.device")
         dtype = getattr(torch, resolve_eval_dtype(cfg.dtype, device))
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)

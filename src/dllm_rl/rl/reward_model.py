@@ -105,7 +105,7 @@ def load_reward_model(cfg: RewardModelConfig, key: str = "reward.model") -> tupl
     if conf.num_labels != 1:
         raise UserError(f"{key}: {cfg.model!r} has {conf.num_labels} labels; a reward model gives one score "
                         "(num_labels=1)")
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "reward.device")
     dtype = getattr(torch, resolve_eval_dtype(cfg.dtype, device))
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(cfg.model, dtype=dtype,

@@ -57,7 +57,7 @@ from dllm_rl.training import (
     build_scheduler,
     make_accelerator,
 )
-from dllm_rl.training.accel import runs_on_cpu
+from dllm_rl.training.accel import training_device
 from dllm_rl.training.backend import refuse_unsharded_features, setup_backend, shard_reference
 from dllm_rl.training.finite import Guarded, TrainingStopped, WeightGuard
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks
@@ -100,7 +100,7 @@ class RLTrainer(RLCheckpoints):
         # DDP: no buffer broadcast before each forward (the only buffers are rotary tables, equal on every
         # rank), so ranks may run different numbers of forwards (uneven eval shards, dynamic decoding).
         self.accelerator = make_accelerator(
-            cpu=runs_on_cpu(cfg.model.device), timeout_s=cfg.run.distributed_timeout_s,
+            cpu=training_device(cfg.model.device, "model.device"), timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         setup_backend(self.accelerator, cfg.train.micro_batch_size, cfg.optim.max_grad_norm)
         if family.noise == "uniform" and self.accelerator.num_processes > 1:

@@ -103,6 +103,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from dllm_rl.sampling.decode import generate_batched
     from dllm_rl.sampling.inputs import decode_block_length
     from dllm_rl.threads import use_cpu_threads
+    from dllm_rl.training.accel import resolve_device
 
     try:  # the flags are GenerateOptions' fields: its ranges checked here, before any loading
         GenerateOptions(**given_values(args, GenerateOptions))
@@ -116,7 +117,7 @@ def generate_command(args: argparse.Namespace) -> int:
     if args.chat_template and not args.chat:
         raise UserError("--chat-template FILE is the template of --chat; add --chat")
     config = decode_config_from_args(args)
-    model = load_model(args.model_dir, dtype=args.dtype, device=args.device)
+    model = load_model(args.model_dir, dtype=args.dtype, device=resolve_device(args.device, "--device"))
     use_cpu_threads(model.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
     texts, images = _with_images(texts, args.image or [], model.family.name)

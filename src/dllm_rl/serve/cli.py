@@ -66,6 +66,7 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     from dllm_rl.models.tokenizer import use_chat_template
     from dllm_rl.serve.app import Server
     from dllm_rl.threads import use_cpu_threads
+    from dllm_rl.training.accel import resolve_device
     from dllm_rl.training.lora import load_named_adapters, mixed_batch_refusal
 
     root = Path(model_dir).name or str(model_dir)
@@ -75,7 +76,7 @@ def build_server(model_dir: str, decode, limits: ServeConfig, device: str = "cpu
     for name in names:
         if name in (loras or {}):
             raise UserError(f"--lora: {name!r} is the base model's name; give the adapter another")
-    model = load_model(model_dir, dtype=dtype, device=device)
+    model = load_model(model_dir, dtype=dtype, device=resolve_device(device, "--device"))
     use_cpu_threads(model.device)
     tokenizer = load_tokenizer(model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
     if chat_template is not None:

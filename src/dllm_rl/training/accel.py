@@ -105,26 +105,57 @@ def _has_device() -> bool:
     return False
 
 
-def runs_on_cpu(device: str) -> bool:
-    """True when a trainer's ``device`` setting (auto | cpu | cuda) means CPU mode: ``cpu``, or ``auto`` without
-    CUDA (accelerate then forms gloo ranks under ``accelerate launch --multi_gpu``)."""
-    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+def available_devices() -> list[str]:
+    """The devices this process can use, as torch names them: ``cpu``, each CUDA device, ``mps`` / each XPU."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        out += [f"xpu:{i}" for i in range(xpu.device_count())]
+    if torch.backends.mps.is_available():
+        out.append("mps")
+    return out
 
 
-def resolve_device(device: str):
-    """``auto`` -> ``cuda`` when available, else ``cpu``; a device torch does not know, or a CUDA device this
-    machine lacks, is the user's error (:class:`~dllm_rl.errors.UserError`)."""
+def resolve_device(device: str, key: str = "device"):
+    """The one resolution of a device setting (``model.device``, ``--device``, ...): ``auto`` -> ``cuda`` when
+    available, else ``cpu`` (the only fallback); any other value must name a device this machine has, else a
+    :class:`~dllm_rl.errors.UserError` naming ``key`` and the devices there are (``cuda:7`` on a machine without
+    CUDA used to run on the CPU, recorded as ``cuda:7``)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    here = available_devices()
     try:
         dev = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"device {device!r}: not a torch device; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} requested but CUDA is not available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UserError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    except (RuntimeError, TypeError):
+        raise UserError(f"{key} {device!r}: not a torch device; use auto, cpu, cuda or cuda:N (this machine has: "
+                        f"{', '.join(here)})") from None
+    if dev.type == "cpu":
+        return dev
+    same_type = [d for d in here if d.split(":")[0] == dev.type]
+    if not same_type:
+        raise UserError(f"{key} {device!r}: this machine has no {dev.type} device (it has: {', '.join(here)}); use "
+                        f"auto or {here[-1]}")
+    if dev.index is not None and f"{dev.type}:{dev.index}" not in same_type:
+        raise UserError(f"{key} {device!r}: this machine has {len(same_type)} {dev.type} device(s) "
+                        f"({', '.join(same_type)}); use one of them, or auto")
     return dev
+
+
+def training_device(device: str, key: str) -> bool:
+    """Resolve a trainer's device setting (:func:`resolve_device`) before its accelerator is made; returns whether
+    it runs on the CPU (accelerate then forms gloo ranks under ``accelerate launch --multi_gpu``). A single
+    process honours a device index (``cuda:1``: that GPU becomes the current one, which accelerate's ``cuda``
+    means); under a launch of several processes each takes its own GPU, so an index is refused."""
+    dev = resolve_device(device, key)
+    if dev.type != "cpu" and dev.index is not None:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            raise UserError(f"{key} {device!r}: each of the {world} launched processes uses its own device "
+                            f"({dev.type}:LOCAL_RANK); set {key}={dev.type} or auto")
+        torch.get_device_module(dev.type).set_device(dev.index)
+    return dev.type == "cpu"
 
 
 def resolve_eval_dtype(dtype: str, device) -> str:
