@@ -93,10 +93,6 @@ class CurriculumStage(Checked):
         if (self.after_step is None) == (self.reward_above is None):
             raise FieldError("after_step", "give exactly one of after_step, reward_above (when the stage begins)")
 
-    @property
-    def changes_data(self) -> bool:
-        return self.train_file is not None or self.filter is not None
-
 
 @dataclass
 class CurriculumConfig(Checked):
