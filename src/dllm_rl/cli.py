@@ -4,6 +4,11 @@ Each subcommand lives in the module that owns it, which exposes ``register(subpa
 parser and sets ``func`` (a plain function taking the parsed namespace). This file only lists them, so a
 subcommand is one module plus one line in ``SUBCOMMANDS``.
 
+Start-up: a run imports only the module of the subcommand it names (``dllm-rl rl`` never imports the server's
+or the evaluation's), and ``--version``, ``--help`` and an unknown command import none of them, nor torch: the
+command list they print is :data:`SUBCOMMANDS`' one-line help (``tests/core/test_lazy_imports.py`` checks it
+against what each module registers).
+
 Errors: an exception of a type in :data:`dllm_rl.errors.USER_ERRORS` (``UserError`` and its subclasses
 ``ConfigError`` / ``DataError``, or a missing file) is the user's to fix: it is printed as one line
 ``dllm-rl COMMAND: error: MESSAGE`` and the command exits with status 2. Anything else is a bug and keeps
@@ -19,17 +24,33 @@ import warnings
 
 from dllm_rl.errors import USER_ERRORS
 
-# name -> module that registers it. Only subcommands that exist are listed.
-SUBCOMMANDS: dict[str, str] = {
-    "info": "dllm_rl.models.cli",
-    "generate": "dllm_rl.sampling.cli",
-    "data": "dllm_rl.tasks.cli",
-    "sft": "dllm_rl.sft.cli",
-    "dpo / pairs": "dllm_rl.dpo.cli",
-    "rl / demo": "dllm_rl.rl.cli",
-    "eval / trace / plot": "dllm_rl.eval.cli",
-    "serve": "dllm_rl.serve.cli",
+# name -> (module that registers it, its line in the command list). Only subcommands that exist are listed.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("dllm_rl.models.cli", "print a checkpoint's family, attention rule, mask id, size and dtype"),
+    "generate": ("dllm_rl.sampling.cli", "decode completions with a diffusion LM (optionally write the trace)"),
+    "data": ("dllm_rl.tasks.cli", "make synthetic datasets, inspect tasks, check the code sandbox"),
+    "sft": ("dllm_rl.sft.cli", "supervised fine-tuning (random_mask | block | trace | ar | uniform objectives)"),
+    "dpo": ("dllm_rl.dpo.cli", "preference training (VRPO: DPO on stratified ELBOs, LLaDA 1.5)"),
+    "pairs": ("dllm_rl.dpo.cli", "preference pairs (for dllm-rl dpo) from a model's own right and wrong answers"),
+    "rl": ("dllm_rl.rl.cli", "RL post-training (presets: {presets}; --help-config prints the table)"),
+    "demo": ("dllm_rl.rl.cli", "a short RL run of the shipped tiny model on CPU (accuracy before/after)"),
+    "eval": ("dllm_rl.eval.cli", "evaluate a checkpoint on a task under one or more decoding settings (resumable)"),
+    "trace": ("dllm_rl.eval.cli", "write a self-contained HTML page replaying a decode step by step"),
+    "plot": ("dllm_rl.eval.cli", "draw one dashboard of a training run (reward, held-out accuracy, KL / clip "
+             "fraction, length / NFE, time per step); several runs overlaid"),
+    "serve": ("dllm_rl.serve.cli", "serve a model over HTTP (OpenAI-compatible, continuous batching)"),
 }
+
+
+def command_help(name: str) -> str:
+    """The line of subcommand ``name`` in the command list, without importing torch (the RL presets are the file
+    names of ``rl/methods``, read by :func:`dllm_rl.rl.cli.preset_names`, whose module imports no model code)."""
+    text = SUBCOMMANDS[name][1]
+    if "{presets}" in text:
+        from dllm_rl.rl.cli import preset_names
+
+        text = text.format(presets=preset_names())
+    return text
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -41,7 +62,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``dllm-rl`` parser. ``command=None``: every subcommand registered (each module imported); a subcommand's
+    name: only the module that owns it; ``""``: none, the command list alone (what ``--version``, ``--help`` and an
+    unknown command need, built without importing any subcommand's module)."""
     from dllm_rl import __version__
 
     parser = OneLineParser(
@@ -50,9 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dllm-rl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in SUBCOMMANDS.values():
+    if command == "":
+        for name in SUBCOMMANDS:
+            sub.add_parser(name, help=command_help(name), add_help=False)
+        return parser
+    modules = [SUBCOMMANDS[command][0]] if command is not None else list(dict.fromkeys(m for m, _ in
+                                                                                        SUBCOMMANDS.values()))
+    for module_name in modules:
         importlib.import_module(module_name).register(sub)
     return parser
+
+
+def command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is not an option: the top level takes no option with a
+    value), or ``""`` when it names none that exists."""
+    first = next((word for word in argv if not word.startswith("-")), "")
+    return first if first in SUBCOMMANDS else ""
 
 
 def _one_line_deprecations() -> None:
@@ -71,10 +108,11 @@ def _one_line_deprecations() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    asked = list(argv) if argv is not None else sys.argv[1:]  # what was asked, for reproducibility records
+    parser = build_parser(command_of(asked))  # only the named subcommand's module is imported
+    args = parser.parse_args(asked)
+    args.argv = asked
     _one_line_deprecations()
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what was asked, for reproducibility records
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

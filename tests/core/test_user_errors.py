@@ -342,8 +342,8 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 
     real_build = cli.build_parser
 
-    def build():
-        parser = real_build()
+    def build(command=None):
+        parser = real_build(command)
         parser._subparsers._group_actions[0].choices["info"].set_defaults(func=buggy)
         return parser
 
