@@ -12,7 +12,7 @@ SRC = ROOT / "src" / "dllm_rl"
 
 #: top to bottom, as the README's architecture table (a listed package that does not exist yet is allowed)
 LAYERS = [
-    ("cli", ("cli", "__main__", "serve")),
+    ("cli", ("cli", "__main__", "serve", "api", "__init__")),
     ("preference", ("dpo",)),
     ("trainers", ("rl", "sft")),
     ("eval", ("eval",)),
@@ -22,7 +22,7 @@ LAYERS = [
     ("models", ("models",)),
     ("tasks", ("tasks",)),
     ("sandbox", ("sandbox",)),
-    ("ground", ("config", "jsonl", "errors", "seeding", "hub", "registry", "threads", "__init__")),
+    ("ground", ("config", "jsonl", "errors", "seeding", "hub", "registry", "threads", "version")),
 ]
 #: rows whose packages may import one another (the two entry modules; the ground floor's utilities)
 SHARED = ("cli", "ground")
@@ -39,6 +39,10 @@ def _imports(path: Path, src: Path) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "dllm_rl":
+            # `from dllm_rl import errors` imports the module errors; `from dllm_rl import __version__`, the package
+            names = [f"dllm_rl.{a.name}" if (src / a.name).is_dir() or (src / f"{a.name}.py").is_file() else "dllm_rl"
+                     for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names = [node.module or ""]
         elif isinstance(node, ast.ImportFrom):  # relative: resolved against the file's package
@@ -90,6 +94,7 @@ def test_an_upward_import_is_caught(tmp_path):
     (fake / "models" / "rel.py").write_text("import torch\n\nfrom ..sampling import generate\nfrom . import masks\n")
     (fake / "rl" / "side.py").write_text("import dllm_rl.sft.trainer\nimport dllm_rl.eval\n")
     (fake / "jsonl.py").write_text("from dllm_rl import errors\nfrom dllm_rl.errors import UserError\n")
+    (fake / "errors.py").write_text("class UserError(Exception):\n    pass\n")
     assert upward_imports(fake) == ["dllm_rl/models/bad.py:2: models (models) imports rl (trainers)",
                                     "dllm_rl/models/rel.py:3: models (models) imports sampling (sampling)",
                                     "dllm_rl/rl/side.py:1: rl (trainers) imports sft (trainers)"]

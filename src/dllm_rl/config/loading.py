@@ -146,6 +146,8 @@ def to_dict(obj: Any) -> Any:
         return {k: to_dict(v) for k, v in obj.items()}
     if isinstance(obj, Path):
         return str(obj)
+    if callable(obj) and hasattr(obj, "__qualname__"):  # a function given in Python (a reward): its 'module:name'
+        return f"{obj.__module__}:{obj.__qualname__}"
     return obj
 
 

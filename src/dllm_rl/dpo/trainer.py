@@ -91,7 +91,12 @@ class DPOTrainer(SFTTrainer):
 
 def train(cfg: DPOConfig, verbose: bool = True) -> SFTResult:
     """Run VRPO preference training as configured (see :class:`DPOConfig`)."""
-    trainer = DPOTrainer(cfg, verbose=verbose)
+    return run(DPOTrainer(cfg, verbose=verbose))
+
+
+def run(trainer: DPOTrainer) -> SFTResult:
+    """The run of a built trainer (what :func:`train` and ``dllm_rl.DPOTrainer.train`` do); the trainer is closed after
+    it."""
     try:  # the run directory's lock is released however the run ends
         return trainer.run()
     except KeyboardInterrupt:
@@ -101,4 +106,4 @@ def train(cfg: DPOConfig, verbose: bool = True) -> SFTResult:
         trainer.close()
 
 
-__all__ = ["DPOTrainer", "train"]
+__all__ = ["DPOTrainer", "run", "train"]

@@ -362,7 +362,7 @@ class PromptInputs:
 def _decode_chunk(model, ids, resolved: ResolvedSetting, seeds, tokenizer, images, slots: int | None):
     """One batch of samples: fixed (``generate``) or, with ``slots``, through the continuous-batching engine
     (the same tokens; the uncached reference setting always decodes in a fixed batch)."""
-    from dllm_rl import sampling
+    import dllm_rl.sampling as sampling
 
     if slots is None or not resolved.block_cache:
         return sampling.generate(model, ids, resolved.decode, seeds=seeds, tokenizer=tokenizer,

@@ -49,7 +49,7 @@ def environment(device, dtype) -> dict[str, Any]:
     import torch
     import transformers
 
-    from dllm_rl import __version__
+    from dllm_rl.version import __version__
 
     env = {"dllm_rl": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
            "python": platform.python_version(), "platform": platform.platform(), "device": str(device),

@@ -38,11 +38,16 @@ def train(cfg: RLConfig, reward_fn=None) -> dict:
     ``reward_fn`` (optional) is a TRL-signature reward ``(prompts, completions, **columns) -> list[float]``
     that replaces the task's built-in reward.
     """
-    trainer = RLTrainer(cfg, reward_fn=reward_fn)
+    return run(RLTrainer(cfg, reward_fn=reward_fn))
+
+
+def run(trainer: RLTrainer) -> dict:
+    """The run of a built trainer, start to end (what :func:`train` and ``dllm_rl.RLTrainer.train`` do); the trainer
+    is closed after it."""
     try:  # the run directory's lock is released however the run ends
         return _run(trainer)
     except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)
-        raise interrupted(trainer.out, trainer.step_idx, cfg.train.max_steps, "run.resume=latest",
+        raise interrupted(trainer.out, trainer.step_idx, trainer.cfg.train.max_steps, "run.resume=latest",
                           "run.overwrite=true") from None
     finally:
         trainer.close()

@@ -74,8 +74,8 @@ class RewardTerm(Checked):
     def label(self) -> str:
         if self.name:
             return self.name
-        return {"task": str(self.task).rpartition(":")[2], "model": "reward_model", "judge": "judge",
-                "speed": f"speed_{self.speed}"}[self.kind]
+        task = getattr(self.task, "__name__", None) or str(self.task).rpartition(":")[2]  # a function or its name
+        return {"task": task, "model": "reward_model", "judge": "judge", "speed": f"speed_{self.speed}"}[self.kind]
 
 
 @dataclass
@@ -181,8 +181,8 @@ class CombinedReward:
                 t.fn.load_state_dict(state[t.name])
 
 
-def _task_reward(spec: str, key: str, task: Any) -> Callable[..., Sequence[Any]]:
-    if ":" in spec:
+def _task_reward(spec: str | Callable, key: str, task: Any) -> Callable[..., Sequence[Any]]:
+    if callable(spec) or ":" in spec:  # a function, given in Python or as package.module:function
         return load_callable(spec)
     if spec not in list_tasks():
         raise UserError(f"{key}: unknown task {spec!r}; give one of {', '.join(list_tasks())} or "

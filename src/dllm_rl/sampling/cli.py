@@ -97,6 +97,22 @@ def _uniform_record(rollout, i: int, prompt: str, config: DecodeConfig, tokenize
     }
 
 
+def require_chat_template(tokenizer, where: str) -> None:
+    """Refuse chat prompts for a tokenizer without a chat template (``where`` names the model)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"{where}: tokenizer has no chat template; give --chat-template FILE or drop --chat")
+
+
+def encode_prompts(tokenizer, texts: list[str], chat: bool, where: str) -> list[list[int]]:
+    """The token ids of prompt texts, each as one user message through the tokenizer's chat template when ``chat``
+    (``where`` names the model in the message when it has none), else encoded as they are."""
+    if not chat:
+        return [tokenizer.encode(t) for t in texts]
+    require_chat_template(tokenizer, where)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for t in texts]
+
+
 def generate_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.models import load_model, load_tokenizer
@@ -125,21 +141,18 @@ def generate_command(args: argparse.Namespace) -> int:
         from dllm_rl.models.tokenizer import use_chat_template
 
         use_chat_template(tokenizer, args.chat_template)
-    if args.chat and not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"{args.model_dir}: tokenizer has no chat template; give --chat-template FILE or drop --chat")
     pim = None
     if images is not None:  # the tasks' and the server's way from text and images to prompt ids
         from dllm_rl.hub import resolve_model_path
         from dllm_rl.models.image_inputs import PromptEncoder
 
+        if args.chat:
+            require_chat_template(tokenizer, args.model_dir)
         shown = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                tokenize=False) for t in texts] if args.chat else texts
         prompts, pim = PromptEncoder(tokenizer, resolve_model_path(args.model_dir)).encode(model, shown, images)
-    elif args.chat:
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                 tokenize=True, return_dict=False) for t in texts]
     else:
-        prompts = [tokenizer.encode(t) for t in texts]
+        prompts = encode_prompts(tokenizer, texts, args.chat, args.model_dir)
     t0 = time.perf_counter()
     engine = None
     if args.slots is not None:

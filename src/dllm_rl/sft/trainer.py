@@ -344,7 +344,12 @@ class SFTTrainer:
 
 def train(cfg: SFTConfig, verbose: bool = True) -> SFTResult:
     """Run SFT as configured (see :class:`SFTConfig`)."""
-    trainer = SFTTrainer(cfg, verbose=verbose)
+    return run(SFTTrainer(cfg, verbose=verbose))
+
+
+def run(trainer: SFTTrainer) -> SFTResult:
+    """The run of a built trainer (what :func:`train` and ``dllm_rl.SFTTrainer.train`` do); the trainer is closed after
+    it."""
     try:  # the run directory's lock is released however the run ends
         return trainer.run()
     except KeyboardInterrupt:  # Ctrl-C: one line naming the step and how to go on (dllm_rl.cli prints it)

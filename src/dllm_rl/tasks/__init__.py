@@ -37,6 +37,8 @@ __all__ = [
     "get_task",
     "list_tasks",
     "register_task",
+    "task_factory",
+    "unregister_task",
 ]
 
 _REGISTRY: dict[str, str | Callable[..., Task]] = {
@@ -58,6 +60,16 @@ _REGISTRY: dict[str, str | Callable[..., Task]] = {
 def register_task(name: str, factory: str | Callable[..., Task]) -> None:
     """Add a task to the registry: a Task subclass / factory, or ``"module:Class"``."""
     _REGISTRY[name] = factory
+
+
+def task_factory(name: str) -> Callable[..., Task] | None:
+    """What builds task ``name`` (its class or factory, imported now), or None when no task has that name."""
+    return _factory(name) if name in _REGISTRY else None
+
+
+def unregister_task(name: str) -> None:
+    """Remove ``name`` from the registry (nothing when it is not there)."""
+    _REGISTRY.pop(name, None)
 
 
 def list_tasks() -> list[str]:
