@@ -166,7 +166,8 @@ def load_model(path: str | Path, *, device: str = "auto", dtype: str = "auto", t
     dev = resolve_device(device)
     model = load(path, dtype=resolve_eval_dtype(dtype, dev), device=dev, tokenizer_dir=tokenizer)
     use_cpu_threads(dev)
-    model.tokenizer = load_tokenizer(tokenizer or path, mask_token_id=model.mask_token_id)
+    model.tokenizer = load_tokenizer(tokenizer or path, mask_token_id=model.mask_token_id,
+                                     noise=model.family.noise)
     model.source = str(path)
     return model.eval()
 
