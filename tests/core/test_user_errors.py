@@ -379,7 +379,8 @@ SAYS = {
     "gen_length": "setting 'default': gen_length: must be >= 1, got 0",
     "setting_pair": "--setting 'dyn:threshold': 'threshold' must look like key=value",
     "setting_name": "setting name 'my setting': use letters, digits and _ . + - only",
-    "setting_key": "setting 'dyn': unknown key 'treshold'; did you mean 'threshold'?",
+    "setting_key": "setting 'dyn': unknown key 'treshold'; did you mean 'threshold', 'stability_threshold', "
+                   "'confidence_threshold'?",
     "setting_range": "setting 'dyn': threshold: must be in (0, 1], got 2.0",
     "setting_tps": "setting 's': tokens_per_step must be >= 1",
     "setting_twice": "setting name 'a' is used twice",

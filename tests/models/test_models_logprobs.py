@@ -169,8 +169,8 @@ def test_a_selected_forward_equals_the_log_softmax_of_the_logits(family):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     torch.testing.assert_close(got, full[rows, cols, targets].detach(), atol=1e-6, rtol=0)
     assert g_got.keys() == g_want.keys() and "model.lm_head.weight" in g_got
-    for k in g_want:
-        torch.testing.assert_close(g_got[k], g_want[k], atol=1e-6, rtol=0)
+    for k in g_want:  # chunked sums add in another order: float32 rounding (1.01e-6 seen on one CPU's kernels)
+        torch.testing.assert_close(g_got[k], g_want[k], atol=1e-6, rtol=1e-5)
     raw = model.raw_columns(rows.view(3, 9), cols.view(3, 9), valid)
     if family == "dream":
         assert raw[1].tolist() == [0, 1, 2, 3, 3, 4, 5, 6, 7]  # padding and the first real token (3) read their own
