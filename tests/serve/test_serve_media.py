@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from big_images import zero_png
 from serve_helpers import DEMO, running
 
 from dllm_rl.cli import main
@@ -201,6 +202,12 @@ def test_every_image_refusal_is_a_400_naming_the_part(demos, tmp_path):
         assert _refused(client, [{"type": "text"}]).startswith(
             "messages[0].content[0].text: a text part needs a string 'text'")
     with running(_server(demos, "llada_v-shapes")) as base, httpx.Client(base_url=base, timeout=60) as client:
+        for (w, h), why in {(20000, 1): "its 20000 px side is over the limit of 16384 px",
+                            (1, 40000): "its 40000 px side is over the limit of 16384 px",
+                            (13000, 13000): "its 169,000,000 pixels are over the limit of 40,000,000"}.items():
+            uri = "data:image/png;base64," + base64.b64encode(zero_png(w, h)).decode()  # 138 bytes to 20 KB
+            said = _refused(client, [image(uri), {"type": "text", "text": "colour circle"}])
+            assert said.startswith("messages[0].content[0]: ") and f"({w}x{h} px): {why}" in said, said
         assert _refused(client, [image(str(png))]).startswith(
             "messages[0].content[0]: local files are not read unless the server is started with "
             "--allowed-local-media-path DIR")
