@@ -30,6 +30,10 @@ class Family:
     block_size_key: str | None = "block_size"
     mask_token: str | None = None  # the mask token's text in the published tokenizer
     moe: bool = False  # mixture of experts: routers, router statistics, freeze_router
+    # The HF module name of the stack whose forward over a clean sequence the router statistics read, when the
+    # model's own forward does not take one ("" = the model's forward): DiffusionGemma's causal text encoder, whose
+    # routers share their weights with the canvas decoder's.
+    router_stack: str = ""
     # LoRA targets, in HF module names (what peft sees).
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     # The HF module name of the language model when the model holds more (a vision tower, a projector): LoRA

@@ -131,7 +131,8 @@ class DiffusionGemma(Family):
 DIFFUSION_GEMMA = DiffusionGemma(
     name="diffusion_gemma", attention="block", shift=False, mask_token_id=None, noise="uniform", eos_token_id=1,
     pad_token_id=0, model_type="diffusion_gemma", architectures=("DiffusionGemmaForBlockDiffusion",), block_size=256,
-    block_size_key="canvas_length", moe=True, hf_auto_class=AutoModelForImageTextToText,
+    block_size_key="canvas_length", moe=True, router_stack="model.encoder.language_model",
+    hf_auto_class=AutoModelForImageTextToText,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     lora_scope="model.decoder", fsdp_units=("DiffusionGemmaEncoderTextLayer", "DiffusionGemmaDecoderTextLayer",
                                     "Gemma4VisionEncoderLayer"),

@@ -1,0 +1,49 @@
+"""A DiffusionGemma RL step with frozen routers: the gates of both stacks (tied twins) keep their weights, the
+experts train, and the router statistics of the rollouts are in the metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from rl_helpers import countdown_root, digit_reward, rl_overrides
+
+from dllm_rl.config import load_config
+from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
+from dllm_rl.rl.config import RLConfig
+from dllm_rl.rl.loop import train
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = countdown_root(tmp_path_factory.mktemp("gemma_moe"), (), 16, 2)
+    tok = char_tokenizer()
+    cfg = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
+                      num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    save_model(build_model("diffusion_gemma", cfg, seed=0), root / "diffusion_gemma", tokenizer=tok)
+    return root
+
+
+def _weights(path):
+    return {k: v.clone() for k, v in load_model(path).hf_model.state_dict().items()}
+
+
+def test_freeze_router_keeps_both_stacks_gates_and_trains_the_experts(root, tmp_path):
+    over = [o for o in rl_overrides(root, "diffusion_gemma", tmp_path) if not o.startswith("rollout.")]
+    cfg = load_config(RLConfig, None, [*over, "algorithm=espo", "train.max_steps=1", "drop_zero_variance=false",
+                                       "rollout.num_generations=4", "rollout.gen_length=4",
+                                       "rollout.max_denoising_steps=3", "train.prompts_per_step=1",
+                                       "train.micro_batch_size=8", "model.freeze_router=true"])
+    summary = train(cfg, reward_fn=digit_reward)
+    before, after = _weights(root / "diffusion_gemma"), _weights(summary["final_model"])
+    gates = [k for k in before if ".router." in k]
+    assert {k.split(".layers.")[0] for k in gates} == {"model.encoder.language_model", "model.decoder"}
+    assert all(torch.equal(before[k], after[k]) for k in gates)
+    assert any(not torch.equal(before[k], after[k]) for k in before if ".experts." in k)
+    rows = [m for m in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
+    assert len(rows) == 1 and math.isfinite(rows[0]["loss"])
+    assert 0 <= rows[0]["moe_load_min"] <= 1 <= rows[0]["moe_load_max"] <= 4
+    assert 0 < rows[0]["moe_router_entropy"] <= rows[0]["moe_router_entropy_max"] == pytest.approx(math.log(4))
