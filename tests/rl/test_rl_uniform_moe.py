@@ -47,3 +47,18 @@ def test_freeze_router_keeps_both_stacks_gates_and_trains_the_experts(root, tmp_
     assert len(rows) == 1 and math.isfinite(rows[0]["loss"])
     assert 0 <= rows[0]["moe_load_min"] <= 1 <= rows[0]["moe_load_max"] <= 4
     assert 0 < rows[0]["moe_router_entropy"] <= rows[0]["moe_router_entropy_max"] == pytest.approx(math.log(4))
+
+
+def test_lora_run_trains_one_adapter_for_both_stacks(root, tmp_path):
+    """TraceRL with LoRA: the final (merged) model's encoder weights equal its decoder's, and they moved."""
+    over = [o for o in rl_overrides(root, "diffusion_gemma", tmp_path) if not o.startswith("rollout.")]
+    cfg = load_config(RLConfig, None, [*over, "algorithm=tracerl", "train.max_steps=1", "drop_zero_variance=false",
+                                       "rollout.num_generations=4", "rollout.gen_length=4",
+                                       "rollout.max_denoising_steps=3", "train.prompts_per_step=1",
+                                       "train.micro_batch_size=8", "lora.enabled=true", "lora.r=2", "optim.lr=1e-2"])
+    summary = train(cfg, reward_fn=digit_reward)
+    before, after = _weights(root / "diffusion_gemma"), _weights(summary["final_model"])
+    enc, dec = "model.encoder.language_model.", "model.decoder."
+    moved = [k for k in after if k.startswith(dec + "layers.") and not torch.equal(before[k], after[k])]
+    assert moved and all(k.endswith("_proj.weight") for k in moved)
+    assert all(torch.equal(after[enc + k.removeprefix(dec)], after[k]) for k in moved)

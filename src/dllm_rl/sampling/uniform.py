@@ -110,6 +110,8 @@ class CanvasContext:
 
     def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, attention_mask: torch.Tensor):
         self.model = model
+        # the two stacks (``DiffusionGemmaModel``), under a peft wrapper too, whose adapters sit inside them
+        self.stacks = (model.get_base_model() if hasattr(model, "get_base_model") else model).model
         self.cache = DynamicCache(config=model.config.get_text_config(decoder=True))
         self.mask = attention_mask.bool()
         self.length = 0
@@ -117,7 +119,7 @@ class CanvasContext:
 
     def _encode(self, ids: torch.Tensor) -> None:
         positions = torch.arange(self.length, self.length + ids.shape[1], device=ids.device)[None]
-        self.model.model.encoder(input_ids=ids, attention_mask=self.mask, cache=self.cache, position_ids=positions)
+        self.stacks.encoder(input_ids=ids, attention_mask=self.mask, cache=self.cache, position_ids=positions)
         self.length += ids.shape[1]
 
     def append(self, canvas: torch.Tensor) -> None:
@@ -132,7 +134,7 @@ class CanvasContext:
         width = canvas.shape[1]
         mask = torch.nn.functional.pad(self.mask, (0, width), value=True)
         positions = torch.arange(self.length, self.length + width, device=canvas.device)[None]
-        return self.model.model.decoder(
+        return self.stacks.decoder(
             decoder_input_ids=canvas, cache=self.cache, self_conditioning_logits=self_conditioning,
             self_conditioning_mask=self_conditioning_mask, decoder_attention_mask=mask,
             decoder_position_ids=positions).last_hidden_state
@@ -147,7 +149,7 @@ class CanvasContext:
 
     @property
     def embedding_dtype(self) -> torch.dtype:
-        return self.model.model.decoder.embed_tokens.weight.dtype
+        return self.stacks.decoder.embed_tokens.weight.dtype
 
 
 def temperature(cfg: UniformDecodeConfig, step: int) -> torch.Tensor:

@@ -61,7 +61,35 @@ def apply_lora(dlm: DiffusionLM, opts: LoraOptions, seed: int = 0) -> DiffusionL
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         dlm.model = get_peft_model(dlm.model, cfg, adapter_name=ADAPTER_NAME)
+    tie_lora_twins(dlm.model)
     return dlm
+
+
+def tie_lora_twins(model: torch.nn.Module) -> int:
+    """Make LoRA layers whose base weights are one tied tensor share their adapters too; returns how many were tied.
+
+    DiffusionGemma's encoder and decoder layers are distinct modules over the same (tied) parameters, so peft wraps
+    each twin with adapters of its own. Here every adapter tensor (``lora_A`` / ``lora_B``, DoRA's magnitude) of a
+    later twin becomes the first twin's Parameter, as transformers ties the base weights: one ``W + (alpha/r) B A``
+    for both stacks, one gradient summing both stacks' uses, one optimizer state. Hand-written because peft has no
+    notion of tied target modules. Call it after every adapter is added (it is idempotent).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    first: dict[int, torch.nn.Module] = {}
+    tied = 0
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        owner = first.setdefault(id(module.get_base_layer().weight), module)
+        if owner is module:
+            continue
+        for name, param in owner.named_parameters():
+            if "lora_" in name and not name.startswith("base_layer."):
+                parent, _, leaf = name.rpartition(".")
+                setattr(module.get_submodule(parent), leaf, param)
+        tied += 1
+    return tied
 
 
 def lora_targets(dlm: DiffusionLM, targets: list[str]) -> list[str] | str:
@@ -76,12 +104,13 @@ def lora_targets(dlm: DiffusionLM, targets: list[str]) -> list[str] | str:
     """
     names = [name for name, _ in dlm.model.named_modules()]
     scope = dlm.family.lora_scope
+    scopes = [scope] if isinstance(scope, str) else list(scope)
     inside, anywhere, missing = [], [], []
     for target in targets:
         hits = [n for n in names if n == target or n.endswith(f".{target}")]
         if not hits:
             missing.append(target)
-        elif scope and any(n.startswith(f"{scope}.") for n in hits):
+        elif any(s and n.startswith(f"{s}.") for n in hits for s in scopes):
             inside.append(target)
         else:
             anywhere.append(target)
@@ -89,7 +118,8 @@ def lora_targets(dlm: DiffusionLM, targets: list[str]) -> list[str] | str:
         raise UserError(f"lora.target_modules {missing} are not modules of this {dlm.family.name} model")
     if not inside:
         return targets
-    alternatives = [rf"{re.escape(scope)}\.(?:.*\.)?(?:{'|'.join(map(re.escape, inside))})"]
+    where = "|".join(map(re.escape, scopes))
+    alternatives = [rf"(?:{where})\.(?:.*\.)?(?:{'|'.join(map(re.escape, inside))})"]
     if anywhere:
         alternatives.append(rf"(?:.*\.)?(?:{'|'.join(map(re.escape, anywhere))})")
     return "|".join(f"(?:{a})" for a in alternatives)
@@ -191,6 +221,7 @@ def load_named_adapters(dlm: DiffusionLM, adapters: Mapping[str, str | Path]) ->
                 dlm.model.load_adapter(str(folder), adapter_name=name, is_trainable=False)
         except (ValueError, RuntimeError, KeyError) as err:
             raise UserError(f"LoRA adapter {name!r} ({folder}) does not fit this model: {err}") from None
+    tie_lora_twins(dlm.model)
     dlm.model.eval()
     return dlm
 

@@ -36,9 +36,11 @@ class Family:
     router_stack: str = ""
     # LoRA targets, in HF module names (what peft sees).
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    # The HF module name of the language model when the model holds more (a vision tower, a projector): LoRA
-    # targets are adapted inside it only, so SigLIP's own q/k/v_proj stay frozen; "" = the whole model.
-    lora_scope: str = ""
+    # The HF module name(s) of the language model when the model holds more (a vision tower, a projector): LoRA
+    # targets are adapted inside them only, so SigLIP's own q/k/v_proj stay frozen; "" = the whole model. Several
+    # when the text runs through several stacks (DiffusionGemma's encoder and decoder, whose tied twins then share
+    # one adapter: dllm_rl.training.lora.tie_lora_twins).
+    lora_scope: str | tuple[str, ...] = ""
     # Module classes (HF class names) that are FSDP units of their own besides the decoder layers the launch
     # config names: a vision tower's encoder layers, a projector (see dllm_rl.training.sharding).
     fsdp_units: tuple[str, ...] = ()

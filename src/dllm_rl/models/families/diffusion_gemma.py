@@ -20,9 +20,12 @@ Facts read from the stock transformers code (``models/diffusion_gemma``, 5.2x) a
   A checkpoint that also stores the tied copies loads too; we save them once, as ``save_pretrained`` does.
 - Gemma's ids: pad 0, eos 1, bos 2 (in ``text_config``).
 
-LoRA targets the decoder stack (``lora_scope``; the Gemma-4 vision tower also has ``q/k/v_proj``). The encoder's layers
-are other modules over the same tied weights, so an adapter on the decoder does not reach the encoder; training with
-LoRA (a later step) has to adapt both stacks with one shared adapter.
+LoRA targets both text stacks (``lora_scope``: the decoder, self-conditioning included, and the encoder's language
+model; the Gemma-4 vision tower also has ``q/k/v_proj`` and stays frozen). The encoder's layers are other modules over
+the same tied weights, so peft wraps each twin apart; :func:`dllm_rl.training.lora.tie_lora_twins` then ties the
+encoder twin's LoRA A/B to the decoder's, as the base weights are tied: one adapter, seen by both stacks, saved under
+both names (peft's ``save_pretrained`` stores the aliases as copies) and tied again on load. Untied checkpoints
+(``tie_word_embeddings: false``) get an adapter per stack.
 """
 
 from __future__ import annotations
@@ -134,6 +137,6 @@ DIFFUSION_GEMMA = DiffusionGemma(
     block_size_key="canvas_length", moe=True, router_stack="model.encoder.language_model",
     hf_auto_class=AutoModelForImageTextToText,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    lora_scope="model.decoder", fsdp_units=("DiffusionGemmaEncoderTextLayer", "DiffusionGemmaDecoderTextLayer",
-                                    "Gemma4VisionEncoderLayer"),
+    lora_scope=("model.decoder", "model.encoder.language_model"),
+    fsdp_units=("DiffusionGemmaEncoderTextLayer", "DiffusionGemmaDecoderTextLayer", "Gemma4VisionEncoderLayer"),
 )
