@@ -23,7 +23,13 @@ from accelerate import Accelerator, init_empty_weights
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
 from dllm_rl.training.lora import ADAPTER_NAME, has_lora
-from dllm_rl.training.sharding import add_family_units, adopt_launch_backend, backend_name, full_state_dict
+from dllm_rl.training.sharding import (
+    add_family_units,
+    adopt_launch_backend,
+    backend_name,
+    full_state_dict,
+    group_tied_units,
+)
 
 SHARDED = ("fsdp2", "zero2", "zero3")  # training state (parameters or optimizer states) split over ranks
 
@@ -55,6 +61,7 @@ def setup_backend(accelerator: Accelerator, micro_batch_size: int, max_grad_norm
                         "(configs/accelerate/fsdp2.yaml)")
     if backend == "fsdp2":
         add_family_units(accelerator.state.fsdp_plugin)
+        group_tied_units(accelerator)
     if backend == "zero3":
         # Models are built whole and partitioned by DeepSpeed at ``prepare``. A ZeRO-3 plugin sets
         # transformers' global DeepSpeed config, under which every model construction runs in

@@ -116,6 +116,88 @@ def add_family_units(plugin) -> None:
     plugin._dllm_family_units = True
 
 
+def _tied_groups(model: torch.nn.Module, is_unit) -> dict[int, list[torch.nn.Module]]:
+    """The would-be units of ``model`` that share a parameter, grouped (by ``id`` of each member): DiffusionGemma's
+    encoder layer i and decoder layer i, twins over tied weights."""
+    owner: dict[int, torch.nn.Module] = {}
+    groups: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        if not is_unit(module):
+            continue
+        for param in module.parameters():
+            first = owner.setdefault(id(param), module)
+            group = groups.setdefault(id(first), [first])
+            if first is not module and module not in group:
+                group.append(module)
+                groups[id(module)] = group
+    return {key: group for key, group in groups.items() if len(group) > 1}
+
+
+def _with_tied_owners(model: torch.nn.Module, members: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """``members`` plus every other module of ``model`` that holds one of their parameters itself (DiffusionGemma's
+    decoder embedding and final norm, tied to the encoder's, when accelerate shards the embedding and the final
+    norm as its tail unit)."""
+    inside = {id(m) for member in members for m in member.modules()}
+    params = {id(p) for member in members for p in member.parameters()}
+    extra = [m for m in model.modules() if id(m) not in inside
+             and any(id(p) in params for p in m.parameters(recurse=False))]
+    return [*members, *extra]
+
+
+@contextlib.contextmanager
+def _grouping_tied_units(plugin, model: torch.nn.Module) -> Iterator[None]:
+    """Inside, FSDP2's ``fully_shard`` shards modules that share parameters as one unit: a unit with tied twins
+    together with them (``fully_shard([encoder_layer, decoder_layer])``, the form FSDP2 asks for: a parameter may
+    belong to one group only, and each twin alone fails its lazy init with "shared with a parameter already managed
+    by another FSDP group"), and any other unit with the modules that hold its parameters elsewhere. Hand-written
+    because accelerate's FSDP2 preparation shards one module per policy match and has no hook for groups; the patch
+    lives only while accelerate prepares ``model``, and changes nothing for a model without tied twins."""
+    import torch.distributed.fsdp as fsdp
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    plugin.set_auto_wrap_policy(model)
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    groups = {} if policy is None else _tied_groups(model, policy)
+    if not groups:
+        yield
+        return
+    original = fsdp.fully_shard
+
+    def fully_shard(module, **kwargs):
+        if module is model:
+            return original(module, **kwargs)
+        members = list(module) if isinstance(module, (list, tuple)) else groups.get(id(module), [module])
+        if isinstance(module, fsdp.FSDPModule):  # a twin its group's first member has sharded
+            return module
+        original(_with_tied_owners(model, members), **kwargs)
+        return module
+
+    fsdp.fully_shard = fully_shard
+    try:
+        yield
+    finally:
+        fsdp.fully_shard = original
+
+
+def group_tied_units(accelerator: Accelerator) -> None:
+    """Make ``accelerator``'s FSDP2 preparation shard units that share parameters as one unit each
+    (:func:`_grouping_tied_units`; DiffusionGemma's encoder/decoder twins), for every model it prepares (the
+    policy, the reference, the value model). Once per accelerator."""
+    if getattr(accelerator, "_dllm_tied_units", False):
+        return
+    original = accelerator._prepare_fsdp2
+
+    def prepare(*args):
+        with contextlib.ExitStack() as stack:
+            for obj in args:
+                if isinstance(obj, torch.nn.Module):
+                    stack.enter_context(_grouping_tied_units(accelerator.state.fsdp_plugin, obj))
+            return original(*args)
+
+    accelerator._prepare_fsdp2 = prepare
+    accelerator._dllm_tied_units = True
+
+
 def fsdp2_plan(plugin, model: torch.nn.Module) -> list[str]:
     """The names of the modules that accelerate's FSDP2 preparation makes units of their own (the root aside),
     computed with accelerate's own policy and without sharding anything."""
