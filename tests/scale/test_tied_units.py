@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-import tied_units_driver as driver  # tests/scale is on sys.path
 import pytest
+import tied_units_driver as driver  # tests/scale is on sys.path
 import torch
 from accelerate.utils import FullyShardedDataParallelPlugin
 from two_ranks import free_port, run_ranks
