@@ -18,7 +18,7 @@ from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
 FILES = ["cpu-2proc.yaml", "ddp.yaml", "fsdp2.yaml", "multi-node-fsdp2.yaml", "zero2.yaml", "zero3.yaml",
-         "zero3-offload.yaml"]
+         "zero3-offload.yaml", "diffusiongemma-64-fsdp2.yaml"]
 
 
 def _launch_args(name: str | Path):
@@ -66,6 +66,7 @@ def test_a_misspelt_key_is_caught(tmp_path):
     ("name", "kind", "processes", "machines"),
     [("cpu-2proc.yaml", DistributedType.MULTI_GPU, 2, 1), ("ddp.yaml", DistributedType.MULTI_GPU, 8, 1),
      ("fsdp2.yaml", DistributedType.FSDP, 8, 1), ("multi-node-fsdp2.yaml", DistributedType.FSDP, 16, 2),
+     ("diffusiongemma-64-fsdp2.yaml", DistributedType.FSDP, 64, 8),
      ("zero2.yaml", DistributedType.DEEPSPEED, 8, 1), ("zero3.yaml", DistributedType.DEEPSPEED, 8, 1),
      ("zero3-offload.yaml", DistributedType.DEEPSPEED, 8, 1)],
 )
@@ -75,7 +76,7 @@ def test_loader_reads_backend_and_world(name, kind, processes, machines):
     assert cfg.mixed_precision == ("no" if name == "cpu-2proc.yaml" else "bf16")
 
 
-@pytest.mark.parametrize("name", ["fsdp2.yaml", "multi-node-fsdp2.yaml"])
+@pytest.mark.parametrize("name", ["fsdp2.yaml", "multi-node-fsdp2.yaml", "diffusiongemma-64-fsdp2.yaml"])
 def test_fsdp2_files_build_accelerates_fsdp2_plugin(name, monkeypatch):
     env = _rank_env(name)
     assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
@@ -84,7 +85,8 @@ def test_fsdp2_files_build_accelerates_fsdp2_plugin(name, monkeypatch):
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2
     assert plugin.reshard_after_forward is True
-    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+    layer = "DiffusionGemmaDecoderTextLayer" if name.startswith("diffusiongemma") else "LlamaDecoderLayer"
+    assert plugin.transformer_cls_names_to_wrap == [layer]
     assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
     assert plugin.cpu_ram_efficient_loading is True and plugin.activation_checkpointing is False
 
