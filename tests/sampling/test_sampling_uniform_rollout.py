@@ -76,6 +76,21 @@ def test_generate_routes_a_uniform_family_and_each_row_is_the_stock_sampler_alon
     assert roll.completion_ids[0, 2] == EOS and (roll.completion_ids[0, 3:] == PAD).all()
 
 
+def test_a_row_that_stops_early_draws_in_a_batch_what_it_draws_alone(sharp):
+    """A row stopped (adaptive stopping) while others still denoise its canvas draws no more numbers, as alone, where
+    its canvas ends there: so its next canvas starts from the same random ids, and every row equals itself alone."""
+    cfg = DecodeConfig(gen_length=3 * CANVAS, max_denoising_steps=6, confidence_threshold=0.5, stability_threshold=0,
+                       seed=1)
+    prompts = [*PROMPTS, [6, 7], [12, 4, 4, 4]]
+    roll = generate(sharp, prompts, cfg)
+    for i, p in enumerate(prompts):
+        alone = generate(sharp, [p], cfg, seeds=[1 + i])
+        assert roll.completion_ids[i].tolist() == alone.completion_ids[0].tolist()
+        assert int(roll.nfe[i]) == int(alone.nfe[0])
+    # (before, row 1 went on drawing while the batch denoised its first canvas: 12 passes in the batch, 7 alone)
+    assert roll.nfe.tolist() == [5, 7, 3, 1, 4]
+
+
 def test_the_rollout_carries_the_samplers_record(sharp):
     """Step s of the trajectory is the sampler's step s, in its canvas's columns; the step map is the counted step
     that last accepted the kept token; stopped rows are not counted."""
@@ -98,7 +113,7 @@ def test_the_rollout_carries_the_samplers_record(sharp):
         assert bool(tr.self_conditioned[0, s]) == st.self_conditioned and int(tr.step[1, s]) == st.step
     assert tr.counted.sum(1).tolist() == roll.nfe.tolist() == record.forward_passes.tolist()
     # rows stop at different steps (fewer passes than 6 a canvas); row 2 ends in its first canvas (EOS)
-    assert roll.nfe.tolist() == [5, 9, 3] and roll.finish_reason == ["eos", "length", "eos"]
+    assert roll.nfe.tolist() == [5, 7, 3] and roll.finish_reason == ["eos", "eos", "eos"]
     assert bool(tr.stopped[1].any()) and tr.done[2, 4:].all() and not tr.done[:2].any()
     # step_map by hand: the last counted step accepting a draw equal to the kept token
     index = tr.counted.long().cumsum(1) - 1

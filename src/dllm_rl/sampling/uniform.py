@@ -172,28 +172,62 @@ class _Stopping:
         self.threshold = cfg.confidence_threshold
         self.history = torch.full((cfg.stability_threshold, *shape), -1, dtype=torch.long, device=device)
 
-    def __call__(self, argmax: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
         stable = (self.history == argmax[None]).all(dim=-1).all(dim=0)
         if len(self.history):
             self.history = torch.cat([self.history[1:], argmax[None]])
-        confident = Categorical(logits=logits).entropy().mean(dim=-1) < self.threshold
-        return stable & confident
+        return stable & (entropy.mean(dim=-1) < self.threshold)
 
 
 Generators = torch.Generator | list[torch.Generator] | None
 
 
-def _randint(vocab: int, shape: tuple[int, int], generator: Generators, device: torch.device) -> torch.Tensor:
+def _randint(vocab: int, shape: tuple[int, int], generator: Generators, device: torch.device,
+             active: list[bool] | None = None) -> torch.Tensor:
+    """Uniform ids ``[B, C]``. With one generator per row, only the ``active`` rows draw (the others get zeros, which
+    nothing reads): a row then draws what it draws alone, where it stops as soon as it is stopped or finished."""
     if not isinstance(generator, list):
         return torch.randint(0, vocab, shape, generator=generator, device=device)
-    return torch.cat([torch.randint(0, vocab, (1, shape[1]), generator=g, device=device) for g in generator])
+    return torch.cat([torch.randint(0, vocab, (1, shape[1]), generator=g, device=device) if a
+                      else torch.zeros((1, shape[1]), dtype=torch.long, device=device)
+                      for g, a in zip(generator, active or [True] * len(generator), strict=True)])
 
 
-def _multinomial(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
-    """One draw per position of ``probs`` ``[B, C, V]``: ``[B, C]``."""
+def _multinomial(probs: torch.Tensor, generator: Generators, active: list[bool] | None = None) -> torch.Tensor:
+    """One draw per position of ``probs`` ``[B, C, V]``: ``[B, C]`` (``active``: as :func:`_randint`)."""
     if not isinstance(generator, list):
         return torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(probs.shape[:2])
-    return torch.stack([torch.multinomial(p, 1, generator=g)[:, 0] for p, g in zip(probs, generator, strict=True)])
+    return torch.stack([torch.multinomial(p, 1, generator=g)[:, 0] if a
+                        else torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+                        for p, g, a in zip(probs, generator, active or [True] * len(generator), strict=True)])
+
+
+@dataclass
+class StepDraw:
+    """What one denoising step drew from its tempered logits ``[B, C, V]``: the ids ``sampled``, the ``accepted``
+    positions, the re-noising ids ``noise`` and the per-position ``entropy`` (all ``[B, C]``)."""
+
+    logits: torch.Tensor
+    sampled: torch.Tensor
+    accepted: torch.Tensor
+    noise: torch.Tensor
+    entropy: torch.Tensor
+
+
+def denoise_step(raw: torch.Tensor, cfg: UniformDecodeConfig, step: int, generator: Generators,
+                 active: list[bool] | None = None) -> StepDraw:
+    """One step of the stock rule on a canvas's raw logits ``[B, C, V]``: temper by the schedule at ``step``, draw one
+    id per position from the softmax, accept by the entropy bound, draw the re-noising ids (the stock order of
+    random numbers). The fixed batches' loop and the engine's slots (:mod:`~dllm_rl.sampling.uniform_engine`) both
+    take their steps here."""
+    logits = raw / temperature(cfg, step)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    sampled = _multinomial(probs, generator, active)
+    del probs
+    entropy = Categorical(logits=logits).entropy()
+    accepted = entropy_bound_accept(entropy, cfg.entropy_bound)
+    noise = _randint(logits.shape[-1], tuple(logits.shape[:2]), generator, logits.device, active)
+    return StepDraw(logits, sampled, accepted, noise, entropy)
 
 
 def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Tensor, index: int,
@@ -201,26 +235,25 @@ def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Te
     """One canvas: the argmax canvas kept and the steps each row was counted for."""
     batch, width = done.shape[0], ctx.model.config.canvas_length
     vocab, device = ctx.model.config.get_text_config().vocab_size, done.device
-    canvas = _randint(vocab, (batch, width), generator, device)
+    per_row = isinstance(generator, list)  # then a row draws only while it counts (batch invariance)
+    canvas = _randint(vocab, (batch, width), generator, device, (~done).tolist() if per_row else None)
     argmax, self_cond = canvas, None
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     passes = torch.zeros(batch, dtype=torch.long, device=device)
     stopping = _Stopping(cfg, (batch, width), device)
     for step in range(cfg.max_denoising_steps, 0, -1):
         passes += ~(stopped | done)
-        logits = ctx.decode(canvas, self_cond) / temperature(cfg, step)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        sampled = _multinomial(probs, generator)
-        accepted = entropy_bound_accept(Categorical(logits=logits).entropy(), cfg.entropy_bound)
-        noise = _randint(vocab, (batch, width), generator, device)
-        record.append(UniformStep(index, step, canvas, self_cond is not None, sampled, accepted, stopped.clone(),
-                                  done.clone(), logits if cfg.keep_logits else None))
-        new_argmax, canvas_next = logits.argmax(dim=-1), torch.where(accepted, sampled, noise)
+        draw = denoise_step(ctx.decode(canvas, self_cond), cfg, step, generator,
+                            (~(stopped | done)).tolist() if per_row else None)
+        logits = draw.logits
+        record.append(UniformStep(index, step, canvas, self_cond is not None, draw.sampled, draw.accepted,
+                                  stopped.clone(), done.clone(), logits if cfg.keep_logits else None))
+        new_argmax, canvas_next = logits.argmax(dim=-1), torch.where(draw.accepted, draw.sampled, draw.noise)
         if stopped.any():  # stopped rows carry their canvas, argmax and logits unchanged
             new_argmax = torch.where(stopped[:, None], argmax, new_argmax)
             canvas_next = torch.where(stopped[:, None], canvas, canvas_next)
             logits = torch.where(stopped[:, None, None], self_cond, logits)
-        stopped = stopped | stopping(new_argmax, logits)
+        stopped = stopped | stopping(new_argmax, draw.entropy)  # (a stopped row's own entropy no longer matters)
         self_cond, canvas, argmax = logits.to(ctx.embedding_dtype), canvas_next, new_argmax
         if bool(stopped.all()):
             break
