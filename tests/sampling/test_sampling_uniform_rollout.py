@@ -181,13 +181,13 @@ def test_a_uniform_family_refuses_mask_options_naming_the_key(dlm, kw, fragment)
         generate(dlm, PROMPTS, DecodeConfig(**{"gen_length": CANVAS, **kw}))
 
 
-def test_a_canvas_beyond_the_models_positions_and_the_engine_are_refused(dlm):
+def test_a_canvas_beyond_the_models_positions_is_refused_and_the_engine_decodes_as_generate(dlm):
     cfg = tiny_config("diffusion_gemma", vocab_size=16, hidden_size=32, num_heads=2, num_kv_heads=1,
                       intermediate_size=64, block_size=64, max_position_embeddings=32)
     with pytest.raises(UserError, match=r"canvas_length \(64, the model's config.json\) exceeds .* 32 positions"):
         generate(build_model("diffusion_gemma", cfg, seed=0), [[4]], DecodeConfig(gen_length=64))
-    with pytest.raises(UserError, match="engine .* masked diffusion only; decode diffusion_gemma"):
-        generate_batched(dlm, PROMPTS, DECODE, engine=EngineConfig(slots=2))
+    by_engine = generate_batched(dlm, PROMPTS, DECODE, engine=EngineConfig(slots=2))
+    assert torch.equal(by_engine.completion_ids, generate(dlm, PROMPTS, DECODE).completion_ids)
     with pytest.raises(UserError, match="prefill is not supported for diffusion_gemma"):
         generate(dlm, PROMPTS[:1], DECODE, prefill=[{0: 4}])
 
@@ -271,7 +271,6 @@ def test_eval_cli_reports_accuracy_and_nfe(ckpt, tmp_path):
 @pytest.mark.parametrize(("argv", "fragment"), [
     (["--steps", "4"], "steps=4 is a masked-diffusion option; diffusion_gemma is uniform-state diffusion"),
     (["--gen-length", "12"], "gen_length (12) must be a multiple of the model's canvas_length (8)"),
-    (["--slots", "2"], "the continuous-batching engine (slots) decodes masked diffusion only"),
 ])
 def test_generate_cli_refusals_are_one_line_with_status_2(ckpt, capsys, argv, fragment):
     assert main(["generate", str(ckpt), "--prompt", "ab", "--gen-length", "8", *argv]) == 2

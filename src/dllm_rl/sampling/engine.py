@@ -177,12 +177,19 @@ class Completion:
 class Engine:
     """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
 
+    def __new__(cls, model: DiffusionLM, *args, **kwargs):
+        """A uniform-state family (DiffusionGemma) gets its own slots' step, canvas by canvas
+        (:class:`~dllm_rl.sampling.uniform_engine.UniformEngine`, the same API): the one place the engine reads the
+        family's noise."""
+        if cls is Engine and uniform_noise(model):
+            from dllm_rl.sampling.uniform_engine import UniformEngine
+
+            return UniformEngine(model, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, model: DiffusionLM, config: DecodeConfig, engine: EngineConfig | None = None, tokenizer=None):
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-        if uniform_noise(model):  # its canvas-by-canvas sampler has no per-slot scheduling yet
-            raise UserError(f"the continuous-batching engine (slots) decodes masked diffusion only; decode "
-                            f"{model.family.name} (uniform-state) in fixed batches: drop slots / engine")
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
