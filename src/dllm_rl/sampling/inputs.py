@@ -127,8 +127,7 @@ def check_fits(model: DiffusionLM, config: DecodeConfig, block: int, tokens: int
     at decoding block ``block`` fits the model's context, and ``max_positions`` when given (a prompt's canvas only
     grows with its length, so checking the longest prompt checks them all)."""
     context = model.max_length
-    need = tokens + config.gen_length if uniform_noise(model) else \
-        canvas_width(tokens, config.gen_length, block, model.is_block_causal)
+    need = positions_needed(model, tokens, config.gen_length, block)
     for limit, bound, remedy in (
         (context, f"the model's context is {context} (max_position_embeddings)", ""),
         (max_positions, f"max_positions is {max_positions}", ", or raise max_positions"),
@@ -136,6 +135,14 @@ def check_fits(model: DiffusionLM, config: DecodeConfig, block: int, tokens: int
         if limit is not None and need > limit:
             raise UserError(f"{what} has {tokens} tokens; with gen_length {config.gen_length} it needs {need} "
                             f"positions but {bound}; shorten the prompt or gen_length{remedy}")
+
+
+def positions_needed(model: DiffusionLM, tokens: int, gen_length: int, block: int) -> int:
+    """The positions a prompt of ``tokens`` tokens and ``gen_length`` completion slots takes: its canvas (block
+    models pad the prompt to whole blocks), or, uniform-state, the prompt then whole canvases."""
+    if uniform_noise(model):
+        return tokens + gen_length
+    return canvas_width(tokens, gen_length, block, model.is_block_causal)
 
 
 def check_images(model: DiffusionLM, images: PromptImages, prompts: list[list[int]]) -> None:

@@ -63,11 +63,10 @@ from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.models.prompt_images import PromptImages
-from dllm_rl.sampling.canvas import canvas_width
-from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.config import UNIFORM_FIELDS, DecodeConfig
 from dllm_rl.sampling.copies import metric_rows
 from dllm_rl.sampling.engine import Engine, EngineConfig
-from dllm_rl.sampling.inputs import check_config, check_inputs
+from dllm_rl.sampling.inputs import check_config, check_inputs, positions_needed, uniform_noise
 from dllm_rl.sampling.logprobs import MAX_TOP
 from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeConfig
@@ -119,6 +118,13 @@ class Decoding(BaseModel):
     seed: Int64 | None = None
     block_length: Int64 | None = None
     block_size: Int64 | None = None
+    # uniform-state diffusion (DiffusionGemma) only: the stock sampler's knobs (vLLM's vllm_xargs), UNIFORM_OPTIONS
+    max_denoising_steps: Int64 | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    entropy_bound: float | None = None
+    stability_threshold: Int64 | None = None
+    confidence_threshold: float | None = None
     stream: bool | None = False
     stream_canvas: bool = False
     stream_options: StreamOptions | None = None
@@ -190,6 +196,9 @@ def api_key_problem(key: str) -> str | None:
 
 
 OPTIONS = ("temperature", "top_p", "top_k", "threshold", "steps", "seed")
+#: a uniform-state family's request options (DiffusionGemma's sampler knobs), and the masked ones it refuses
+UNIFORM_OPTIONS = (*UNIFORM_FIELDS, "seed")
+MASK_ONLY = ("temperature", "top_p", "top_k", "threshold", "steps", "block_length", "block_size")
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
 
 
@@ -270,6 +279,7 @@ class Server:
                            "(the server's --slots plus --max-queue)", "n")
         if req.stream_canvas and not req.stream:
             raise ApiError(400, "stream_canvas: the canvas is streamed; set \"stream\": true too", "stream_canvas")
+        over = self.request_options(req)
         for name in ("block_length", "block_size"):
             value, own = getattr(req, name), getattr(self.decode, name)
             if value is not None and value != own:
@@ -292,7 +302,6 @@ class Server:
                 base = dataclasses.replace(base, **schedule)
             except (UserError, FieldError) as err:
                 raise ApiError(400, f"preset: {err}", "preset") from None
-        over: dict[str, Any] = {k: getattr(req, k) for k in OPTIONS if getattr(req, k) is not None}
         if "threshold" in over and base.remasking == "rcr":
             raise ApiError(400, f"threshold: {rcr}: set steps, not threshold", "threshold")
         if "threshold" in over and "steps" not in over:
@@ -304,12 +313,34 @@ class Server:
             config = dataclasses.replace(base, gen_length=gen, **over)
         except FieldError as err:
             raise ApiError(400, str(err), err.key) from None
-        if req.preset is not None:  # the preset's schedule must fit this model (its sub-blocks its block)
-            try:
-                check_config(self.model, config)
-            except UserError as err:
-                raise ApiError(400, f"preset: {req.preset!r} does not fit this model: {err}", "preset") from None
+        self._check_schedule(req, config)
         return config, max_tokens
+
+    def _check_schedule(self, req: Decoding, config: DecodeConfig) -> None:
+        """A preset's schedule must fit this model (its sub-blocks its block), a uniform-state request's knobs must
+        make a schedule (``t_max`` above ``t_min``): else a 400 naming the preset or the knob."""
+        if req.preset is None and not uniform_noise(self.model):
+            return
+        try:
+            check_config(self.model, config)
+        except UserError as err:
+            if req.preset is not None:
+                raise ApiError(400, f"preset: {req.preset!r} does not fit this model: {err}", "preset") from None
+            raise ApiError(400, str(err), str(err).split(":")[0]) from None
+
+    def request_options(self, req: Decoding) -> dict[str, Any]:
+        """The decoding options the request sets for itself, those of the model's kind of noise; the other kind's
+        are one 400 naming every one given (a uniform-state family takes no mask schedule, block or temperature: its
+        schedule is ``t_min`` / ``t_max``; a masked family has no uniform-state knobs)."""
+        uniform = uniform_noise(self.model)
+        own, other = (UNIFORM_OPTIONS, MASK_ONLY) if uniform else (OPTIONS, UNIFORM_FIELDS)
+        if wrong := [k for k in other if getattr(req, k) is not None]:
+            name = self.model.family.name
+            why = (f"masked-diffusion options; {name} is uniform-state diffusion (no mask token), whose requests take "
+                   f"{', '.join(UNIFORM_OPTIONS)}" if uniform else
+                   f"uniform-state diffusion options (DiffusionGemma); {name} is masked diffusion")
+            raise ApiError(400, f"{', '.join(wrong)}: {why}; leave {', '.join(wrong)} out", wrong[0])
+        return {k: getattr(req, k) for k in own if getattr(req, k) is not None}
 
     @staticmethod
     def stops_for(req: Decoding) -> tuple[str, ...]:
@@ -370,7 +401,7 @@ class Server:
             check_inputs(self.model, [ids], config, None, images)
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
-        need = canvas_width(len(ids), config.gen_length, self.block, self.model.is_block_causal)
+        need = positions_needed(self.model, len(ids), config.gen_length, self.block)
         if self.limits.max_positions is not None and need > self.limits.max_positions:
             raise ApiError(400, f"{param}: the prompt's {len(ids)} tokens and max_tokens {max_tokens} (decoded as "
                            f"{config.gen_length} slots, whole blocks) need {need} positions, more than the server's "
