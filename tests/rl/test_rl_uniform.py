@@ -1,6 +1,6 @@
 """RL on a uniform-state family (DiffusionGemma): `dllm-rl rl` runs of 2 steps with tracerl and espo on a tiny
 checkpoint that resume, an off-policy pass whose first ratio is exactly 1, and the one-line refusals (masked-decoding
-keys, the engine, the value model, TraceRL's shrinkage, the uniform knobs on a masked family, a tokenizer's mask)."""
+keys, the value model, TraceRL's shrinkage, the uniform knobs on a masked family, a tokenizer's mask)."""
 
 from __future__ import annotations
 
@@ -70,14 +70,30 @@ def test_an_off_policy_pass_starts_from_ratio_one(root, tmp_path):
         trainer.close()
 
 
+def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
+    """``rollout.engine=true``: the engine gives every rollout the tokens and trajectory a fixed batch gives it, so a
+    TraceRL step sees the same rewards and (up to float rounding of other batch shapes) the same loss."""
+    runs = {}
+    for engine in ("false", "true"):
+        cfg = load_config(RLConfig, None, _over(root, tmp_path / engine, "algorithm=tracerl",
+                                                f"rollout.engine={engine}", "rollout.batch_size=3"))
+        trainer = RLTrainer(cfg, reward_fn=digit_reward)
+        try:
+            runs[engine] = trainer.step().metrics
+        finally:
+            trainer.close()
+    fixed, engine = runs["false"], runs["true"]
+    for key in ("reward", "nfe", "completion_length", "neg_logp"):
+        assert engine[key] == pytest.approx(fixed[key], rel=1e-5), key
+    assert math.isfinite(engine["loss"]) and engine["loss"] == pytest.approx(fixed["loss"], rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (("rollout.temperature=0.5",), "rollout.temperature=0.5 is a masked-diffusion option; diffusion_gemma is "
      "uniform-state diffusion (no mask token) and decodes with rollout.gen_length and rollout.max_denoising_steps, "
      "rollout.t_min, rollout.t_max, rollout.entropy_bound, rollout.stability_threshold, rollout.confidence_threshold: "
      "drop rollout.temperature"),
     (("eval.steps=2",), "eval.steps=2 is a masked-diffusion option; diffusion_gemma is uniform-state diffusion"),
-    (("rollout.engine=true",), "rollout.engine: diffusion_gemma (uniform-state) decodes its rollouts in fixed "
-     "batches; the continuous-batching engine has no canvas-by-canvas scheduling yet: set rollout.engine=false"),
     (("rollout.gen_length=6",), "rollout.gen_length: 6 is not a multiple of the model's canvas_length (4); "
      "diffusion_gemma decodes whole canvases"),
     (("rollout.t_min=0.9",), "rollout.t_max: must be above t_min (0.9)"),

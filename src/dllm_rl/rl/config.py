@@ -498,9 +498,9 @@ _EVAL_MASK_FIELDS = ("temperature", "steps", "threshold", "block_size")
 def _uniform_decode_config(cfg: RLConfig, model) -> DecodeConfig:
     """The sampler settings of a uniform-state family (DiffusionGemma), rollouts and held-out evaluation alike (its
     stock sampler has no greedy mode): ``rollout.gen_length`` and the uniform knobs. A mask-only key of ``rollout``
-    or ``eval`` at any value but its default is refused in one line, as ``rollout.engine`` is (the engine has no
-    uniform-state scheduling yet); the defaults themselves (``rollout.temperature`` 1.0, ``rollout.cache`` prefix)
-    are not the user's and are not read."""
+    or ``eval`` at any value but its default is refused in one line (``rollout.engine`` decodes them canvas by
+    canvas, each rollout as in fixed batches: :mod:`~dllm_rl.sampling.uniform_engine`); the defaults themselves
+    (``rollout.temperature`` 1.0, ``rollout.cache`` prefix) are not the user's and are not read."""
     from dllm_rl.sampling.inputs import MASK_FIELDS
 
     name, r = model.family.name, cfg.rollout
@@ -513,9 +513,6 @@ def _uniform_decode_config(cfg: RLConfig, model) -> DecodeConfig:
         knobs = ", rollout.".join(UNIFORM_FIELDS)
         raise ConfigError(f"{key}={value!r} is a masked-diffusion option; {name} is uniform-state diffusion (no mask "
                           f"token) and decodes with rollout.gen_length and rollout.{knobs}: drop {key}")
-    if r.engine:
-        raise ConfigError(f"rollout.engine: {name} (uniform-state) decodes its rollouts in fixed batches; the "
-                          "continuous-batching engine has no canvas-by-canvas scheduling yet: set rollout.engine=false")
     canvas = model.layout_block()
     if r.gen_length % canvas:
         raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of the model's canvas_length "
