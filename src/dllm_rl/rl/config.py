@@ -109,8 +109,8 @@ class RolloutConfig(DecodeOptions):
         "rollout.batch_size sequences at a time, each finished one replaced at once by a waiting one (the same "
         "tokens as fixed batches, fewer idle rows with threshold decoding or EOS stops). Every family, cache and "
         "remasking (Fast-dLLM's prefix and dual caches, RCR, image prompts, rollout hooks' prefilled tokens, "
-        "per-step records and d-TreeRPO's partial trees included); not a uniform-state family (diffusion_gemma), "
-        "which decodes in fixed batches")
+        "per-step records and d-TreeRPO's partial trees included); a uniform-state family (diffusion_gemma) canvas "
+        "by canvas, each rollout with the tokens and trajectory of fixed batches")
     # uniform-state diffusion (DiffusionGemma) only, as in DecodeConfig: a masked family refuses them, and a uniform
     # family refuses the mask-only knobs above at any value but their defaults (decode_config)
     max_denoising_steps: int | None = _uniform_field("max_denoising_steps")
