@@ -74,7 +74,9 @@ block, the rest of its completion left masked.
 **RCR** (``remasking="rcr"``, MDPO's Running-Confidence Remasking) fills every masked slot of a row's block, then
 re-masks the least confident of the slots that block began with (``SlotRows.drawn``), as ``decode`` does.
 
-Every decoding ``generate`` serves, the engine serves. Under RCR a committed token of the block being decoded is not
+Every decoding ``generate`` serves, the engine serves; a uniform-state family (DiffusionGemma) through
+:class:`~dllm_rl.sampling.uniform_engine.UniformEngine`, which ``Engine(model, ...)`` returns for it (the same API).
+Under RCR a committed token of the block being decoded is not
 final: early stop and the settled text (:meth:`Sequence.final_slots`) read only finished blocks there.
 
 One file on purpose (about 700 lines, a third of them this docstring and the help texts): it is one state machine.

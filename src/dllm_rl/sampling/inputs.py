@@ -3,7 +3,8 @@
 :class:`~dllm_rl.errors.UserError` naming what to change.
 
 :func:`uniform_noise` is where decoding reads the family's kind of noise: the front door
-(:func:`dllm_rl.sampling.generate`), these checks and the engine ask it, nothing else."""
+(:func:`dllm_rl.sampling.generate`), these checks, the engine's constructor (which hands a uniform-state model to
+:class:`~dllm_rl.sampling.uniform_engine.UniformEngine`) and the server's request fields ask it, nothing else."""
 
 from __future__ import annotations
 
