@@ -9,8 +9,7 @@ from test_models_families import _saved_names  # tests/models is on sys.path
 
 from dllm_rl.models import build_model, load_model, save_model, tiny_config, two_stream_layout
 from dllm_rl.models.families import FAMILIES, detect_family
-from dllm_rl.sampling import DecodeConfig
-from dllm_rl.sampling.decode import generate
+from dllm_rl.sampling import DecodeConfig, generate
 
 NEW = ["llada2", "llada_moe", "sdar_moe", "fast_dllm_v2"]
 BLOCK = ["llada2", "sdar_moe", "fast_dllm_v2"]

@@ -45,9 +45,9 @@ def test_a_run_takes_its_advantages_from_pass_at_k_with_its_k(rl_setup, tmp_path
     ("{kk: 2}", r"^advantage_options: kk not read by the 'pass_at_k' advantage; valid: k$"),
 ])
 def test_bad_advantage_options_end_the_run_before_any_rollout(rl_setup, tmp_path, monkeypatch, options, message):
-    import dllm_rl.sampling.decode as decode
+    import dllm_rl.sampling.batched as batched
 
-    monkeypatch.setattr(decode, "decode", lambda *a, **k: pytest.fail("a rollout ran"))
+    monkeypatch.setattr(batched, "decode", lambda *a, **k: pytest.fail("a rollout ran"))
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, "advantage=pass_at_k",
                                                    f"advantage_options={options}"))
     with pytest.raises(ConfigError, match=message):

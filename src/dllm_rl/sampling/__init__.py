@@ -61,8 +61,8 @@ tokens and trace do not depend on its neighbours (up to last-ulp float differenc
 which can only matter at exact confidence ties).
 """
 
+from dllm_rl.sampling.batched import generate, generate_batched
 from dllm_rl.sampling.config import CACHE_MODES, CONFIDENCE_RULES, DecodeConfig
-from dllm_rl.sampling.decode import generate, generate_batched
 from dllm_rl.sampling.rollout import Rollout
 
 __all__ = ["CACHE_MODES", "CONFIDENCE_RULES", "DecodeConfig", "Rollout", "generate", "generate_batched"]

@@ -116,7 +116,7 @@ def encode_prompts(tokenizer, texts: list[str], chat: bool, where: str) -> list[
 def generate_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.models import load_model, load_tokenizer
-    from dllm_rl.sampling.decode import generate_batched
+    from dllm_rl.sampling.batched import generate_batched
     from dllm_rl.sampling.inputs import decode_block_length
     from dllm_rl.threads import use_cpu_threads
     from dllm_rl.training.accel import resolve_device

@@ -55,7 +55,7 @@ from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
 from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformRollout, UniformStep, denoise_step
-from dllm_rl.sampling.uniform_rollout import to_uniform_rollout
+from dllm_rl.sampling.uniform_result import to_uniform_rollout
 
 
 @dataclass

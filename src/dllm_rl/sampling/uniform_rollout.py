@@ -27,8 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dllm_rl.errors import UserError
-from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformRollout, UniformStep, sample_uniform, temperature
+from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformStep, temperature
 
 
 @dataclass
@@ -159,61 +158,4 @@ def uniform_steps(trace: UniformTrace, row: int, piece) -> list[dict]:
     return out
 
 
-def _refuse_extras(name: str, **given) -> None:
-    for key, value in given.items():
-        if value:
-            raise UserError(f"generate: {key} is not supported for {name} (uniform-state diffusion): its sampler "
-                            "decodes whole canvases from random ids, with no mask to prefill, stop or record")
-
-
-def generate_uniform(model, prompts: list[list[int]], config, seeds: list[int], tokenizer=None, *,
-                     block_cache: bool = True, prefill=None, images=None, record_steps=None, until_block=None):
-    """:func:`dllm_rl.sampling.generate` for a uniform-state family (checked inputs, one seed per prompt): each row
-    draws from its own generator, so it gets the tokens it gets alone, the stock sampler's under that seed."""
-    from dllm_rl.sampling.decode import evaluating
-    from dllm_rl.sampling.inputs import uniform_decode_config
-
-    _refuse_extras(model.family.name, prefill=prefill is not None, images=images is not None,
-                   record_steps=bool(record_steps), until_block=until_block is not None,
-                   **{"block_cache=False": not block_cache})
-    cfg = uniform_decode_config(config)
-    pad, eos, device = model.pad_token_id, model.eos_token_id, model.device
-    width = max(len(p) for p in prompts)
-    prompt_ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
-    prompt_mask = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
-    for i, p in enumerate(prompts):
-        prompt_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-        prompt_mask[i, width - len(p):] = True
-    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-    with evaluating(model), torch.inference_mode():
-        record = sample_uniform(model, prompt_ids, cfg, attention_mask=prompt_mask, generator=generators,
-                                eos_token_id=eos if config.stop_on_eos else None,
-                                pad_token_id=pad if config.stop_on_eos else None)
-    return to_uniform_rollout(model, record, config, cfg, tokenizer)
-
-
-def to_uniform_rollout(model, record: UniformRollout, config, cfg: UniformDecodeConfig, tokenizer=None):
-    """The :class:`~dllm_rl.sampling.Rollout` of a sampler's record (module notes): the front door's and the
-    engine's (:mod:`~dllm_rl.sampling.uniform_engine`, a batch of one per request)."""
-    from dllm_rl.sampling.rollout import Rollout
-
-    pad, eos, bsz = model.pad_token_id, model.eos_token_id, record.prompt_ids.shape[0]
-    comp = torch.full((bsz, config.gen_length), pad, dtype=torch.long, device=record.sequences.device)
-    comp[:, :record.completion_ids.shape[1]] = record.completion_ids
-    is_eos = comp == eos
-    answer = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
-    trace = UniformTrace.from_steps(record.steps, model.layout_block(), config.gen_length, pad, cfg)
-    step_map = uniform_step_map(trace, comp)
-    if config.stop_on_eos:
-        step_map = step_map.masked_fill(~answer, -1)
-    texts = None
-    if tokenizer is not None:
-        texts = [tokenizer.decode(comp[b][answer[b] & ~is_eos[b]].tolist(), skip_special_tokens=True)
-                 for b in range(bsz)]
-    return Rollout(prompt_ids=record.prompt_ids, prompt_mask=record.attention_mask, completion_ids=comp,
-                   completion_mask=answer, step_map=step_map, nfe=record.forward_passes.clone(),
-                   finish_reason=["eos" if bool(r) else "length" for r in is_eos.any(-1).tolist()], texts=texts,
-                   pad_token_id=pad, uniform=trace)
-
-
-__all__ = ["UniformTrace", "generate_uniform", "to_uniform_rollout", "uniform_step_map", "uniform_steps"]
+__all__ = ["UniformTrace", "uniform_step_map", "uniform_steps"]
