@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # nearly halves the suite on CI's 2 cores. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
 
-.PHONY: install sysdeps cxx deepspeed-ops test lint demo bench clean
+.PHONY: install sysdeps cxx deepspeed-ops test lint docs demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ test: lint sysdeps deepspeed-ops
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
+
+# every generated part of the docs: docs/config.md and the preset table of docs/methods.md (a test checks them)
+docs: install
+	$(PY) scripts/make_docs.py
 
 # each `make demo` starts afresh in runs/demo/MODEL-ALGO, replacing the previous demo run there
 demo: install

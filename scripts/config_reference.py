@@ -1,4 +1,5 @@
-"""Print the configuration reference of every command (``docs/config.md``):
+"""Print the configuration reference of every command (``docs/config.md``, which ``make docs`` writes:
+``scripts/make_docs.py``)::
 
     python scripts/config_reference.py > docs/config.md
 

@@ -14,7 +14,8 @@ from dllm_rl.cli import main
 from dllm_rl.config import ConfigError, from_dict, load_config
 from dllm_rl.models import load_model
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.curriculum import Curriculum, CurriculumConfig, CurriculumStage
+from dllm_rl.rl.curriculum import Curriculum
+from dllm_rl.rl.curriculum_config import CurriculumConfig, CurriculumStage
 from dllm_rl.rl.loop import train
 from dllm_rl.rl.trainer import RLTrainer
 

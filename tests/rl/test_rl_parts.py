@@ -8,7 +8,7 @@ import torch
 
 from dllm_rl.rl.advantages import compute_advantages, group_filter, group_zscore, leave_one_out, pass_at_k
 from dllm_rl.rl.kl import k1, k2, k3
-from dllm_rl.rl.losses import LossConfig, policy_objective, sequence_clipped_loss, token_clipped_loss
+from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, policy_objective, sequence_clipped_loss, token_clipped_loss
 
 
 @dataclass
@@ -139,7 +139,7 @@ def test_token_loss_kl_term_is_added_once_by_the_objective():
     ref = Scores(torch.tensor([[[-1.5, -2.0]]]), w)
     cfg = LossConfig(beta=0.1, kl_estimator="k3")
     assert "kl" not in token_clipped_loss(new, new, ref, torch.tensor([0.0]), NO_LENGTHS, cfg).stats  # no KL inside
-    out = policy_objective(token_clipped_loss, new, new, ref, torch.tensor([0.0]), NO_LENGTHS, cfg)
+    out = policy_objective(POLICY_LOSSES["token"], new, new, ref, torch.tensor([0.0]), NO_LENGTHS, cfg)
     kl = (math.exp(-0.5) - 1 + 0.5) / 2
     assert out.loss.item() == pytest.approx(0.1 * kl)
     assert out.stats["kl"] == pytest.approx(kl)
@@ -166,7 +166,7 @@ def test_espo_first_pass_ratio_exactly_one_and_k2():
     w = torch.ones(2, 1, 3)
     s = Scores(torch.tensor([[[-1.0, -2.0, -3.0]], [[-1.0, -1.0, -1.0]]]), w)
     ref = Scores(s.logp - 0.3, w)
-    out = policy_objective(sequence_clipped_loss, s, s, ref, torch.tensor([1.0]), torch.tensor([3]),
+    out = policy_objective(POLICY_LOSSES["sequence"], s, s, ref, torch.tensor([1.0]), torch.tensor([3]),
                            LossConfig(beta=0.5, kl_estimator="k2"))
     assert out.stats["ratio_mean"] == 1.0 and out.stats["clip_frac"] == 0.0
     # E_new - E_ref = 0.9 (per draw, mean over the 2 draws) -> per token 0.3 -> k2 = 0.045

@@ -1,6 +1,5 @@
 """The RL trainer end to end on tiny models: every preset, resume, faults, common random numbers."""
 
-import functools
 import json
 import logging
 import math
@@ -215,13 +214,39 @@ def test_reward_that_raises_for_one_sample_scores_it_zero():
     assert rewards == [0.0, 2.0]
 
 
+def test_a_loss_with_a_ratio_must_report_it(rl_setup, tmp_path, monkeypatch):
+    """The first-update ratio check reads the loss's declared ``ratio_free``: a loss with a ratio whose statistics
+    lack ``ratio_max_dev`` is an error (it used to count as a deviation of 0), and a ratio-free one reports none."""
+    def silent(new, old, ref, adv, lengths, config):
+        out = losses_mod.token_clipped_loss(new, old, ref, adv, lengths, config)
+        return losses_mod.LossOutput(out.loss, {k: v for k, v in out.stats.items() if k != "ratio_max_dev"})
+
+    token = losses_mod.POLICY_LOSSES["token"]
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl", "beta=0",
+                                                   "train.max_steps=2"))
+    monkeypatch.setitem(losses_mod.POLICY_LOSSES, "token", replace(token, fn=silent))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    try:
+        with pytest.raises(ValueError, match=r"^policy loss 'token' has an importance ratio but reported no "
+                                             r"ratio_max_dev statistic \(register a loss without a ratio with "
+                                             r"ratio_free=True\)$"):
+            trainer.step()
+        monkeypatch.setitem(losses_mod.POLICY_LOSSES, "token", replace(token, fn=silent, ratio_free=True))
+        trainer.step_idx += 1
+        metrics = trainer.step().metrics
+        assert "loss" in metrics and "ratio_dev_first_update" not in metrics
+    finally:
+        trainer.close()
+
+
 def test_nan_loss_skips_updates_and_stops(rl_setup, tmp_path, monkeypatch):
-    @functools.wraps(losses_mod.token_clipped_loss)  # keeps the loss's registered facts (kl_level, ...)
     def nan_loss(new, old, ref, adv, lengths, config):
         out = losses_mod.token_clipped_loss(new, old, ref, adv, lengths, config)
         return losses_mod.LossOutput(out.loss * float("nan"), out.stats)
 
-    monkeypatch.setitem(losses_mod.POLICY_LOSSES, "token", nan_loss)
+    # the registered token loss (its kl_level, ...) with a NaN value
+    monkeypatch.setitem(losses_mod.POLICY_LOSSES, "token",
+                        replace(losses_mod.POLICY_LOSSES["token"], fn=nan_loss))
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=tracerl",
                                                    "train.max_steps=5", "train.max_bad_steps=2"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)

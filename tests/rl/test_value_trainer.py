@@ -1,7 +1,7 @@
 """TraceRL with the value model, process rewards and block-size adaptation through the RL trainer (tiny models,
 1-2 steps)."""
 
-import functools
+import dataclasses
 import json
 import math
 
@@ -47,12 +47,12 @@ def test_the_policy_uses_the_values_from_before_the_value_update(rl_setup, tmp_p
     seen = []
     real = trainer_mod.POLICY_LOSSES["token"]
 
-    @functools.wraps(real)  # keeps the loss's registered facts (kl_level, ...)
     def spy(new, old, ref, adv, lengths, cfg):
         seen.append(adv.detach().clone())
         return real(new, old, ref, adv, lengths, cfg)
 
-    monkeypatch.setitem(trainer_mod.POLICY_LOSSES, "token", spy)
+    # the registered token loss (its kl_level, ...) that records its advantages
+    monkeypatch.setitem(trainer_mod.POLICY_LOSSES, "token", dataclasses.replace(real, fn=spy))
     trainer = RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path, *VALUE,
                                                                  "train.max_steps=1")),
                         reward_fn=lambda p, c, **k: [float(i % 2) for i in range(len(c))])

@@ -19,7 +19,6 @@ Mode ``dpo``: the DPO run alone.
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
 import os
@@ -119,12 +118,12 @@ def nan_in_step_one(seed: int = 0) -> None:
         if self.step_idx != 0 or target not in sub.sample_seeds.tolist():
             return micro_loss(self, loss_fn, sub, *args)
 
-        @functools.wraps(loss_fn)  # keeps the loss's registered facts (kl_level, ...)
         def nan_loss(*a, **k):
             out = loss_fn(*a, **k)
             return replace(out, loss=out.loss * math.nan)
 
-        return micro_loss(self, nan_loss, sub, *args)
+        # the same registered loss (its kl_level, ...) with a NaN value
+        return micro_loss(self, replace(loss_fn, fn=nan_loss), sub, *args)
 
     PolicyUpdater._micro_loss = poisoned
 

@@ -19,7 +19,6 @@ from dllm_rl.config.fields import (
     allowed_values,
     check_fields,
     field,
-    registry_names,
 )
 from dllm_rl.config.loading import (
     apply_override,
@@ -36,4 +35,4 @@ from dllm_rl.config.yaml_io import YAML_MAX_DEPTH, YAML_MAX_NODES, yaml_load
 
 __all__ = ["YAML_MAX_DEPTH", "YAML_MAX_NODES", "Checked", "ConfigError", "FieldError", "allowed_values",
            "apply_override", "as_overrides", "check_fields", "coerce", "describe", "field", "from_dict",
-           "load_command_config", "load_config", "registry_names", "save_config", "to_dict", "yaml_load"]
+           "load_command_config", "load_config", "save_config", "to_dict", "yaml_load"]

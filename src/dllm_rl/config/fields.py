@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 import math
 import types
 import typing
@@ -25,18 +24,12 @@ def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str],
     come from a registry (``choices``: a container, or a function returning one, read when checked), or
     any other rule (``check(value)`` returns what is wrong, or None). ``Literal[...]`` annotations are
     checked too. ``None`` (an optional field left unset) is never checked. ``help`` may be a function returning
-    the text, read when shown (:func:`help_text`), for help derived from registries that import the config."""
+    the text, read when shown (:func:`help_text`)."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
     meta = {k: v for k, v in meta.items() if v is not None}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
-
-
-def registry_names(module: str, name: str) -> Callable[[], tuple]:
-    """``choices`` of a field whose values are the keys of registry ``name`` in ``module``, read when a value is
-    checked (the registries import the configs that name them)."""
-    return lambda: tuple(getattr(importlib.import_module(module), name))
 
 
 def help_text(f: dataclasses.Field) -> str:

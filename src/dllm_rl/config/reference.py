@@ -47,7 +47,7 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
     """The reference page: for each ``(title, config class, default instance or None)`` one table of every key,
     its default and its help, in declaration order; renamed keys listed under their new names."""
     out = ["# Configuration reference", "",
-           "Generated from the config dataclasses by `python scripts/config_reference.py > docs/config.md` (a test "
+           "Generated from the config dataclasses by `make docs` (`scripts/config_reference.py`; a test "
            "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config`.", ""]
     for title, cls, defaults in sections:
         out += [f"## {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",

@@ -1,8 +1,9 @@
 """Algorithm presets: each method is a choice of estimator, loss, KL and advantage.
 
 A preset only fills the fields a user left at ``None``, so every part stays overridable (ESPO on a
-block model, TraceRL on LLaDA, diffu-GRPO with leave-one-out, ...). Each value is checked when the config
-is built (:mod:`dllm_rl.rl.config`); :func:`resolve` checks the rules between fields, before any compute.
+block model, TraceRL on LLaDA, diffu-GRPO with leave-one-out, ...). The presets and the texts that list them are
+:mod:`dllm_rl.rl.presets`. Each value is checked when the config is built (:mod:`dllm_rl.rl.config`); :func:`resolve`
+checks the rules between fields, before any compute.
 """
 
 from __future__ import annotations
@@ -20,18 +21,9 @@ from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import NO_HOOK, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES
-from dllm_rl.rl.methods import METHODS
+from dllm_rl.rl.presets import PRESETS
 from dllm_rl.rl.speed import check_speed_config
 from dllm_rl.rl.value_config import check_value_model
-
-#: Each method's preset, by name (paper defaults: each method's module, :mod:`dllm_rl.rl.methods`, says where each
-#: value comes from; tuned demo settings live in the demo configs, src/dllm_rl/assets/demo). "shrinkage" of the trace
-#: estimator is resolved per attention kind (TraceRL: s=1 block, s=8 full); SPG's block_length, and the trace
-#: estimator's with step_merge, follow the rollout's decoding block. Settings a preset cannot hold (lr,
-#: train.num_iterations, lengths) are in each method's recipe in configs/.
-PRESETS: dict[str, dict[str, Any]] = {name: dict(m.preset) for name, m in METHODS.items()}
-#: Each method's paper, by name.
-PAPERS: dict[str, str] = {name: m.paper for name, m in METHODS.items()}
 
 
 def uniform_refusal(algorithm: str) -> str | None:
@@ -42,7 +34,7 @@ def uniform_refusal(algorithm: str) -> str | None:
     est, loss = preset["estimator"], preset["loss_type"]
     if counterpart(est, "uniform") is None:
         return f"scores with {est}, which masks tokens"
-    if getattr(POLICY_LOSSES[loss], "draw_by_draw", False):
+    if POLICY_LOSSES[loss].draw_by_draw:
         return f"back-propagates its {loss} loss draw by draw over the masked rows of {est}"
     return None
 
@@ -103,11 +95,11 @@ def check_combination(cfg: RLConfig) -> None:
         raise ConfigError(str(exc)) from None
     if cfg.reference == "base" and not cfg.lora.enabled:
         raise ConfigError("reference: 'base' (adapters disabled) needs lora.enabled=true; use reference=copy")
-    if cfg.beta and getattr(POLICY_LOSSES[cfg.loss_type], "kl_level", None) is None:
+    if cfg.beta and POLICY_LOSSES[cfg.loss_type].kl_level is None:
         raise ConfigError(f"beta: the {cfg.loss_type!r} loss defines no KL term (its paper has none); set beta=0")
     try:
         hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
-        if hasattr(hook, "check"):  # what the hook needs of the rest of the config
+        if hook is not None and hook.check is not None:  # what the hook needs of the rest of the config
             hook.check(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -149,71 +141,3 @@ def resolve(cfg: RLConfig, attention: str, family=None) -> RLConfig:
     out = _fill_preset(cfg, attention, family)
     check_combination(out)
     return out
-
-
-def preset_table() -> list[str]:
-    """One line per preset: its paper and the fields it fills (for ``dllm-rl rl --help-config``)."""
-    lines = ["presets (algorithm=NAME fills the fields left unset; anything you set wins):"]
-    for name, preset in PRESETS.items():
-        parts = [f"estimator={preset['estimator']}{preset['estimator_options'] or ''}", f"loss={preset['loss_type']}"]
-        if preset.get("loss_options"):
-            parts.append(f"loss_options={preset['loss_options']}")
-        parts += [f"aggregation={preset['loss_aggregation']}", f"beta={preset['beta']}", f"kl={preset['kl_estimator']}",
-                  f"advantage={preset['advantage']}/{preset['scale_rewards']}", f"noise={preset['estimator_noise']}"]
-        if preset.get("rollout_hook"):
-            parts.append(f"hook={preset['rollout_hook']}")
-        lines.append(f"  {name} ({PAPERS[name]}): " + ", ".join(parts))
-    return lines
-
-
-def _shown(value: Any) -> str:
-    """A preset value as the help and the tables print it (``{num_mc: 2}``, ``0.01``, ``none``)."""
-    if value is None:
-        return "none"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
-def preset_clause(key: str) -> str:
-    """The "Preset: ..." clause of config field ``key``'s help: each value the presets give it and which presets
-    give it, the most common one last as "otherwise" (derived from the methods' modules)."""
-    by_value: dict[str, list[str]] = {}
-    for name, preset in PRESETS.items():
-        by_value.setdefault(_shown(preset.get(key)), []).append(name)
-    common = max(by_value, key=lambda v: len(by_value[v]))
-    parts = [f"{value} for {', '.join(names)}" for value, names in by_value.items() if value != common]
-    return "Preset: " + "; ".join(parts + [f"{common} otherwise" if parts else f"{common} for every preset"])
-
-
-def algorithm_help() -> str:
-    """The help of ``algorithm``: every preset with its paper."""
-    listed = " | ".join(f"{name} ({paper})" for name, paper in PAPERS.items())
-    return f"preset that fills the None fields: {listed}; the preset table is printed at the end of --help-config"
-
-
-README_HEADER = ("| preset | paper | estimator | policy loss | beta (KL) | advantage / scaling | rollout hook | "
-                 "recipe |",
-                 "|---|---|---|---|---|---|---|---|")
-
-
-def readme_preset_table() -> list[str]:
-    """The README's preset table, one row per method (the README shows exactly these lines; a test checks it)."""
-    rows = list(README_HEADER)
-    for name, method in METHODS.items():
-        p = method.preset
-
-        def cell(code: str, note_key: str, extra: str = "", notes=method.notes) -> str:
-            note = notes.get(note_key)
-            return f"`{code}`{extra}" + (f" ({note})" if note else "")
-
-        opts = p["estimator_options"]
-        beta = f"{_shown(p['beta'])} ({p['kl_estimator']})" if p["beta"] else "0"
-        hook = cell(p["rollout_hook"], "hook") if p.get("rollout_hook") else "-"
-        rows.append(" | ".join([
-            f"| `{name}`", method.paper, cell(p["estimator"], "estimator", f" {_shown(opts)}" if opts else ""),
-            cell(p["loss_type"], "loss", f", {p['loss_aggregation']}"), beta,
-            f"`{p['advantage']}` / {p['scale_rewards']}", hook, f"`{method.recipe}` |"]))
-    return rows

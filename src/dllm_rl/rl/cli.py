@@ -14,8 +14,8 @@ from dllm_rl.eval.demo import DEMO_DIR
 
 
 def _rl_config_lines() -> list[str]:
-    from dllm_rl.rl.algorithms import preset_table
     from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.presets import preset_table
 
     return describe(RLConfig, defaults=RLConfig()) + [""] + preset_table()
 

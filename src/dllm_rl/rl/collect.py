@@ -25,7 +25,7 @@ from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
 from dllm_rl.rl.advantages import compute_advantages, decoupled_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
-from dllm_rl.rl.hooks import HookContext, RoundView, TrainingRows, samples_per_prompt
+from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, TrainingRows, samples_per_prompt
 from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.value import steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
@@ -131,7 +131,8 @@ class RolloutCollector:
     :class:`~dllm_rl.rl.reward_terms.CombinedReward`) adds them to the step's metrics."""
 
     def __init__(self, cfg: RLConfig, accelerator: Any, model: DiffusionLM, tokenizer: Any, train_task: Any,
-                 rollout_hook: Any, stream: Any, gathered: Callable[[Any], Any], prompts: PromptEncoder | None = None,
+                 rollout_hook: RolloutHook | None, stream: Any, gathered: Callable[[Any], Any],
+                 prompts: PromptEncoder | None = None,
                  reward: Callable[..., Any] | None = None):
         self.cfg, self.accelerator = cfg, accelerator
         self.reward_fn = reward if reward is not None else train_task.reward_fn
@@ -296,11 +297,12 @@ class RolloutCollector:
             # each prompt (and its image) encoded once, then repeated for its group
             texts, ids, images = self.prompts.task_prompts(policy, self.train_task, examples)
             group_ids, group_images = repeat_rows(ids, images, G)
-            replaces = getattr(self.rollout_hook, "replaces_round", False)  # the hook decodes the round (a tree)
+            hook = self.rollout_hook
+            replaces = hook is not None and hook.replaces_round  # the hook decodes the round (a tree)
             rollout = None if replaces else generate_batched(
                 policy, group_ids, decode_config(cfg, policy), seeds=seeds, tokenizer=self.tokenizer,
                 batch_size=cfg.rollout.batch_size, images=group_images, engine=rollout_engine(cfg),
-                record_steps=getattr(self.rollout_hook, "records_steps", None))
+                record_steps=hook.records_steps if hook is not None else None)
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]

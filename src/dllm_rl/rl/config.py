@@ -19,16 +19,18 @@ section in :mod:`dllm_rl.training.run_config`, decoding in :mod:`dllm_rl.samplin
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from dllm_rl.config import Checked, ConfigError, FieldError, field, registry_names
+from dllm_rl.config import Checked, ConfigError, FieldError, field
 from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
-from dllm_rl.rl.curriculum import CurriculumConfig
-from dllm_rl.rl.judge import JudgeConfig
+from dllm_rl.rl.curriculum_config import CurriculumConfig
+from dllm_rl.rl.hooks import NO_HOOK
+from dllm_rl.rl.judge_config import JudgeConfig
+from dllm_rl.rl.methods import ADVANTAGES, ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_HOOKS
+from dllm_rl.rl.presets import PRESETS, algorithm_help, preset_clause
 from dllm_rl.rl.reward_model import RewardModelConfig
 from dllm_rl.rl.reward_terms import RewardTerm
 from dllm_rl.rl.value_config import ValueModelConfig
@@ -37,15 +39,9 @@ from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.run_config import RunConfig
 
 
-def _algorithms(name: str):
-    """Help text made by ``dllm_rl.rl.algorithms.NAME()`` when shown (it is derived from the methods' modules,
-    which import this module)."""
-    return lambda: getattr(importlib.import_module("dllm_rl.rl.algorithms"), name)()
-
-
-def _preset_help(key: str, text: str):
-    """``text`` and the "Preset: ..." clause of field ``key``, derived from the methods when shown."""
-    return lambda: f"{text}. {importlib.import_module('dllm_rl.rl.algorithms').preset_clause(key)}"
+def _preset_help(key: str, text: str) -> str:
+    """``text`` and the "Preset: ..." clause of field ``key`` (derived from the methods' declarations)."""
+    return f"{text}. {preset_clause(key)}"
 
 
 def _reward_problem(spec: str) -> str | None:
@@ -354,21 +350,21 @@ class RLConfig(Checked):
 
     # the method (None: the preset's value; each method's module in rl/methods/ says where its values come from)
     algorithm: str = field(
-        "espo", choices=registry_names("dllm_rl.rl.algorithms", "PRESETS"), help=_algorithms("algorithm_help"))
+        "espo", choices=PRESETS, help=algorithm_help())
     estimator: str | None = field(
-        None, choices=registry_names("dllm_rl.rl.methods", "ESTIMATORS"),
+        None, choices=ESTIMATORS,
         help=_preset_help("estimator", "log-likelihood estimator (dllm_rl.estimators)"))
     estimator_options: dict | None = field(
         None, help=_preset_help("estimator_options", "estimator options (the trace estimator's shrinkage s defaults "
                                 "to TraceRL's: 1 on block models, 8 on full attention; its step_merge: true makes "
                                 "each decoding block one transition, at the rollout's block_length)"))
     loss_type: str | None = field(
-        None, choices=registry_names("dllm_rl.rl.methods", "POLICY_LOSSES"),
+        None, choices=POLICY_LOSSES,
         help=_preset_help("loss_type", "policy loss: token (PPO/GRPO clipping per token, arXiv 2402.03300) | "
                           "sequence (ESPO's sequence-level ratio, arXiv 2512.03759 eq. 7-9) | a method's own"))
     loss_options: dict | None = field(None, help=_preset_help("loss_options", "settings of the chosen loss"))
     rollout_hook: str | None = field(
-        None, choices=lambda: ("off", *registry_names("dllm_rl.rl.methods", "ROLLOUT_HOOKS")()),
+        None, choices=lambda: (NO_HOOK, *ROLLOUT_HOOKS),
         help=_preset_help("rollout_hook", "hook called after each round's rewards that may replace rollouts "
                           "(dllm_rl.rl.hooks); off: no hook, also where the algorithm's preset has one (its "
                           "rollout_hook_options are then not filled in)"))
@@ -390,20 +386,22 @@ class RLConfig(Checked):
             "of one prompt share them: same noise levels and positions, so the group's advantage-weighted "
             "gradients on the tokens its samples share cancel more exactly; each sample's estimate stays unbiased; "
             "ESPO's, this library's choice, benchmarks/LEARNING.md)"))
-    epsilon: float = field(0.2, ge=0, help="PPO clip range (TRL epsilon; 0.2 as in PPO, arXiv 1707.06347, and "
-                           "GRPO, arXiv 2402.03300)")
+    epsilon: float | None = field(
+        None, ge=0, help=_preset_help("epsilon", "PPO clip range (TRL epsilon; 0.2 as in PPO, arXiv 1707.06347, and "
+                                      "GRPO, arXiv 2402.03300)"))
     epsilon_high: float | None = field(
-        None, ge=0, help="upper clip range (DAPO clip-higher, arXiv 2503.14476, which uses 0.28); default epsilon")
+        None, ge=0, help=_preset_help("epsilon_high", "upper clip range (DAPO clip-higher, arXiv 2503.14476, which "
+                                      "uses 0.28); none: epsilon"))
     beta: float | None = field(
         None, ge=0, help=_preset_help("beta", "KL coefficient against the reference policy (TRL beta; 0 = no "
                                       "reference; the demo configs set 0), added once at the level the loss "
                                       "declares (token or sequence)"))
     kl_estimator: str | None = field(
-        None, choices=registry_names("dllm_rl.rl.methods", "KL_ESTIMATORS"),
+        None, choices=KL_ESTIMATORS,
         help=_preset_help("kl_estimator", "KL estimator: k1 | k2 (ESPO, arXiv 2512.03759) | k3 (GRPO, arXiv "
                           "2402.03300)"))
     advantage: str | None = field(
-        None, choices=registry_names("dllm_rl.rl.methods", "ADVANTAGES"),
+        None, choices=ADVANTAGES,
         help=_preset_help("advantage", "advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out "
                           "(RLOO, as in ESPO, arXiv 2512.03759) | pass_at_k (Pass@k training, arXiv 2508.10751; "
                           "advantage_options) | a method's own"))

@@ -6,30 +6,30 @@ dataset columns) and a :class:`HookContext` (how to decode and reward more rollo
 view to train on - the same one, or one with some rollouts replaced (:func:`replace_samples`). Advantages,
 group filtering and the update then run on what it returns.
 
-A hook is registered by name with a factory that takes its options::
+A hook is registered by name with a factory that takes its options and returns the hook function, or a
+:class:`RolloutHook` holding it with the facts the trainer reads (typed fields; a bare function has none)::
 
     @register_hook("my_hook")
     def my_hook(*, some_option: int = 1) -> RolloutHook:
         def hook(view: RoundView, ctx: HookContext) -> RoundView:
             ...
-        return hook
+        return RolloutHook(hook)
 
-IGPO's inpainting (:mod:`dllm_rl.rl.methods.igpo`) is one. A hook whose function has ``replaces_round = True``
-decodes the round itself (d-TreeRPO's tree rollouts, :mod:`dllm_rl.rl.methods.d_treerpo`): the trainer then
-decodes and rewards nothing before calling it (``view.rollout`` is None, ``view.rewards`` empty), and the hook
-returns the round's samples, rewards and ``advantages``; its ``samples_per_prompt(num_generations)`` says how
-many samples it returns per prompt (:func:`samples_per_prompt`).
+IGPO's inpainting (:mod:`dllm_rl.rl.methods.igpo`) is one. A hook with ``replaces_round=True`` decodes the round
+itself (d-TreeRPO's tree rollouts, :mod:`dllm_rl.rl.methods.d_treerpo`): the trainer then decodes and rewards
+nothing before calling it (``view.rollout`` is None, ``view.rewards`` empty), and the hook returns the round's
+samples, rewards and ``advantages``; its ``samples_per_prompt(num_generations)`` says how many samples it returns
+per prompt (:func:`samples_per_prompt`).
 
 A hook may also say what the update trains on instead of the round's samples (``RoundView.training``, a
 :class:`TrainingRows`: rows built from the samples, with their own advantages): MDPO (:mod:`dllm_rl.rl.methods.mdpo`)
 trains on (state before a decoding step, that step's prediction) pairs. The samples' rewards stay what the round
 reports (metrics, logs); the training rows all train (the group filter and the advantage rule judge samples, not
-them). A hook whose factory sets ``records_steps`` (``"sampled"`` or ``"greedy"``) on the hook gets rollouts that
-record every step's prediction (``generate(record_steps=...)``); one that sets ``makes_training_rows = True`` cannot
-run with the value model or ``dynamic_sampling`` (both work on the samples). A hook may set ``advantages`` itself:
-one per sample, or one per completion token (``[n, L]``: EGSPO's stepwise advantages). A hook with a ``check``
-attribute is given the resolved RL config before the run (``check(cfg)`` raises ``ValueError`` naming the key
-that does not fit it).
+them). A hook with ``records_steps`` (``"sampled"`` or ``"greedy"``) gets rollouts that record every step's
+prediction (``generate(record_steps=...)``); one with ``makes_training_rows=True`` cannot run with the value model or
+``dynamic_sampling`` (both work on the samples). A hook may set ``advantages`` itself: one per sample, or one per
+completion token (``[n, L]``: EGSPO's stepwise advantages). A hook with a ``check`` is given the resolved RL config
+before the run (``check(cfg)`` raises ``ValueError`` naming the key that does not fit it).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal
 
 import torch
 
@@ -106,11 +106,35 @@ class HookContext:
     advantage_options: dict | None = None
 
 
-class RolloutHook(Protocol):
-    def __call__(self, view: RoundView, ctx: HookContext) -> RoundView: ...
+HookFunction = Callable[[RoundView, HookContext], RoundView]
 
 
-ROLLOUT_HOOKS: dict[str, Callable[..., RolloutHook]] = {}
+@dataclass(frozen=True)
+class RolloutHook:
+    """A built rollout hook: its function ``run`` and the facts the trainer reads (the module docstring):
+    ``records_steps`` (None, ``"sampled"`` or ``"greedy"``), ``makes_training_rows``, ``replaces_round``,
+    ``samples_per_prompt`` (``num_generations -> samples``, for a hook that replaces the round; None: as many as
+    generated) and ``check`` (``cfg -> None``, raising ``ValueError``). Calling it calls ``run``."""
+
+    run: HookFunction
+    records_steps: Literal["sampled", "greedy"] | None = None
+    makes_training_rows: bool = False
+    replaces_round: bool = False
+    samples_per_prompt: Callable[[int], int] | None = None
+    check: Callable[[Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.records_steps not in (None, "sampled", "greedy"):
+            raise ValueError(f"RolloutHook.records_steps: None, 'sampled' or 'greedy', got {self.records_steps!r}")
+        if self.samples_per_prompt is not None and not self.replaces_round:
+            raise ValueError("RolloutHook.samples_per_prompt: only a hook that replaces the round says how many "
+                             "samples it returns")
+
+    def __call__(self, view: RoundView, ctx: HookContext) -> RoundView:
+        return self.run(view, ctx)
+
+
+ROLLOUT_HOOKS: dict[str, Callable[..., RolloutHook | HookFunction]] = {}
 
 
 #: ``rollout_hook: off``: no hook, also where the algorithm's preset names one (None takes the preset's).
@@ -122,8 +146,9 @@ register_hook = registrar(ROLLOUT_HOOKS, "rollout hook")
 def samples_per_prompt(hook: RolloutHook | None, num_generations: int) -> int:
     """The samples a round holds per prompt: ``rollout.num_generations``, or what a hook that decodes the round
     itself returns (its ``samples_per_prompt``; a tree's non-root nodes)."""
-    count = getattr(hook, "samples_per_prompt", None)
-    return int(count(num_generations)) if count is not None else num_generations
+    if hook is None or hook.samples_per_prompt is None:
+        return num_generations
+    return int(hook.samples_per_prompt(num_generations))
 
 
 def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHook | None:
@@ -144,7 +169,8 @@ def make_hook(name: str | None, options: Mapping[str, Any] | None) -> RolloutHoo
     if unknown:
         raise ValueError(f"rollout_hook_options: {', '.join(unknown)} not options of {name!r}; valid: "
                          f"{', '.join(valid)}")
-    return factory(**dict(options or {}))
+    hook = factory(**dict(options or {}))
+    return hook if isinstance(hook, RolloutHook) else RolloutHook(hook)
 
 
 def replace_samples(view: RoundView, indices: list[int], rollout: Rollout, rewards: list[float],

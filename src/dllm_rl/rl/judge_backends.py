@@ -8,18 +8,14 @@ template; only the template's own markers are special tokens."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from dllm_rl.errors import UserError
+from dllm_rl.rl.judge_config import JudgeConfig
 from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
 #: stands for the judge prompt while the chat template is rendered, to find where the prompt goes
 _SLOT = "\x00judge-prompt\x00"
-
-if TYPE_CHECKING:
-    from dllm_rl.rl.judge import JudgeConfig
 
 
 class HFGenerator:

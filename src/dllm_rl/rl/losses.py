@@ -8,7 +8,8 @@ settings :class:`LossConfig` (built from the RL config by :meth:`LossConfig.from
 loss is one such function registered with ``@register_loss("name")`` (in its method's module,
 :mod:`dllm_rl.rl.methods`); its own settings come from ``config.options`` (the RL config's ``loss_options``).
 
-A loss declares two facts when it is registered (``@register_loss(name, kl_level=..., draw_by_draw=...)``):
+A loss declares its facts when it is registered (``@register_loss(name, kl_level=..., draw_by_draw=...,
+ratio_free=...)``), kept as the typed fields of its :class:`PolicyLoss` in :data:`POLICY_LOSSES`:
 
 * ``kl_level``: where the KL to the reference applies, ``"token"`` (per token, reduced as the loss's token terms
   are), ``"sequence"`` (on the length-normalised sequence scores) or ``"draw"`` (on each draw's summed scores, one
@@ -18,6 +19,9 @@ A loss declares two facts when it is registered (``@register_loss(name, kl_level
 * ``draw_by_draw``: the trainer back-propagates the loss one Monte-Carlo draw at a time (BGPO, EBPO: many draws),
   with the exact gradient of any loss, so the memory of an update does not grow with the number of draws
   (:mod:`dllm_rl.rl.draw_backward`).
+* ``ratio_free``: the loss has no importance ratio (SPG, wd1). Every other loss reports ``ratio_max_dev`` (the
+  largest ``|ratio - 1|`` of its terms) in its statistics, which the update checks at the first micro-batch of
+  a step (common random numbers make it exactly 0 there); a loss with a ratio that reports none is an error.
 """
 
 from __future__ import annotations
@@ -175,27 +179,44 @@ def sequence_clipped_loss(
     return LossOutput(loss, stats)
 
 
-PolicyLoss = Callable[[TokenScores, TokenScores, TokenScores | None, torch.Tensor, torch.Tensor, LossConfig],
-                      LossOutput]
-
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+LossFunction = Callable[[TokenScores, TokenScores, TokenScores | None, torch.Tensor, torch.Tensor, LossConfig],
+                        LossOutput]
 KL_LEVELS = ("token", "sequence", "draw")
 
 
-def register_loss(name: str, *, kl_level: str | None, draw_by_draw: bool = False) -> Callable[[PolicyLoss],
-                                                                                            PolicyLoss]:
-    """``@register_loss("name", kl_level=...)``: file ``loss`` as policy loss ``name`` in :data:`POLICY_LOSSES`
-    with the facts the trainer reads (the module docstring); a name registered twice raises ``ValueError``."""
-    if kl_level is not None and kl_level not in KL_LEVELS:
-        raise ValueError(f"policy loss {name!r}: kl_level is one of {', '.join(KL_LEVELS)} or None, got {kl_level!r}")
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss: its ``name``, function ``fn`` and the facts the trainer reads (the module
+    docstring). Calling it calls ``fn``."""
 
-    def deco(fn: PolicyLoss) -> PolicyLoss:
+    name: str
+    fn: LossFunction
+    kl_level: str | None
+    draw_by_draw: bool = False
+    ratio_free: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kl_level is not None and self.kl_level not in KL_LEVELS:
+            raise ValueError(f"policy loss {self.name!r}: kl_level is one of {', '.join(KL_LEVELS)} or None, got "
+                             f"{self.kl_level!r}")
+
+    def __call__(self, new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor,
+                 lengths: torch.Tensor, config: LossConfig) -> LossOutput:
+        return self.fn(new, old, ref, advantages, lengths, config)
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_loss(name: str, *, kl_level: str | None, draw_by_draw: bool = False,
+                  ratio_free: bool = False) -> Callable[[LossFunction], LossFunction]:
+    """``@register_loss("name", kl_level=...)``: file the function as policy loss ``name`` in :data:`POLICY_LOSSES`
+    (a :class:`PolicyLoss` with the facts the trainer reads, the module docstring) and return it unchanged; a name
+    registered twice raises ``ValueError``."""
+    def deco(fn: LossFunction) -> LossFunction:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} registered twice")
-        fn.loss_name = name  # type: ignore[attr-defined]
-        fn.kl_level = kl_level  # type: ignore[attr-defined]
-        fn.draw_by_draw = draw_by_draw  # type: ignore[attr-defined]
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, kl_level, draw_by_draw, ratio_free)  # checks the facts
         return fn
 
     return deco
@@ -225,20 +246,19 @@ def kl_penalty(level: str, new: TokenScores, ref: TokenScores, lengths: torch.Te
 
 
 def policy_objective(
-    loss_fn: PolicyLoss, new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor,
+    loss: PolicyLoss, new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor,
     lengths: torch.Tensor, config: LossConfig,
 ) -> LossOutput:
-    """What the trainer back-propagates: ``loss_fn``'s loss plus ``beta * KL`` at the loss's ``kl_level`` (the one
-    place a KL is added; statistic ``kl``). A loss without a KL level refuses ``beta > 0``."""
-    out = loss_fn(new, old, ref, advantages, lengths, config)
+    """What the trainer back-propagates: ``loss``'s value plus ``beta * KL`` at its ``kl_level`` (the one place a KL
+    is added; statistic ``kl``). A loss without a KL level refuses ``beta > 0``."""
+    out = loss(new, old, ref, advantages, lengths, config)
     if not config.beta:
         return out
-    level = getattr(loss_fn, "kl_level", None)
-    if level is None:
-        raise ValueError(f"the {getattr(loss_fn, 'loss_name', loss_fn.__name__)!r} loss defines no KL term: set beta=0")
+    if loss.kl_level is None:
+        raise ValueError(f"the {loss.name!r} loss defines no KL term: set beta=0")
     if ref is None:
         return out
-    kl = kl_penalty(level, new, ref, lengths, config)
+    kl = kl_penalty(loss.kl_level, new, ref, lengths, config)
     return LossOutput(out.loss + config.beta * kl, {**out.stats, "kl": float(kl.detach())})
 
 

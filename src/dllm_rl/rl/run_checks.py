@@ -14,6 +14,8 @@ from typing import Any
 
 from dllm_rl.config import ConfigError
 from dllm_rl.errors import UserError
+from dllm_rl.rl.algorithms import check_estimator_options
+from dllm_rl.rl.config import decode_config
 
 CHUNK = 1024  # prompts tokenized at a time (their ids are dropped once measured)
 
@@ -56,9 +58,7 @@ def check_settings(cfg: Any, model: Any, lengths: PromptLengths, train_task: Any
 def check_model_settings(cfg: Any, model: Any) -> None:
     """The block sizes, the estimator's options and the sampler's settings of the rollouts and the held-out
     evaluation against ``model`` (no data needed: the trainer runs these before it reads any)."""
-    from dllm_rl.rl.algorithms import check_estimator_options
     from dllm_rl.rl.block_size import run_block_sizes
-    from dllm_rl.rl.config import decode_config
     from dllm_rl.sampling.inputs import check_config
 
     run_block_sizes(cfg, model.block_size)
@@ -76,7 +76,6 @@ def check_prompts(cfg: Any, model: Any, lengths: PromptLengths, train_task: Any,
     """The longest prompt of ``train_task`` (and of ``eval_task``, decoded with the evaluation's settings) with its
     completion slots against the model's context. ``train_source``: where the training prompts come from in
     messages (default ``train_task.source``)."""
-    from dllm_rl.rl.config import decode_config
     from dllm_rl.sampling.inputs import check_config, check_fits
 
     for task, evaluation, what, source in ((train_task, False, "training", train_source),

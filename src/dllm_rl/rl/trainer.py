@@ -154,7 +154,7 @@ class RLTrainer(RLCheckpoints):
         if cfg.lora.enabled:
             apply_lora(self.model, cfg.lora)
         self.rollout_hook = make_hook(cfg.rollout_hook, cfg.rollout_hook_options)
-        own_rows = getattr(self.rollout_hook, "makes_training_rows", False)
+        own_rows = self.rollout_hook is not None and self.rollout_hook.makes_training_rows
         if own_rows and (cfg.value_model.enabled or cfg.dynamic_sampling):
             key = "value_model.enabled" if cfg.value_model.enabled else "dynamic_sampling"
             raise ConfigError(f"{key}: rollout hook {cfg.rollout_hook!r} trains on rows of its own, not on the "

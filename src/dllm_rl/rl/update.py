@@ -12,7 +12,7 @@ every rank before any backward.
 
 Randomness: the step's estimator generator is ``derive_seed(seed, step, ESTIMATOR_MASKS)``; each sample's masks
 come from its own mask seed, shared by the old, reference and current policy (common random numbers: at the
-first pass every ratio is exactly 1).
+first pass every ratio is exactly 1; metric ``ratio_dev_first_update``, absent for a ``ratio_free`` loss).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dllm_rl.models import DiffusionLM
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.draw_backward import backward_by_draw
 from dllm_rl.rl.inpaint_filter import inpaint_loss_mask
-from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, policy_objective
+from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, PolicyLoss, policy_objective
 from dllm_rl.sampling import Rollout
 from dllm_rl.seeding import ESTIMATOR_MASKS, derive_seed
 from dllm_rl.training.backend import backward, clip_gradients, discard_gradients, micro_step
@@ -169,8 +169,8 @@ class PolicyUpdater:
                         losses.append(float(out.loss.detach()))
                         for k, v in out.stats.items():
                             stats.setdefault(k, []).append(v)
-                        if it == 0 and j < accum:  # before the first optimizer step: CRN make this 0
-                            first_dev = max(first_dev, out.stats.get("ratio_max_dev", 0.0))
+                        if it == 0 and j < accum and not loss_fn.ratio_free:  # before the first step: CRN make
+                            first_dev = max(first_dev, _ratio_dev(loss_fn, out.stats))  # this 0
                         scored = new.weight != 0
                         if scored.any():
                             stats.setdefault("neg_logp", []).append(float(-new.logp.detach()[scored].mean()))
@@ -178,7 +178,8 @@ class PolicyUpdater:
                     self._optimizer_step()
         result = {k: sum(v) / len(v) for k, v in stats.items() if k != "ratio_max_dev"}
         result.update(filtered)
-        result["ratio_dev_first_update"] = first_dev
+        if not loss_fn.ratio_free:
+            result["ratio_dev_first_update"] = first_dev
         if self.grad_norms:
             result["grad_norm"] = max(self.grad_norms)
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
@@ -191,7 +192,7 @@ class PolicyUpdater:
         (else no rank back-propagates it, and the returned loss is NaN on every rank); a ``draw_by_draw`` loss
         (BGPO, EBPO) is back-propagated one draw at a time (:mod:`dllm_rl.rl.draw_backward`)."""
         cfg = self.cfg
-        if getattr(loss_fn, "draw_by_draw", False):
+        if loss_fn.draw_by_draw:
             current = None
             if old is None:  # on-policy: the old scores are the current ones (one draw's rows per model call)
                 with torch.no_grad():
@@ -239,6 +240,15 @@ class PolicyUpdater:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def _ratio_dev(loss: PolicyLoss, stats: dict[str, float]) -> float:
+    """The largest ``|ratio - 1|`` that ``loss`` (one with a ratio) reports; a loss that reports none is refused,
+    so that the first-update check cannot pass for a loss that forgot it."""
+    if "ratio_max_dev" not in stats:
+        raise ValueError(f"policy loss {loss.name!r} has an importance ratio but reported no ratio_max_dev statistic "
+                         "(register a loss without a ratio with ratio_free=True)")
+    return stats["ratio_max_dev"]
 
 
 def _detached(s: TokenScores) -> TokenScores:

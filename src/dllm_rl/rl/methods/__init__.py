@@ -3,8 +3,8 @@
 Each module declares ``METHOD = Method(...)`` (:mod:`dllm_rl.rl.method`: its preset, paper and recipe) and
 registers the parts the library lacks (a policy loss, an advantage rule, a rollout hook; estimators live in
 :mod:`dllm_rl.estimators`). Importing this package imports every module in it, so **adding a method** is one module
-here and one recipe in ``configs/``: :data:`METHODS`, ``PRESETS``, the help texts, the README's preset table and
-the tests' lists are derived from the modules.
+here and one recipe in ``configs/``: :data:`METHODS`, ``PRESETS``, the help texts, the preset table of
+``docs/methods.md`` (``make docs``) and the tests' lists are derived from the modules.
 
 The tables below are the complete registries (the config checks read them from here).
 """

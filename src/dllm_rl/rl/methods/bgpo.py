@@ -26,7 +26,7 @@ import torch
 
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 
 def draw_log_ratios(new: TokenScores, old: TokenScores, lengths: torch.Tensor) -> torch.Tensor:
@@ -56,7 +56,7 @@ def bgpo_loss(
 # 16 MC draws: the paper's large-sample setting (not confirmed from its code).
 METHOD = Method(
     name="bgpo", paper="BGPO, arXiv 2510.11683", recipe="llada-bgpo-math.yaml",
-    preset=dict(estimator="elbo", estimator_options={"num_mc": 16, "coupled": False}, loss_type="bgpo",
+    preset=Preset(estimator="elbo", estimator_options={"num_mc": 16, "coupled": False}, loss_type="bgpo",
                 loss_aggregation="seq_mean", beta=0.0, kl_estimator="k2", advantage="group_zscore",
                 scale_rewards="group", estimator_noise="sample"),
     notes={"estimator": "block ELBO on block models", "loss": "linear lower bound, back-propagated draw by draw"},

@@ -47,7 +47,7 @@ import torch
 
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 
 def dual_clip(per_token: torch.Tensor, adv: torch.Tensor, c: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +113,7 @@ def cj_grpo_loss(
 
 METHOD = Method(
     name="cj_grpo", paper="CJ-GRPO, arXiv 2509.23924", recipe="llada-cj-grpo-gsm8k.yaml",
-    preset=dict(estimator="trace", estimator_options={"shrinkage": 1, "mask_uncounted": True}, loss_type="cj_grpo",
+    preset=Preset(estimator="trace", estimator_options={"shrinkage": 1, "mask_uncounted": True}, loss_type="cj_grpo",
                 loss_options={"dual_clip": 3.0}, loss_aggregation="seq_mean", beta=0.0, kl_estimator="k3",
                 advantage="group_zscore", scale_rewards="group", estimator_noise="sample"),
     notes={"estimator": "every decoding step its own transition", "loss": "dual clip 3, mean per transition"},

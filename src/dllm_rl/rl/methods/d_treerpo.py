@@ -43,7 +43,7 @@ import torch
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, register_hook
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss, token_clipped_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 from dllm_rl.rl.tree import TreeShape, grow_tree, node_values, sibling_advantages
 
 
@@ -81,9 +81,7 @@ def tree_rollout_hook(*, branch: int = 4, depth: int = 2) -> RolloutHook:
         return replace(view, rollout=tree.nodes, rewards=values.flatten().tolist(), reasons=reasons,
                        advantages=adv.flatten().tolist(), stats=stats)
 
-    hook.replaces_round = True  # type: ignore[attr-defined]
-    hook.samples_per_prompt = samples  # type: ignore[attr-defined]
-    return hook
+    return RolloutHook(hook, replaces_round=True, samples_per_prompt=samples)
 
 
 def sd_schedule(progress: float, lambda_max: float = 3e-3, gamma: float = 2.0, tau_max: float = 2.0,
@@ -153,7 +151,7 @@ def d_treerpo_loss(
 
 METHOD = Method(
     name="d_treerpo", paper="d-TreeRPO, arXiv 2512.09675", recipe="llada-d-treerpo-math.yaml",
-    preset=dict(estimator="tree_segment", estimator_options={}, loss_type="d_treerpo",
+    preset=Preset(estimator="tree_segment", estimator_options={}, loss_type="d_treerpo",
                 loss_options={"sd_lambda_max": 3e-3, "sd_gamma": 2.0, "sd_tau_max": 2.0, "sd_beta": 0.7},
                 loss_aggregation="seq_mean",
                 beta=0.01, kl_estimator="k3", advantage="leave_one_out", scale_rewards="none",

@@ -27,7 +27,7 @@ import torch
 
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 
 @register_loss("ebpo", kl_level="sequence", draw_by_draw=True)
@@ -58,7 +58,7 @@ def ebpo_loss(
 # DARE's LLaDA2-mini recipe: 16 draws; its block is the model's (block models) or the rollout's (block_length).
 METHOD = Method(
     name="ebpo", paper="EBPO (LLaDA2.1), arXiv 2602.08676", recipe="llada2-ebpo-math.yaml",
-    preset=dict(estimator="ebpo_block", estimator_options={"num_mc": 16}, loss_type="ebpo",
+    preset=Preset(estimator="ebpo_block", estimator_options={"num_mc": 16}, loss_type="ebpo",
                 loss_aggregation="seq_mean", beta=0.0, kl_estimator="k3", advantage="group_zscore",
                 scale_rewards="group", estimator_noise="sample"),
     notes={"estimator": "block-composite ELBO, >= 1 masked token per block",

@@ -47,7 +47,7 @@ from dllm_rl.estimators import TokenScores
 from dllm_rl.estimators.egspo_steps import select_steps
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, register_hook
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 from dllm_rl.rl.step_predictions import step_rollout, without_steps
 
 
@@ -126,9 +126,7 @@ def egspo_returns_hook(*, lam: float = 0.5, normalize: bool = True, num_steps: i
             raise ValueError("value_model.enabled: egspo_returns computes the advantages itself; the value model "
                              "would replace them")
 
-    hook.records_steps = "greedy"  # type: ignore[attr-defined]
-    hook.check = check  # type: ignore[attr-defined]
-    return hook
+    return RolloutHook(hook, records_steps="greedy", check=check)
 
 
 @register_loss("egspo", kl_level="draw")
@@ -167,7 +165,7 @@ def egspo_loss(
 
 METHOD = Method(
     name="egspo", paper="EGSPO, arXiv 2603.12554", recipe="llada-egspo-math.yaml",
-    preset=dict(estimator="egspo_steps", estimator_options={"num_steps": 8}, loss_type="egspo",
+    preset=Preset(estimator="egspo_steps", estimator_options={"num_steps": 8}, loss_type="egspo",
                 loss_options={"tokens_per_step": 2}, loss_aggregation="seq_mean", beta=0.02, kl_estimator="k3",
                 advantage="group_zscore", scale_rewards="none", estimator_noise="sample",
                 rollout_hook="egspo_returns", rollout_hook_options={"lam": 0.5, "num_steps": 8}),

@@ -8,11 +8,11 @@ Ours: a prompt's rollouts share the ELBO's masks (``estimator_noise=group``), so
 the tokens they share cancel (benchmarks/LEARNING.md: it lifted ESPO on both demo models).
 """
 
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 METHOD = Method(
     name="espo", paper="ESPO, arXiv 2512.03759", recipe="llada-espo-gsm8k.yaml",
-    preset=dict(estimator="elbo", estimator_options={"num_mc": 2, "coupled": True}, loss_type="sequence",
+    preset=Preset(estimator="elbo", estimator_options={"num_mc": 2, "coupled": True}, loss_type="sequence",
                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k2", advantage="leave_one_out",
                 scale_rewards="none", estimator_noise="group"),
 )

@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, register_hook, replace_samples
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 
 def inpaint_positions(n_tokens: int, ratio: float, min_chunk: int, max_chunk: int, rng: random.Random) -> list[int]:
@@ -103,12 +103,12 @@ def igpo_hook(
             view.stats[k] = view.stats.get(k, 0.0) + v
         return view
 
-    return hook
+    return RolloutHook(hook)
 
 
 METHOD = Method(
     name="igpo", paper="IGPO, arXiv 2509.10396", recipe="llada-igpo-math.yaml",
-    preset=dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="sequence",
+    preset=Preset(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="sequence",
                 loss_aggregation="seq_mean", beta=0.01, kl_estimator="k3", advantage="group_zscore",
                 scale_rewards="group", estimator_noise="sample", rollout_hook="igpo",
                 rollout_hook_options={"max_replacements": 4, "ratio_low": 0.2, "ratio_high": 0.6,

@@ -19,11 +19,11 @@ a block sees the clean earlier blocks and only its own noisy state): row ``j`` m
 padding after the answer; here only counted tokens are scored (padding stays masked as the future).
 """
 
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 METHOD = Method(
     name="justgrpo", paper="JustGRPO, arXiv 2601.15165", recipe="llada-justgrpo-gsm8k.yaml",
-    preset=dict(estimator="left_to_right", estimator_options={}, loss_type="token", loss_aggregation="fixed_length",
+    preset=Preset(estimator="left_to_right", estimator_options={}, loss_type="token", loss_aggregation="fixed_length",
                 beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
                 estimator_noise="sample"),
     notes={"estimator": "exact left-to-right likelihood"},

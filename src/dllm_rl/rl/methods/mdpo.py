@@ -44,7 +44,7 @@ import torch
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, TrainingRows, register_hook
 from dllm_rl.rl.losses import AGGREGATIONS, LossConfig, LossOutput, check_options, clipped_surrogate, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 from dllm_rl.rl.step_predictions import step_rollout, without_steps
 from dllm_rl.sampling import Rollout
 
@@ -144,9 +144,7 @@ def mdpo_hook(*, train_steps: int = 16) -> RolloutHook:
                  "mdpo_backslide": float((r.max(1).values > final).sum()), "mdpo_pairs": float(len(pairs))}
         return replace(view, rollout=without_steps(ro), training=training, stats={**view.stats, **stats})
 
-    hook.records_steps = "sampled"  # type: ignore[attr-defined]
-    hook.makes_training_rows = True  # type: ignore[attr-defined]
-    return hook
+    return RolloutHook(hook, records_steps="sampled", makes_training_rows=True)
 
 
 @register_loss("mdpo", kl_level="token")
@@ -180,7 +178,7 @@ def mdpo_loss(
 
 METHOD = Method(
     name="mdpo", paper="MDPO, arXiv 2508.13148", recipe="llada-mdpo-math.yaml",
-    preset=dict(estimator="one_step", estimator_options={}, loss_type="mdpo", loss_aggregation="seq_mean", beta=0.0,
+    preset=Preset(estimator="one_step", estimator_options={}, loss_type="mdpo", loss_aggregation="seq_mean", beta=0.0,
                 kl_estimator="k2", advantage="group_zscore", scale_rewards="group", estimator_noise="sample",
                 rollout_hook="mdpo", rollout_hook_options={"train_steps": 16}),
     notes={"estimator": "each step's state -> its prediction",

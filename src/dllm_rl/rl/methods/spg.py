@@ -31,7 +31,7 @@ import torch
 
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 
 def eubo_scores(scores: TokenScores, lengths: torch.Tensor, eubo_beta: float) -> torch.Tensor:
@@ -45,7 +45,7 @@ def eubo_scores(scores: TokenScores, lengths: torch.Tensor, eubo_beta: float) ->
     return lengths.float() * per_token
 
 
-@register_loss("spg", kl_level=None)
+@register_loss("spg", kl_level=None, ratio_free=True)
 def spg_loss(
     new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
     config: LossConfig,
@@ -77,7 +77,7 @@ def spg_loss(
 
 METHOD = Method(
     name="spg", paper="SPG, arXiv 2510.09541", recipe="llada-spg-countdown.yaml",
-    preset=dict(estimator="spg_block", estimator_options={"num_mc": 2}, loss_type="spg",
+    preset=Preset(estimator="spg_block", estimator_options={"num_mc": 2}, loss_type="spg",
                 loss_options={"mode": "mix", "eubo_beta": 1.5, "mix_weight": 0.5}, loss_aggregation="seq_mean",
                 beta=0.0, kl_estimator="k3", advantage="group_zscore", scale_rewards="none", estimator_noise="sample"),
     notes={"estimator": "block-wise masking", "loss": "ELBO for A > 0, EUBO/ELBO mix otherwise; ratio-free"},

@@ -7,11 +7,11 @@ clipped ratio, k3 KL with beta 0.01, GRPO advantages; its diffusion value model 
 (:mod:`dllm_rl.rl.value`).
 """
 
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 METHOD = Method(
     name="tracerl", paper="TraceRL, arXiv 2509.06949", recipe="trado-tracerl-math.yaml",
-    preset=dict(estimator="trace", estimator_options={}, loss_type="token", loss_aggregation="token_mean",
+    preset=Preset(estimator="trace", estimator_options={}, loss_type="token", loss_aggregation="token_mean",
                 beta=0.01, kl_estimator="k3", advantage="group_zscore", scale_rewards="group",
                 estimator_noise="sample"),
     notes={"estimator": "s = 1 block, 8 full"},

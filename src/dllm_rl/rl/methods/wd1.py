@@ -24,7 +24,7 @@ import torch
 from dllm_rl.estimators import TokenScores
 from dllm_rl.rl.advantages import _groups, register_advantage
 from dllm_rl.rl.losses import LossConfig, LossOutput, check_options, register_loss
-from dllm_rl.rl.method import Method
+from dllm_rl.rl.method import Method, Preset
 
 
 @register_advantage("wd1_weights")
@@ -36,7 +36,7 @@ def wd1_weights(rewards: torch.Tensor, group_size: int, scale_rewards: str = "no
     return (torch.softmax(a, dim=1) - torch.softmax(-a, dim=1)).reshape(-1)
 
 
-@register_loss("weighted_loglik", kl_level="sequence")
+@register_loss("weighted_loglik", kl_level="sequence", ratio_free=True)
 def weighted_loglik_loss(
     new: TokenScores, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, lengths: torch.Tensor,
     config: LossConfig,
@@ -52,7 +52,7 @@ def weighted_loglik_loss(
 
 METHOD = Method(
     name="wd1", paper="wd1, arXiv 2507.08838", recipe="llada-wd1-countdown.yaml",
-    preset=dict(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="weighted_loglik",
+    preset=Preset(estimator="mean_field", estimator_options={"p_mask_prompt": 0.15}, loss_type="weighted_loglik",
                 loss_aggregation="seq_mean", beta=0.0, kl_estimator="k3", advantage="wd1_weights",
                 scale_rewards="none", estimator_noise="sample"),
     notes={"loss": "ratio-free"},
