@@ -1,10 +1,13 @@
 """The layer picture of the README holds: every ``dllm_rl`` import (module level or inside a function) goes from
-a package to a lower layer; the ground floor's modules may use one another."""
+a package to a lower layer; the ground floor's modules may use one another. No modules import each other in a
+circle, deferred imports (inside a function, under ``TYPE_CHECKING``) included, and ``importlib.import_module``
+(an import the AST cannot see) is used only where a name is known at run time."""
 
 from __future__ import annotations
 
 import ast
 import re
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +101,95 @@ def test_an_upward_import_is_caught(tmp_path):
     assert upward_imports(fake) == ["dllm_rl/models/bad.py:2: models (models) imports rl (trainers)",
                                     "dllm_rl/models/rel.py:3: models (models) imports sampling (sampling)",
                                     "dllm_rl/rl/side.py:1: rl (trainers) imports sft (trainers)"]
+
+
+def _module_name(path: Path, src: Path) -> str:
+    """``dllm_rl.rl.trainer`` for rl/trainer.py, ``dllm_rl.rl`` for rl/__init__.py."""
+    parts = path.relative_to(src.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(node: ast.AST, package: str, modules: set[str]) -> list[str]:
+    """The modules of ``modules`` that import ``node`` names: ``from a.b import c`` imports module ``a.b.c`` when
+    there is one, else ``a.b`` (the nearest existing module above a name that is not one)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative: against the file's package
+            up = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join([*up, *([node.module] if node.module else [])])
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    else:
+        return []
+    out = []
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            out.append(name)
+    return out
+
+
+def import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """Each module of ``src`` -> the modules of ``src`` it imports anywhere (module level, inside functions, under
+    ``TYPE_CHECKING``). A package's ``__init__`` counts only where it is named, not as the parent every import of a
+    submodule runs first (a package that imports its submodules is no circle)."""
+    files = {_module_name(p, src): p for p in sorted(src.rglob("*.py"))}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = {t for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                       for t in _targets(node, package, set(files)) if t != name}
+    return graph
+
+
+def import_cycles(src: Path = SRC) -> list[list[str]]:
+    """The circles of imports in ``src``, each as its modules sorted, found one at a time (each broken once found)
+    until none is left; [] when none."""
+    graph, cycles = import_graph(src), []
+    while True:
+        try:
+            TopologicalSorter(graph).prepare()
+            return sorted(cycles)
+        except CycleError as exc:
+            ring = exc.args[1][:-1]  # [a, b, ..., a]: the circle found
+            cycles.append(sorted(set(ring)))
+            for a, b in zip(ring, [*ring[1:], ring[0]]):
+                graph[b].discard(a)  # break it (b imports a in the sorter's order), then look for another
+
+
+def test_no_module_is_in_an_import_circle():
+    assert import_cycles() == []
+
+
+def test_an_import_circle_is_caught(tmp_path):
+    """A circle held by a deferred import, one under TYPE_CHECKING and a relative one are found; a package whose
+    ``__init__`` imports its submodules is not a circle."""
+    fake = tmp_path / "dllm_rl"
+    for d in ("sampling", "rl"):
+        (fake / d).mkdir(parents=True)
+    (fake / "sampling" / "__init__.py").write_text("from dllm_rl.sampling.decode import generate\n")
+    (fake / "sampling" / "decode.py").write_text("def generate():\n    from dllm_rl.sampling.engine import Engine\n")
+    (fake / "sampling" / "engine.py").write_text("from dllm_rl.sampling import decode\n")
+    (fake / "rl" / "judge.py").write_text("from .judge_backends import HF\nclass JudgeConfig: ...\n")
+    (fake / "rl" / "judge_backends.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                   "    from dllm_rl.rl.judge import JudgeConfig\nclass HF: ...\n")
+    (fake / "rl" / "curriculum.py").write_text("import dllm_rl.rl.judge\n")
+    assert import_cycles(fake) == [["dllm_rl.rl.judge", "dllm_rl.rl.judge_backends"],
+                                   ["dllm_rl.sampling.decode", "dllm_rl.sampling.engine"]]
+
+
+#: Where ``importlib.import_module`` is used, and why a plain import cannot do there.
+IMPORT_MODULE_SITES = {
+    "dllm_rl/__init__.py": "the lazy names of the Python API (PEP 562): import dllm_rl loads no subcommand",
+    "dllm_rl/cli.py": "the module of the one subcommand named on the command line",
+    "dllm_rl/rl/methods/__init__.py": "every module found in the methods folder (a method is one new module)",
+    "dllm_rl/tasks/__init__.py": "a task registered as 'module:Class', imported when it is first built",
+    "dllm_rl/tasks/base.py": "a user's 'module:function' reward",
+}
+
+
+def test_import_module_is_used_only_for_names_known_at_run_time():
+    found = {p.relative_to(SRC.parent).as_posix() for p in SRC.rglob("*.py") if "import_module(" in p.read_text()}
+    assert sorted(found) == sorted(IMPORT_MODULE_SITES)
