@@ -37,8 +37,8 @@ from pathlib import Path
 
 from rare_shapes import write_rare_set
 
-from dllm_rl.rl.algorithms import PRESETS
 from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides, recipe_overrides
+from dllm_rl.rl.presets import PRESETS
 from dllm_rl.training import METRICS_FILE, read_metrics
 
 # every preset (the methods' modules, dllm_rl.rl.methods) on both Countdown demo models
