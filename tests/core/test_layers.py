@@ -104,7 +104,7 @@ def test_an_upward_import_is_caught(tmp_path):
 
 
 def _module_name(path: Path, src: Path) -> str:
-    """``dllm_rl.rl.trainer`` for rl/trainer.py, ``dllm_rl.rl`` for rl/__init__.py."""
+    """``dllm_rl.rl.trainer`` for rl/trainer.py, ``dllm_rl.rl`` for the rl package's ``__init__``."""
     parts = path.relative_to(src.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -56,10 +56,6 @@ def _plain(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else value
 
 
-#: The config fields every preset fills (the fields of :class:`Preset`).
-PRESET_KEYS = tuple(f.name for f in dataclasses.fields(Preset))
-
-
 @dataclass(frozen=True)
 class Method:
     """One RL method: ``name`` (the ``algorithm=`` value; its module's name), ``paper`` ("NAME, arXiv ID"),
