@@ -5,8 +5,8 @@
     python scripts/make_docs.py          # write them
     python scripts/make_docs.py --check  # exit 1, naming the stale files, when a file differs from its output
 
-``tests/core/test_config_renames.py`` checks that the tree equals this output, so a new method (one module and one recipe)
-needs only ``make docs``."""
+``tests/core/test_config_renames.py`` checks that the tree equals this output, so a new method (one module and one
+recipe) needs only ``make docs``."""
 
 from __future__ import annotations
 
