@@ -94,7 +94,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_rl.config import Checked, FieldError, field
+from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
 from dllm_rl.models.prompt_images import PromptImages
@@ -103,13 +103,15 @@ from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.copies import CopyCounter
 from dllm_rl.sampling.decode import evaluating, step_commits, to_rollout
+from dllm_rl.sampling.engine_api import BASE_MODEL, Completion, EngineConfig
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_noise
-from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs, step_logprobs
+from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, step_logprobs
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.row_splice import RowSplice, request_images
 from dllm_rl.sampling.sequence import Sequence, SlotRows
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
 from dllm_rl.sampling.step_record import PREDICTIONS, step_prediction
+from dllm_rl.sampling.uniform_engine import UniformEngine
 
 # DecodeConfig fields a request may set for itself (they act after the forward) and those it shares with the engine.
 PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "remasking",
@@ -117,38 +119,9 @@ PER_REQUEST = ("steps", "threshold", "sub_block", "confidence", "temperature", "
 SHARED = ("block_length", "block_size", "cache")
 CHOICE = ("steps", "threshold", "sub_block", "confidence", "temperature", "top_k", "top_p", "remasking")  # one step's
 
-#: ``add_request(adapter=BASE_MODEL)``: the base model, LoRA adapters off (``peft``'s name in a mixed-adapter batch).
-BASE_MODEL = "__base__"
-
 # Block models: a joining sequence whose first forward (uncached prompt plus first block) exceeds this many blocks
 # runs in a forward of its own rather than widening every running row's queries to its length.
 JOIN_APART = 2
-
-
-@dataclass
-class EngineConfig(Checked):
-    """How the continuous-batching engine schedules (the decoding itself is a :class:`DecodeConfig`)."""
-
-    slots: int = field(
-        32, ge=1,
-        help="Sequences decoded at once (the batch of every step). A finished sequence's slot goes to the next "
-        "waiting request at once; memory grows with the slots, never with the queue.",
-    )
-    early_stop: bool = field(
-        False,
-        help="Stop a sequence as soon as its answer is decided (a committed EOS with every slot before it committed) "
-        "and fill its masked slots with EOS (not a partial decode's, whose later blocks stay masked). Same answers, "
-        "fewer forward passes; the tokens after the first EOS and the NFE differ from the published samplers, hence "
-        "off by default.",
-    )
-    max_positions: int | None = field(
-        None, ge=1,
-        help="The positions a request may take (prompt plus completion slots); a request needing more is refused. "
-        "It bounds memory: a block model's KV cache (or a full-attention model's Fast-dLLM prefix / dual cache) is "
-        "slots x max_positions columns, allocated at the first step (without it, grown to the longest request so "
-        "far), and a full-attention model without a cache pads every running row to the longest request. None: the "
-        "model's context.",
-    )
 
 
 @dataclass
@@ -166,16 +139,6 @@ class _Canvases:
     splice: object | None
 
 
-@dataclass
-class Completion:
-    """A finished request: its id (from :meth:`Engine.add_request`), its one-row :class:`Rollout` and, if it asked,
-    its tokens' log-probabilities at commit."""
-
-    request_id: int
-    rollout: Rollout
-    logprobs: TokenLogprobs | None = None
-
-
 class Engine:
     """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
 
@@ -184,8 +147,6 @@ class Engine:
         (:class:`~dllm_rl.sampling.uniform_engine.UniformEngine`, the same API): the one place the engine reads the
         family's noise."""
         if cls is Engine and uniform_noise(model):
-            from dllm_rl.sampling.uniform_engine import UniformEngine
-
             return UniformEngine(model, *args, **kwargs)
         return super().__new__(cls)
 

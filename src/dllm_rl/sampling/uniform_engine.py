@@ -50,6 +50,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.copies import CopyCounter
 from dllm_rl.sampling.decode import evaluating
+from dllm_rl.sampling.engine_api import BASE_MODEL, Completion, EngineConfig
 from dllm_rl.sampling.inputs import check_inputs, uniform_decode_config
 from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs
 from dllm_rl.sampling.rollout import Rollout
@@ -119,8 +120,6 @@ class UniformEngine:
     """Continuous-batching decoder of a uniform-state model (see the module docstring)."""
 
     def __init__(self, model, config: DecodeConfig, engine=None, tokenizer=None):
-        from dllm_rl.sampling.engine import EngineConfig
-
         if not isinstance(config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
         if getattr(model.model, "peft_config", None):
@@ -154,8 +153,6 @@ class UniformEngine:
                     logprobs: int | None = None) -> int:
         """Queue one prompt (token ids); returns its request id (:meth:`Engine.add_request`'s arguments; those
         a uniform-state rollout has no use for are refused)."""
-        from dllm_rl.sampling.engine import BASE_MODEL
-
         rid = self._next_id
         given = {"images": images is not None, "prefill": prefill is not None, "record_steps": bool(record_steps),
                  "until_block": until_block is not None, "adapter": adapter not in (None, BASE_MODEL)}
@@ -222,8 +219,6 @@ class UniformEngine:
 
     def step(self) -> list:
         """Fill free slots, run one denoising step of every running request, return the requests that finished."""
-        from dllm_rl.sampling.engine import Completion
-
         self.copies.begin_step()
         finished = []
         with evaluating(self.model), torch.inference_mode():
