@@ -73,7 +73,7 @@ def _eval_config_lines() -> list[str]:
 def eval_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.eval.harness import EvalRunConfig, run_eval
-    from dllm_rl.eval.settings import load_settings_file, parse_setting
+    from dllm_rl.eval.settings import load_settings_file, parse_setting, parse_thresholds
     from dllm_rl.training.run_config import RunConfig
 
     task, data, prompt_style, decode = args.task, args.data, args.prompt_style, decode_overrides(args)
@@ -89,6 +89,7 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.settings_file:
         settings += load_settings_file(args.settings_file)
     settings += [parse_setting(s) for s in args.setting or []]
+    thresholds = parse_thresholds(args.thresholds) if args.thresholds is not None else []
     task_options = _kv_options(args.task_option, "--task-option")
     if args.task_type:
         task_options["task_type"] = args.task_type
@@ -100,8 +101,8 @@ def eval_command(args: argparse.Namespace) -> int:
     fields = {**given_values(args, EvalRunConfig), "task": task, "data": data, "prompt_style": prompt_style}
     try:  # EvalRunConfig checks its ranges; the flags are generated from its fields (and the run section's)
         cfg = EvalRunConfig(model_dir=args.model_dir, task_options=task_options, decode=decode, settings=settings,
-                            command=_command_line(args), run=RunConfig(**run),
-                            **{k: v for k, v in fields.items() if k not in ("model_dir", "command")})
+                            thresholds=thresholds, command=_command_line(args), run=RunConfig(**run),
+                            **{k: v for k, v in fields.items() if k not in ("model_dir", "command", "thresholds")})
     except FieldError as exc:
         raise UserError(f"--{exc.key.replace('_', '-')}: {exc.problem}") from None
     summary = run_eval(cfg)
@@ -130,6 +131,10 @@ def register_eval(sub) -> None:
     p.add_argument("--setting", action="append", metavar="NAME[:KEY=VAL,...]",
                    help="a named decoding setting over the base flags, repeatable: e.g. static1:tokens_per_step=1, "
                    "dyn:threshold=0.9, b8:block_length=8,cache=prefix. Keys: DecodeConfig fields or tokens_per_step")
+    p.add_argument("--thresholds", default=None, metavar="T1,T2,...",
+                   help="an accuracy-vs-passes curve: one setting per confidence threshold (thr0.5, thr0.9, ...) "
+                   "and thr1, one token per step, the reference each point is compared with (in summary.md's "
+                   "curve table, summary.json's curve and the plot); e.g. --thresholds 0.5,0.7,0.9")
     p.add_argument("--settings-file", default=None,
                    help="YAML file of settings: {name: {key: value}} or a list of {name: ..., key: value}")
     p.add_argument("--task-option", action="append", metavar="KEY=VALUE", help="extra get_task option, repeatable")

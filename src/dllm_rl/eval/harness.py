@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllm_rl.config import Checked, ConfigError, field, to_dict
+from dllm_rl.config import Checked, ConfigError, FieldError, field, to_dict
 from dllm_rl.errors import UserError
 from dllm_rl.eval.provenance import (
     check_resume,
@@ -44,7 +44,7 @@ from dllm_rl.eval.provenance import (
     model_fingerprint,
     write_json,
 )
-from dllm_rl.eval.settings import ResolvedSetting, Setting, resolve_decode
+from dllm_rl.eval.settings import ResolvedSetting, Setting, resolve_decode, threshold_settings
 from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
 from dllm_rl.models.checks import check_model_tokenizer
 from dllm_rl.seeding import derive_seed
@@ -83,6 +83,10 @@ class EvalRunConfig(Checked):
     task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
     decode: dict[str, Any] = field(default_factory=dict, help="Base DecodeConfig overrides for every setting.")
     settings: list[Setting] = field(default_factory=list, help="Named decoding settings (default: one, 'default').")
+    thresholds: list[float] = field(
+        default_factory=list, help="An accuracy-vs-passes curve: one setting per confidence threshold in (0, 1] "
+        "(named thr<t>), 1.0 (one token per step, the reference) added when not listed; the report gives each "
+        "point's accuracy, forward passes per answer and tokens per forward against the reference.")
     block_size: int | None = field(None, ge=1, help="Block models: decode in blocks of this size (default: the "
                                    "model's own block_size; TraceRL's block-size adaptation trains a model to decode "
                                    "at another).")
@@ -96,6 +100,9 @@ class EvalRunConfig(Checked):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        bad = [t for t in self.thresholds if not 0 < float(t) <= 1]
+        if bad:
+            raise FieldError("thresholds", f"{bad[0]:g} is outside (0, 1]; a confidence threshold is a probability")
         given = [f"run.{k}" for k, v in (("resume", self.run.resume not in (None, "auto", "latest")),
                                            ("push_to_hub", self.run.push_to_hub), ("report_to", self.run.report_to),
                                            ("save_every", self.run.save_every)) if v]
@@ -227,7 +234,8 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
             raise UserError(f"--block-size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
                              "model (its decoding block is --block-length)")
         block_size = cfg.block_size
-    settings = list(cfg.settings) or [Setting("default")]
+    curve = threshold_settings(cfg.thresholds, cfg.decode) if cfg.thresholds else []
+    settings = list(cfg.settings) + curve or [Setting("default")]
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -461,7 +469,7 @@ def _write_traces(prep: PreparedEval, model, setting: Setting, inputs: PromptInp
 
 def write_summary(prep: PreparedEval) -> dict[str, Any]:
     """Summary JSON + Markdown + plot from the records on disk (only the current items and samples)."""
-    from dllm_rl.eval.report import markdown_table, plot_accuracy_vs_nfe, summarize_records
+    from dllm_rl.eval.report import accuracy_curve, markdown_table, plot_accuracy_vs_nfe, summarize_records
 
     n_items, k = len(prep.examples), prep.cfg.num_samples
     settings = {}
@@ -480,6 +488,9 @@ def write_summary(prep: PreparedEval) -> dict[str, Any]:
     summary = {"model": prep.cfg.model_dir, "task": prep.cfg.task, "split": prep.cfg.split,
                "num_samples": k, "items": n_items, "command": prep.cfg.command or "", "settings": settings,
                "meta": {key: v for key, v in prep.meta.items() if key != "settings"}}
+    if prep.cfg.thresholds:
+        curve = threshold_settings(prep.cfg.thresholds, prep.cfg.decode)
+        summary["curve"] = accuracy_curve(settings, {s.name: s.overrides["threshold"] for s in curve})
     write_json(prep.out / "summary.json", summary)
     (prep.out / "summary.md").write_text(markdown_table(summary))
     plot_accuracy_vs_nfe(summary, prep.out / "accuracy_vs_nfe.png")

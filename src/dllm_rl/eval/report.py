@@ -10,6 +10,10 @@ Metrics (one decoding setting, ``n`` samples for each of ``N`` items):
 - ``nfe_per_token = sum(nfe) / sum(length)``, and its inverse ``tokens_per_nfe`` (decoding parallelism);
 - ``tokens_per_s``: answer tokens per second of generation wall time (the only number that depends on
   the machine and on batching; everything else is a function of the written records).
+
+With ``--thresholds`` the summary holds ``curve``: accuracy against forward passes, one point per confidence
+threshold, each compared with the reference, threshold 1.0 (one token per step): ``accuracy_delta`` (points of
+accuracy lost or won), ``fewer_passes`` (the reference's mean NFE over the point's) and ``tokens_per_nfe``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,33 @@ def summarize_records(records: Sequence[Mapping[str, Any]], num_samples: int | N
     return out
 
 
+def accuracy_curve(settings: Mapping[str, Any], thresholds: Mapping[str, float]) -> dict[str, Any]:
+    """The accuracy-vs-passes curve of the settings named in ``thresholds`` (name -> threshold; 1.0, one token
+    per step, is the reference), highest threshold first."""
+    ref_name = next(n for n, t in thresholds.items() if t == 1.0)
+    ref = settings[ref_name]["metrics"]
+    points = []
+    for name, t in sorted(thresholds.items(), key=lambda kv: -kv[1]):
+        m = settings[name]["metrics"]
+        points.append({"setting": name, "threshold": t, "accuracy": m["accuracy"],
+                       "accuracy_delta": m["accuracy"] - ref["accuracy"], "nfe_mean": m["nfe_mean"],
+                       "fewer_passes": ref["nfe_mean"] / m["nfe_mean"] if m["nfe_mean"] else math.nan,
+                       "tokens_per_nfe": m["tokens_per_nfe"]})
+    return {"reference": ref_name, "points": points}
+
+
+def curve_table(curve: Mapping[str, Any]) -> list[str]:
+    """Markdown lines of :func:`accuracy_curve`: one row per threshold."""
+    lines = ["## Accuracy vs forward passes", "",
+             f"Each threshold against `{curve['reference']}` (threshold 1.0: one token per step).", "",
+             "| threshold | accuracy | vs one per step | NFE per answer | fewer passes | tokens per forward |",
+             "|---|---|---|---|---|---|"]
+    for pt in curve["points"]:
+        lines.append(f"| {pt['threshold']:g} | {_fmt(pt['accuracy'])} | {pt['accuracy_delta'] * 100:+.1f} pts | "
+                     f"{_fmt(pt['nfe_mean'], 1)} | {_fmt(pt['fewer_passes'], 2)}x | {_fmt(pt['tokens_per_nfe'], 2)} |")
+    return lines
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         return "n/a" if math.isnan(v) else f"{v:.{digits}f}"
@@ -79,6 +110,8 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     lines.append("|" + "|".join("---" for _ in head) + "|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     meta = summary["meta"]
+    if summary.get("curve"):
+        lines += ["", *curve_table(summary["curve"])]
     lines += ["", f"{next(iter(settings.values()))['metrics']['items']} items x "
               f"{summary['num_samples']} samples; accuracy = mean over samples; pass@k unbiased (Chen et al. 2021).",
               "", "## Reproduce", "", "```", summary.get("command", ""), "```", "", "## Metadata", ""]
@@ -106,6 +139,9 @@ def plot_accuracy_vs_nfe(summary: Mapping[str, Any], path: str | Path) -> Path:
             m = s["metrics"]
             ax.scatter([m["nfe_mean"]], [m["accuracy"]], s=40)
             ax.annotate(name, (m["nfe_mean"], m["accuracy"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if summary.get("curve"):  # the thresholds' points joined, in order of passes
+            pts = sorted(summary["curve"]["points"], key=lambda p: p["nfe_mean"])
+            ax.plot([p["nfe_mean"] for p in pts], [p["accuracy"] for p in pts], color="grey", linewidth=1, zorder=0)
         ax.set_xlabel("NFE per sample (forward passes)")
         ax.set_ylabel("accuracy")
         ax.set_title(f"{Path(str(summary['task'])).name}: accuracy vs NFE")

@@ -15,6 +15,8 @@ from dllm_rl.config import ConfigError, from_dict, to_dict, yaml_load
 SETTING_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 #: pseudo-keys a setting may use besides DecodeConfig's fields
 SETTING_SHORTCUTS = ("tokens_per_step", "block_cache")
+#: the setting name of confidence threshold ``t`` on an accuracy-vs-passes curve (``--thresholds``)
+THRESHOLD_NAME = "thr{:g}"
 
 
 @dataclass
@@ -44,6 +46,32 @@ def parse_setting(spec: str) -> Setting:
         k, v = part.split("=", 1)
         overrides[k.strip().replace("-", "_")] = v.strip()
     return Setting(name.strip(), overrides)
+
+
+def parse_thresholds(spec: str) -> list[float]:
+    """``--thresholds 0.5,0.7,0.9`` -> ``[0.5, 0.7, 0.9]`` (each in (0, 1]; 1.0 is one token per step)."""
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise ConfigError(f"--thresholds {spec!r}: {part!r} is not a number; give e.g. 0.5,0.7,0.9,1.0") from None
+    if not out:
+        raise ConfigError(f"--thresholds {spec!r}: give at least one threshold, e.g. 0.5,0.7,0.9,1.0")
+    return out
+
+
+def threshold_settings(thresholds: list[float], base: Mapping[str, Any]) -> list[Setting]:
+    """The settings of an accuracy-vs-passes curve: one per confidence threshold (the dynamic schedule: each step
+    commits every masked token above it, at least the most confident one), plus threshold 1.0 when not listed,
+    the reference every point is compared with: no probability exceeds 1, so it commits one token per step.
+    A base static schedule (``steps``) is replaced, the two being exclusive."""
+    ts = sorted({float(t) for t in thresholds} | {1.0}, reverse=True)
+    bad = [t for t in ts if not 0 < t <= 1]
+    if bad:
+        raise ConfigError(f"thresholds: {bad[0]:g} is outside (0, 1]; a confidence threshold is a probability")
+    clear = {"steps": None} if base.get("steps") is not None else {}
+    return [Setting(THRESHOLD_NAME.format(t), {**clear, "threshold": t}) for t in ts]
 
 
 def load_settings_file(path: str | Path) -> list[Setting]:
