@@ -17,8 +17,9 @@ Each Countdown run (models ``full`` and ``block``) is also evaluated, before and
 set: the demo-shaped puzzles that neither the training file nor the held-out file contains (the rare shapes,
 ``benchmarks/rare_shapes.py``; the "before" number is the demo checkpoint's, measured once per model); the
 ``vision`` model's runs (the shapes image task) have the held-out set only. Prints a Markdown table (method x model:
-before, after per seed, gain, rare shapes before and after, steps, minutes, seconds per step in rollouts and
-in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
+before, after per seed, gain, rare shapes before and after, held-out forward passes per answer before and after
+with the tokens per forward after (the summary's ``nfe_*`` / ``tpf_*``), steps, minutes, seconds per step in
+rollouts and in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
 ``summary.json`` exists are not rerun (``--force`` reruns them): the same command fills in missing runs and
 reprints the table.
 """
@@ -167,10 +168,17 @@ def main() -> None:
         sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
         return f"{statistics.mean(gains) * 100:+.1f} ± {sd * 100:.1f} pts"
 
+    def passes(ss: list[dict]) -> str:
+        """Mean held-out passes per answer before -> after, and tokens per forward after (n/a: an older run)."""
+        nan = float("nan")
+        b, a, t = (statistics.mean(s.get(k, nan) for s in ss) for k in ("nfe_before", "nfe_after", "tpf_after"))
+        return f"{b:.1f} -> {a:.1f} ({t:.2f})"
+
     # with ema_decay the returned model is the weight average; the last live policy's gain is shown beside it
     lines = ["| method | model | before | after (per seed) | gain (mean ± sd) | gain, last live policy | rare shapes: "
-             "before -> after (per seed) | steps | minutes | s/step rollout + update | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "before -> after (per seed) | passes per answer: before -> after (tokens per forward) | steps | minutes | "
+             "s/step rollout + update | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (algo, model), ss in rows.items():
         before = [s["accuracy_before"] for s in ss]
         after = [s["accuracy_after"] for s in ss]
@@ -184,7 +192,8 @@ def main() -> None:
             f"{r0:.1%} -> " + " / ".join(f"{s['rare_after']:.1%}" for s in ss)
             + f" ({(statistics.mean(s['rare_after'] for s in ss) - r0) * 100:+.1f} pts)")
         lines.append(f"| {algo} | {model} | {statistics.mean(before):.1%} | {after_s} | {gain(after, before)} | "
-                     f"{live} | {rare_s} | {'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
+                     f"{live} | {rare_s} | {passes(ss)} | "
+                     f"{'-'.join(str(v) for v in sorted({min(steps), max(steps)}))} | "
                      f"{statistics.mean(s['minutes'] for s in ss):.1f} | {t_roll:.2f} + {t_upd:.2f} | {len(ss)} |")
     table = "\n".join(lines)
     print(table)

@@ -55,11 +55,11 @@ def test_plot_metrics_writes_pngs(tmp_path):
 
 def _rl_run(path, n=12, scale=1.0):
     log = MetricsLogger(path / "metrics.jsonl")
-    log.log(0, eval_accuracy=0.25 * scale, eval_reward=0.3)
+    log.log(0, eval_accuracy=0.25 * scale, eval_reward=0.3, eval_nfe=16.0)
     for s in range(1, n + 1):
         log.log(s, reward=scale * (s % 3) / 2, kl=0.001 * s, clip_frac=0.01 * (s % 4), completion_length=10 + s,
                 nfe=20 - s / 2, time_rollout=1.5, time_reward=0.25, time_update=0.5 + s / 100)
-    log.log(n, eval_accuracy=0.5 * scale, eval_reward=0.6)
+    log.log(n, eval_accuracy=0.5 * scale, eval_reward=0.6, eval_nfe=4.0)
 
 
 def test_dashboard_panels_hold_the_runs_data(tmp_path):
@@ -67,9 +67,10 @@ def test_dashboard_panels_hold_the_runs_data(tmp_path):
     _rl_run(a)
     _rl_run(b, scale=0.5)
     fig = dashboard_figure([a, b], smooth_window=3)
-    reward, held_out, kl, length, seconds, clip = fig.axes
-    assert [ax.get_title() for ax in fig.axes[:5]] == [
-        "reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step"]
+    reward, held_out, kl, length, seconds, passes, clip = fig.axes
+    assert [ax.get_title() for ax in fig.axes[:6]] == [
+        "reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step",
+        "held-out accuracy vs passes"]
     steps = np.arange(1, 13, dtype=float)
     raw = (steps % 3) / 2
     # per run: raw reward, then its trailing mean over 3 steps
@@ -86,6 +87,11 @@ def test_dashboard_panels_hold_the_runs_data(tmp_path):
     assert [line.get_label() for line in seconds.lines[:3]] == ["espo rollout", "espo reward", "espo update"]
     np.testing.assert_allclose(seconds.lines[2].get_ydata(), 0.5 + steps / 100)
     assert len(seconds.lines) == 6
+    # accuracy against passes per answer: step 0 at 16 passes, the last evaluation at 4
+    assert passes.lines[0].get_xydata().tolist() == [[16.0, 0.25], [4.0, 0.5]]
+    assert passes.lines[1].get_xydata().tolist() == [[16.0, 0.125], [4.0, 0.25]]
+    assert passes.get_xlabel() == "forward passes per answer"
+    assert sorted(t.get_text() for t in passes.texts) == ["step 0", "step 0", "step 12", "step 12"]
     out = write_dashboard([a])
     assert out == a / "dashboard.png" and out.read_bytes()[:4] == b"\x89PNG"
 

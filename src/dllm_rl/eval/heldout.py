@@ -30,6 +30,17 @@ class HeldOut:
     texts: list[str] = field(default_factory=list)  # the decoded completions, in example order
     scores: list[Any] = field(default_factory=list)  # the task's scores (float-like, with ``.reason``)
 
+    @property
+    def tokens_per_nfe(self) -> float:
+        """Answer tokens per forward pass (tokens per forward, TPF): how parallel the decoding was."""
+        return 1.0 / self.nfe_per_token if self.nfe_per_token else 0.0
+
+    def metrics(self, prefix: str = "eval_") -> dict[str, float]:
+        """What a run logs of it: accuracy, reward, forward passes per answer (``nfe``) and tokens per forward
+        (``tpf``), each under ``prefix``."""
+        return {f"{prefix}accuracy": self.accuracy, f"{prefix}reward": self.reward, f"{prefix}nfe": self.nfe_mean,
+                f"{prefix}tpf": self.tokens_per_nfe}
+
 
 def check_not_empty(task: Any, what: str, key: str) -> None:
     """Refuse a task without examples, naming its file and the key that chose it (an evaluation of no items

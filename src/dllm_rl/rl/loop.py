@@ -19,10 +19,11 @@ def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
     the weight average."""
     cfg = trainer.cfg
     after = trainer.evaluate()
-    trainer.metrics.log(trainer.step_idx, eval_accuracy=after.accuracy, eval_reward=after.reward)
-    summary["accuracy_after"] = after.accuracy
+    trainer.metrics.log(trainer.step_idx, **after.metrics())
+    summary.update(accuracy_after=after.accuracy, nfe_after=after.nfe_mean, tpf_after=after.tokens_per_nfe)
     averaged = trainer.ema is not None and trainer.ema.updates > 0  # none yet: the run ended by train.ema_start
-    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items)"
+    say(f"held-out accuracy after: {after.accuracy:.3f} ({after.n} items, {after.nfe_mean:.1f} forward passes per "
+        f"answer, {after.tokens_per_nfe:.2f} tokens per forward)"
         + (f", weight average (train.ema_decay={cfg.train.ema_decay}, {trainer.ema.updates} updates)"
            if averaged else ""))
     if averaged:  # what the average bought: the last live policy on the same items
@@ -30,6 +31,21 @@ def _evaluate_after(trainer: RLTrainer, summary: dict, say) -> None:
         summary["accuracy_after_live"] = live.accuracy
         trainer.metrics.log(trainer.step_idx, eval_accuracy_live=live.accuracy)
         say(f"held-out accuracy after, live policy: {live.accuracy:.3f}")
+
+
+def _evaluate_before(trainer: RLTrainer, summary: dict, say) -> None:
+    """The held-out evaluation before training (a resumed run keeps the accuracy its checkpoint holds)."""
+    if trainer.step_idx == 0 and trainer.eval_task is not None:
+        before = trainer.evaluate()
+        trainer.accuracy_before = before.accuracy
+        trainer.nfe_before = before.nfe_mean, before.tokens_per_nfe
+        trainer.metrics.log(0, **before.metrics())
+        say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items, {before.nfe_mean:.1f} forward "
+            f"passes per answer, {before.tokens_per_nfe:.2f} tokens per forward)")
+    if trainer.accuracy_before is not None:  # a resumed run: from its checkpoint
+        summary["accuracy_before"] = trainer.accuracy_before
+    if trainer.nfe_before is not None:  # (not kept in checkpoints: a resumed run has none)
+        summary["nfe_before"], summary["tpf_before"] = trainer.nfe_before
 
 
 def train(cfg: RLConfig, reward_fn=None) -> dict:
@@ -65,13 +81,7 @@ def _run(trainer: RLTrainer) -> dict:
                      "is_main": trainer.is_main}
     if trainer.rollout_note:
         say(trainer.rollout_note)
-    if trainer.step_idx == 0 and trainer.eval_task is not None:
-        before = trainer.evaluate()
-        trainer.accuracy_before = before.accuracy
-        trainer.metrics.log(0, eval_accuracy=before.accuracy, eval_reward=before.reward)
-        say(f"held-out accuracy before: {before.accuracy:.3f} ({before.n} items)")
-    if trainer.accuracy_before is not None:  # a resumed run: from its checkpoint
-        summary["accuracy_before"] = trainer.accuracy_before
+    _evaluate_before(trainer, summary, say)
     if cfg.rollout.compile and trainer.step_idx < cfg.train.max_steps:
         say("rollout.compile: the first step compiles the rollout model (torch.compile, once; 10-30 s on a CPU)")
     show_loss, held_out = loss_is_informative(cfg.loss_type, cfg.loss_aggregation), trainer.accuracy_before
@@ -92,7 +102,7 @@ def _run(trainer: RLTrainer) -> dict:
         if (cfg.eval.every and trainer.eval_task is not None and trainer.step_idx % cfg.eval.every == 0
                 and trainer.step_idx < cfg.train.max_steps):
             ev = trainer.evaluate()
-            m.update(eval_accuracy=ev.accuracy, eval_reward=ev.reward)
+            m.update(ev.metrics())
         trainer.metrics.log(trainer.step_idx, **m)
         held_out = m.get("eval_accuracy", held_out)
         bar.update(1, tokens=int(m["completion_length"] * m["kept_samples"]),

@@ -210,6 +210,7 @@ class RLTrainer(RLCheckpoints):
         self.updater = PolicyUpdater(cfg, self.accelerator, self.model, self.reference, self.optimizer,
                                      self.scheduler, self.train_block, self._gathered)
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
+        self.nfe_before: tuple[float, float] | None = None  # its passes per answer and tokens per forward
         # the curriculum's stages change self.cfg; checkpoints and config.yaml keep the config as given
         self.base_cfg, self.curriculum = cfg, Curriculum(cfg.curriculum)
         self.collector.curriculum = self.curriculum
@@ -364,11 +365,14 @@ class RLTrainer(RLCheckpoints):
                                    engine=rollout_engine(cfg))
         if world > 1:
             vals = mean_over_ranks(self.accelerator, {"accuracy": res.accuracy * res.n, "reward": res.reward * res.n,
+                                                      "nfe": res.nfe_mean * res.n, "tokens": res.mean_length * res.n,
                                                       "n": float(res.n)})
             total = vals["n"] * world
             if total > 0:  # (every rank's shard is empty only if the task is, which the constructor refuses)
                 res = replace(res, accuracy=vals["accuracy"] * world / total,
-                              reward=vals["reward"] * world / total, n=int(round(total)))
+                              reward=vals["reward"] * world / total, n=int(round(total)),
+                              nfe_mean=vals["nfe"] * world / total, mean_length=vals["tokens"] * world / total,
+                              nfe_per_token=vals["nfe"] / max(vals["tokens"], 1e-9))
         return res
 
     def _gathered(self, dlm: DiffusionLM | None):

@@ -8,7 +8,10 @@ Panels of :func:`dashboard_figure`, in order (each run one colour, labelled by i
 2. held-out accuracy (``eval_accuracy``, markers);
 3. ``kl`` (left axis) and ``clip_frac`` (right axis, dashed);
 4. ``completion_length`` and ``nfe`` (dashed);
-5. seconds per step: ``time_rollout``, ``time_reward``, ``time_update`` (solid, dashed, dotted).
+5. seconds per step: ``time_rollout``, ``time_reward``, ``time_update`` (solid, dashed, dotted);
+6. held-out accuracy against forward passes per answer (``eval_accuracy`` vs ``eval_nfe``), one marker per
+   evaluation joined in step order, the first and last labelled with their step: a run that learns to decode in
+   fewer passes moves left, one that learns the task moves up.
 
 matplotlib's Agg backend: no display needed.
 """
@@ -25,7 +28,8 @@ from dllm_rl.errors import UserError
 from dllm_rl.training.metrics import METRICS_FILE, read_metrics
 
 DASHBOARD = "dashboard.png"
-PANELS = ("reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step")
+PANELS = ("reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step",
+          "held-out accuracy vs passes")
 STYLES = ("-", "--", ":")
 #: values beyond this magnitude are left out of a plot: matplotlib cannot place ticks on an axis spanning
 #: ~1e308 (a diverged loss), and such a point would flatten every other one anyway
@@ -77,7 +81,7 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
     """The dashboard :class:`matplotlib.figure.Figure` of one or more runs (see the module docs). Its
     ``axes`` are the five panels in order, then the right-hand axis of panel 3 (``clip_frac``)."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 5, figsize=(24, 4.2), dpi=90)
+    fig, axes = plt.subplots(1, 6, figsize=(28.8, 4.2), dpi=90)
     clip_ax = axes[2].twinx()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     first_key = "reward"
@@ -100,8 +104,9 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
         for key2, style in zip(("time_rollout", "time_reward", "time_update"), STYLES):
             label = f"{name} {key2.removeprefix('time_')}"
             axes[4].plot(*series(rows, key2), color=colour, linestyle=style, label=label)
+        _passes_panel(axes[5], rows, name, colour)
     titles = (first_key,) + PANELS[1:]
-    ylabels = (first_key, "accuracy", "kl", "tokens / forwards", "seconds")
+    ylabels = (first_key, "accuracy", "kl", "tokens / forwards", "seconds", "accuracy")
     for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -111,6 +116,7 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
         elif ax is not axes[2]:
             ax.legend(fontsize=7)
+    axes[5].set_xlabel("forward passes per answer")
     clip_ax.set_ylabel("clip fraction")
     handles = axes[2].get_legend_handles_labels()
     extra = clip_ax.get_legend_handles_labels()
@@ -118,6 +124,18 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
         axes[2].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _passes_panel(ax, rows: list[dict[str, Any]], name: str, colour: str) -> None:
+    """Panel 6: the run's held-out evaluations as (passes per answer, accuracy), in step order."""
+    pts = [(float(r["step"]), float(r["eval_nfe"]), float(r["eval_accuracy"])) for r in rows
+           if _number(r.get("step")) and _number(r.get("eval_nfe")) and _number(r.get("eval_accuracy"))]
+    if not pts:
+        return
+    pts.sort()
+    ax.plot([p[1] for p in pts], [p[2] for p in pts], color=colour, marker="o", label=name)
+    for step, nfe, acc in {pts[0], pts[-1]}:
+        ax.annotate(f"step {step:g}", (nfe, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
 
 
 def write_dashboard(run_dirs: list[str | Path], out: str | Path | None = None,
