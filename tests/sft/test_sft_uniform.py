@@ -99,7 +99,7 @@ def test_objectives_refuse_the_other_noise_kind():
     with pytest.raises(ConfigError) as err:
         check_objective("uniform", FAMILIES["llada"])
     assert str(err.value) == ("objective.name=uniform trains uniform-state diffusion; llada is masked: use "
-                              "objective.name=random_mask, block, trace, ar")
+                              "objective.name=random_mask, block, trace, ar, certainty_forcing")
 
 
 ROWS = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a in range(3) for b in range(2)]

@@ -85,6 +85,10 @@ class DataConfig(ResponseFormat):
         "prompt = the task's prompt in `prompt_style`, response = the task's reference completion")
     prompt_style: Literal["chat", "plain", "compact"] = cfg_field(
         "chat", help="prompt style of `task` (compact = terse one-line prompts for character-level models)")
+    keep_if: str | None = cfg_field(
+        None, help="use only the rows whose column of this name is true, counting the others as dropped "
+        "(not_kept), never an error: e.g. `correct`, which `dllm-rl eval`'s items/<setting>.jsonl sets on the "
+        "answers the task's reward calls right (a model's own right answers: certainty_forcing, docs/methods.md)")
 
 
 @dataclass
@@ -377,6 +381,9 @@ def load_sft_data(cfg: DataConfig, tokenizer: Any, eos_token_id: int, path: str 
         if full():
             break
         report.read += 1
+        if cfg.keep_if is not None and row.get(cfg.keep_if) is not True:  # filtered, not bad: on_bad_row stays out
+            report.dropped["not_kept"] += 1
+            continue
         try:
             examples.append(encode_row(row, cfg, tokenizer, eos_token_id, templated, where, task, path.parent))
         except BadRow as bad:

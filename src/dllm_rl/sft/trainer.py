@@ -240,7 +240,7 @@ class SFTTrainer:
         """One micro-batch's loss (to back-propagate), scored tokens and extra metrics (averaged over the step)."""
         out = compute_objective(self.cfg.objective.name, self.model, batch, self.mask_generator(),
                                 agree_calls=forward_agreement(self.accelerator), **self.objective_options)
-        return out.loss, out.scored_tokens, {}
+        return out.loss, out.scored_tokens, out.metrics
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns this rank's metrics."""
