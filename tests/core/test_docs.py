@@ -166,6 +166,9 @@ def needs_more_than_the_repo(argv: list[str], cfg) -> str | None:
         if not word.startswith("-") and "=" not in word and HUB_ID.match(word) and _local(word) is None:
             return f"{word} is not in the repository"
     args = _parse(argv)
+    trained = getattr(args, "model_dir", None) or ""
+    if trained.startswith("runs/") and _local(trained) is None:  # a model an earlier command of the docs trains
+        return f"{trained} is not in the repository"
     task = getattr(args, "task", None)
     if task and _local(task) is None:
         # a benchmark task: its data may be on the hub or in the benchmark-data folder beside the repository, and
@@ -269,10 +272,12 @@ def test_what_runs_and_what_is_only_parsed(tmp_path):
         "Gen-Verse/TraDo-4B-Instruct is not in the repository",  # dllm-rl eval Gen-Verse/TraDo-4B-Instruct
         "a server runs until it is stopped",  # dllm-rl serve
         "model Gen-Verse/TraDo-4B-Instruct is on the hub",  # dllm-rl rl configs/trado-tracerl-math.yaml
+        "runs/cf/sdar/model is not in the repository",  # dllm-rl eval of the certainty-forced model (results.md)
         "runs/trado-tracerl-math is not in the repository",  # dllm-rl plot of that run
         "the gsm8k benchmark needs a real checkpoint",  # dllm-rl eval MODEL_DIR --task gsm8k
+        "the training data runs/cf/data/items/default.jsonl is the user's own",  # its sft on the model's answers
     ]
-    assert why.count(None) == 14  # every other command runs (a new one in the docs: count it here)
+    assert why.count(None) == 16  # every other command runs (a new one in the docs: count it here)
 
 
 @pytest.mark.parametrize(("line", "error"), [
