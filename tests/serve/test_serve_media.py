@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from big_images import zero_png
 from serve_helpers import DEMO, running
@@ -102,10 +103,14 @@ def _server(demos, name, **limits) -> Server:
 
 
 def _stream_text(client, body) -> tuple[str, str]:
-    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
-        events = [json.loads(ln[6:]) for ln in resp.iter_lines() if ln.startswith("data: {")]
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-    return text, events[-1]["choices"][0]["finish_reason"]
+    """The text and finish reason of a streamed chat through the official client (``stream_options`` asks for the
+    usage chunk, which carries no choice)."""
+    text, reason = "", None
+    for chunk in client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            reason = choice.finish_reason or reason
+    return text, reason
 
 
 @pytest.mark.parametrize("name", list(DEMOS))
@@ -119,16 +124,15 @@ def test_chat_plain_and_streamed_on_every_demo_answers_as_the_task_prompt(demos,
     ids, pim = encoder.encode(model, [task.build_prompt(ex, tok)], images)
     want = _library_answer(model, tok, ids, pim, decode, 16)
     url = _data_uri(IMAGES / Path(ex["image"]).name) if task_name == "shapes" else None
-    body = {"messages": _user(ex, task_name, url), "max_tokens": 16}
-    with running(_server(demos, name)) as base, httpx.Client(base_url=base, timeout=60) as client:
-        r = client.post("/v1/chat/completions", json=body)
-        assert r.status_code == 200, r.text
-        got = r.json()["choices"][0]
-        assert r.json()["usage"]["prompt_tokens"] == len(ids[0])
-        streamed, streamed_reason = _stream_text(client, body)
-    assert (got["message"]["content"], got["finish_reason"]) == want
-    assert (streamed, streamed_reason) == (got["message"]["content"], got["finish_reason"])
-    assert got["message"]["content"].startswith("<answer>")
+    body = {"model": name, "messages": _user(ex, task_name, url), "max_completion_tokens": 16}
+    with running(_server(demos, name)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
+        got = client.chat.completions.create(**body)
+        assert got.usage.prompt_tokens == len(ids[0])
+        streamed = _stream_text(client, body)
+    answer = (got.choices[0].message.content, got.choices[0].finish_reason)
+    assert answer == want and streamed == answer
+    assert answer[0].startswith("<answer>")
 
 
 @pytest.mark.parametrize("name", ["llada_v-shapes", "mmada-shapes"])
@@ -146,12 +150,11 @@ def test_chat_with_an_image_equals_generate_image(demos, name, capsys, tmp_path)
     printed = capsys.readouterr().out.strip()
     assert printed.startswith("<answer>")
     answers = []
-    with running(_server(demos, name, allowed_local_media_path=str(tmp_path / "media"))) as base, \
-            httpx.Client(base_url=base, timeout=60) as client:
+    with running(_server(demos, name, allowed_local_media_path=str(tmp_path / "media"))) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
         for url in (_data_uri(png), f"file://{tmp_path / 'media' / 'scene.png'}", "scene.png"):
-            r = client.post("/v1/chat/completions", json={"messages": _user(ex, "shapes", url), "max_tokens": 16})
-            assert r.status_code == 200, r.text
-            answers.append(r.json()["choices"][0]["message"]["content"])
+            got = client.chat.completions.create(model=name, messages=_user(ex, "shapes", url), max_tokens=16)
+            answers.append(got.choices[0].message.content)
     assert answers == [printed] * 3
 
 
