@@ -58,3 +58,23 @@ def countdown_root(root, families, train: int, test: int, **sizes):
                           pad_token_id=tok.pad_token_id, **given)
         save_model(build_model(fam, cfg, seed=0), root / fam, tokenizer=tok)
     return root
+
+
+def tiny_gemma(root):
+    """``root / "diffusion_gemma"``: a tiny DiffusionGemma checkpoint (seed 0, two layers, canvas 4) on the character
+    tokenizer, beside the Countdown rows of :func:`countdown_root`; returns ``root``."""
+    from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+
+    tok = char_tokenizer()
+    cfg = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
+                      num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    save_model(build_model("diffusion_gemma", cfg, seed=0), root / "diffusion_gemma", tokenizer=tok)
+    return root
+
+
+def gemma_overrides(root, out, *extra: str) -> list[str]:
+    """``rl_overrides`` for :func:`tiny_gemma`: one canvas of 4, 3 denoising steps, no masked-decoding key."""
+    over = [o for o in rl_overrides(root, "diffusion_gemma", out) if not o.startswith("rollout.")]
+    return [*over, "rollout.num_generations=4", "rollout.gen_length=4", "rollout.max_denoising_steps=3",
+            "train.prompts_per_step=1", "train.micro_batch_size=8", *extra]

@@ -9,7 +9,15 @@ import math
 
 import pytest
 import torch
-from rl_helpers import alternating_reward, countdown_root, digit_reward, image_overrides, rl_overrides
+from rl_helpers import (
+    alternating_reward,
+    countdown_root,
+    digit_reward,
+    gemma_overrides,
+    image_overrides,
+    rl_overrides,
+    tiny_gemma,
+)
 
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.rl.config import RLConfig
@@ -72,22 +80,7 @@ UNIFORM_RUNS = {"cj_grpo": "trajectory", "espo": "uniform_elbo", "tracerl": "tra
 
 @pytest.fixture(scope="module")
 def gemma_setup(tmp_path_factory):
-    from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
-
-    root = countdown_root(tmp_path_factory.mktemp("gemma"), (), 16, 2)
-    tok = char_tokenizer()
-    cfg = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
-                      num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    save_model(build_model("diffusion_gemma", cfg, seed=0), root / "diffusion_gemma", tokenizer=tok)
-    return root
-
-
-def gemma_overrides(root, out, *extra: str) -> list[str]:
-    """``rl_overrides`` for the tiny DiffusionGemma: one canvas of 4, 3 denoising steps, no masked-decoding key."""
-    over = [o for o in rl_overrides(root, "diffusion_gemma", out) if not o.startswith("rollout.")]
-    return [*over, "rollout.num_generations=4", "rollout.gen_length=4", "rollout.max_denoising_steps=3",
-            "train.prompts_per_step=1", "train.micro_batch_size=8", *extra]
+    return tiny_gemma(countdown_root(tmp_path_factory.mktemp("gemma"), (), 16, 2))
 
 
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))

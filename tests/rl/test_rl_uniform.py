@@ -8,12 +8,12 @@ import json
 import math
 
 import pytest
-from rl_helpers import countdown_root, digit_reward, rl_overrides
+from rl_helpers import countdown_root, digit_reward, gemma_overrides, rl_overrides, tiny_gemma
 
 from dllm_rl.cli import main
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.errors import UserError
-from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
+from dllm_rl.models import char_tokenizer
 from dllm_rl.models.tokenizer import check_tokenizer, load_tokenizer
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.trainer import RLTrainer
@@ -21,20 +21,8 @@ from dllm_rl.rl.trainer import RLTrainer
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = countdown_root(tmp_path_factory.mktemp("gemma_rl"), ("llada",), 16, 2, hidden_size=16,
-                          intermediate_size=32, num_heads=2, num_kv_heads=1, num_layers=1)
-    tok = char_tokenizer()
-    cfg = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
-                      num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    save_model(build_model("diffusion_gemma", cfg, seed=0), root / "diffusion_gemma", tokenizer=tok)
-    return root
-
-
-def _over(root, out, *extra: str) -> list[str]:
-    over = [o for o in rl_overrides(root, "diffusion_gemma", out) if not o.startswith("rollout.")]
-    return [*over, "rollout.num_generations=4", "rollout.gen_length=4", "rollout.max_denoising_steps=3",
-            "train.prompts_per_step=1", "train.micro_batch_size=8", *extra]
+    return tiny_gemma(countdown_root(tmp_path_factory.mktemp("gemma_rl"), ("llada",), 16, 2, hidden_size=16,
+                                     intermediate_size=32, num_heads=2, num_kv_heads=1, num_layers=1))
 
 
 def _metrics(out) -> list[dict]:
@@ -45,7 +33,8 @@ def _metrics(out) -> list[dict]:
 def test_cli_rl_runs_two_steps_and_resumes(root, tmp_path, algorithm):
     out, config = tmp_path / "run", tmp_path / "rl.yaml"
     config.write_text(f"algorithm: {algorithm}\n")
-    common = [str(config), *_over(root, out, "run.save_every=1", "reward.function=rl_helpers:alternating_reward")]
+    common = [str(config), *gemma_overrides(root, out, "run.save_every=1",
+                                            "reward.function=rl_helpers:alternating_reward")]
     assert main(["rl", *common, "train.max_steps=2"]) == 0
     steps = [m for m in _metrics(out) if "reward" in m]
     assert [m["step"] for m in steps] == [1, 2]
@@ -58,8 +47,8 @@ def test_cli_rl_runs_two_steps_and_resumes(root, tmp_path, algorithm):
 def test_an_off_policy_pass_starts_from_ratio_one(root, tmp_path):
     """Two passes over the rollouts: the old scores are computed apart from the current ones, and at the first
     micro-batch they are equal (the replayed self-conditioning chain is the sampler's under the same weights)."""
-    cfg = load_config(RLConfig, None, _over(root, tmp_path / "run", "algorithm=tracerl", "train.num_iterations=2",
-                                            "train.micro_batch_size=2"))
+    cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / "run", "algorithm=tracerl",
+                                                      "train.num_iterations=2", "train.micro_batch_size=2"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     try:
         metrics = [trainer.step().metrics for _ in range(2)]
@@ -75,7 +64,7 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     TraceRL step sees the same rewards and (up to float rounding of other batch shapes) the same loss."""
     runs = {}
     for engine in ("false", "true"):
-        cfg = load_config(RLConfig, None, _over(root, tmp_path / engine, "algorithm=tracerl",
+        cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / engine, "algorithm=tracerl",
                                                 f"rollout.engine={engine}", "rollout.batch_size=3"))
         trainer = RLTrainer(cfg, reward_fn=digit_reward)
         try:
@@ -105,7 +94,7 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
      "uniform-state: use 'trajectory' or 'uniform_denoise' or 'uniform_elbo'"),
 ])
 def test_uniform_refusals_are_one_line(root, tmp_path, extra, message):
-    cfg = load_config(RLConfig, None, _over(root, tmp_path / "run", *extra))
+    cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / "run", *extra))
     with pytest.raises(UserError) as err:
         RLTrainer(cfg, reward_fn=digit_reward)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)

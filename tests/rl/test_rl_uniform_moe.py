@@ -8,23 +8,17 @@ import math
 
 import pytest
 import torch
-from rl_helpers import countdown_root, digit_reward, rl_overrides
+from rl_helpers import countdown_root, digit_reward, gemma_overrides, tiny_gemma
 
 from dllm_rl.config import load_config
-from dllm_rl.models import build_model, char_tokenizer, load_model, save_model, tiny_config
+from dllm_rl.models import load_model
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = countdown_root(tmp_path_factory.mktemp("gemma_moe"), (), 16, 2)
-    tok = char_tokenizer()
-    cfg = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
-                      num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    save_model(build_model("diffusion_gemma", cfg, seed=0), root / "diffusion_gemma", tokenizer=tok)
-    return root
+    return tiny_gemma(countdown_root(tmp_path_factory.mktemp("gemma_moe"), (), 16, 2))
 
 
 def _weights(path):
@@ -32,11 +26,8 @@ def _weights(path):
 
 
 def test_freeze_router_keeps_both_stacks_gates_and_trains_the_experts(root, tmp_path):
-    over = [o for o in rl_overrides(root, "diffusion_gemma", tmp_path) if not o.startswith("rollout.")]
-    cfg = load_config(RLConfig, None, [*over, "algorithm=espo", "train.max_steps=1", "drop_zero_variance=false",
-                                       "rollout.num_generations=4", "rollout.gen_length=4",
-                                       "rollout.max_denoising_steps=3", "train.prompts_per_step=1",
-                                       "train.micro_batch_size=8", "model.freeze_router=true"])
+    cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path, "algorithm=espo", "train.max_steps=1",
+                                                      "drop_zero_variance=false", "model.freeze_router=true"))
     summary = train(cfg, reward_fn=digit_reward)
     before, after = _weights(root / "diffusion_gemma"), _weights(summary["final_model"])
     gates = [k for k in before if ".router." in k]
@@ -51,11 +42,9 @@ def test_freeze_router_keeps_both_stacks_gates_and_trains_the_experts(root, tmp_
 
 def test_lora_run_trains_one_adapter_for_both_stacks(root, tmp_path):
     """TraceRL with LoRA: the final (merged) model's encoder weights equal its decoder's, and they moved."""
-    over = [o for o in rl_overrides(root, "diffusion_gemma", tmp_path) if not o.startswith("rollout.")]
-    cfg = load_config(RLConfig, None, [*over, "algorithm=tracerl", "train.max_steps=1", "drop_zero_variance=false",
-                                       "rollout.num_generations=4", "rollout.gen_length=4",
-                                       "rollout.max_denoising_steps=3", "train.prompts_per_step=1",
-                                       "train.micro_batch_size=8", "lora.enabled=true", "lora.r=2", "optim.lr=1e-2"])
+    cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path, "algorithm=tracerl", "train.max_steps=1",
+                                                      "drop_zero_variance=false", "lora.enabled=true", "lora.r=2",
+                                                      "optim.lr=1e-2"))
     summary = train(cfg, reward_fn=digit_reward)
     before, after = _weights(root / "diffusion_gemma"), _weights(summary["final_model"])
     enc, dec = "model.encoder.language_model.", "model.decoder."
