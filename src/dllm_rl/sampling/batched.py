@@ -9,6 +9,7 @@ them imports it."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -20,6 +21,7 @@ from dllm_rl.sampling.canvas import apply_prefill, build_canvas
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.decode import decode, evaluating, to_rollout
 from dllm_rl.sampling.engine import Engine
+from dllm_rl.sampling.engine_api import EngineConfig
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_decode_config, uniform_noise
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.step_record import StepRecorder
@@ -109,6 +111,7 @@ def generate_batched(
     engine=None,
     record_steps: str | None = None,
     until_block: list[int] | None = None,
+    thresholds: list[float] | None = None,
 ) -> Rollout:
     """:func:`generate` over ``batch_size`` prompts at a time, concatenated in order (same result per prompt:
     sequence i keeps seed ``seeds[i]`` / ``config.seed + i`` whatever batch it lands in). ``images`` are
@@ -117,15 +120,23 @@ def generate_batched(
     ``engine`` (an :class:`~dllm_rl.sampling.engine.EngineConfig`) decodes with the continuous-batching engine
     instead, ``engine.slots`` sequences at a time (``batch_size`` is then unused). Both give every prompt the
     tokens it gets alone, so the rollout is the same (``engine.early_stop`` aside). ``prefill``,
-    ``until_block`` and ``record_steps``: see :func:`generate`."""
+    ``until_block`` and ``record_steps``: see :func:`generate`.
+
+    ``thresholds[i]`` decodes prompt ``i`` with the dynamic schedule at its own threshold (a learned per-prompt
+    threshold, :mod:`~dllm_rl.sampling.threshold_head`): the rows then go through the engine (``batch_size`` slots
+    unless ``engine`` says), whose requests each carry their own decoding rules, with the tokens each prompt gets
+    decoded alone at its threshold."""
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     prompts = check_inputs(model, prompts, config, seeds, images)
     seeds = list(seeds) if seeds is not None else [config.seed + i for i in range(len(prompts))]
+    configs = per_prompt_configs(model, config, thresholds, len(prompts))
+    if configs is not None and engine is None:
+        engine = EngineConfig(slots=batch_size)
     if engine is not None:
         t0 = time.perf_counter()
         rollout = Engine(model, config, engine, tokenizer).run(prompts, seeds, images, prefill, record_steps or None,
-                                                               until_block)
+                                                               until_block, **({"configs": configs} if configs else {}))
         if progress:
             tokens = int(rollout.completion_mask.sum())
             print(f"generate: {len(prompts)} prompts, {tokens} tokens, "
@@ -145,6 +156,21 @@ def generate_batched(
             rate = tokens / max(time.perf_counter() - t0, 1e-9)
             print(f"generate: {done}/{len(prompts)} prompts, {tokens} tokens, {rate:.1f} tok/s", flush=True)
     return Rollout.cat(parts)
+
+
+def per_prompt_configs(model: DiffusionLM, config: DecodeConfig, thresholds: list[float] | None,
+                       n: int) -> list[DecodeConfig] | None:
+    """``config`` with each prompt's own dynamic-schedule threshold (None without ``thresholds``)."""
+    if thresholds is None:
+        return None
+    if len(thresholds) != n:
+        raise ValueError(f"thresholds has {len(thresholds)} entries for {n} prompts")
+    if uniform_noise(model):
+        raise UserError(f"learned thresholds: {model.family.name} is uniform-state diffusion, whose sampler has no "
+                        "confidence threshold; decode it with its own schedule")
+    if config.remasking == "rcr":
+        raise UserError("learned thresholds: rcr re-masks on the static schedule; use remasking=low_confidence")
+    return [dataclasses.replace(config, steps=None, threshold=float(t)) for t in thresholds]
 
 
 def _refuse_extras(name: str, **given) -> None:

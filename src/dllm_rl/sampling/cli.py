@@ -133,6 +133,11 @@ def generate_command(args: argparse.Namespace) -> int:
     if args.chat_template and not args.chat:
         raise UserError("--chat-template FILE is the template of --chat; add --chat")
     config = decode_config_from_args(args)
+    head = None
+    if args.decoding == "learned":
+        from dllm_rl.sampling.threshold_head import load_head
+
+        head = load_head(args.model_dir)  # before the model: a checkpoint without one is refused at once
     model = load_model(args.model_dir, dtype=args.dtype, device=resolve_device(args.device, "--device"))
     use_cpu_threads(model.device)
     tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
@@ -160,7 +165,8 @@ def generate_command(args: argparse.Namespace) -> int:
 
         engine = EngineConfig(slots=args.slots)
     rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=args.batch_size,
-                               progress=args.progress, images=pim, engine=engine)
+                               progress=args.progress, images=pim, engine=engine,
+                               thresholds=_learned(head, model, prompts))
     elapsed = time.perf_counter() - t0
     for i, text in enumerate(rollout.texts):
         if len(texts) > 1:
@@ -176,6 +182,15 @@ def generate_command(args: argparse.Namespace) -> int:
         write_jsonl(out, trace_records(rollout, texts, config, tokenizer, block))
         print(f"generate: trace written to {out}", file=sys.stderr)
     return 0
+
+
+def _learned(head, model, prompts: list[list[int]]) -> list[float] | None:
+    """Each prompt's learned threshold (the head's mean; None without a head)."""
+    if head is None:
+        return None
+    from dllm_rl.sampling.threshold_head import prompt_features, prompt_thresholds
+
+    return prompt_thresholds(head, prompt_features(model, prompts))[0]
 
 
 def _with_images(texts: list[str], paths: list[str], family: str) -> tuple[list[str], list[list] | None]:

@@ -177,6 +177,11 @@ class GenerateOptions(Checked):
     chat_template: str | None = field(
         None, help="a Jinja chat template file for --chat (a model whose tokenizer has none, or another)")
     progress: bool = field(False, help="print progress per batch")
+    decoding: str = field(
+        "config", choices=("config", "learned"),
+        help="config: the schedule the decoding flags set; learned: each prompt decoded with the dynamic schedule at "
+        "its own threshold, chosen by the threshold head an RL run with rollout.decoding=learned saved next to the "
+        "model (DiFFPO, dllm_rl.sampling.threshold_head); a checkpoint without one is refused")
     preset: str | None = field(None, choices=_preset_names,
                                help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given "
                                "override it")

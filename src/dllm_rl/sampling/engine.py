@@ -300,20 +300,24 @@ class Engine:
 
     def run(self, prompts, seeds: list[int] | None = None, images: PromptImages | None = None,
             prefill: list[dict[int, int]] | None = None, record_steps: str | None = None,
-            until_block: list[int] | None = None) -> Rollout:
+            until_block: list[int] | None = None, configs: list[DecodeConfig] | None = None) -> Rollout:
         """Decode ``prompts`` (token ids) and return their rollout in input order; prompt ``i`` uses seed
         ``seeds[i]`` (default ``config.seed + i``, as :func:`~dllm_rl.sampling.generate`) and shows the images of
         row ``i`` of ``images`` (encoded already, as ``generate`` takes them), commits ``prefill[i]`` first and
-        stops after ``until_block[i]`` decoded blocks; ``record_steps`` as :meth:`add_request`."""
+        stops after ``until_block[i]`` decoded blocks; ``record_steps`` as :meth:`add_request`. ``configs[i]`` decodes
+        prompt ``i`` with its own choice rules (:data:`PER_REQUEST`, as ``add_request(config=)``; e.g. a learned
+        per-prompt threshold, :mod:`~dllm_rl.sampling.threshold_head`)."""
         prompts = check_inputs(self.model, prompts, self.config, seeds, images, self.engine.max_positions)
         seeds = list(seeds) if seeds is not None else [self.config.seed + i for i in range(len(prompts))]
-        for name, per in (("prefill", prefill), ("until_block", until_block)):
+        for name, per in (("prefill", prefill), ("until_block", until_block), ("configs", configs)):
             if per is not None and len(per) != len(prompts):
                 raise ValueError(f"{name} has {len(per)} entries for {len(prompts)} prompts")
         if self.cache is not None and self.engine.max_positions is None:  # every canvas is known: no regrowth
             self.cache.reserve(max(canvas_width(len(p), self.config.gen_length, self.block, self.model.is_block_causal)
                                    for p in prompts))
-        ids = [self._queue(p, self.config, s, images.row(i) if images is not None else None,
+        configs = [self._request_config(c, None) for c in configs] if configs is not None else [self.config] * len(
+            prompts)
+        ids = [self._queue(p, configs[i], s, images.row(i) if images is not None else None,
                            prefill[i] if prefill is not None else None, record_steps=record_steps,
                            until_block=until_block[i] if until_block is not None else None)
                for i, (p, s) in enumerate(zip(prompts, seeds))]  # (checked above, all of them)
