@@ -108,6 +108,9 @@ def check_combination(cfg: RLConfig) -> None:
                           "drop; with drop_zero_variance=false and neither of the others nothing is dropped")
     check_value_model(cfg.value_model, cfg.loss_type)
     check_speed_config(cfg)
+    from dllm_rl.rl.learned_threshold import check_learned
+
+    check_learned(cfg)
 
 
 def check_estimator_options(cfg: RLConfig, model) -> None:

@@ -64,6 +64,8 @@ class RLCheckpoints:
                                "curriculum": self.curriculum.state_dict()},
                         accelerator=self.accelerator, ema=self.ema, prepared=self.model.model,
                         extra_files=self.value.checkpoint_files() if self.value is not None else None)
+        if self.is_main and self.collector.thresholds is not None:  # rollout.decoding=learned: its head too
+            self.collector.thresholds.save(path)
         if self.is_main:
             prune_checkpoints(self.out, self.cfg.run.keep_checkpoints)
             self.run_dir.record()
@@ -87,6 +89,8 @@ class RLCheckpoints:
         self.saved_step = state.step
         if self.value is not None:  # its value_model.pt (TraceRL's value model, dllm_rl.rl.value)
             self.value.load(path)
+        if self.collector.thresholds is not None:  # rollout.decoding=learned: the checkpoint's head
+            self.collector.thresholds.load(path)
         saved = (state.extra or {}).get("curriculum")
         if saved:  # the stage's config, data and prompt stream first, then its position in that stream
             enter_stage(self, int(saved["stage"]))
@@ -110,6 +114,8 @@ class RLCheckpoints:
                 unwrapped = merged_model(plain) if self.cfg.lora.enabled else plain
                 save_published(unwrapped, path, tokenizer=self.tokenizer)  # a full disk: one line
                 copy_vq(self.cfg.model.path, path)  # MMaDA: the image tokenizer travels with the model
+                if self.collector.thresholds is not None:  # --decoding learned reads it next to the model
+                    self.collector.thresholds.save(path)
         if self.is_main:
             if self.cfg.run.push_to_hub:
                 print(f"pushed {path} to {push_to_hub(path, self.cfg.run.push_to_hub)}")

@@ -145,6 +145,7 @@ class RolloutCollector:
         self.reward_failed_steps = 0
         self.curriculum: Any = None  # a Curriculum with pass_rate_band: drawn prompts out of the band are skipped
         self.skipped_prompts = 0
+        self.thresholds: Any = None  # a ThresholdLearner with rollout.decoding=learned (dllm_rl.rl.learned_threshold)
 
     @property
     def group_size(self) -> int:
@@ -160,6 +161,8 @@ class RolloutCollector:
         G, target = self.group_size, cfg.train.prompts_per_step
         rounds: list[Round] = []
         signal, self.skipped_prompts = 0, 0
+        if self.thresholds is not None:
+            self.thresholds.reset()
         for r in range(cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             # every rank draws each round's prompts, so the ranks' prompt streams stay in step
             idx = self.draw(cfg.train.prompts_per_step * self.accelerator.num_processes)
@@ -299,10 +302,12 @@ class RolloutCollector:
             group_ids, group_images = repeat_rows(ids, images, G)
             hook = self.rollout_hook
             replaces = hook is not None and hook.replaces_round  # the hook decodes the round (a tree)
+            learned = (None if replaces or self.thresholds is None
+                       else self.thresholds.draw(policy, ids, seeds, G))  # DiFFPO: a threshold per sample
             rollout = None if replaces else generate_batched(
                 policy, group_ids, decode_config(cfg, policy), seeds=seeds, tokenizer=self.tokenizer,
                 batch_size=cfg.rollout.batch_size, images=group_images, engine=rollout_engine(cfg),
-                record_steps=hook.records_steps if hook is not None else None)
+                record_steps=hook.records_steps if hook is not None else None, thresholds=learned)
         self.model.train()
         t_rollout = time.perf_counter() - t0
         prompts_rep = [t for t in texts for _ in range(G)]

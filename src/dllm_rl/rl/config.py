@@ -115,6 +115,19 @@ class RolloutConfig(DecodeOptions):
     entropy_bound: float | None = _uniform_field("entropy_bound")
     stability_threshold: int | None = _uniform_field("stability_threshold")
     confidence_threshold: float | None = _uniform_field("confidence_threshold")
+    # DiFFPO's learned per-prompt threshold (dllm_rl.rl.learned_threshold, dllm_rl.sampling.threshold_head)
+    decoding: str = field(
+        "config", choices=("config", "learned"),
+        help="config: the schedule set here (steps / threshold); learned: DiFFPO's per-prompt threshold (arXiv "
+        "2510.02212), each sample decoded with the dynamic schedule at a threshold drawn from a small head on the "
+        "prompt's mean hidden state, the head trained with the policy by the policy gradient on the same "
+        "advantages and saved next to the model (threshold_head.safetensors; dllm-rl generate --decoding learned)")
+    learned_range: list[float] = field(
+        default_factory=lambda: [0.5, 1.0],
+        help="decoding=learned: the thresholds the head may choose, [t_min, t_max] with 0 < t_min < t_max <= 1")
+    learned_sigma: float = field(
+        0.5, gt=0, help="decoding=learned: the spread of the head's logit-normal draw (the logit's standard deviation)")
+    learned_lr: float = field(0.01, gt=0, help="decoding=learned: the head's learning rate (Adam)")
 
 
 @dataclass

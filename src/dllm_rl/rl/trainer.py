@@ -207,6 +207,10 @@ class RLTrainer(RLCheckpoints):
         self.collector = RolloutCollector(cfg, self.accelerator, self.model, self.tokenizer, self.train_task,
                                           self.rollout_hook, self.stream, self._gathered, self.prompts,
                                           reward=self.reward)
+        if cfg.rollout.decoding == "learned":  # DiFFPO's per-prompt threshold, trained with the policy
+            from dllm_rl.rl.learned_threshold import ThresholdLearner
+
+            self.collector.thresholds = ThresholdLearner(cfg, self.model)
         self.updater = PolicyUpdater(cfg, self.accelerator, self.model, self.reference, self.optimizer,
                                      self.scheduler, self.train_block, self._gathered)
         self.accuracy_before: float | None = None  # held-out accuracy at step 0 (kept in checkpoints)
@@ -266,6 +270,8 @@ class RLTrainer(RLCheckpoints):
             targets, adv = self.value.token_advantages(scoring, batch.rewards, keep, batch.step_scores)
         result = (self.updater.run(rollout, keep, adv, mask_seeds, self.step_idx) if any_kept
                   else {"skipped_step": 1.0})
+        if self.collector.thresholds is not None:  # the threshold head's policy-gradient step, on the same advantages
+            result.update(self.collector.thresholds.update(batch.advantages, batch.keep))
         if scoring is not None:  # after the policy update, which used the values from before it
             result.update(self.value.fit(scoring, targets))
         if any_kept:  # NaN/inf weights, or norms that exploded or collapsed: stop, naming the step and the lr
