@@ -176,8 +176,8 @@ def bench_models(device: str, results: dict, lines: list) -> None:
 
     from dllm_rl.models import char_tokenizer
     from dllm_rl.models.tokenizer import CHATML_TEMPLATE
-    from dllm_rl.rl.judge import Judge, JudgeConfig
-    from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
+    from dllm_rl.rewards.judge import Judge, JudgeConfig
+    from dllm_rl.rewards.reward_model import RewardModel, RewardModelConfig
 
     prompts, completions = demo_batch()
     n = len(completions)

@@ -29,9 +29,9 @@ from dllm_rl.config import ConfigError, load_config
 from dllm_rl.dpo import trainer as dpo_trainer
 from dllm_rl.dpo.config import DPOConfig
 from dllm_rl.errors import UserError
+from dllm_rl.rewards.reward_terms import RewardTerm
 from dllm_rl.rl import loop as rl_loop
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.reward_terms import RewardTerm
 from dllm_rl.rl.trainer import RLTrainer as _RLTrainer
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.rollout import Rollout

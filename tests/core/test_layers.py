@@ -19,6 +19,7 @@ LAYERS = [
     ("preference", ("dpo",)),
     ("trainers", ("rl", "sft")),
     ("eval", ("eval",)),
+    ("rewards", ("rewards",)),
     ("estimators", ("estimators",)),
     ("sampling", ("sampling",)),
     ("training", ("training",)),

@@ -71,8 +71,8 @@ def test_reward_functions_go_into_the_reward_section():
     machinery; the run's config records them by module:function."""
     from dllm_rl.api import with_rewards
     from dllm_rl.config import ConfigError, to_dict
+    from dllm_rl.rewards.reward_terms import build_reward
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.rl.reward_terms import build_reward
 
     one = with_rewards(RLConfig(), _shorter)
     assert one.reward.function is _shorter and not one.reward.terms

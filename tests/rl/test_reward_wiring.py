@@ -12,10 +12,10 @@ from rl_helpers import digit_reward, rl_overrides
 import dllm_rl.rl.collect as collect_mod
 from dllm_rl.config import load_config
 from dllm_rl.errors import UserError
+from dllm_rl.rewards.reward_model import RewardModel, RewardModelConfig
 from dllm_rl.rl.collect import rollout_columns
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
-from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
 from dllm_rl.rl.trainer import RLTrainer
 
 #: TraceRL with its value model; every group trains (the judge's constant fallback would tie some groups)

@@ -18,10 +18,10 @@ from rl_helpers import digit_reward, rl_overrides
 from dllm_rl.cli import main
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.models import load_model
+from dllm_rl.rewards.safe import safe_scores
 from dllm_rl.rl.algorithms import check_estimator_options, resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
-from dllm_rl.rl.rewards import safe_scores
 from dllm_rl.tasks.base import RewardError
 from dllm_rl.training.finite import TrainingStopped
 

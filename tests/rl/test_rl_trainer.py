@@ -11,10 +11,10 @@ from rl_helpers import digit_reward, needs_cxx, rl_overrides
 
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.models import load_model
+from dllm_rl.rewards.safe import safe_rewards
 from dllm_rl.rl import losses as losses_mod
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
-from dllm_rl.rl.rewards import safe_rewards
 from dllm_rl.rl.trainer import RLTrainer
 from dllm_rl.seeding import derive_seed
 from dllm_rl.training.finite import TrainingStopped

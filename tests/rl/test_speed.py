@@ -1,4 +1,4 @@
-"""Speed as a reward (dllm_rl/rl/speed.py): the gated speed term, LightningRL's decoupled normalisation (arXiv
+"""Speed as a reward (dllm_rl/rewards/speed.py): the gated speed term, LightningRL's decoupled normalisation (arXiv
 2603.13319 Eq. 5-7) against a hand computation, and its TPF-aware filter (Eq. 11)."""
 
 import math
@@ -8,12 +8,12 @@ import torch
 
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.errors import UserError
+from dllm_rl.rewards.reward_terms import CombinedReward, RewardTerm, Term, build_reward
+from dllm_rl.rewards.speed import SpeedReward, speed_value
 from dllm_rl.rl.advantages import compute_advantages, decoupled_advantages, group_filter
 from dllm_rl.rl.algorithms import check_combination
 from dllm_rl.rl.collect import RolloutCollector, rollout_columns
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.reward_terms import CombinedReward, RewardTerm, Term, build_reward
-from dllm_rl.rl.speed import SpeedReward, speed_value
 from dllm_rl.sampling import Rollout
 
 

@@ -10,9 +10,9 @@ import torch
 from rl_helpers import digit_reward, rl_overrides
 
 from dllm_rl.config import ConfigError, load_config
+from dllm_rl.rewards.safe import safe_scores
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.loop import train
-from dllm_rl.rl.rewards import safe_scores
 from dllm_rl.rl.trainer import RLTrainer
 
 VALUE = ["algorithm=tracerl", "value_model.enabled=true", "value_model.lr=0.01", "drop_zero_variance=false"]

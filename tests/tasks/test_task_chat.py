@@ -10,8 +10,8 @@ import pytest
 from hub_fixture import populate_hub_cache
 
 from dllm_rl.config import ConfigError, load_config
+from dllm_rl.rewards.reward_terms import RewardTerm, build_reward
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.reward_terms import RewardTerm, build_reward
 from dllm_rl.rl.trainer import check_scored
 from dllm_rl.tasks import DataError, get_task
 from dllm_rl.tasks.chat import hh_turns

@@ -16,13 +16,13 @@ import torch
 from dllm_rl.config import ConfigError
 from dllm_rl.estimators import NOISE, ScoringBatch, check_noise, estimator_forwards
 from dllm_rl.estimators.registry import check_options, counterpart, estimator_options
+from dllm_rl.rewards.speed import check_speed_config
 from dllm_rl.rl.advantages import compute_advantages
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.rl.hooks import NO_HOOK, make_hook
 from dllm_rl.rl.losses import POLICY_LOSSES
 from dllm_rl.rl.presets import PRESETS
-from dllm_rl.rl.speed import check_speed_config
 from dllm_rl.rl.value_config import check_value_model
 
 

@@ -23,10 +23,10 @@ from accelerate.utils import gather_object
 
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
+from dllm_rl.rewards.safe import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.advantages import compute_advantages, decoupled_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, TrainingRows, samples_per_prompt
-from dllm_rl.rl.rewards import RewardError, safe_rewards, safe_scores
 from dllm_rl.rl.value import steps_after_hook
 from dllm_rl.sampling import Rollout, generate_batched
 from dllm_rl.sampling.canvas import span
@@ -113,7 +113,7 @@ def rollout_columns(rollout: Rollout) -> dict[str, list[list[int]]]:
     """The columns a reward receives from the rollout, per completion over its answer (``completion_mask``):
     ``completion_ids`` (its token ids, as TRL passes them) and ``step_map`` (the decoding step that committed each,
     -1 for a prefilled one); and per completion its forward passes ``nfe`` and tokens per forward ``tpf`` (a speed
-    term's inputs, :mod:`dllm_rl.rl.speed`). A judge in process mode chunks the answer by them and places chunk
+    term's inputs, :mod:`dllm_rl.rewards.speed`). A judge in process mode chunks the answer by them and places chunk
     scores on its decoding steps, the steps the value model puts process rewards on."""
     lengths = rollout.completion_mask.sum(1).tolist()
     return {"completion_ids": [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths)],
@@ -128,7 +128,7 @@ class RolloutCollector:
     sample. ``prompts`` (default: one for ``cfg.model.path``) turns prompts with images into ids and features
     (:mod:`dllm_rl.models.image_inputs`): a group's image is encoded once, by the policy that rolls it out.
     ``reward`` (default: the task's) scores the rollouts; one with ``metrics()`` (a
-    :class:`~dllm_rl.rl.reward_terms.CombinedReward`) adds them to the step's metrics."""
+    :class:`~dllm_rl.rewards.reward_terms.CombinedReward`) adds them to the step's metrics."""
 
     def __init__(self, cfg: RLConfig, accelerator: Any, model: DiffusionLM, tokenizer: Any, train_task: Any,
                  rollout_hook: RolloutHook | None, stream: Any, gathered: Callable[[Any], Any],
@@ -234,7 +234,7 @@ class RolloutCollector:
         parts = gather_object([mine])  # one list per rank, in rank order (one process: its own)
         every = torch.tensor([v for part in parts for v in part], dtype=rewards.dtype)
         start = sum(len(part) for part in parts[:acc.process_index])
-        if decoupled:  # LightningRL's per-term normalisation (rl/speed.py)
+        if decoupled:  # LightningRL's per-term normalisation (rewards/speed.py)
             adv = decoupled_advantages(cfg.advantage, every, [t.weight for t in self.reward_fn.terms],
                                        self.group_size, cfg.scale_rewards, cfg.advantage_options)
         else:

@@ -34,6 +34,7 @@ from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenize
 from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
+from dllm_rl.rewards.reward_terms import build_reward
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
@@ -41,7 +42,6 @@ from dllm_rl.rl.collect import RolloutCollector, StepBatch
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook, samples_per_prompt
-from dllm_rl.rl.reward_terms import build_reward
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.run_checks import PromptLengths, check_model_settings, check_prompts
 from dllm_rl.rl.update import PolicyUpdater

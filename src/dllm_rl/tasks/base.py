@@ -64,7 +64,7 @@ def _call_custom(fn: Callable, prompts: Any, completions: Sequence[Any], columns
 
 def _custom_score(value: Any, name: str) -> Score:
     """A custom reward's value as a :class:`Score`: a number, or a sequence of per-step scores (process rewards,
-    :mod:`dllm_rl.rl.rewards`) kept in ``info["steps"]`` with their sum as the value. ``None`` is not a
+    :mod:`dllm_rl.rewards.safe`) kept in ``info["steps"]`` with their sum as the value. ``None`` is not a
     score: it becomes NaN, which the RL trainer counts and scores 0 (``reward_nonfinite``)."""
     if isinstance(value, Score):
         return value

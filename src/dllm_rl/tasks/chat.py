@@ -10,7 +10,7 @@ A row gives its conversation in one of the layouts of the common open datasets:
 The prompt is the conversation up to its last user turn (a trailing assistant turn, the dataset's answer, is
 dropped). :meth:`ChatTask.build_prompt` applies the tokenizer's chat template to every turn with the generation
 prompt; each example keeps the prompt's turns in its ``messages`` column, which a reward model reads as the
-conversation before the completion (:mod:`dllm_rl.rl.reward_model`). The HH text is parsed by hand: it is a plain
+conversation before the completion (:mod:`dllm_rl.rewards.reward_model`). The HH text is parsed by hand: it is a plain
 text convention, which no library reads.
 """
 

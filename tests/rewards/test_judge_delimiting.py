@@ -12,9 +12,9 @@ import pytest
 from dllm_rl.errors import UserError
 from dllm_rl.models import char_tokenizer
 from dllm_rl.models.tokenizer import CHATML_TEMPLATE, DEFAULT_ALPHABET
-from dllm_rl.rl.judge import Judge, JudgeConfig
-from dllm_rl.rl.judge_backends import HFGenerator
-from dllm_rl.rl.judge_text import fenced, own_words, parse_score
+from dllm_rl.rewards.judge import Judge, JudgeConfig
+from dllm_rl.rewards.judge_backends import HFGenerator
+from dllm_rl.rewards.judge_text import fenced, own_words, parse_score
 
 PATTERN = JudgeConfig().score_pattern
 REQUEST = "What is 6 times 7?"

@@ -6,7 +6,7 @@ braces included, is kept verbatim): ``{{prompt}}`` (the policy's prompt), ``{{co
 ``{{chunk}}`` and ``{{prefix}}`` (process mode: the chunk judged, and the completion from its start to the chunk's
 end), and any data column by its name (e.g. ``{{answer}}``). Each field is pasted as a fenced block that its text
 cannot close (``delimit``), and the judge answers with a score that ``score_pattern`` reads in its own words (its
-last match outside echoed blocks; by default the last ``\\boxed{...}``): :mod:`dllm_rl.rl.judge_text`.
+last match outside echoed blocks; by default the last ``\\boxed{...}``): :mod:`dllm_rl.rewards.judge_text`.
 
 - **Outcome mode**: one score per completion.
 - **Process mode** (the seed recipe's ``process_reward_model`` with ``reward_chunk_length`` and ``k_sample``):
@@ -17,7 +17,7 @@ last match outside echoed blocks; by default the last ``\\boxed{...}``): :mod:`d
   advantages do the normalising). A chunk's score lands on the latest decoding step among its own tokens (the
   seed recipe's placement; where a chunk has no counted token, the latest step before it); chunks landing on
   one step add up (the seed recipe lets the later one win). The result is one score per decoding step, the format of
-  :mod:`dllm_rl.rl.rewards`. Process mode reads the rollout's ``step_map`` column (per completion, the step of
+  :mod:`dllm_rl.rewards.safe`. Process mode reads the rollout's ``step_map`` column (per completion, the step of
   each completion token; -1 for tokens that do not count) and, where given, ``completion_ids`` (else the
   completion text is encoded with the policy's tokenizer).
 
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dllm_rl.errors import UserError
-from dllm_rl.rl.judge_backends import HFGenerator, VLLMGenerator
-from dllm_rl.rl.judge_config import JudgeConfig
-from dllm_rl.rl.judge_text import DEFAULT_TEMPLATES, check_template, parse_score, render
+from dllm_rl.rewards.judge_backends import HFGenerator, VLLMGenerator
+from dllm_rl.rewards.judge_config import JudgeConfig
+from dllm_rl.rewards.judge_text import DEFAULT_TEMPLATES, check_template, parse_score, render
 from dllm_rl.tasks.base import completion_text
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from reward_helpers import JUDGE_TEMPLATE, tiny_llama
 
 from dllm_rl.errors import UserError
 from dllm_rl.models import char_tokenizer
-from dllm_rl.rl.judge import (
+from dllm_rl.rewards.judge import (
     Judge,
     JudgeConfig,
     aggregate,
@@ -97,7 +97,7 @@ def test_parsing_is_strict_and_a_failure_is_counted_and_logged(caplog):
     outputs = {"good": "\\boxed{1}", "bad": "\\boxed{yes}", "empty": ""}
     judge, _ = _judge(lambda t, n: [outputs[t.split("|")[1]]] * n, template="{{prompt}}|{{completion}}",
                       fallback=-0.25, **RAW)
-    with caplog.at_level(logging.WARNING, logger="dllm_rl.rl.judge"):
+    with caplog.at_level(logging.WARNING, logger="dllm_rl.rewards.judge"):
         got = judge(["p", "p", "p"], ["good", "bad", "empty"])
     assert got == [1.0, -0.25, -0.25]
     assert judge.stats == {"judge_prompts": 3, "judge_cache_hits": 0, "judge_failures": 2}

@@ -1,6 +1,6 @@
 """The ``judge:`` section of a reward (:class:`JudgeConfig`): which LLM judges, with what prompt, and how its
-judgements become rewards. The judge itself is :mod:`dllm_rl.rl.judge`, its generators
-:mod:`dllm_rl.rl.judge_backends`."""
+judgements become rewards. The judge itself is :mod:`dllm_rl.rewards.judge`, its generators
+:mod:`dllm_rl.rewards.judge_backends`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal
 
 from dllm_rl.config import Checked, field
 from dllm_rl.errors import UserError
-from dllm_rl.rl.judge_text import DEFAULT_PATTERN
+from dllm_rl.rewards.judge_text import DEFAULT_PATTERN
 
 
 def _pattern_problem(value: str) -> str | None:

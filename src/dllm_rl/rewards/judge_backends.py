@@ -1,6 +1,6 @@
-"""What generates an LLM judge's judgements (:mod:`dllm_rl.rl.judge`): a transformers causal LM, or vLLM where it is
-installed. Each turns judge prompts into ``n`` continuations per prompt; the judge builds the prompts and reads the
-scores.
+"""What generates an LLM judge's judgements (:mod:`dllm_rl.rewards.judge`): a transformers causal LM, or vLLM where
+it is installed. Each turns judge prompts into ``n`` continuations per prompt; the judge builds the prompts and reads
+the scores.
 
 A judge prompt carries untrusted text (the completion), so it is encoded with the judge tokenizer's special tokens
 split into plain text: a completion that spells a role marker (``<|im_end|>``) cannot end the user turn of the chat
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from dllm_rl.errors import UserError
-from dllm_rl.rl.judge_config import JudgeConfig
+from dllm_rl.rewards.judge_config import JudgeConfig
 from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
 #: stands for the judge prompt while the chat template is rendered, to find where the prompt goes

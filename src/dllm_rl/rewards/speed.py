@@ -8,7 +8,7 @@ A rollout reports each answer's forward passes (``Rollout.nfe``) and tokens per 
   ``tpf`` is the answer's tokens per forward pass, ``L / NFE`` (LightningRL's speed reward, Sec. 3.3 and App. B.1);
   ``per_pass`` is ``1 / NFE``, the inverse of the passes spent (no credit for a longer answer at equal passes);
   ``per_token`` is ``max(0, 1 - NFE / L)``, the share of the one-pass-per-token budget the answer did not need.
-  Every kind is 0 or more and grows with speed, and :class:`~dllm_rl.rl.reward_terms.CombinedReward` sets it to 0
+  Every kind is 0 or more and grows with speed, and :class:`~dllm_rl.rewards.reward_terms.CombinedReward` sets it to 0
   where the answer is not right (a task term below 1), so a wrong answer's speed value is never above a right one's:
   speed cannot be bought with wrong answers, under the plain sum and under the decoupled normalisation alike. (The
   paper rewards every sample's TPF and filters all-wrong groups out instead, Sec. 3.3; the gate keeps that

@@ -10,12 +10,12 @@ from reward_helpers import tiny_llama
 from dllm_rl.config import ConfigError, from_dict
 from dllm_rl.errors import UserError
 from dllm_rl.models import char_tokenizer
+from dllm_rl.rewards.judge import Judge, JudgeConfig
+from dllm_rl.rewards.reward_model import RewardModel, RewardModelConfig
+from dllm_rl.rewards.reward_terms import CombinedReward, RewardTerm, Term, build_reward
+from dllm_rl.rewards.safe import safe_scores
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.judge import Judge, JudgeConfig
 from dllm_rl.rl.returns import process_step_rewards, step_ranks
-from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
-from dllm_rl.rl.reward_terms import CombinedReward, RewardTerm, Term, build_reward
-from dllm_rl.rl.rewards import safe_scores
 
 TOK = char_tokenizer()
 
@@ -34,8 +34,8 @@ def test_the_terms_entry_is_checked_with_its_key():
         RewardTerm(weight=2.0)
     # a custom function is one term among others, never beside them
     with pytest.raises(ConfigError, match=r"^reward.function: is not combined with reward.judge.model; list it as a "
-                                          r"term instead \(reward.terms: \[\{task: rl_helpers:digit_reward\}"):
-        from_dict(RLConfig, {"reward": {"function": "rl_helpers:digit_reward", "judge": {"model": "org/j"}}})
+                                          r"term instead \(reward.terms: \[\{task: reward_helpers:constant_reward\}"):
+        from_dict(RLConfig, {"reward": {"function": "reward_helpers:constant_reward", "judge": {"model": "org/j"}}})
 
 
 def test_task_plus_reward_model_weighted_with_raw_values(tmp_path):

@@ -8,7 +8,7 @@ import torch
 from reward_helpers import tiny_llama as _tiny
 
 from dllm_rl.errors import UserError
-from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig, RunningMoments
+from dllm_rl.rewards.reward_model import RewardModel, RewardModelConfig, RunningMoments
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""What an LLM judge (:mod:`dllm_rl.rl.judge`) reads and what of its answer counts.
+"""What an LLM judge (:mod:`dllm_rl.rewards.judge`) reads and what of its answer counts.
 
 **The prompt.** A template's ``{{name}}`` placeholders are filled in one pass (everything else, LaTeX braces
 included, is kept verbatim). Every pasted field (the policy's prompt, the completion, a process chunk and its

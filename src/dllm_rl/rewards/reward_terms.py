@@ -3,14 +3,14 @@
 {speed: tpf, weight: 0.5}]``).
 
 The sum is one TRL-signature reward, so the trainer calls it as any other. A reward model term runs with the
-``reward:`` section's settings (:class:`~dllm_rl.rl.reward_model.RewardModelConfig`) and a judge term with the
-``reward.judge:`` section's (:class:`~dllm_rl.rl.judge.JudgeConfig`); the term names only the model. Each term's raw
-value (before its weight) is kept per sample for logging (:attr:`CombinedReward.last_terms`,
+``reward:`` section's settings (:class:`~dllm_rl.rewards.reward_model.RewardModelConfig`) and a judge term with the
+``reward.judge:`` section's (:class:`~dllm_rl.rewards.judge.JudgeConfig`); the term names only the model. Each term's
+raw value (before its weight) is kept per sample for logging (:attr:`CombinedReward.last_terms`,
 :meth:`CombinedReward.metrics`) and in each :class:`~dllm_rl.tasks.Score`'s ``info["terms"]``, which the decoupled
 normalisation reads (:func:`dllm_rl.rl.advantages.decoupled_advantages`).
 
-A speed term (:mod:`dllm_rl.rl.speed`) counts only where the answer is right: where every task term scores 1 or more
-(the accuracy the trainer reports); elsewhere its value is 0.
+A speed term (:mod:`dllm_rl.rewards.speed`) counts only where the answer is right: where every task term scores 1 or
+more (the accuracy the trainer reports); elsewhere its value is 0.
 
 When a term gives process rewards (per decoding step: a judge in process mode, or a task reward's per-step list),
 the sum is per step too: per-step terms add step by step (times their weights) and every outcome term's weighted
@@ -28,9 +28,9 @@ from typing import Any
 
 from dllm_rl.config import Checked, FieldError, field
 from dllm_rl.errors import UserError
-from dllm_rl.rl.judge import Judge, JudgeConfig
-from dllm_rl.rl.reward_model import RewardModel, RewardModelConfig
-from dllm_rl.rl.speed import SPEEDS, SpeedReward, gate
+from dllm_rl.rewards.judge import Judge, JudgeConfig
+from dllm_rl.rewards.reward_model import RewardModel, RewardModelConfig
+from dllm_rl.rewards.speed import SPEEDS, SpeedReward, gate
 from dllm_rl.tasks import Score, get_task, list_tasks
 from dllm_rl.tasks.base import load_callable
 
