@@ -96,6 +96,30 @@ def test_dashboard_panels_hold_the_runs_data(tmp_path):
     assert out == a / "dashboard.png" and out.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_dashboard_fits_a_laptop_screen_and_writes_no_data_only_on_an_empty_panel(tmp_path):
+    """Six panels in 2 rows of 3, at most 1600 x 900 px; a run without KL (beta 0) still draws its clip fraction
+    on panel 3's right-hand axis, so that panel says nothing about missing data, and its legend names the clip
+    fraction; a panel with no point at all says "no data"."""
+    log = MetricsLogger(tmp_path / "metrics.jsonl")
+    for s in range(1, 5):
+        log.log(s, reward=s / 4, clip_frac=0.01 * s, completion_length=10 + s)
+    fig = dashboard_figure([tmp_path])
+    width, height = fig.get_size_inches() * fig.dpi
+    assert (width, height) == (1600, 850)
+    panels, clip = fig.axes[:6], fig.axes[6]
+    assert [ax.get_subplotspec().get_geometry() for ax in panels] == [(2, 3, i, i) for i in range(6)]
+    assert clip.lines[0].get_xydata().tolist() == [[1.0, 0.01], [2.0, 0.02], [3.0, 0.03], [4.0, 0.04]]
+    texts = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in panels}
+    assert texts == {"reward": [], "held-out accuracy": ["no data"], "KL and clip fraction": [],
+                     "completion length and NFE": [], "seconds per step": ["no data"],
+                     "held-out accuracy vs passes": ["no data"]}
+    assert [t.get_text() for t in panels[2].get_legend().get_texts()] == [f"{tmp_path.name} clip_frac"]
+    out = write_dashboard([tmp_path])
+    from PIL import Image
+
+    assert Image.open(out).size == (1600, 850)
+
+
 def test_dashboard_of_an_sft_run_shows_the_loss(tmp_path):
     log = MetricsLogger(tmp_path / "metrics.jsonl")
     for s in (10, 20, 30):

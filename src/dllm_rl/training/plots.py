@@ -13,7 +13,8 @@ Panels of :func:`dashboard_figure`, in order (each run one colour, labelled by i
    evaluation joined in step order, the first and last labelled with their step: a run that learns to decode in
    fewer passes moves left, one that learns the task moves up.
 
-matplotlib's Agg backend: no display needed.
+The panels sit in 2 rows of 3 at 1600 x 850 px (one laptop screen); "no data" is written only on a panel with no
+point in it (panel 3 counting its right-hand axis). matplotlib's Agg backend: no display needed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ DASHBOARD = "dashboard.png"
 PANELS = ("reward", "held-out accuracy", "KL and clip fraction", "completion length and NFE", "seconds per step",
           "held-out accuracy vs passes")
 STYLES = ("-", "--", ":")
+#: the dashboard's panels in rows x columns, and its size: 1600 x 850 px, readable on a laptop screen at once
+GRID = (2, 3)
+FIGSIZE = (16.0, 8.5)
+DPI = 100
 #: values beyond this magnitude are left out of a plot: matplotlib cannot place ticks on an axis spanning
 #: ~1e308 (a diverged loss), and such a point would flatten every other one anyway
 PLOT_LIMIT = 1e150
@@ -78,10 +83,12 @@ def _run_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = None):
-    """The dashboard :class:`matplotlib.figure.Figure` of one or more runs (see the module docs). Its
-    ``axes`` are the five panels in order, then the right-hand axis of panel 3 (``clip_frac``)."""
+    """The dashboard :class:`matplotlib.figure.Figure` of one or more runs (see the module docs): the six panels
+    in a grid of :data:`GRID` rows and columns, :data:`FIGSIZE` inches at :data:`DPI` (1600 x 850 px, a laptop
+    screen). Its ``axes`` are the six panels in order, then the right-hand axis of panel 3 (``clip_frac``)."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 6, figsize=(28.8, 4.2), dpi=90)
+    fig, grid = plt.subplots(*GRID, figsize=FIGSIZE, dpi=DPI)
+    axes = grid.ravel()
     clip_ax = axes[2].twinx()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     first_key = "reward"
@@ -105,25 +112,33 @@ def dashboard_figure(run_dirs: list[str | Path], smooth_window: int | None = Non
             label = f"{name} {key2.removeprefix('time_')}"
             axes[4].plot(*series(rows, key2), color=colour, linestyle=style, label=label)
         _passes_panel(axes[5], rows, name, colour)
-    titles = (first_key,) + PANELS[1:]
-    ylabels = (first_key, "accuracy", "kl", "tokens / forwards", "seconds", "accuracy")
-    for ax, title, ylabel in zip(axes, titles, ylabels):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if not ax.lines or all(len(line.get_xdata()) == 0 for line in ax.lines):
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
-        elif ax is not axes[2]:
-            ax.legend(fontsize=7)
-    axes[5].set_xlabel("forward passes per answer")
-    clip_ax.set_ylabel("clip fraction")
-    handles = axes[2].get_legend_handles_labels()
-    extra = clip_ax.get_legend_handles_labels()
-    if any(len(line.get_xdata()) for line in axes[2].lines + clip_ax.lines):
-        axes[2].legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
+    _label_panels(axes, clip_ax, first_key)
     fig.tight_layout()
     return fig
+
+
+def _drawn(ax) -> list:
+    """The lines of ``ax`` that hold at least one point."""
+    return [line for line in ax.lines if len(line.get_xdata())]
+
+
+def _label_panels(axes, clip_ax, first_key: str) -> None:
+    """Titles, axis labels and legends; "no data" only on a panel with no point at all (panel 3 counts its
+    right-hand ``clip_frac`` axis: a run without KL still draws its clip fraction there)."""
+    titles = (first_key,) + PANELS[1:]
+    ylabels = (first_key, "accuracy", "kl", "tokens / forwards", "seconds", "accuracy")
+    twins = {2: clip_ax}
+    for i, (ax, title, ylabel) in enumerate(zip(axes, titles, ylabels)):
+        ax.set_title(title)
+        ax.set_xlabel("forward passes per answer" if i == 5 else "step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        lines = _drawn(ax) + (_drawn(twins[i]) if i in twins else [])
+        if not lines:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+        else:  # one legend per panel, the twin axis's lines in it too
+            ax.legend(lines, [line.get_label() for line in lines], fontsize=7)
+    clip_ax.set_ylabel("clip fraction")
 
 
 def _passes_panel(ax, rows: list[dict[str, Any]], name: str, colour: str) -> None:
