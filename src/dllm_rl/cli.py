@@ -92,6 +92,18 @@ def command_of(argv: list[str]) -> str:
     return first if first in SUBCOMMANDS else ""
 
 
+def parse_words(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, where a command with config words (``add_command_arguments``: ``[CONFIG.yaml]
+    [key=value ...]``) takes them before, between and after its flags: argparse fills a ``*`` positional from
+    one run of words only, and leaves the words after a flag over (``rl --train.max-steps 3 beta=0``)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "words", None), list) and not any(w.startswith("-") for w in extra):
+        args.words += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _one_line_deprecations() -> None:
     """A renamed config key's warning as one line (``dllm-rl: warning: config key 'max_steps' is deprecated: use
     'train.max_steps' ...``) instead of Python's two-line form with a source line; other warnings keep theirs."""
@@ -110,7 +122,7 @@ def _one_line_deprecations() -> None:
 def main(argv: list[str] | None = None) -> int:
     asked = list(argv) if argv is not None else sys.argv[1:]  # what was asked, for reproducibility records
     parser = build_parser(command_of(asked))  # only the named subcommand's module is imported
-    args = parser.parse_args(asked)
+    args = parse_words(parser, asked)
     args.argv = asked
     _one_line_deprecations()
     if getattr(args, "func", None) is None:

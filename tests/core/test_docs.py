@@ -141,18 +141,25 @@ def checked_config(argv: list[str], extra: list[str]):
     if args.command == "demo":
         return load_config(RLConfig, demo_config_path(args.model),
                            demo_run_overrides(args.model, args.algorithm, list(args.overrides), args.recipe)[1])
-    if args.command in ("rl", "sft") and getattr(args, "config", None):
+    if args.command in ("rl", "sft") and getattr(args, "words", None):
+        from dllm_rl.config.command import given_flags, split_words
+
+        config, overrides = split_words(args.words)
         cls = RLConfig if args.command == "rl" else SFTConfig
-        return load_config(cls, _local(args.config) or args.config, extra + list(args.overrides))
+        return load_config(cls, config and (_local(config) or config), extra + overrides + given_flags(args))
     return None
 
 
 def _parse(argv: list[str]):
-    from dllm_rl.cli import build_parser
+    from dllm_rl.cli import build_parser, parse_words
 
     try:
-        return build_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse's way of saying no
+        return parse_words(build_parser(), argv)
+    except SystemExit as exc:  # argparse's way of saying no (0: a --help / --help-config that printed)
+        if exc.code == 0:
+            import argparse
+
+            return argparse.Namespace(command=argv[0])
         raise AssertionError(f"dllm-rl {' '.join(argv)}: does not parse (exit {exc.code})") from None
 
 
@@ -251,7 +258,12 @@ def run_doc_command(words: list[str], run_dir: Path | None, scratch: Path) -> in
     from dllm_rl.cli import main
 
     argv, why = prepared(words, run_dir)
-    return why if why else main(cheap(argv, scratch))
+    if why:
+        return why
+    try:
+        return main(cheap(argv, scratch))
+    except SystemExit as exc:  # --help-config prints and exits, as --help does
+        return exc.code
 
 
 @pytest.mark.parametrize("command", [c for c in DISTINCT if dllm_rl_argv(c.words) is not None],

@@ -175,7 +175,9 @@ def test_block_size_adaptation_rolls_out_at_4_and_trains_at_8(rl_setup, tmp_path
 def test_help_config_documents_the_value_model_and_block_sizes(capsys):
     from dllm_rl.cli import main
 
-    assert main(["rl", "--help-config"]) == 0
+    with pytest.raises(SystemExit) as stop:  # --help-config prints the keys and exits, as --help does
+        main(["rl", "--help-config"])
+    assert stop.value.code == 0
     out = capsys.readouterr().out
     for key in ("value_model.enabled (default False)", "value_model.init_from (default 'policy')",
                 "value_model.lr (default None)", "value_model.epsilon (default 0.2)", "value_model.gamma (default 1.0)",

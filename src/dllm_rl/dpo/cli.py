@@ -1,5 +1,5 @@
-"""`dllm-rl dpo CONFIG.yaml [key=value ...]`: VRPO preference training of a diffusion LM; `dllm-rl pairs`: the pairs
-from a model's own right and wrong answers."""
+"""`dllm-rl dpo [CONFIG.yaml] [key=value ...] [--key value ...]`: VRPO preference training of a diffusion LM;
+`dllm-rl pairs`: the pairs from a model's own right and wrong answers."""
 
 from __future__ import annotations
 
@@ -9,25 +9,27 @@ from dllm_rl.errors import UserError
 
 
 def dpo(args: argparse.Namespace) -> int:
-    from dllm_rl.config import describe, load_command_config
+    from dllm_rl.config.command import load_command
     from dllm_rl.dpo.config import DPOConfig
     from dllm_rl.dpo.trainer import train
 
-    if args.help_config:
-        print("\n".join(describe(DPOConfig, defaults=DPOConfig())))
-        return 0
-    result = train(load_command_config(DPOConfig, args.config, args.overrides, "configs/demo-dpo.yaml"))
+    result = train(load_command(DPOConfig, args, "configs/demo-dpo.yaml"))
     return 0 if result.step > 0 else 1
 
 
 def register(sub) -> None:
+    from dllm_rl.config import describe
+    from dllm_rl.config.command import add_command_arguments
+    from dllm_rl.config.reference import help_config_argument
+    from dllm_rl.dpo.config import DPOConfig
+
     p = sub.add_parser(
         "dpo", help="preference training (VRPO: DPO on stratified ELBOs, LLaDA 1.5)",
         description="Train a diffusion LM on prompt/chosen/rejected pairs with VRPO (arXiv 2505.19223): DPO on "
         "ELBO log-likelihoods with stratified mask counts shared by the policy and the reference.")
-    p.add_argument("config", nargs="?", help="YAML config (see configs/demo-dpo.yaml); --help-config lists keys")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. beta=0.1 num_mc=8 train.max_steps=50")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
+    add_command_arguments(p, DPOConfig, words_help="a YAML config (see configs/demo-dpo.yaml), then key=value "
+                          "overrides, e.g. beta=0.1 num_mc=8 train.max_steps=50; every key is also a --flag")
+    help_config_argument(p, lambda: describe(DPOConfig, defaults=DPOConfig()))
     p.set_defaults(func=dpo)
     add_pairs_parser(sub)
 

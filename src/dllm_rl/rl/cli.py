@@ -1,4 +1,4 @@
-"""`dllm-rl rl CONFIG.yaml [key=value ...]` and `dllm-rl demo`."""
+"""`dllm-rl rl [CONFIG.yaml] [key=value ...] [--key value ...]` and `dllm-rl demo`."""
 
 from __future__ import annotations
 
@@ -21,16 +21,12 @@ def _rl_config_lines() -> list[str]:
 
 
 def run_rl(args: argparse.Namespace) -> int:
+    from dllm_rl.config.command import load_command
     from dllm_rl.rl.config import RLConfig
     from dllm_rl.rl.loop import train
 
-    if args.help_config:
-        print("\n".join(_rl_config_lines()))
-        return 0
-    if args.config is None:
-        raise UserError("give a config file: dllm-rl rl CONFIG.yaml [key=value ...] (see configs/)")
+    cfg = load_command(RLConfig, args, "configs/llada-espo-gsm8k.yaml")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_config(RLConfig, args.config, args.overrides)
     summary = train(cfg)
     if summary.get("is_main", True):
         print(json.dumps({k: v for k, v in summary.items() if k != "is_main"}, indent=2))
@@ -135,10 +131,13 @@ def preset_names() -> str:
 
 
 def register(sub) -> None:
+    from dllm_rl.config.command import add_command_arguments
+    from dllm_rl.rl.config import RLConfig
+
     p = sub.add_parser("rl", help=f"RL post-training (presets: {preset_names()}; --help-config prints the table)")
-    p.add_argument("config", nargs="?", help="YAML config (see configs/)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algorithm=tracerl rollout.gen_length=64")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
+    add_command_arguments(p, RLConfig, words_help="a YAML config (see configs/), then key=value overrides, e.g. "
+                          "algorithm=tracerl rollout.gen_length=64; every key is also a --flag")
+    help_config_argument(p, _rl_config_lines)
     p.set_defaults(func=run_rl)
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")

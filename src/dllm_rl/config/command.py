@@ -1,0 +1,115 @@
+"""One front end for every command with a config dataclass: ``dllm-rl COMMAND [CONFIG.yaml] [key=value ...]
+[--key value ...]``.
+
+:func:`add_command_arguments` gives a command's parser the words (an optional YAML file, then ``a.b=c`` overrides)
+and one flag per key of the dataclass, at any depth, named after the key (``train.max_steps`` ->
+``--train.max-steps VALUE``; a bool is ``--key / --no-key``; a list is repeatable, ``--prompt A --prompt B``).
+:func:`load_command` reads them back through :func:`~dllm_rl.config.loading.load_config`: the YAML first, then
+the overrides, then the flags, so a flag is one more override, checked and converted as the YAML's values are. The
+flags, ``--help-config`` and ``docs/config.md`` are all generated from the one dataclass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from dllm_rl.config.fields import allowed_values, field_types, help_text, strip_optional, type_origin
+from dllm_rl.config.loading import load_config
+from dllm_rl.errors import UserError
+
+T = TypeVar("T")
+
+#: the namespace prefix of a flag's value (``config:train.max_steps``), which no other argument uses
+_DEST = "config:"
+_WORDS = "[CONFIG.yaml] [key=value ...]"
+
+
+def leaf_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """``(dotted key, field, annotation without Optional)`` of every key of ``cls`` that is not a section, sections
+    descended into in declaration order."""
+    types_ = field_types(cls)
+    for f in dataclasses.fields(cls):
+        tp, _ = strip_optional(types_[f.name])
+        if dataclasses.is_dataclass(tp):
+            yield from leaf_keys(tp, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, types_[f.name]
+
+
+def flag_name(key: str) -> str:
+    """The flag of config key ``key``: ``train.max_steps`` -> ``--train.max-steps``."""
+    return "--" + key.replace("_", "-")
+
+
+def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positional: str | None = None,
+                          words_help: str = "") -> None:
+    """Add to ``parser`` the words ``[CONFIG.yaml] [key=value ...]`` and one flag per key of ``cls``
+    (:func:`leaf_keys`), grouped by section. ``positional``: a key that a bare word also sets (``eval MODEL_DIR``).
+    Unset flags leave nothing in the namespace, so only what the user gave overrides the YAML."""
+    parser.add_argument("words", nargs="*", metavar=_WORDS if positional is None else f"{positional.upper()} "
+                        + _WORDS, help=words_help or "a YAML config, then key=value overrides (see --help-config)")
+    groups: dict[str, Any] = {}
+    for key, f, tp in leaf_keys(cls):
+        section = key.rpartition(".")[0]
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{section} (--{section}.KEY VALUE)" if section else
+                                                        f"{cls.__name__} (--KEY VALUE)")
+        allowed = allowed_values(tp, f.metadata)
+        text = help_text(f) + (f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else "")
+        text = text.replace("%", "%%")  # argparse %-formats help
+        kw: dict[str, Any] = {"dest": _DEST + key, "default": argparse.SUPPRESS, "help": text}
+        bare, _ = strip_optional(tp)
+        if bare is bool:
+            groups[section].add_argument(flag_name(key), action=argparse.BooleanOptionalAction, **kw)
+        else:
+            repeat = type_origin(bare) in (list, tuple)
+            groups[section].add_argument(flag_name(key), action="append" if repeat else "store",
+                                         metavar="VALUE", **kw)
+
+
+def given_flags(args: argparse.Namespace) -> list[str]:
+    """The flags the user gave, as ``key=value`` overrides (a repeated list flag: its values as one YAML list)."""
+    out = []
+    for dest, value in vars(args).items():
+        if not dest.startswith(_DEST):
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, list):
+            value = json.dumps(value)  # JSON is YAML: the list reads back as given, commas inside values kept
+        out.append(f"{dest[len(_DEST):]}={value}")
+    return out
+
+
+def split_words(words: list[str], positional: str | None = None) -> tuple[str | None, list[str]]:
+    """The YAML file and the ``key=value`` overrides of a command's words: the first word is the YAML file when it
+    ends in .yaml / .yml, or (without a ``positional`` key) has no ``=``; a bare word is ``positional=word``."""
+    config, overrides = None, []
+    for i, word in enumerate(words):
+        if i == 0 and (word.endswith((".yaml", ".yml")) or (positional is None and "=" not in word)):
+            config = word
+        elif "=" in word:
+            overrides.append(word)
+        elif positional is not None and not any(o.startswith(f"{positional}=") for o in overrides):
+            overrides.insert(0, f"{positional}={word}")
+        else:
+            raise UserError(f"{word!r}: expected key=value (a YAML config file goes first, ending in .yaml)")
+    return config, overrides
+
+
+def load_command(cls: type[T], args: argparse.Namespace, example: str, *, positional: str | None = None) -> T:
+    """The config of a command line ``COMMAND [CONFIG.yaml] [key=value ...] [--key value ...]`` (the arguments
+    :func:`add_command_arguments` added): the YAML, laid over with the overrides, then the flags. None of them is
+    one line naming ``example``."""
+    config, overrides = split_words(list(getattr(args, "words", None) or []), positional)
+    overrides += given_flags(args)
+    if config is None and not overrides:
+        raise UserError(f"give a config file (e.g. {example}), key=value overrides and/or --key value flags")
+    return load_config(cls, config, overrides)
+
+
+__all__ = ["add_command_arguments", "flag_name", "given_flags", "leaf_keys", "load_command", "split_words"]

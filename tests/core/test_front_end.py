@@ -1,0 +1,98 @@
+"""The one command front end (``dllm_rl.config.command``): ``dllm-rl COMMAND [CONFIG.yaml] [key=value ...]
+[--key value ...]``, its flags generated from the command's config dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from dllm_rl.cli import OneLineParser, build_parser, main, parse_words
+from dllm_rl.config import field
+from dllm_rl.config.command import add_command_arguments, flag_name, leaf_keys, load_command
+
+#: command -> its config dataclass, for every command on the one front end
+COMMANDS = {"rl": ("dllm_rl.rl.config", "RLConfig"), "sft": ("dllm_rl.sft.config", "SFTConfig"),
+            "dpo": ("dllm_rl.dpo.config", "DPOConfig")}
+#: options of a command that are no config key
+NOT_KEYS = {"-h", "--help", "--help-config"}
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    sub = build_parser(command)._subparsers._group_actions[0]
+    return sub.choices[command]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_key_is_a_flag_and_every_flag_a_key(command):
+    import importlib
+
+    module, name = COMMANDS[command]
+    cls = getattr(importlib.import_module(module), name)
+    keys = {key for key, _, _ in leaf_keys(cls)}
+    flags = {}
+    for action in _subparser(command)._actions:
+        for option in action.option_strings:
+            if option not in NOT_KEYS:
+                flags[option] = action.dest
+    bools = {flag_name(k).replace("--", "--no-", 1) for k, f, tp in leaf_keys(cls) if tp in (bool, bool | None)}
+    assert set(flags) == {flag_name(k) for k in keys} | bools
+    assert {dest.removeprefix("config:") for dest in flags.values()} == keys
+    assert "--train.max-steps" in flags and flags["--train.max-steps"] == "config:train.max_steps"
+
+
+def test_rl_takes_overrides_and_flags_without_a_yaml(monkeypatch):
+    import dllm_rl.rl.loop
+
+    seen = []
+    monkeypatch.setattr(dllm_rl.rl.loop, "train", lambda cfg: seen.append(cfg) or {"is_main": False})
+    assert main(["rl", "algorithm=tracerl", "--train.max-steps", "3", "beta=0.5", "--run.overwrite"]) == 0
+    (cfg,) = seen
+    assert (cfg.algorithm, cfg.train.max_steps, cfg.beta, cfg.run.overwrite) == ("tracerl", 3, 0.5, True)
+
+
+def test_a_flag_wins_over_the_yaml_and_an_override(monkeypatch, tmp_path):
+    import dllm_rl.rl.loop
+
+    seen = []
+    monkeypatch.setattr(dllm_rl.rl.loop, "train", lambda cfg: seen.append(cfg) or {"is_main": False})
+    (tmp_path / "c.yaml").write_text("beta: 0.1\ntrain:\n  max_steps: 7\n")
+    assert main(["rl", "--beta", "0.3", str(tmp_path / "c.yaml"), "beta=0.2"]) == 0
+    assert (seen[0].beta, seen[0].train.max_steps) == (0.3, 7)
+
+
+def test_a_command_given_nothing_or_a_bad_flag_value_is_one_line(capsys):
+    assert main(["rl"]) == 2
+    assert capsys.readouterr().err.strip() == ("dllm-rl rl: error: give a config file (e.g. "
+                                               "configs/llada-espo-gsm8k.yaml), key=value overrides and/or --key "
+                                               "value flags")
+    assert main(["sft", "--train.max-steps", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "dllm-rl sft: error: train.max_steps: must be >= 1, got 0"
+    with pytest.raises(SystemExit) as stop:
+        main(["dpo", "beta=0.1", "--no-such-key", "1"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --no-such-key 1" in capsys.readouterr().err
+
+
+@dataclasses.dataclass
+class _Inner:
+    size: int = field(2, ge=1, help="a size")
+
+
+@dataclasses.dataclass
+class _Small:
+    model_dir: str | None = field(None, help="where the model is")
+    prompt: list[str] = field(default_factory=list, help="prompts")
+    chat: bool = field(False, help="chat")
+    inner: _Inner = field(default_factory=_Inner, help="a section")
+
+
+def test_list_bool_section_flags_and_a_positional_word():
+    parser = OneLineParser(prog="x")
+    add_command_arguments(parser, _Small, positional="model_dir")
+    args = parse_words(parser, ["ckpt", "--prompt", "a, b", "--prompt", "c", "--chat", "inner.size=3"])
+    cfg = load_command(_Small, args, "x.yaml", positional="model_dir")
+    assert cfg == _Small(model_dir="ckpt", prompt=["a, b", "c"], chat=True, inner=_Inner(size=3))
+    args = parse_words(parser, ["--no-chat", "--inner.size", "5", "model_dir=m"])
+    assert load_command(_Small, args, "x.yaml", positional="model_dir") == _Small(model_dir="m", inner=_Inner(5))
