@@ -34,7 +34,8 @@ class PairDataConfig(ResponseFormat):
 
 @dataclass
 class DPOConfig:
-    """``dllm-rl dpo CONFIG.yaml [key=value ...]``: VRPO preference training (LLaDA 1.5, arXiv 2505.19223)."""
+    """``dllm-rl dpo [CONFIG.yaml] [key=value | --key value ...]``: VRPO preference training (LLaDA 1.5,
+    arXiv 2505.19223)."""
 
     run: RunConfig = field(default_factory=lambda: RunConfig(output_dir="runs/dpo"),
                            help="where the run writes, its seed, resume, checkpoints, trackers, hub upload")

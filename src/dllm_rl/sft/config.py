@@ -101,7 +101,7 @@ def _resume_word(value):
 
 @dataclass
 class SFTConfig:
-    """``dllm-rl sft CONFIG.yaml [key=value ...]``: supervised fine-tuning of a diffusion LM."""
+    """``dllm-rl sft [CONFIG.yaml] [key=value | --key value ...]``: supervised fine-tuning of a diffusion LM."""
 
     #: keys of earlier releases -> their place now (dllm_rl.config.renames)
     RENAMED: ClassVar[dict] = {
