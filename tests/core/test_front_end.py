@@ -40,6 +40,8 @@ def test_every_key_is_a_flag_and_every_flag_a_key(command):
     assert set(flags) == {flag_name(k) for k in keys} | bools
     assert {dest.removeprefix("config:") for dest in flags.values()} == keys
     assert "--train.max-steps" in flags and flags["--train.max-steps"] == "config:train.max_steps"
+    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} [CONFIG.yaml] [key=value ...] "
+                                                   "[--KEY VALUE ...]\n")
 
 
 def test_rl_takes_overrides_and_flags_without_a_yaml(monkeypatch):

@@ -50,8 +50,10 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
     """Add to ``parser`` the words ``[CONFIG.yaml] [key=value ...]`` and one flag per key of ``cls``
     (:func:`leaf_keys`), grouped by section. ``positional``: a key that a bare word also sets (``eval MODEL_DIR``).
     Unset flags leave nothing in the namespace, so only what the user gave overrides the YAML."""
-    parser.add_argument("words", nargs="*", metavar=_WORDS if positional is None else f"{positional.upper()} "
-                        + _WORDS, help=words_help or "a YAML config, then key=value overrides (see --help-config)")
+    words = _WORDS if positional is None else f"[{positional.upper()}] {_WORDS}"
+    parser.add_argument("words", nargs="*", metavar=words,
+                        help=words_help or "a YAML config, then key=value overrides (see --help-config)")
+    parser.usage = f"%(prog)s {words} [--KEY VALUE ...]"  # argparse's own would list every flag (100+ lines)
     groups: dict[str, Any] = {}
     for key, f, tp in leaf_keys(cls):
         section = key.rpartition(".")[0]
