@@ -25,15 +25,23 @@ class ModelConfig(Checked):
     alphabet: str | None = field(None, help="characters of the char tokenizer (null = the default alphabet)")
     words: list[str] = field(default_factory=list, help="char tokenizer: whole strings that get one token each "
                              "(e.g. [\"<answer>\", \"</answer>\"]: shorter completions, cheaper decoding)")
-    family: Literal["llada", "dream", "sdar", "llada_v"] = field("llada", help="family of a fresh model (path: null)")
+    family: Literal["llada", "dream", "sdar", "llada_v", "diffusion_gemma"] = field(
+        "llada", help="family of a fresh model (path: null); diffusion_gemma: uniform-state, canvas of `block_size`")
     hidden_size: int = field(128, ge=1, help="fresh model: hidden size")
     num_layers: int = field(4, ge=1, help="fresh model: transformer layers")
     num_heads: int = field(4, ge=1, help="fresh model: attention heads")
     num_kv_heads: int = field(4, ge=1, help="fresh model: key/value heads (GQA when < num_heads)")
     intermediate_size: int = field(384, ge=1, help="fresh model: MLP width")
-    block_size: int = field(4, ge=1, help="fresh block model (sdar): block size of block-causal attention")
+    block_size: int = field(4, ge=1, help="fresh block model (sdar): block size of block-causal attention; "
+                                          "diffusion_gemma: canvas_length")
+    num_experts: int | None = field(None, ge=1, help="fresh MoE model (diffusion_gemma): experts per layer (null: "
+                                                     "the family's tiny default, 4)")
+    experts_per_token: int | None = field(None, ge=1, help="fresh MoE model: experts each token is routed to (null: 2)")
+    moe_intermediate_size: int | None = field(None, ge=1, help="fresh MoE model: each expert's MLP width (null: 16)")
     max_position_embeddings: int = field(256, ge=1, help="fresh model: context length")
-    tie_word_embeddings: bool = field(False, help="fresh model: share input and output embeddings")
+    tie_word_embeddings: bool | None = field(
+        None, help="fresh model: share input and output embeddings (null: the family's published default: untied, "
+        "but tied for diffusion_gemma)")
     vision_image_size: int = field(384, ge=8, help="fresh llada_v: side in px of the SigLIP tower's input (LLaDA-V: "
                                    "384); each image is padded to a square and resized to it")
     vision_patch_size: int = field(14, ge=1, help="fresh llada_v: SigLIP patch side in px (LLaDA-V: 14); a `pad` "

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, tiny_config
+from dllm_rl.models.families import get_family
 from dllm_rl.models.families.llada_v import SO400M_VISION
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.config import ModelConfig
@@ -53,12 +54,17 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
         if tok is None:
             tok = load_tokenizer(cfg.path, mask_token_id=dlm.mask_token_id, noise=dlm.family.noise)
     else:
+        fam = get_family(cfg.family)
+        moe = {k: getattr(cfg, k) for k in ("num_experts", "experts_per_token", "moe_intermediate_size")
+               if getattr(cfg, k) is not None}
         pub = tiny_config(
-            cfg.family, vocab_size=len(tok), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, intermediate_size=cfg.intermediate_size,
-            mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            block_size=cfg.block_size, max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=cfg.tie_word_embeddings,
+            cfg.family, vocab_size=len(tok) + fam.tiny_extra_ids, hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+            intermediate_size=cfg.intermediate_size,
+            mask_token_id=None if fam.mask_token_id is None else tok.mask_token_id,  # uniform-state: none
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, block_size=cfg.block_size,
+            max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
+            **moe,
         )
         if cfg.family == "llada_v":
             pub.update(vision_shape(cfg))

@@ -51,6 +51,9 @@ class Family:
     # every family but DiffusionGemma) or "uniform" (every slot holds a token, a step accepts some positions and
     # re-noises the rest with random ids; no mask token). Samplers and estimators read it; nothing else should.
     noise: str = "mask"
+    # Ids a fresh tiny model (:meth:`tiny`) reserves after the tokenizer's (DiffusionGemma's three image ids), so
+    # `dllm-rl sft` sizes its vocabulary to the tokenizer plus these.
+    tiny_extra_ids: int = 0
 
     # -- config ---------------------------------------------------------------------------------
     def hf_config(self, pub: dict[str, Any]) -> PretrainedConfig:

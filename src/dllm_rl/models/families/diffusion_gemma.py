@@ -134,7 +134,7 @@ class DiffusionGemma(Family):
 DIFFUSION_GEMMA = DiffusionGemma(
     name="diffusion_gemma", attention="block", shift=False, mask_token_id=None, noise="uniform", eos_token_id=1,
     pad_token_id=0, model_type="diffusion_gemma", architectures=("DiffusionGemmaForBlockDiffusion",), block_size=256,
-    block_size_key="canvas_length", moe=True, router_stack="model.encoder.language_model",
+    block_size_key="canvas_length", moe=True, router_stack="model.encoder.language_model", tiny_extra_ids=3,
     hf_auto_class=AutoModelForImageTextToText,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     lora_scope=("model.decoder", "model.encoder.language_model"),
