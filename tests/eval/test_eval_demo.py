@@ -52,6 +52,20 @@ def test_demo_decodes_each_demo_model_as_its_rl_config_does():
                                                                                           "block_length": 4}
 
 
+def test_demo_decodes_the_uniform_state_demo_with_its_rl_configs_sampler_knobs(tmp_path, capsys):
+    """gemma-countdown (DiffusionGemma-shaped): one canvas of 16 and rl-gemma.yaml's 8 denoising steps, no block
+    length (its config names none, and the uniform sampler refuses one); an explicit flag wins."""
+    assert decode_lengths(DEMO_DIR / "gemma-countdown") == (16, None)
+    assert demo_defaults(DEMO_DIR / "gemma-countdown", {})["decode"] == {"gen_length": 16, "max_denoising_steps": 8}
+    assert demo_defaults(DEMO_DIR / "gemma-countdown", {"max_denoising_steps": 4})["decode"] == {
+        "gen_length": 16, "max_denoising_steps": 4}
+    rc, out, _ = _eval(capsys, str(DEMO_DIR / "gemma-countdown"), "--demo", "--limit", "8", "-o", str(tmp_path),
+                       "--json")
+    m = json.loads(out)["settings"]["default"]["metrics"]
+    assert rc == 0 and m["samples"] == 8 and m["nfe_mean"] <= 8
+    assert all(r["completion"].startswith("<answer>") for r in read_jsonl(tmp_path / "items" / "default.jsonl"))
+
+
 def test_demo_on_a_fresh_model_and_its_errors(tmp_path, capsys):
     tok, dlm = build_tokenizer_and_model(ModelConfig(tokenizer="char", hidden_size=32, num_layers=1,
                                                      intermediate_size=32, num_heads=2, num_kv_heads=2))

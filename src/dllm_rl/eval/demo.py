@@ -6,7 +6,9 @@ low-confidence (probability) order, at the ``gen_length`` / ``block_length`` of 
 checkpoint (``assets/demo/rl-*.yaml``): ``llada-countdown`` decodes 16 slots as one block (its tokenizer spells
 ``<answer>`` and ``</answer>`` as one token each), ``sdar-countdown`` 32 slots in its own blocks of 4. Any other
 checkpoint: gen_length 32, one block of 32. The vision demo's ``llada_v-shapes`` is evaluated on its own task
-(``shapes``) and held-out file (``shapes_heldout.jsonl``), as ``rl-vision.yaml`` names them.
+(``shapes``) and held-out file (``shapes_heldout.jsonl``), as ``rl-vision.yaml`` names them. A uniform-state demo
+(``gemma-countdown``, DiffusionGemma-shaped) has no blocks nor greedy mode: its config names no ``block_length``, and
+``--demo`` takes its canvas budget and the sampler knobs it sets (``max_denoising_steps`` ...), as its RL run does.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ def demo_config(model_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def decode_lengths(model_dir: str | Path) -> tuple[int, int]:
-    """``(gen_length, block_length)`` of the demo RL config whose ``model.path`` is ``model_dir``; (32, 32) else."""
+def decode_lengths(model_dir: str | Path) -> tuple[int, int | None]:
+    """``(gen_length, block_length)`` of the demo RL config whose ``model.path`` is ``model_dir``; (32, 32) else.
+    ``block_length`` is None where the config names none (a uniform-state demo decodes whole canvases)."""
     data = demo_config(model_dir)
     if data is None:
         return 32, 32
-    return int(data["rollout"]["gen_length"]), int(data["rollout"]["block_length"])
+    block = data["rollout"].get("block_length")
+    return int(data["rollout"]["gen_length"]), None if block is None else int(block)
 
 
 def demo_defaults(model_dir: str | Path, decode: dict[str, Any]) -> dict[str, Any]:
@@ -42,14 +46,21 @@ def demo_defaults(model_dir: str | Path, decode: dict[str, Any]) -> dict[str, An
     Countdown demo's for any other checkpoint) and the base decoding: ``decode`` with ``gen_length`` /
     ``block_length`` filled from :func:`decode_lengths` where not given (``block_length`` follows an explicit
     ``gen_length``)."""
+    from dllm_rl.sampling.config import UNIFORM_FIELDS
+
     decode = dict(decode)
     if decode.get("gen_length") is None:
         gen_length, block_length = decode_lengths(model_dir)
         decode["gen_length"] = gen_length
     else:
         block_length = decode["gen_length"]
-    decode.setdefault("block_length", block_length)
     data = demo_config(model_dir)
+    rollout = (data or {}).get("rollout", {})
+    if "block_length" in rollout or data is None:
+        decode.setdefault("block_length", block_length)
+    for key in UNIFORM_FIELDS:  # a uniform-state demo's sampler knobs (its evaluation decodes as its rollouts)
+        if rollout.get(key) is not None and decode.get(key) is None:
+            decode[key] = rollout[key]
     if data is None:
         return {"task": "countdown", "data": str(HELDOUT), "prompt_style": "compact", "decode": decode}
     return {"task": data["data"]["task"], "data": str(DEMO_DIR / data["eval"]["data"]),
