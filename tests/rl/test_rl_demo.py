@@ -8,7 +8,7 @@ import yaml
 from dllm_rl.cli import main
 
 
-@pytest.mark.parametrize("model", ["block", "full", "vision"])
+@pytest.mark.parametrize("model", ["block", "full", "vision", "gemma"])
 def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, capsys, model):
     ema = ["train.ema_decay=0.9"] if model == "full" else []  # the weight average's line of the report
     rc = main(["demo", "--model", model, "--output-dir", str(tmp_path), "train.max_steps=1", "eval.limit=8",
@@ -16,18 +16,20 @@ def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, caps
                *ema])
     assert rc == 0
     out = capsys.readouterr().out
-    default = {"block": "espo", "full": "tracerl", "vision": "tracerl"}[model]  # the demo configs' algorithms
+    default = {"block": "espo", "full": "tracerl", "vision": "tracerl", "gemma": "tracerl"}[model]  # the configs' own
     run = tmp_path / f"{model}-{default}"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["algorithm"] == default and summary["steps"] == 1
-    report = f"held-out greedy accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
+    greedy = "" if model == "gemma" else "greedy "  # the uniform-state sampler has no greedy mode
+    report = f"held-out {greedy}accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
     if ema:
         report += f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
     assert report + " in " in out
     assert (run / "final" / "model.safetensors").is_file()
     # the demo's held-out set is the shipped file (500 puzzles, 300 shapes questions), limited here to 8 items
     assert "8 held-out" in out
-    name = {"block": "block-attention model", "full": "full-attention model", "vision": "LLaDA-V-shaped vision model"}
+    name = {"block": "block-attention model", "full": "full-attention model", "vision": "LLaDA-V-shaped vision model",
+            "gemma": "DiffusionGemma-shaped model"}
     assert f"demo ({default} on the {name[model]}): " in out
     if model == "block":  # the demo ran ESPO's recipe (the step budget of the command line won over its 120)
         saved = yaml.safe_load((run / "config.yaml").read_text())
@@ -94,3 +96,26 @@ def test_the_speed_recipe_of_each_text_demo_resolves(model, algorithm):
     with pytest.raises(UserError, match=rf"the {model} demo has no 'fast' recipe for {algorithm} .* "
                        rf"{model}-{algorithm}-speed"):
         demo_run_overrides(model, None, [], "fast")
+
+
+def test_the_gemma_demo_config_resolves_to_cheap_uniform_decoding():
+    """rl-gemma.yaml: the shipped DiffusionGemma-shaped checkpoint, one canvas of 16 decoded in at most 8 denoising
+    steps (the stock 48 would make CPU rollouts 6x dearer), rollouts and the held-out evaluation alike; a step and a
+    time budget; TraceRL's trajectory estimator, and ESPO's uniform-noise ELBO when asked for."""
+    from dllm_rl.config import load_config
+    from dllm_rl.models import load_model
+    from dllm_rl.rl.algorithms import resolve
+    from dllm_rl.rl.cli import demo_config_path, demo_run_overrides
+    from dllm_rl.rl.config import RLConfig, decode_config
+
+    chosen, settings = demo_run_overrides("gemma", None, [])
+    cfg = load_config(RLConfig, demo_config_path("gemma"), settings)
+    model = load_model(cfg.model.path)
+    assert chosen == cfg.algorithm == "tracerl" and model.family.noise == "uniform"
+    assert (cfg.train.max_steps, cfg.train.max_time_minutes, cfg.eval.limit) == (150, 12, 500)
+    for evaluation in (False, True):
+        decode = decode_config(cfg, model, evaluation=evaluation)
+        assert (decode.gen_length, decode.max_denoising_steps, model.layout_block()) == (16, 8, 16)
+    assert resolve(cfg, "block", model.family).estimator == "trajectory"
+    espo = load_config(RLConfig, demo_config_path("gemma"), demo_run_overrides("gemma", "espo", [])[1])
+    assert resolve(espo, "block", model.family).estimator == "uniform_elbo"
