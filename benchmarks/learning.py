@@ -16,10 +16,12 @@ problems before and after. Runs go ``--parallel`` at a time.
 Each Countdown run (models ``full`` and ``block``) is also evaluated, before and after, on a second held-out
 set: the demo-shaped puzzles that neither the training file nor the held-out file contains (the rare shapes,
 ``benchmarks/rare_shapes.py``; the "before" number is the demo checkpoint's, measured once per model); the
-``vision`` model's runs (the shapes image task) have the held-out set only. Prints a Markdown table (method x model:
-before, after per seed, gain, rare shapes before and after, held-out forward passes per answer before and after
-with the tokens per forward after (the summary's ``nfe_*`` / ``tpf_*``), steps, minutes, seconds per step in
-rollouts and in the update, seeds) and writes it with the raw summaries to ``--out``. Runs whose
+``vision`` model's runs (the shapes image task) and the ``gemma`` model's (DiffusionGemma-shaped, whose sampler
+has no greedy mode: its held-out accuracy samples under the evaluation's fixed seeds) have the held-out set only.
+Prints a Markdown table (method x model: before, after per seed, gain, rare shapes before and after, held-out forward
+passes per answer before and after with the tokens per forward after (the summary's ``nfe_*`` / ``tpf_*``), steps,
+minutes, seconds per step in rollouts and in the update, seeds) and writes it with the raw summaries to ``--out``.
+Runs whose
 ``summary.json`` exists are not rerun (``--force`` reruns them): the same command fills in missing runs and
 reprints the table.
 """
@@ -42,8 +44,9 @@ from dllm_rl.rl.cli import DEMO_DIR, demo_config_path, demo_overrides, recipe_ov
 from dllm_rl.rl.presets import PRESETS
 from dllm_rl.training import METRICS_FILE, read_metrics
 
-# every preset (the methods' modules, dllm_rl.rl.methods) on both Countdown demo models
-DEFAULT_RUNS = [f"{model}:{m}" for m in PRESETS for model in ("full", "block")]
+# every preset (the methods' modules, dllm_rl.rl.methods) on both Countdown demo models, and the two presets whose
+# estimators have a uniform-state form (trajectory, uniform_elbo) on the DiffusionGemma-shaped one
+DEFAULT_RUNS = [f"{model}:{m}" for m in PRESETS for model in ("full", "block")] + ["gemma:tracerl", "gemma:espo"]
 RARE = Path(__file__).with_name("rare_shapes.py")
 DPO_DEMO = Path(__file__).with_name("dpo_demo.py")  # the offline row ``full:dpo``: pairs, dllm-rl dpo, evaluations
 # the models whose runs are also scored on the rare Countdown puzzles (``vision`` learns the shapes image task)
@@ -94,7 +97,7 @@ def step_seconds(metrics: Path) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="*", default=DEFAULT_RUNS,
-                    help="model:algorithm pairs (model = full | block | vision)")
+                    help="model:algorithm pairs (model = full | block | vision | gemma)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
     ap.add_argument("--minutes", type=float, default=9.2,
                     help="time budget per run (wall, 1 thread), from the run's start: the evaluation before "
