@@ -112,7 +112,7 @@ def test_the_gemma_demo_config_resolves_to_cheap_uniform_decoding():
     cfg = load_config(RLConfig, demo_config_path("gemma"), settings)
     model = load_model(cfg.model.path)
     assert chosen == cfg.algorithm == "tracerl" and model.family.noise == "uniform"
-    assert (cfg.train.max_steps, cfg.train.max_time_minutes, cfg.eval.limit) == (150, 12, 500)
+    assert (cfg.train.max_steps, cfg.train.max_time_minutes, cfg.eval.limit) == (250, 12, 500)
     for evaluation in (False, True):
         decode = decode_config(cfg, model, evaluation=evaluation)
         assert (decode.gen_length, decode.max_denoising_steps, model.layout_block()) == (16, 8, 16)
