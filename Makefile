@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU PyTorch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-# ALGO empty: the demo config's algorithm (espo on the block model, with its recipe; tracerl on the full and vision ones)
-# MODEL: block | full | block8 | vision (the LLaDA-V-shaped model on the shapes image task)
+# ALGO empty: the demo config's algorithm (espo on the block model, with its recipe; tracerl on the full, vision and gemma ones)
+# MODEL: block | full | block8 | vision (the LLaDA-V-shaped model on the shapes image task) | gemma (DiffusionGemma-shaped)
 ALGO ?=
 MODEL ?= block
 # RECIPE: a named recipe over the demo's (speed: a speed reward where the answer is right; docs/rewards.md)
