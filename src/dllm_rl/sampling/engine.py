@@ -103,7 +103,7 @@ from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.copies import CopyCounter
 from dllm_rl.sampling.decode import evaluating, step_commits, to_rollout
-from dllm_rl.sampling.engine_api import BASE_MODEL, Completion, EngineConfig
+from dllm_rl.sampling.engine_api import BASE_MODEL, Completion, EngineConfig, RequestSlots
 from dllm_rl.sampling.inputs import check_inputs, decode_block_length, uniform_noise
 from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, step_logprobs
 from dllm_rl.sampling.rollout import Rollout
@@ -139,7 +139,7 @@ class _Canvases:
     splice: object | None
 
 
-class Engine:
+class Engine(RequestSlots):
     """Continuous-batching decoder over one model and one :class:`DecodeConfig` (see the module docstring)."""
 
     def __new__(cls, model: DiffusionLM, *args, **kwargs):
@@ -249,21 +249,6 @@ class Engine:
                                  f"{getattr(self.config, name)!r}; every request shares the engine's {name} "
                                  "(it shapes the shared forward)")
         return config if gen_length is None else dataclasses.replace(config, gen_length=gen_length)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting) or any(s is not None for s in self.running)
-
-    def abort(self, request_id: int) -> bool:
-        """Drop a waiting or running request (a client gone); its slot is free for the next step. False if unknown."""
-        for seq in list(self.waiting):
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                return True
-        for i, seq in enumerate(self.running):
-            if seq is not None and seq.request_id == request_id:
-                self.running[i] = None
-                return True
-        return False
 
     def completions(self, request_ids: list[int] | None = None) -> dict[int, tuple[list[int], list[bool]]]:
         """The completion slots of the running requests ``request_ids`` (default all) as they stand:

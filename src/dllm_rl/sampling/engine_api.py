@@ -1,5 +1,6 @@
 """What both continuous-batching engines share with their callers: the scheduling settings
-(:class:`EngineConfig`), a finished request (:class:`Completion`) and the base model's adapter name. The masked engine
+(:class:`EngineConfig`), a finished request (:class:`Completion`), the base model's adapter name, and the queue
+bookkeeping of waiting and running requests (:class:`RequestSlots`). The masked engine
 (:mod:`dllm_rl.sampling.engine`) and the uniform-state one (:mod:`dllm_rl.sampling.uniform_engine`) both import
 these, so neither imports the other for them."""
 
@@ -51,4 +52,27 @@ class Completion:
     logprobs: TokenLogprobs | None = None
 
 
-__all__ = ["BASE_MODEL", "Completion", "EngineConfig"]
+class RequestSlots:
+    """What an engine's ``waiting`` queue and its ``running`` slots (a request, or None for a free slot) answer
+    alike for both engines."""
+
+    waiting: list
+    running: list
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.running)
+
+    def abort(self, request_id: int) -> bool:
+        """Drop a waiting or running request (a client gone); its slot is free for the next step. False if unknown."""
+        for seq in list(self.waiting):
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                return True
+        for i, seq in enumerate(self.running):
+            if seq is not None and seq.request_id == request_id:
+                self.running[i] = None
+                return True
+        return False
+
+
+__all__ = ["BASE_MODEL", "Completion", "EngineConfig", "RequestSlots"]

@@ -35,6 +35,11 @@ stock rule needs whole: 256 x 262,144 values, 134 MB a slot in bfloat16 for the 
 
 Not served here (refused in one line): prefill, images, record_steps, until_block and LoRA adapters (a uniform-state
 rollout has no masks to prefill or record; LoRA for this family is not wired into the engine's forwards yet).
+
+One file (about 410 lines) for one job, the scheduler of uniform-state requests: the slot bookkeeping, the encoder
+and decoder forwards over the slots and the per-request step share the slots' state (KV columns, canvases,
+self-conditioning logits, generators) and are read top to bottom as the three stages above; the sampler's rule itself
+lives in :mod:`~dllm_rl.sampling.uniform`, the record's Rollout in :mod:`~dllm_rl.sampling.uniform_result`.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from dllm_rl.errors import UserError
 from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.sampling.copies import CopyCounter
 from dllm_rl.sampling.decode import evaluating
-from dllm_rl.sampling.engine_api import BASE_MODEL, Completion, EngineConfig
+from dllm_rl.sampling.engine_api import BASE_MODEL, Completion, EngineConfig, RequestSlots
 from dllm_rl.sampling.inputs import check_inputs, uniform_decode_config
 from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs
 from dllm_rl.sampling.rollout import Rollout
@@ -116,7 +121,7 @@ class _Layer:
     values: torch.Tensor | None = None
 
 
-class UniformEngine:
+class UniformEngine(RequestSlots):
     """Continuous-batching decoder of a uniform-state model (see the module docstring)."""
 
     def __init__(self, model, config: DecodeConfig, engine=None, tokenizer=None):
@@ -184,21 +189,6 @@ class UniformEngine:
 
     def adapters(self) -> tuple[str, ...]:
         return ()
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting) or any(s is not None for s in self.running)
-
-    def abort(self, request_id: int) -> bool:
-        """Drop a waiting or running request; its slot is free for the next step. False if unknown."""
-        for seq in list(self.waiting):
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                return True
-        for i, seq in enumerate(self.running):
-            if seq is not None and seq.request_id == request_id:
-                self.running[i] = None
-                return True
-        return False
 
     def completions(self, request_ids: list[int] | None = None) -> dict[int, tuple[list[int], list[bool]]]:
         """``{request id: (token ids, still open)}`` of the running requests: the finished canvases' tokens (final),
