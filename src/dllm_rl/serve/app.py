@@ -40,6 +40,13 @@ field; an integer field outside 64 bits included), 404 (an unknown ``model``: ``
 ``"code": "model_not_found"``, as vLLM), 413 (a body over ``--max-request-bytes``,
 :mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down, or decoding failed: one
 log line each).
+
+One file (about 650 lines) for the HTTP side of one :class:`Server`: its request checks (fields, decoding, prompts,
+images), the routes and the answers, whole or streamed, all read the same server state (the worker, the limits,
+the model's names and counters). What stands apart is elsewhere: the request bodies in :mod:`~dllm_rl.serve.schema`,
+the field policy in :mod:`~dllm_rl.serve.fields`, log-probability shapes in :mod:`~dllm_rl.serve.logprob_shapes`,
+images in :mod:`~dllm_rl.serve.media`, the guards in :mod:`~dllm_rl.serve.guards`, the engine's thread in
+:mod:`~dllm_rl.serve.worker`.
 """
 
 from __future__ import annotations
@@ -52,12 +59,11 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
@@ -74,117 +80,12 @@ from dllm_rl.serve.fields import REFUSED, best_of_refusal, refusal
 from dllm_rl.serve.guards import BodyLimit, KeyCheck
 from dllm_rl.serve.logprob_shapes import chat_shape, completion_shape, kept
 from dllm_rl.serve.media import MediaError, fetch_image, flatten
+from dllm_rl.serve.schema import ApiError, ChatRequest, CompletionRequest, Decoding
 from dllm_rl.serve.worker import Ticket, Worker, cut_at_stop
 from dllm_rl.tasks.images import placeholder_count
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-streaming request checks that its client is still there
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log (its format and level under `dllm-rl serve`)
-# Every integer a request gives is a 64-bit one (a seed seeds a torch.Generator, steps and top_k reach torch): one
-# outside is a 400 naming it here, not an overflow in the engine's thread
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool | None = None  # a last chunk with "choices": [] and the usage
-    include_obfuscation: bool | None = None  # no obfuscation field is sent: true is refused
-
-
-class Decoding(BaseModel):
-    """The request fields both endpoints share. A field the server does not know is a 400 naming it; one it knows
-    but cannot honour (:data:`~dllm_rl.serve.fields.REFUSED`) is a 400 unless neutral (None, or the SDKs'
-    defaults)."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
-    max_tokens: Int64 | None = None
-    max_completion_tokens: Int64 | None = None  # wins over max_tokens
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int64 | None = None
-    threshold: float | None = None
-    steps: Int64 | None = None
-    seed: Int64 | None = None
-    block_length: Int64 | None = None
-    block_size: Int64 | None = None
-    # uniform-state diffusion (DiffusionGemma) only: the stock sampler's knobs (vLLM's vllm_xargs), UNIFORM_OPTIONS
-    max_denoising_steps: Int64 | None = None
-    t_min: float | None = None
-    t_max: float | None = None
-    entropy_bound: float | None = None
-    stability_threshold: Int64 | None = None
-    confidence_threshold: float | None = None
-    stream: bool | None = False
-    stream_canvas: bool = False
-    stream_options: StreamOptions | None = None
-    n: Int64 | None = 1
-    stop: str | list[str] | None = None
-    preset: str | None = None
-    # refused unless neutral (dllm_rl.serve.fields.REFUSED); NO_EFFECT ones are accepted and change nothing
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
-    user: Any = None
-
-
-class CompletionRequest(Decoding):
-    prompt: str | list[str] | list[Int64] | list[list[Int64]]
-    logprobs: Int64 | None = None  # alternatives per token (0: the sampled token's own log-probability)
-    echo: bool | None = False
-    best_of: Int64 | None = None
-    suffix: Any = None
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _no_logprobs(cls, value):  # "logprobs": false (the chat endpoint's shape) asks for none, not for 0
-        return None if value is False else value
-
-
-class Message(BaseModel):
-    role: str
-    content: str | list[Any] | None  # a string, or text and image_url parts (dllm_rl.serve.media)
-
-
-class ChatRequest(Decoding):
-    messages: list[Message]
-    logprobs: bool | None = None
-    top_logprobs: Int64 | None = None
-    # refused unless neutral (dllm_rl.serve.fields.REFUSED)
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
-    response_format: Any = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    web_search_options: Any = None
-    moderation: Any = None
-    store: Any = None
-    service_tier: Any = None
-    # accepted without effect (dllm_rl.serve.fields.NO_EFFECT)
-    metadata: Any = None
-    safety_identifier: Any = None
-    prompt_cache_key: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
-    parallel_tool_calls: Any = None
-
-
 def api_key_problem(key: str) -> str | None:
     """What makes ``key`` unusable as the API key, or None. An empty one (``--api-key "$KEY"`` with KEY unset) must not
     turn the key check off; whitespace at its ends, or a control character, cannot travel in an HTTP header."""
