@@ -38,6 +38,25 @@ def check_first_ratio(algorithm: str, updated: list[dict]) -> None:
         assert all(m["ratio_dev_first_update"] == 0.0 for m in updated)
 
 
+def two_steps_train(trainer: RLTrainer, algorithm: str, label: str) -> None:
+    """Two RL steps of ``trainer`` (closed after): a step with signal, finite losses, the exact first ratio where
+    the method has one, and changed weights."""
+    try:
+        before = [p.detach().clone() for p in trainer.model.model.parameters()]
+        metrics = []
+        for _ in range(2):
+            metrics.append(trainer.step().metrics)
+            trainer.step_idx += 1
+        updated = [m for m in metrics if "loss" in m]
+        assert updated, f"{label}: no step had a group with signal"
+        assert all(math.isfinite(m["loss"]) for m in updated)
+        check_first_ratio(algorithm, updated)
+        after = list(trainer.model.model.parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    finally:
+        trainer.close()
+
+
 @pytest.fixture(scope="module")
 def matrix_setup(tmp_path_factory):
     # one layer, except LLaDA2, whose first layer is dense: its second is its MoE layer
@@ -57,20 +76,7 @@ def test_preset_runs_two_steps_on_every_family(request, tmp_path, family, algori
                             "rollout.block_length=4", "train.micro_batch_size=8")
     cfg = load_config(RLConfig, None, over)
     trainer = RLTrainer(cfg, reward_fn=alternating_reward if family in IMAGE_FAMILIES else digit_reward)
-    try:
-        before = [p.detach().clone() for p in trainer.model.model.parameters()]
-        metrics = []
-        for _ in range(2):
-            metrics.append(trainer.step().metrics)
-            trainer.step_idx += 1
-        updated = [m for m in metrics if "loss" in m]
-        assert updated, f"{algorithm}/{family}: no step had a group with signal"
-        assert all(math.isfinite(m["loss"]) for m in updated)
-        check_first_ratio(algorithm, updated)
-        after = list(trainer.model.model.parameters())
-        assert any(not torch.equal(a, b) for a, b in zip(before, after))
-    finally:
-        trainer.close()
+    two_steps_train(trainer, algorithm, f"{algorithm}/{family}")
 
 
 # DiffusionGemma (uniform-state diffusion, no mask token): the presets whose estimator has a uniform-state counterpart
@@ -96,18 +102,5 @@ def test_preset_runs_or_is_refused_on_diffusion_gemma(gemma_setup, tmp_path, alg
                                   "uniform-state (no mask token): use cj_grpo, espo or tracerl")
         return
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
-    try:
-        assert trainer.cfg.estimator == UNIFORM_RUNS[algorithm]
-        before = [p.detach().clone() for p in trainer.model.model.parameters()]
-        metrics = []
-        for _ in range(2):
-            metrics.append(trainer.step().metrics)
-            trainer.step_idx += 1
-        updated = [m for m in metrics if "loss" in m]
-        assert updated, f"{algorithm}: no step had a group with signal"
-        assert all(math.isfinite(m["loss"]) for m in updated)
-        check_first_ratio(algorithm, updated)
-        after = list(trainer.model.model.parameters())
-        assert any(not torch.equal(a, b) for a, b in zip(before, after))
-    finally:
-        trainer.close()
+    assert trainer.cfg.estimator == UNIFORM_RUNS[algorithm]
+    two_steps_train(trainer, algorithm, algorithm)
