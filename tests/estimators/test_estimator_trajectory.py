@@ -9,13 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from uniform_steps import two_step_record
 
 import dllm_rl.estimators.trajectory as trajectory_module
 from dllm_rl.estimators import ScoringBatch, estimate
 from dllm_rl.estimators.registry import check_options
 from dllm_rl.models import tiny_config
 from dllm_rl.models.loading import build_model
-from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformStep, sample_uniform
+from dllm_rl.sampling.uniform import UniformDecodeConfig, sample_uniform
 from dllm_rl.sampling.uniform_rollout import UniformTrace
 from dllm_rl.sampling.uniform_trace import trajectory_logprob
 
@@ -51,14 +52,7 @@ def _scripted_model():
 
 def _two_step_batch() -> ScoringBatch:
     """Two rows, one canvas of 4, two steps (temperatures 0.8, 0.6); row 1 stopped before step 2."""
-    steps = [
-        UniformStep(0, 2, torch.zeros(2, 4, dtype=torch.long), False, torch.tensor([[0, 1, 0, 2], [0, 0, 0, 0]]),
-                    torch.tensor([[True, True, False, False], [True, False, False, False]]),
-                    torch.tensor([False, False]), torch.tensor([False, False])),
-        UniformStep(0, 1, torch.zeros(2, 4, dtype=torch.long), True, torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
-                    torch.tensor([[False, False, True, True], [True, True, True, True]]),
-                    torch.tensor([False, True]), torch.tensor([False, False])),
-    ]
+    steps = two_step_record()
     cfg = UniformDecodeConfig(max_denoising_steps=2, t_min=0.4, t_max=0.8)
     trace = UniformTrace.from_steps(steps, 4, 4, 0, cfg)
     comp = torch.tensor([[0, 1, 1, 0], [0, 0, 0, 0]])

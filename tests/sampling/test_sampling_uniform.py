@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
+from uniform_steps import two_step_record
 
 from dllm_rl.config import FieldError
 from dllm_rl.models import tiny_config
 from dllm_rl.models.loading import build_model
 from dllm_rl.sampling.uniform import (
     UniformDecodeConfig,
-    UniformStep,
     entropy_bound_accept,
     sample_uniform,
     temperature,
@@ -103,14 +103,7 @@ def test_trajectory_logprob_by_hand_on_two_steps_of_four_tokens():
     Only accepted draws count; the second row stopped before step 2, so step 2 adds nothing for it."""
     cfg = UniformDecodeConfig(max_denoising_steps=2, t_min=0.4, t_max=0.8)
     raw = [torch.tensor([[[2.0, 0.0, 0.0]] * 4] * 2), torch.tensor([[[0.0, 1.0, 0.0]] * 4] * 2)]
-    steps = [
-        UniformStep(0, 2, torch.zeros(2, 4, dtype=torch.long), False, torch.tensor([[0, 1, 0, 2], [0, 0, 0, 0]]),
-                    torch.tensor([[True, True, False, False], [True, False, False, False]]),
-                    torch.tensor([False, False]), torch.tensor([False, False])),
-        UniformStep(0, 1, torch.zeros(2, 4, dtype=torch.long), True, torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
-                    torch.tensor([[False, False, True, True], [True, True, True, True]]),
-                    torch.tensor([False, True]), torch.tensor([False, False])),
-    ]
+    steps = two_step_record()
     assert [float(temperature(cfg, s.step)) for s in steps] == pytest.approx([0.8, 0.6])
     tempered = [r / temperature(cfg, s.step) for r, s in zip(raw, steps, strict=True)]
     got = trajectory_logprob(steps, tempered)
