@@ -182,8 +182,8 @@ def generate(model, prompts: str | Sequence[str] | Sequence[Sequence[int]], conf
     token ids. ``config`` or the :class:`DecodeConfig` fields as keywords (``gen_length=64, threshold=0.9``).
     ``slots``: decode with the continuous-batching engine, that many sequences at a time (same tokens).
     ``tokenizer``: default ``model.tokenizer`` (:func:`load_model`)."""
+    from dllm_rl.models.tokenizer import encode_prompts
     from dllm_rl.sampling.batched import generate_batched
-    from dllm_rl.sampling.cli import encode_prompts
     from dllm_rl.sampling.engine import EngineConfig
 
     if config is not None and decode:

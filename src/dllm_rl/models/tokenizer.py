@@ -61,6 +61,22 @@ def use_chat_template(tok: PreTrainedTokenizerBase, path: str | Path) -> None:
     tok.chat_template = text
 
 
+def require_chat_template(tokenizer, where: str) -> None:
+    """Refuse chat prompts for a tokenizer without a chat template (``where`` names the model)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"{where}: tokenizer has no chat template; give --chat-template FILE or drop --chat")
+
+
+def encode_prompts(tokenizer, texts: list[str], chat: bool, where: str) -> list[list[int]]:
+    """The token ids of prompt texts, each as one user message through the tokenizer's chat template when ``chat``
+    (``where`` names the model in the message when it has none), else encoded as they are."""
+    if not chat:
+        return [tokenizer.encode(t) for t in texts]
+    require_chat_template(tokenizer, where)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for t in texts]
+
+
 def check_tokenizer(tok: PreTrainedTokenizerBase, mask_token_id: int | None = None, source: str = "tokenizer",
                     noise: str = "mask"):
     """Raise a clear error when the tokenizer cannot drive a diffusion LM (of noise kind ``noise``: a uniform-state

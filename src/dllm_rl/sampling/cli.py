@@ -97,25 +97,10 @@ def _uniform_record(rollout, i: int, prompt: str, config: DecodeConfig, tokenize
     }
 
 
-def require_chat_template(tokenizer, where: str) -> None:
-    """Refuse chat prompts for a tokenizer without a chat template (``where`` names the model)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"{where}: tokenizer has no chat template; give --chat-template FILE or drop --chat")
-
-
-def encode_prompts(tokenizer, texts: list[str], chat: bool, where: str) -> list[list[int]]:
-    """The token ids of prompt texts, each as one user message through the tokenizer's chat template when ``chat``
-    (``where`` names the model in the message when it has none), else encoded as they are."""
-    if not chat:
-        return [tokenizer.encode(t) for t in texts]
-    require_chat_template(tokenizer, where)
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for t in texts]
-
-
 def generate_command(args: argparse.Namespace) -> int:
     from dllm_rl.config import FieldError
     from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.models.tokenizer import encode_prompts, require_chat_template
     from dllm_rl.sampling.batched import generate_batched
     from dllm_rl.sampling.inputs import decode_block_length
     from dllm_rl.threads import use_cpu_threads
