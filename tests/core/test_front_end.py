@@ -11,6 +11,7 @@ import pytest
 from dllm_rl.cli import OneLineParser, build_parser, main, parse_words
 from dllm_rl.config import field
 from dllm_rl.config.command import add_command_arguments, flag_name, leaf_keys, load_command
+from dllm_rl.config.renames import DeprecatedKey, renames
 
 #: command -> its config dataclass, for every command on the one front end
 COMMANDS = {"rl": ("dllm_rl.rl.config", "RLConfig"), "sft": ("dllm_rl.sft.config", "SFTConfig"),
@@ -37,8 +38,12 @@ def test_every_key_is_a_flag_and_every_flag_a_key(command):
             if option not in NOT_KEYS:
                 flags[option] = action.dest
     bools = {flag_name(k).replace("--", "--no-", 1) for k, f, tp in leaf_keys(cls) if tp in (bool, bool | None)}
-    assert set(flags) == {flag_name(k) for k in keys} | bools
-    assert {dest.removeprefix("config:") for dest in flags.values()} == keys
+    old = {key: new for key, (new, _) in renames(cls).items() if new in keys and key not in keys}
+    old_bools = {flag_name(k).replace("--", "--no-", 1) for k, new in old.items()
+                 if flag_name(new).replace("--", "--no-", 1) in bools}
+    short = set(getattr(cls, "SHORT_FLAGS", {}))
+    assert set(flags) == {flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
+    assert {dest.removeprefix("config:") for dest in flags.values()} == keys | set(old)
     assert "--train.max-steps" in flags and flags["--train.max-steps"] == "config:train.max_steps"
     assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} [CONFIG.yaml] [key=value ...] "
                                                    "[--KEY VALUE ...]\n")
@@ -98,3 +103,24 @@ def test_list_bool_section_flags_and_a_positional_word():
     assert cfg == _Small(model_dir="ckpt", prompt=["a, b", "c"], chat=True, inner=_Inner(size=3))
     args = parse_words(parser, ["--no-chat", "--inner.size", "5", "model_dir=m"])
     assert load_command(_Small, args, "x.yaml", positional="model_dir") == _Small(model_dir="m", inner=_Inner(5))
+
+
+@dataclasses.dataclass
+class _Renamed:
+    RENAMED = {"steps": "inner.size", "out": "where"}
+    SHORT_FLAGS = {"-o": "where"}
+
+    where: str = field("runs/x", help="output")
+    inner: _Inner = field(default_factory=_Inner, help="a section")
+
+
+def test_a_renamed_key_keeps_its_old_flag_hidden_with_a_deprecation_and_short_flags_work():
+    parser = OneLineParser(prog="x")
+    add_command_arguments(parser, _Renamed)
+    assert "--steps" not in parser.format_help() and "-o VALUE, --where VALUE" not in parser.format_help()
+    assert "--where VALUE, -o VALUE" in parser.format_help()
+    with pytest.warns(DeprecatedKey, match="config key 'steps' is deprecated: use 'inner.size'"):
+        cfg = load_command(_Renamed, parse_words(parser, ["--steps", "4", "-o", "runs/y"]), "x.yaml")
+    assert cfg == _Renamed(where="runs/y", inner=_Inner(size=4))
+    with pytest.warns(DeprecatedKey, match="'out' is deprecated: use 'where'"):
+        assert load_command(_Renamed, parse_words(parser, ["--out", "z"]), "x.yaml").where == "z"

@@ -7,6 +7,11 @@ and one flag per key of the dataclass, at any depth, named after the key (``trai
 :func:`load_command` reads them back through :func:`~dllm_rl.config.loading.load_config`: the YAML first, then
 the overrides, then the flags, so a flag is one more override, checked and converted as the YAML's values are. The
 flags, ``--help-config`` and ``docs/config.md`` are all generated from the one dataclass.
+
+A renamed key (the class's ``RENAMED``, :mod:`dllm_rl.config.renames`) keeps its old flag for one release
+(``--gen-length`` for ``decode.gen_length``): hidden from ``--help``, read as an override of the old key, so it is
+carried to the new one with the same one-line deprecation as the YAML's old keys. A class may give keys short flags
+in a ``SHORT_FLAGS`` class attribute (``{"-o": "run.output_dir"}``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, TypeVar
 
 from dllm_rl.config.fields import allowed_values, field_types, help_text, strip_optional, type_origin
 from dllm_rl.config.loading import load_config
+from dllm_rl.config.renames import renames
 from dllm_rl.errors import UserError
 
 T = TypeVar("T")
@@ -55,6 +61,8 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
                         help=words_help or "a YAML config, then key=value overrides (see --help-config)")
     parser.usage = f"%(prog)s {words} [--KEY VALUE ...]"  # argparse's own would list every flag (100+ lines)
     groups: dict[str, Any] = {}
+    short = {key: flag for flag, key in getattr(cls, "SHORT_FLAGS", {}).items()}
+    leaves = {key: tp for key, _, tp in leaf_keys(cls)}
     for key, f, tp in leaf_keys(cls):
         section = key.rpartition(".")[0]
         if section not in groups:
@@ -64,13 +72,22 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
         text = help_text(f) + (f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else "")
         text = text.replace("%", "%%")  # argparse %-formats help
         kw: dict[str, Any] = {"dest": _DEST + key, "default": argparse.SUPPRESS, "help": text}
-        bare, _ = strip_optional(tp)
-        if bare is bool:
-            groups[section].add_argument(flag_name(key), action=argparse.BooleanOptionalAction, **kw)
-        else:
-            repeat = type_origin(bare) in (list, tuple)
-            groups[section].add_argument(flag_name(key), action="append" if repeat else "store",
-                                         metavar="VALUE", **kw)
+        _add_flag(groups[section], (flag_name(key), *([short[key]] if key in short else [])), tp, kw)
+    taken = {option for action in parser._actions for option in action.option_strings}
+    for old, (new, _) in renames(cls).items():  # the old flags of renamed keys: hidden, read as the old key
+        if new in leaves and flag_name(old) not in taken:
+            _add_flag(parser, (flag_name(old),), leaves[new],
+                      {"dest": _DEST + old, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS})
+
+
+def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any]) -> None:
+    """One flag of a key of type ``tp``: a bool is ``--key / --no-key``, a list repeatable, else one value."""
+    bare, _ = strip_optional(tp)
+    if bare is bool:
+        group.add_argument(*options, action=argparse.BooleanOptionalAction, **kw)
+    else:
+        repeat = type_origin(bare) in (list, tuple)
+        group.add_argument(*options, action="append" if repeat else "store", metavar="VALUE", **kw)
 
 
 def given_flags(args: argparse.Namespace) -> list[str]:

@@ -1,0 +1,42 @@
+"""The one vocabulary of the keys every command shares: where a model runs, in which dtype, with which tokenizer.
+
+Every command's ``model:`` section declares these keys with the fields below, so ``model.device``, ``model.dtype``
+and ``model.tokenizer`` take the same values, with the same default and help, in ``rl``, ``sft``, ``dpo``,
+``eval``, ``generate``, ``serve``, ``pairs`` and ``trace`` (and a reward model's or judge's own section). The
+run's keys (output directory, seed, resume) are :class:`~dllm_rl.training.run_config.RunConfig`'s. A batch of
+sequences decoded together is ``batch_size``; the samples of one forward/backward pass are ``micro_batch_size``.
+
+Defaults may differ where the job does: a trainer keeps float32 weights (mixed precision computes in bfloat16), a
+command that only decodes defaults to ``auto``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_rl.config.fields import field
+
+#: the values of every ``dtype`` key: ``auto`` is bfloat16 on CUDA and float32 elsewhere
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_HELP = ("auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; a device this machine lacks is "
+               "refused; under accelerate launch each process takes its own")
+TOKENIZER_HELP = "tokenizer directory or hub id (null: the checkpoint's own)"
+
+
+def device_field(default: str = "auto", *, what: str = "the model") -> Any:
+    """A ``device`` key: where ``what`` runs (resolved by :func:`dllm_rl.training.accel.resolve_device`)."""
+    return field(default, help=f"where {what} runs: {DEVICE_HELP}")
+
+
+def dtype_field(default: str = "auto", *, what: str = "the model's weights", note: str = "") -> Any:
+    """A ``dtype`` key, one of :data:`DTYPES`."""
+    return field(default, choices=DTYPES, help=f"dtype of {what}: auto (bfloat16 on CUDA, float32 elsewhere) | "
+                 f"float32 | bfloat16 | float16{note}")
+
+
+def tokenizer_field(help: str = TOKENIZER_HELP) -> Any:
+    """A ``tokenizer`` key: ``None`` is the checkpoint's own."""
+    return field(None, help=help)
+
+
+__all__ = ["DEVICE_HELP", "DTYPES", "TOKENIZER_HELP", "device_field", "dtype_field", "tokenizer_field"]
