@@ -12,9 +12,10 @@ command that only decodes defaults to ``auto``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from dllm_rl.config.fields import field
+from dllm_rl.config.fields import Checked, field
 
 #: the values of every ``dtype`` key: ``auto`` is bfloat16 on CUDA and float32 elsewhere
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -39,4 +40,16 @@ def tokenizer_field(help: str = TOKENIZER_HELP) -> Any:
     return field(None, help=help)
 
 
-__all__ = ["DEVICE_HELP", "DTYPES", "TOKENIZER_HELP", "device_field", "dtype_field", "tokenizer_field"]
+@dataclass
+class ModelSection(Checked):
+    """The ``model:`` section of a command that loads a checkpoint (eval, generate, serve, pairs, trace, info); the
+    trainers' sections extend it (and keep float32 weights by default)."""
+
+    path: str = field("", help="checkpoint directory in a published layout (config.json + safetensors), or a hub "
+                      "id org/name[@revision]")
+    tokenizer: str | None = tokenizer_field()
+    dtype: str = dtype_field()
+    device: str = device_field()
+
+
+__all__ = ["ModelSection", "DEVICE_HELP", "DTYPES", "TOKENIZER_HELP", "device_field", "dtype_field", "tokenizer_field"]
