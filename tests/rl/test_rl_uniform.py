@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import torch
 from rl_helpers import countdown_root, digit_reward, gemma_overrides, rl_overrides, tiny_gemma
 
 from dllm_rl.cli import main
@@ -59,6 +60,30 @@ def test_an_off_policy_pass_starts_from_ratio_one(root, tmp_path):
         trainer.close()
 
 
+def test_tracerl_with_the_value_model_trains_policy_and_values(root, tmp_path):
+    """TraceRL's value model over the trajectory's steps: the first step's values are exactly 0 (A = R), both steps
+    have finite policy and value losses, and the policy, the value head and the value backbone all move."""
+    cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / "run", "algorithm=tracerl",
+                                                      "value_model.enabled=true", "value_model.lr=0.01",
+                                                      "value_model.step_chunk_size=2", "drop_zero_variance=false"))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    try:
+        policy = [p.detach().clone() for p in trainer.model.model.parameters()]
+        value = {n: p.detach().clone() for n, p in trainer.value.model.named_parameters()}
+        metrics = []
+        for _ in range(2):
+            metrics.append(trainer.step().metrics)
+            trainer.step_idx += 1
+        assert all(math.isfinite(m[k]) for m in metrics for k in ("loss", "value_loss"))
+        assert metrics[0]["value_mean"] == 0.0 and metrics[1]["value_mean"] != 0.0
+        assert metrics[0]["token_adv_mean"] == pytest.approx(metrics[0]["return_mean"])
+        assert any(not torch.equal(a, b) for a, b in zip(policy, trainer.model.model.parameters()))
+        moved = {n for n, p in trainer.value.model.named_parameters() if not torch.equal(p, value[n])}
+        assert "head.weight" in moved and any(n.startswith("backbone.") for n in moved)
+    finally:
+        trainer.close()
+
+
 def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     """``rollout.engine=true``: the engine gives every rollout the tokens and trajectory a fixed batch gives it, so a
     TraceRL step sees the same rewards and (up to float rounding of other batch shapes) the same loss."""
@@ -86,8 +111,8 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     (("rollout.gen_length=6",), "rollout.gen_length: 6 is not a multiple of the model's canvas_length (4); "
      "diffusion_gemma decodes whole canvases"),
     (("rollout.t_min=0.9",), "rollout.t_max: must be above t_min (0.9)"),
-    (("algorithm=tracerl", "value_model.enabled=true"), "value_model.enabled: TraceRL's value model reads each "
-     "token's value at the masked state that committed it; diffusion_gemma is uniform-state"),
+    (("algorithm=tracerl", "value_model.enabled=true", "value_model.shrinkage=2"), "value_model.shrinkage: 2 merges "
+     "decoding steps; diffusion_gemma is uniform-state and its value model reads each step at its own canvas"),
     (("algorithm=tracerl", "estimator_options={shrinkage: 8}"), "estimator_options: shrinkage must be 1 for the "
      "trajectory estimator, got 8: each step of a uniform-state trajectory is scored at its own canvas"),
     (("algorithm=tracerl", "estimator=trace"), "estimator 'trace' scores masked diffusion; diffusion_gemma is "

@@ -89,16 +89,24 @@ class _Head:
         return logits / self.temperature
 
 
-def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, out: dict) -> None:
-    """Replay the steps of ``rows`` (one schedule) and append their scored (flat index, log-prob) pairs to ``out``."""
-    hf, trace = model.hf_model, batch.uniform
+def group_context(hf, batch: ScoringBatch, rows: list[int]):
+    """``(context, trace, index)`` of the rows ``rows`` of ``batch`` (one schedule, :func:`schedule_groups`): a
+    :class:`~dllm_rl.sampling.uniform.CanvasContext` of ``hf`` over their prompts trimmed to the group's widest (module
+    notes), their trajectory on ``hf``'s device, and their indices there."""
     device = hf.device
     idx = torch.tensor(rows, device=batch.prompt_ids.device)
     width = int(batch.prompt_mask[idx].sum(-1).max())
     prompt_len = batch.prompt_len
     ctx = CanvasContext(hf, batch.prompt_ids[idx, prompt_len - width:].to(device),
                         batch.prompt_mask[idx, prompt_len - width:].to(device))
-    tr = trace.select(idx.to(trace.step.device)).to(device)
+    return ctx, batch.uniform.select(idx.to(batch.uniform.step.device)).to(device), idx.to(device)
+
+
+def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, out: dict) -> None:
+    """Replay the steps of ``rows`` (one schedule) and append their scored (flat index, log-prob) pairs to ``out``."""
+    hf, trace = model.hf_model, batch.uniform
+    device = hf.device
+    ctx, tr, idx = group_context(hf, batch, rows)
     temps = tr.temperature if tr.temperature is not None else torch.ones(tr.step.shape, device=device)
     counted, span = tr.counted, trace.canvas_length
     n_steps, g_len = tr.step.shape[1], batch.completion_len
@@ -108,7 +116,7 @@ def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, 
         if k < 0:
             break
         if k != current:  # a new canvas: the one kept before it joins the encoder cache
-            ctx.append(batch.completion_ids[idx, (k - 1) * span: k * span].to(device))
+            ctx.append(batch.completion_ids[idx.to(batch.completion_ids.device), (k - 1) * span: k * span].to(device))
             current, self_cond = k, None
         if not bool(counted[:, s].any()):  # every row stopped or finished: nothing to score until the next canvas
             continue
@@ -120,7 +128,7 @@ def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, 
         head = _Head(hf, temps[0, s])
         r, p = torch.nonzero(tr.accepted[:, s, cols] & counted[:, s, None], as_tuple=True)
         logp = selected_logprobs(hidden[r, p], head, tr.sampled[:, s, cols].long()[r, p], chunk_size)
-        out["index"].append((idx.to(device)[r] * n_steps + s) * g_len + k * span + p)
+        out["index"].append((idx[r] * n_steps + s) * g_len + k * span + p)
         out["logp"].append(logp)
         out["forwards"] += len(rows)
         out["calls"] += 1

@@ -43,11 +43,11 @@ def _uniform_preset(cfg: RLConfig, family) -> dict[str, Any]:
     """``cfg.algorithm``'s preset carried over to the uniform-state ``family``: its estimator replaced by the
     counterpart (``trace`` -> ``trajectory``, ``elbo`` -> ``uniform_elbo``) with the preset options that one takes;
     a preset without one is refused in one line naming why and the presets that run."""
-    if cfg.value_model.enabled:
-        raise ConfigError(f"value_model.enabled: TraceRL's value model reads each token's value at the masked state "
-                          f"that committed it; {family.name} is uniform-state (no mask token) and its trajectory's "
-                          "states (canvas and self-conditioning input per step) have no value reading yet: set "
-                          "value_model.enabled=false")
+    shrinkage = cfg.value_model.shrinkage
+    if cfg.value_model.enabled and shrinkage not in (None, 1):
+        raise ConfigError(f"value_model.shrinkage: {shrinkage} merges decoding steps; {family.name} is uniform-state "
+                          "and its value model reads each step at its own canvas (dllm_rl.rl.value_uniform): set "
+                          "value_model.shrinkage=1")
     preset = dict(PRESETS[cfg.algorithm])
     why = uniform_refusal(cfg.algorithm)
     uses_preset = cfg.estimator is None or (cfg.loss_type is None and "draw by draw" in (why or ""))

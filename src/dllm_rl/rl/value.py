@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ from dllm_rl.rl.returns import (
     token_returns_advantages,
     whiten,
 )
+from dllm_rl.rl.value_uniform import idle_uniform_value, uniform_step_ranks, uniform_value_chunks, valued_columns
+from dllm_rl.sampling.uniform import CanvasContext
 from dllm_rl.training import apply_lora, build_optimizer, merged_model
 from dllm_rl.training.backend import backward, clip_gradients, deepspeed_clipping, is_sharded, micro_step
 from dllm_rl.training.disk_full import torch_save
@@ -69,10 +71,15 @@ class ValueModel(nn.Module):
         if lm_head is not None and not bool(getattr(backbone.config, "tie_word_embeddings", False)):
             lm_head.requires_grad_(False)
 
-    def forward(self, input_ids: torch.Tensor, attn_bias: torch.Tensor, position_ids: torch.Tensor,
-                splice: EmbedSplice | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attn_bias: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, splice: EmbedSplice | None = None, *,
+                context: CanvasContext | None = None) -> torch.Tensor:
         """``[R, T]`` float32 values at every input column (the last hidden state through the head); ``splice``: the
-        prompts' image features (LLaDA-V), put where the policy's forward puts them."""
+        prompts' image features (LLaDA-V), put where the policy's forward puts them. ``context``: a uniform-state
+        family's encoder cache, against which the decoder reads the canvas ``input_ids`` (without self-conditioning,
+        :mod:`dllm_rl.rl.value_uniform`)."""
+        if context is not None:
+            return self.head(context.hidden(input_ids)).squeeze(-1).float()
         embedding = self.backbone.causal_lm.get_input_embeddings()
         with embeddings_spliced(embedding, splice):
             out = self.backbone.model(input_ids=input_ids, attention_mask=attn_bias.to(self.backbone.dtype),
@@ -110,9 +117,86 @@ def one_token_values(module: nn.Module, backbone: DiffusionLM) -> torch.Tensor:
     return module(ids, bias, torch.zeros_like(ids))
 
 
+class MaskedReading:
+    """The values of a masked family: one per completion token (``[B, G]``), read at its commit state by
+    :func:`token_values`; its steps are the trace estimator's merged decoding steps."""
+
+    def __init__(self, backbone: DiffusionLM, shrinkage: int):
+        self.backbone, self.shrinkage = backbone, shrinkage
+
+    def width(self, batch: ScoringBatch) -> int:
+        return batch.completion_len
+
+    def chunks(self, module: nn.Module, batch: ScoringBatch, grad: bool
+               ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        yield token_values(module, self.backbone, batch, self.shrinkage), None  # None: every column at once
+
+    def _ranks(self, batch: ScoringBatch, shrinkage: int) -> tuple[torch.Tensor, torch.Tensor]:
+        merged, blk = merged_steps(batch, shrinkage, self.backbone.layout_block(batch.block_size))
+        counted = (merged >= 0) & batch.completion_mask.to(merged.device)
+        return step_ranks(decoding_order(merged, blk), counted)
+
+    def ranks(self, batch: ScoringBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._ranks(batch, self.shrinkage)
+
+    def decoding_ranks(self, batch: ScoringBatch) -> torch.Tensor:
+        """Each token's decoding step before merging (process rewards come per decoding step)."""
+        return self._ranks(batch, 1)[0]
+
+    def idle(self, module: nn.Module) -> torch.Tensor:
+        return one_token_values(module, self.backbone)
+
+
+class UniformReading:
+    """The values of a uniform-state family (:mod:`dllm_rl.rl.value_uniform`): one per accepted draw of a counted
+    step (``[B, S * G]``, the trajectory estimator's columns), read at the step's canvas; its steps are the counted
+    steps; under grad ``chunk`` steps at a time."""
+
+    def __init__(self, backbone: DiffusionLM, chunk: int):
+        self.backbone, self.chunk = backbone, chunk
+
+    def width(self, batch: ScoringBatch) -> int:
+        return valued_columns(batch).shape[1]
+
+    def chunks(self, module: nn.Module, batch: ScoringBatch, grad: bool
+               ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        return uniform_value_chunks(module, self.backbone, batch, self.chunk if grad else None)
+
+    def ranks(self, batch: ScoringBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return uniform_step_ranks(batch)
+
+    def decoding_ranks(self, batch: ScoringBatch) -> torch.Tensor:
+        return uniform_step_ranks(batch)[0]
+
+    def idle(self, module: nn.Module) -> torch.Tensor:
+        return idle_uniform_value(module, self.backbone)
+
+
+def value_reading(backbone: DiffusionLM, vcfg, shrinkage: int) -> MaskedReading | UniformReading:
+    """Where the values of ``backbone``'s family are read: the one place that tells masked from uniform-state
+    noise (the family's ``noise``)."""
+    if backbone.family.noise == "uniform":
+        return UniformReading(backbone, vcfg.step_chunk_size)
+    return MaskedReading(backbone, shrinkage)
+
+
+def _with_last(items: Iterator) -> Iterator[tuple[Any, bool]]:
+    """``(item, is_last)`` over ``items``."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
 @dataclass
 class ValueTargets:
-    """What one step's values give the policy and the value update (all ``[B, G]``, 0 off the counted tokens)."""
+    """What one step's values give the policy and the value update (all ``[B, W]``, the reading's columns: ``[B, G]``
+    for a masked family, ``[B, S * G]`` for a uniform-state one; 0 off the counted tokens)."""
 
     old_values: torch.Tensor
     returns: torch.Tensor
@@ -130,6 +214,7 @@ class ValueLearner:
         self.shrinkage = int(v.shrinkage or (opts.get("shrinkage", 1) if cfg.estimator == "trace" else 1))
         self.backbone = self._backbone(cfg, policy)
         self.model = ValueModel(self.backbone).train()
+        self.reading = value_reading(self.backbone, v, self.shrinkage)
         self.lr = float(v.lr if v.lr is not None else 5.0 * cfg.optim.lr)
         self.optimizer = build_optimizer(self.model, replace(cfg.optim, lr=self.lr),
                                          key="value_model.lr" if v.lr is not None else "value_model.lr (5 x optim.lr)")
@@ -158,10 +243,11 @@ class ValueLearner:
     def values(self, batch: ScoringBatch) -> torch.Tensor:
         """``[B, G]``: the current value model's token values (no gradient), micro-batched. Every rank runs as
         many forwards (an empty micro-batch runs a one-token one): under FSDP2 each forward gathers shards."""
-        out = torch.zeros(batch.batch_size, batch.completion_len, dtype=torch.float32, device=self.backbone.device)
+        out = torch.zeros(batch.batch_size, self.reading.width(batch), dtype=torch.float32,
+                          device=self.backbone.device)
         for mb in self._micro_batches(batch.batch_size):
             if mb:
-                out[mb] = token_values(self.module, self.backbone, batch.select(mb), self.shrinkage)
+                out[mb] = sum(v for v, _ in self.reading.chunks(self.module, batch.select(mb), grad=False))
             elif self.accelerator.num_processes > 1:
                 self._zero_loss()
         return out
@@ -172,15 +258,11 @@ class ValueLearner:
         last merged step, or a sample's per-step ``step_scores`` (process rewards, see
         :func:`dllm_rl.rl.returns.process_step_rewards`) where given."""
         old = self.values(batch)
-        block = self.backbone.layout_block(batch.block_size)
-        merged, blk = merged_steps(batch, self.shrinkage, block)
-        counted = (merged >= 0) & batch.completion_mask.to(merged.device)
-        rank, num = step_ranks(decoding_order(merged, blk), counted)
+        rank, num = self.reading.ranks(batch)
         width = max(int(num.max().item()) if num.numel() else 1, 1)
         step_r = outcome_step_rewards(rewards.to(rank.device), num, width)
         if step_scores is not None and any(s is not None for s in step_scores):
-            raw, raw_blk = merged_steps(batch, 1, block)
-            raw_rank, _ = step_ranks(decoding_order(raw, raw_blk), counted)
+            raw_rank = self.reading.decoding_ranks(batch)
             proc = process_step_rewards(step_scores, raw_rank, rank, width)
             given = torch.tensor([s is not None for s in step_scores], device=rank.device)
             step_r = torch.where(given[:, None], proc, step_r)
@@ -193,7 +275,7 @@ class ValueLearner:
         return ValueTargets(old, ret, adv, mask)
 
     def _zero_loss(self) -> torch.Tensor:
-        return one_token_values(self.module, self.backbone).sum() * 0.0
+        return self.reading.idle(self.module).sum() * 0.0
 
     def update(self, batch: ScoringBatch, t: ValueTargets) -> dict[str, float]:
         """``value_model.epochs`` passes of the clipped value loss over ``batch``, one optimiser step per pass
@@ -201,22 +283,13 @@ class ValueLearner:
         acc = self.accelerator
         # the token mean over every rank's batch (the gradient all-reduce averages over the ranks)
         total = max(sum_over_ranks(acc, [float(t.mask.sum())])[0], 1.0) / acc.num_processes
-        losses, fracs = [], []
+        losses, fracs = [], [0.0, 0.0]  # clipped tokens, tokens
         for _ in range(self.vcfg.epochs):
             mbs = self._micro_batches(batch.batch_size)
             loss_sum = 0.0
             for j, mb in enumerate(mbs):
                 with micro_step(acc, self.module, last=j == len(mbs) - 1):
-                    if not mb:
-                        backward(acc, self.module, self._zero_loss())
-                        continue
-                    vals = token_values(self.module, self.backbone, batch.select(mb), self.shrinkage)
-                    loss, frac = clipped_value_loss(vals, t.old_values[mb], t.returns[mb], t.mask[mb],
-                                                    self.vcfg.epsilon)
-                    share = float(t.mask[mb].sum()) / total
-                    backward(acc, self.module, loss * share)
-                    loss_sum += float(loss.detach()) * share
-                    fracs.append(frac)
+                    loss_sum += self._micro_update(batch.select(mb) if mb else None, t, mb, total, fracs)
             if self.vcfg.max_grad_norm:
                 clip_gradients(acc, self.module, self.vcfg.max_grad_norm)
             self.optimizer.step()
@@ -227,22 +300,44 @@ class ValueLearner:
         var = float(ret.var(unbiased=False)) if ret.numel() > 1 else 0.0
         explained = 1.0 - float((ret - old).var(unbiased=False)) / var if var > 0 else float("nan")
         return {"value_loss": losses[0], "value_loss_last": losses[-1],
-                "value_clip_frac": sum(fracs) / len(fracs) if fracs else 0.0,
+                "value_clip_frac": fracs[0] / fracs[1] if fracs[1] else 0.0,
                 "value_mean": float(old.mean()) if old.numel() else 0.0,
                 "return_mean": float(ret.mean()) if ret.numel() else 0.0,
                 "token_adv_mean": float(adv.mean()) if adv.numel() else 0.0,
                 "token_adv_std": float(adv.std(unbiased=False)) if adv.numel() > 1 else 0.0,
                 "value_explained_var": explained if math.isfinite(explained) else 0.0}
 
+    def _micro_update(self, sub: ScoringBatch | None, t: ValueTargets, mb: list[int], total: float,
+                      fracs: list[float]) -> float:
+        """Back-propagate the value loss of the micro-batch ``sub`` (samples ``mb``; None: a rank's padding), a
+        chunk of its columns at a time (the reading's: all at once for a masked family, ``value_model.step_chunk_size``
+        steps for a uniform-state one); each chunk weighs its share of the ``total`` tokens, so the parts sum to the
+        micro-batch's loss. Returns that loss (detached) and adds its clipped and valued tokens to ``fracs``."""
+        acc, done = self.accelerator, 0.0
+        parts = _with_last(self.reading.chunks(self.module, sub, grad=True)) if sub is not None else iter(())
+        backed = False
+        for (vals, cols), last in parts:
+            mask = t.mask[mb] if cols is None else t.mask[mb] & cols
+            loss, frac = clipped_value_loss(vals, t.old_values[mb], t.returns[mb], mask, self.vcfg.epsilon)
+            n = float(mask.sum())
+            backward(acc, self.module, loss * (n / total), boundary=last)
+            backed = True
+            done += float(loss.detach()) * n / total
+            fracs[0], fracs[1] = fracs[0] + frac * n, fracs[1] + n
+        if not backed:  # nothing to value: the same forward and backward as the other ranks make
+            backward(acc, self.module, self._zero_loss())
+        return done
+
     # ------------------------------------------------------------------------------ trainer glue
     def token_advantages(self, batch: ScoringBatch, rewards: torch.Tensor, keep: torch.Tensor,
                          step_scores: Sequence[Sequence[float] | None]) -> tuple[ValueTargets, torch.Tensor]:
         """What the RL trainer calls after the rollouts: the :meth:`targets` of the kept samples ``batch``
         (``keep``: their indices among ``rewards`` ``[N]``, ``step_scores`` per sample of the step), computed at
-        the batch's layout block (the training layout's), and ``[N, G]`` token advantages on the CPU (0 for
-        dropped samples)."""
+        the batch's layout block (the training layout's), and ``[N, W]`` token advantages on the CPU (0 for
+        dropped samples; ``W``: the reading's columns, ``G`` for a masked family, ``S * G`` for a uniform-state one,
+        the columns of the trajectory estimator's scores)."""
         t = self.targets(batch, rewards[keep], [step_scores[i] for i in keep.tolist()])
-        adv = torch.zeros(len(rewards), batch.completion_len)
+        adv = torch.zeros(len(rewards), t.advantages.shape[1])  # the reading's columns
         adv[keep] = t.advantages.cpu()
         return t, adv
 

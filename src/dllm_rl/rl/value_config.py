@@ -29,6 +29,9 @@ class ValueModelConfig(Checked):
     shrinkage: int | None = field(
         None, ge=1, help="decoding steps merged into one value step (TraceRL's s); default: the trace estimator's "
         "shrinkage when estimator=trace, else 1")
+    step_chunk_size: int = field(
+        8, ge=1, help="uniform-state families (DiffusionGemma): trajectory steps whose value forwards are "
+        "back-propagated together (the update's memory is one chunk's; each chunk re-encodes its prompt and canvases)")
     epochs: int = field(1, ge=1, help="passes of the value update over each rollout batch")
     micro_batch_size: int | None = field(
         None, ge=1, help="samples per value forward/backward (default train.micro_batch_size)")
