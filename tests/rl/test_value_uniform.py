@@ -104,20 +104,19 @@ def test_a_chunked_value_update_has_the_unchunked_gradient():
         torch.testing.assert_close(g, grads[1][name], rtol=1e-5, atol=1e-7)
 
 
-def test_value_model_on_a_uniform_family_reads_the_decoder_not_the_lm():
+def test_the_uniform_value_head_is_zero_and_bias_free():
     vm = ValueModel(_gemma())
     assert vm.head.bias is None and torch.count_nonzero(vm.head.weight) == 0
 
 
-@pytest.mark.parametrize("shrinkage", [2])
-def test_value_shrinkage_is_refused_for_a_uniform_family(shrinkage):
+def test_value_shrinkage_is_refused_for_a_uniform_family():
     from dllm_rl.config import ConfigError
     from dllm_rl.models.families import get_family
     from dllm_rl.rl.algorithms import resolve
 
     cfg = RLConfig(model=RLModelConfig(path="x"), algorithm="tracerl",
-                   value_model=ValueModelConfig(enabled=True, shrinkage=shrinkage))
+                   value_model=ValueModelConfig(enabled=True, shrinkage=2))
     with pytest.raises(ConfigError) as err:
         resolve(cfg, "block", get_family("diffusion_gemma"))
-    assert str(err.value).startswith(f"value_model.shrinkage: {shrinkage} merges decoding steps; diffusion_gemma is "
+    assert str(err.value).startswith("value_model.shrinkage: 2 merges decoding steps; diffusion_gemma is "
                                      "uniform-state")

@@ -6,7 +6,9 @@ batch's layout block), forwarded through the backbone with the prompts' image fe
 policy's scoring does (LLaDA-V; MMaDA's image codes are prompt ids), the value read at the column whose logits the
 trace estimator scores (for block models the token's noisy copy in the two-stream layout: one forward per merged block
 step). The head is a bias-free linear
-layer initialised to exactly zero (as the published value model), so every value starts at 0.
+layer initialised to exactly zero (as the published value model), so every value starts at 0. A uniform-state
+family (DiffusionGemma) has no masked states: its values are read per accepted draw at each step's canvas
+(:mod:`dllm_rl.rl.value_uniform`); :func:`value_reading` is the one place that picks the reading.
 
 :class:`ValueLearner` is what the RL trainer calls, at three points of a step: :meth:`ValueLearner.values` after
 the rollout (the values before any update), :meth:`ValueLearner.advantages` (returns and GAE token advantages,
