@@ -172,3 +172,36 @@ def test_shrinkage_has_no_uniform_state_form():
         check_options("trajectory", {"shrinkage": 8})
     with pytest.raises(ValueError, match="unknown option"):
         check_options("trajectory", {"num_mc": 2})
+
+
+def test_a_backward_by_steps_has_the_all_at_once_gradient(monkeypatch):
+    """Two canvases, rows stopping early: back-propagating sum(logp * G) two replayed steps at a time gives the
+    gradient of one backward over every step (to float32 rounding: the MoE's grouped matmul takes no float64), no
+    chunk holds more than two decoder steps' graphs, and only the last chunk is told it is the last."""
+    dlm = _tiny(50.0)
+    cfg = UniformDecodeConfig(max_new_tokens=2 * CANVAS, max_denoising_steps=5, **STOP)
+    _, batch = _rollout_batch(dlm, cfg, PROMPT[:3], 1)
+    scores = estimate(dlm, "trajectory", batch, None)
+    grad_out = torch.randn(scores.logp.shape, generator=torch.Generator().manual_seed(0))
+    (scores.logp * grad_out * scores.weight).sum().backward()
+    whole = {n: p.grad.clone() for n, p in dlm.hf_model.named_parameters() if p.grad is not None}
+    dlm.zero_grad(set_to_none=True)
+    events, hidden = [], trajectory_module.CanvasContext.hidden
+
+    def counted(self, *args, **kwargs):
+        events.append("step")
+        return hidden(self, *args, **kwargs)
+
+    def backward(term, last):
+        events.append(("backward", last))
+        term.backward()
+
+    monkeypatch.setattr(trajectory_module.CanvasContext, "hidden", counted)
+    chunks = trajectory_module.backward_by_steps(dlm, batch, grad_out * scores.weight, 2, backward)
+    parts = "".join("s" if e == "step" else "|" for e in events).split("|")[:-1]
+    assert chunks == len(parts) >= 3 and all(1 <= len(p) <= 2 for p in parts)
+    assert [e[1] for e in events if e != "step"] == [False] * (chunks - 1) + [True]
+    chunked = {n: p.grad for n, p in dlm.hf_model.named_parameters() if p.grad is not None}
+    assert chunked.keys() == whole.keys()
+    for name, g in whole.items():
+        torch.testing.assert_close(chunked[name], g, rtol=1e-4, atol=1e-5 * float(g.abs().max()))

@@ -84,6 +84,28 @@ def test_tracerl_with_the_value_model_trains_policy_and_values(root, tmp_path):
         trainer.close()
 
 
+def test_a_step_chunked_update_moves_the_policy_as_the_whole_one(root, tmp_path):
+    """``train.step_chunk_size=1``: each replayed step back-propagated alone gives the update of one backward over
+    every step (the same loss and gradient norm, and the same weights after the step, to float rounding)."""
+    runs = {}
+    for chunk in (0, 1):
+        cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / str(chunk), "algorithm=tracerl",
+                                                          f"train.step_chunk_size={chunk}", "drop_zero_variance=false"))
+        trainer = RLTrainer(cfg, reward_fn=digit_reward)
+        try:
+            start = [p.detach().clone() for p in trainer.model.model.parameters()]
+            metrics = trainer.step().metrics
+            runs[chunk] = (metrics, start, [p.detach().clone() for p in trainer.model.model.parameters()])
+        finally:
+            trainer.close()
+    (whole, start, after), (chunked, _, chunked_after) = runs[0], runs[1]
+    assert chunked["loss"] == whole["loss"] and chunked["ratio_dev_first_update"] == 0.0
+    assert whole["grad_norm"] > 0 and chunked["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(start, after))
+    for a, b in zip(after, chunked_after):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     """``rollout.engine=true``: the engine gives every rollout the tokens and trajectory a fixed batch gives it, so a
     TraceRL step sees the same rewards and (up to float rounding of other batch shapes) the same loss."""
@@ -113,6 +135,8 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     (("rollout.t_min=0.9",), "rollout.t_max: must be above t_min (0.9)"),
     (("algorithm=tracerl", "value_model.enabled=true", "value_model.shrinkage=2"), "value_model.shrinkage: 2 merges "
      "decoding steps; diffusion_gemma is uniform-state and its value model reads each step at its own canvas"),
+    (("algorithm=espo", "train.step_chunk_size=2"), "train.step_chunk_size: back-propagates the steps the trajectory "
+     "estimator replays; estimator=uniform_elbo replays none: set train.step_chunk_size=0"),
     (("algorithm=tracerl", "estimator_options={shrinkage: 8}"), "estimator_options: shrinkage must be 1 for the "
      "trajectory estimator, got 8: each step of a uniform-state trajectory is scored at its own canvas"),
     (("algorithm=tracerl", "estimator=trace"), "estimator 'trace' scores masked diffusion; diffusion_gemma is "

@@ -91,7 +91,7 @@ def test_a_chunked_value_update_has_the_unchunked_gradient():
     batch, rewards = _batch(), torch.tensor([1.0, -1.0])
     grads = []
     for chunk in (1, 8):
-        learner = _learner(_gemma(), step_chunk_size=chunk)
+        learner = _learner(_gemma(), step_chunk_size=chunk, max_grad_norm=None)  # the raw gradients
         with torch.no_grad():  # a head that is not zero, so the backbone has a gradient too
             learner.model.head.weight.copy_(torch.linspace(-1, 1, 16)[None])
         t = learner.targets(batch, rewards)
@@ -101,7 +101,7 @@ def test_a_chunked_value_update_has_the_unchunked_gradient():
         grads.append({n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and any(n.startswith("backbone.") for n in grads[0])
     for name, g in grads[0].items():
-        torch.testing.assert_close(g, grads[1][name], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(g, grads[1][name], rtol=1e-4, atol=1e-5 * float(g.abs().max()))
 
 
 def test_the_uniform_value_head_is_zero_and_bias_free():

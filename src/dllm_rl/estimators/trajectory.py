@@ -39,7 +39,10 @@ from its own canvas and self-conditioning input, which the earlier state does no
 gradient from the step's hidden states and only the current one is held. The scored log-probs project
 ``logprob_chunk_size`` positions onto the vocabulary at a time (:func:`~dllm_rl.models.logprobs.selected_logprobs`).
 Under gradient the graph holds every replayed step's activations of the micro-batch (``model.gradient_checkpointing``
-keeps only the layers' inputs).
+keeps only the layers' inputs), unless the update goes through :func:`backward_by_steps` (``train.step_chunk_size``):
+given the loss's gradient in the log-probs (from scores without a graph), each chunk of steps is replayed over an
+encoder pass of its own and back-propagated before the next, the self-conditioning input carried across (it has no
+gradient), so the memory is one chunk's and the gradient the all-at-once one.
 
 Rows of a batch that were sampled together share their steps; rows from different rollout batches are replayed as
 separate groups, each with its prompts trimmed to the group's widest (the width it was sampled at when the group
@@ -47,6 +50,8 @@ holds its batch's longest prompt; otherwise positions shift uniformly, which rot
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -102,11 +107,20 @@ def group_context(hf, batch: ScoringBatch, rows: list[int]):
     return ctx, batch.uniform.select(idx.to(batch.uniform.step.device)).to(device), idx.to(device)
 
 
-def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, out: dict) -> None:
-    """Replay the steps of ``rows`` (one schedule) and append their scored (flat index, log-prob) pairs to ``out``."""
+def live_steps(tr) -> list[int]:
+    """The steps of a group's trajectory ``tr`` that score something (some row counted), in order."""
+    return [s for s in range(tr.step.shape[1]) if int(tr.canvas_index[0, s]) >= 0 and bool(tr.counted[:, s].any())]
+
+
+def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, out: dict,
+                  flush: StepFlush | None = None) -> None:
+    """Replay the steps of ``rows`` (one schedule) and append their scored (flat index, log-prob) pairs to ``out``;
+    with ``flush``, hand them to it instead every ``flush.steps`` scored steps (and at the end), each chunk's graph
+    built over an encoder context of its own (:func:`backward_by_steps`)."""
     hf, trace = model.hf_model, batch.uniform
     device = hf.device
     ctx, tr, idx = group_context(hf, batch, rows)
+    pending = 0
     temps = tr.temperature if tr.temperature is not None else torch.ones(tr.step.shape, device=device)
     counted, span = tr.counted, trace.canvas_length
     n_steps, g_len = tr.step.shape[1], batch.completion_len
@@ -123,6 +137,13 @@ def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, 
         if bool(tr.self_conditioned[0, s]) != (self_cond is not None):
             raise ValueError(f"ScoringBatch.uniform: step {s} says self_conditioned={bool(tr.self_conditioned[0, s])}"
                              " but the replay feeds the previous step's logits only after a canvas's first step")
+        if flush is not None and pending == flush.steps:  # a new chunk: its own encoder pass, hence its own graph
+            flush(out)
+            ctx, pending = group_context(hf, batch, rows)[0], 0
+            for done in range(k):
+                ctx.append(batch.completion_ids[idx.to(batch.completion_ids.device), done * span:(done + 1) * span]
+                           .to(device))
+        pending += 1
         cols = slice(k * span, (k + 1) * span)
         hidden = ctx.hidden(tr.canvas[:, s, cols].long(), self_cond)
         head = _Head(hf, temps[0, s])
@@ -140,6 +161,42 @@ def _replay_group(model, batch: ScoringBatch, rows: list[int], chunk_size: int, 
                 if self_cond is not None and bool(tr.stopped[:, s].any()):  # stopped rows carry theirs
                     logits = torch.where(tr.stopped[:, s, None, None], self_cond.to(logits.dtype), logits)
                 self_cond = logits.to(ctx.embedding_dtype)
+    if flush is not None and pending:
+        flush(out)
+
+
+class StepFlush:
+    """Back-propagates ``sum(logp * grad)`` over the (flat index, log-prob) pairs a replay has gathered in ``out``
+    (then drops them), ``steps`` scored steps at a time; ``backward(term, last)`` is told the last of ``chunks``."""
+
+    def __init__(self, grad: torch.Tensor, steps: int, chunks: int, backward: Callable[[torch.Tensor, bool], None]):
+        self.grad, self.steps, self.left, self.backward = grad.reshape(-1), steps, chunks, backward
+
+    def __call__(self, out: dict) -> None:
+        index, logp = torch.cat(out["index"]), torch.cat(out["logp"])
+        out["index"], out["logp"] = [], []
+        self.left -= 1
+        self.backward((logp.float() * self.grad[index]).sum(), self.left == 0)
+
+
+def backward_by_steps(model, batch: ScoringBatch, grad: torch.Tensor, steps: int,
+                      backward: Callable[[torch.Tensor, bool], None], chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
+    """Back-propagate ``sum(logp * grad)`` (``grad`` shaped as the scores' ``logp``: ``dloss / dlogp`` of a loss of
+    these scores) through the replay of ``batch``, ``steps`` scored steps of a group at a time. Each chunk's graph
+    (its encoder pass over the prompt and the kept canvases, its decoder steps) is freed by its backward before the
+    next is built, so memory is one chunk's, whatever the trajectory's length; the self-conditioning inputs carry
+    no gradient (module notes), so the chunks' gradients sum to the all-at-once one. Returns the chunks."""
+    trace = batch.uniform
+    if trace is None:
+        raise ValueError("backward_by_steps needs ScoringBatch.uniform (a uniform-state rollout's trajectory)")
+    groups = schedule_groups(trace)
+    lives = [len(live_steps(trace.select(torch.tensor(rows, device=trace.step.device)))) for rows in groups]
+    chunks = sum(-(-n // steps) for n in lives)
+    flush = StepFlush(grad.to(model.hf_model.device), steps, chunks, backward)
+    out: dict = {"index": [], "logp": [], "forwards": 0, "calls": 0, "anchor": None}
+    for rows in groups:
+        _replay_group(model, batch, rows, chunk_size, out, flush)
+    return chunks
 
 
 def trajectory_scores(model, batch: ScoringBatch, chunk_size: int = DEFAULT_CHUNK_SIZE) -> TokenScores:

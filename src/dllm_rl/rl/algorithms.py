@@ -106,6 +106,9 @@ def check_combination(cfg: RLConfig) -> None:
     if cfg.dynamic_sampling and not cfg.drop_zero_variance and cfg.accuracy_band is None and cfg.tpf_spread is None:
         raise ConfigError("dynamic_sampling: refills the groups that drop_zero_variance, accuracy_band or tpf_spread "
                           "drop; with drop_zero_variance=false and neither of the others nothing is dropped")
+    if cfg.train.step_chunk_size and cfg.estimator != "trajectory":
+        raise ConfigError(f"train.step_chunk_size: back-propagates the steps the trajectory estimator replays; "
+                          f"estimator={cfg.estimator} replays none: set train.step_chunk_size=0")
     check_value_model(cfg.value_model, cfg.loss_type)
     check_speed_config(cfg)
     from dllm_rl.rl.learned_threshold import check_learned

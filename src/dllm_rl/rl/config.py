@@ -191,6 +191,10 @@ class RLTrainConfig(Checked):
         1, ge=1, help="optimisation passes over each rollout batch (TRL num_iterations, GRPO's mu, arXiv "
         "2402.03300; 1 = on-policy)")
     micro_batch_size: int = field(16, ge=1, help="samples per forward/backward")
+    step_chunk_size: int = field(
+        0, ge=0, help="estimator=trajectory (uniform-state families): back-propagate the policy loss this many "
+        "replayed steps at a time, so an update holds one chunk's graph (costs one more replay without gradient); "
+        "0 = every step's graph at once")
     gradient_accumulation_steps: int | None = field(
         None, ge=1, help="micro-batches per optimizer step (default: the whole rollout batch is one step per pass)")
     max_time_minutes: float | None = field(

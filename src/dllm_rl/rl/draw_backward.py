@@ -42,6 +42,24 @@ def rows_of_draw(rows: MaskedRows, d: int) -> MaskedRows:
                    prompt_lengths=pick(rows.prompt_lengths))
 
 
+def loss_gradient(loss_fn: PolicyLoss, current: TokenScores, old: TokenScores, ref: TokenScores | None,
+                  advantages: torch.Tensor, lengths: torch.Tensor, config: LossConfig, scale: float,
+                  all_finite: Callable[[torch.Tensor], bool]) -> tuple[LossOutput, torch.Tensor | None]:
+    """``(loss, G)``: the loss of the graph-free scores ``current`` held as a leaf (detached) and
+    ``G = d(scale * loss) / dlogp``, shaped as ``current.logp``; ``G`` is None when ``all_finite`` refuses the loss
+    (then the returned loss is NaN). What a loss back-propagated in parts multiplies each part's log-probs by."""
+    leaf = current.logp.detach().requires_grad_(True)
+    out = policy_objective(loss_fn, replace(current, logp=leaf), old, ref, advantages, lengths, config)
+    if not all_finite(out.loss):
+        return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), None
+    grad = None
+    if out.loss.requires_grad:
+        (grad,) = torch.autograd.grad(out.loss * scale, leaf, allow_unused=True)
+    if grad is None:  # a loss that does not depend on the scores
+        grad = torch.zeros_like(leaf)
+    return LossOutput(out.loss.detach(), out.stats), grad
+
+
 def backward_by_draw(
     model: DiffusionLM, estimator: str, batch: ScoringBatch, seed: int, options: dict[str, Any] | None,
     loss_fn: PolicyLoss, old: TokenScores, ref: TokenScores | None, advantages: torch.Tensor, config: LossConfig,
@@ -62,19 +80,13 @@ def backward_by_draw(
         with torch.no_grad():
             flat = {**scorer, "max_rows": min(scorer.get("max_rows") or batch.batch_size, batch.batch_size)}
             current = score_rows(model, rows, agree_calls=agree_calls, **flat)
-    leaf = current.logp.detach().requires_grad_(True)
-    out = policy_objective(loss_fn, replace(current, logp=leaf), old, ref, advantages, batch.loss_lengths, config)
-    new = replace(current, logp=leaf.detach())
-    if not all_finite(out.loss):
-        return LossOutput(torch.full_like(out.loss.detach(), math.nan), out.stats), new
-    grad = None
-    if out.loss.requires_grad:
-        (grad,) = torch.autograd.grad(out.loss * scale, leaf, allow_unused=True)
-    if grad is None:  # a loss that does not depend on the scores
-        grad = torch.zeros_like(leaf)
+    out, grad = loss_gradient(loss_fn, current, old, ref, advantages, batch.loss_lengths, config, scale, all_finite)
+    new = replace(current, logp=current.logp.detach())
+    if grad is None:
+        return out, new
     for d in range(rows.num_draws):
         part = score_rows(model, rows_of_draw(rows, d), agree_calls=agree_calls, **scorer)
         term = (part.logp[d] * grad[d]).sum()
         if term.requires_grad:  # a draw without rows (every sample empty) has nothing to back-propagate
             backward(term, d == rows.num_draws - 1)
-    return LossOutput(out.loss.detach(), out.stats), new
+    return out, new

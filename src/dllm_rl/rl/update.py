@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from dllm_rl.estimators import ScoringBatch, TokenScores, estimate
+from dllm_rl.estimators.trajectory import backward_by_steps
 from dllm_rl.models import DiffusionLM
 from dllm_rl.rl.config import RLConfig
-from dllm_rl.rl.draw_backward import backward_by_draw
+from dllm_rl.rl.draw_backward import backward_by_draw, loss_gradient
 from dllm_rl.rl.inpaint_filter import inpaint_loss_mask
 from dllm_rl.rl.losses import POLICY_LOSSES, LossConfig, PolicyLoss, policy_objective
 from dllm_rl.sampling import Rollout
@@ -200,6 +201,8 @@ class PolicyUpdater:
             return backward_by_draw(self.model, cfg.estimator, sub, est_seed, self.scorer_options(), loss_fn, old,
                                     ref, adv, loss_cfg, scale, self._backward, forward_agreement(self.accelerator),
                                     self._all_finite, current=current)
+        if cfg.train.step_chunk_size and cfg.estimator == "trajectory":
+            return self._loss_by_steps(loss_fn, sub, est_seed, old, ref, adv, loss_cfg, scale)
         new = self.scores(self.model, sub, est_seed)
         out = policy_objective(loss_fn, new, old if old is not None else _detached(new), ref, adv, sub.loss_lengths,
                                loss_cfg)
@@ -207,6 +210,20 @@ class PolicyUpdater:
             return replace(out, loss=torch.full_like(out.loss.detach(), math.nan)), new
         self._backward(out.loss * scale)
         return out, new
+
+    def _loss_by_steps(self, loss_fn, sub: ScoringBatch, est_seed: int, old: TokenScores | None,
+                       ref: TokenScores | None, adv: torch.Tensor, loss_cfg: LossConfig, scale: float):
+        """The trajectory estimator's loss back-propagated ``train.step_chunk_size`` replayed steps at a time
+        (:func:`~dllm_rl.estimators.trajectory.backward_by_steps`): the scores without a graph give the loss and
+        its gradient in the log-probs, which each chunk's replay then carries back (the all-at-once gradient)."""
+        with torch.no_grad():
+            current = self.scores(self.model, sub, est_seed)
+        out, grad = loss_gradient(loss_fn, current, old if old is not None else current, ref, adv, sub.loss_lengths,
+                                  loss_cfg, scale, self._all_finite)
+        if grad is not None:
+            backward_by_steps(self.model, sub, grad, self.cfg.train.step_chunk_size, self._backward,
+                              self.scorer_options()["logprob_chunk_size"])
+        return out, current
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         """Whether ``loss`` is finite on every rank (a collective: every rank asks for each micro-batch), so

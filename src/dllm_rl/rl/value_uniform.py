@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from dllm_rl.estimators import ScoringBatch
-from dllm_rl.estimators.trajectory import group_context, schedule_groups
+from dllm_rl.estimators.trajectory import group_context, live_steps, schedule_groups
 from dllm_rl.models import DiffusionLM
 from dllm_rl.rl.returns import step_ranks
 from dllm_rl.sampling.uniform import CanvasContext
@@ -73,8 +73,7 @@ def uniform_value_chunks(module: nn.Module, backbone: DiffusionLM, batch: Scorin
     n_steps, g_len = trace.step.shape[1], batch.completion_len
     for rows in schedule_groups(trace):
         tr = trace.select(torch.tensor(rows, device=trace.step.device))
-        live = [s for s in range(n_steps) if int(tr.canvas_index[0, s]) >= 0 and bool(tr.counted[:, s].any())]
-        for part in _chunks(live, chunk):
+        for part in _chunks(live_steps(tr), chunk):
             yield _read_steps(module, hf, batch, rows, part, span, n_steps, g_len)
 
 
