@@ -15,13 +15,14 @@ def command_configs() -> list[tuple[str, type, Any]]:
     from dllm_rl.dpo.config import DPOConfig
     from dllm_rl.eval.harness import EvalRunConfig
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.sampling.config import DecodeConfig, GenerateOptions
+    from dllm_rl.sampling.config import DecodeConfig, GenerateConfig
+    from dllm_rl.serve.config import ServeConfig
     from dllm_rl.sft.config import SFTConfig
 
     return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl sft", SFTConfig, SFTConfig()),
             ("dllm-rl dpo", DPOConfig, DPOConfig()),
-            ("dllm-rl eval", EvalRunConfig, None), ("dllm-rl generate", GenerateOptions, None),
-            ("decoding (generate, eval and trace flags)", DecodeConfig, None)]
+            ("dllm-rl eval", EvalRunConfig, None), ("dllm-rl generate", GenerateConfig, GenerateConfig()),
+            ("dllm-rl serve", ServeConfig, ServeConfig()), ("decoding (eval and trace flags)", DecodeConfig, None)]
 
 
 def main() -> str:

@@ -15,7 +15,10 @@ from dllm_rl.config.renames import DeprecatedKey, renames
 
 #: command -> its config dataclass, for every command on the one front end
 COMMANDS = {"rl": ("dllm_rl.rl.config", "RLConfig"), "sft": ("dllm_rl.sft.config", "SFTConfig"),
-            "dpo": ("dllm_rl.dpo.config", "DPOConfig")}
+            "dpo": ("dllm_rl.dpo.config", "DPOConfig"), "generate": ("dllm_rl.sampling.config", "GenerateConfig"),
+            "serve": ("dllm_rl.serve.config", "ServeConfig")}
+#: the key a command's bare first word sets (``generate MODEL_DIR``)
+POSITIONAL = {"generate": "model.path", "serve": "model.path"}
 #: options of a command that are no config key
 NOT_KEYS = {"-h", "--help", "--help-config"}
 
@@ -44,8 +47,10 @@ def test_every_key_is_a_flag_and_every_flag_a_key(command):
     short = set(getattr(cls, "SHORT_FLAGS", {}))
     assert set(flags) == {flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
     assert {dest.removeprefix("config:") for dest in flags.values()} == keys | set(old)
-    assert "--train.max-steps" in flags and flags["--train.max-steps"] == "config:train.max_steps"
-    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} [CONFIG.yaml] [key=value ...] "
+    nested = next(key for key in sorted(keys) if "." in key)  # train.max_steps, decode.gen_length ...
+    assert flags[flag_name(nested)] == "config:" + nested
+    word = f"[{POSITIONAL[command].upper()}] " if command in POSITIONAL else ""
+    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} {word}[CONFIG.yaml] [key=value ...] "
                                                    "[--KEY VALUE ...]\n")
 
 

@@ -204,16 +204,16 @@ def test_two_stream_scoring_equals_direct_forwards(family):
 
 
 def test_generate_preset_fills_the_published_schedule(tmp_path, capsys):
-    import argparse
+    from dllm_rl.cli import build_parser, parse_words
+    from dllm_rl.config.command import load_command
+    from dllm_rl.sampling.config import GenerateConfig
 
-    from dllm_rl.sampling.cli import decode_config_from_args, register
+    def decode(*flags):
+        args = parse_words(build_parser("generate"), ["generate", "m", *flags])
+        return load_command(GenerateConfig, args, "", positional="model.path").decode.decode_config()
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["generate", "m", "--preset", "llada2"])
-    assert decode_config_from_args(args).threshold == 0.95
-    args = parser.parse_args(["generate", "m", "--preset", "fast_dllm_v2", "--threshold", "0.7"])
-    assert decode_config_from_args(args).threshold == 0.7  # a given flag wins
-    assert decode_config_from_args(args).sub_block == 8  # Fast-dLLM v2's sub-blocks
-    args = parser.parse_args(["generate", "m", "--preset", "fast_dllm_v2", "--sub-block", "16"])
-    assert decode_config_from_args(args).sub_block == 16
+    assert decode("--decode.preset", "llada2").threshold == 0.95
+    config = decode("--decode.preset", "fast_dllm_v2", "--decode.threshold", "0.7")
+    assert config.threshold == 0.7  # a given key wins
+    assert config.sub_block == 8  # Fast-dLLM v2's sub-blocks
+    assert decode("--decode.preset", "fast_dllm_v2", "--decode.sub-block", "16").sub_block == 16

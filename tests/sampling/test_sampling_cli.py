@@ -85,5 +85,60 @@ def test_generate_slots_decodes_with_the_engine_to_the_same_trace(model_dir, tmp
         rows[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
     assert [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["rcr-engine"]] == \
         [{k: r[k] for k in ("token_ids", "steps", "nfe")} for r in rows["rcr-fixed"]]
-    with pytest.raises(UserError, match=r"^--slots: must be >= 1, got 0$"):  # GenerateOptions' range
+    with pytest.raises(UserError, match=r"^slots: must be >= 1, got 0$"):  # GenerateConfig's range
         _run(["generate", str(model_dir), "--prompt", "a", "--slots", "0"])
+
+
+def _trace(path):
+    return [{k: r[k] for k in ("prompt", "token_ids", "steps", "decode_config")}
+            for r in map(json.loads, path.read_text().splitlines())]
+
+
+def test_generate_takes_a_yaml_overrides_and_flags_and_its_old_flags_with_a_deprecation(model_dir, tmp_path):
+    """`dllm-rl generate CONFIG.yaml key=value --key value` decodes as the old flags (still read, each with its
+    one-line deprecation) do; the decode keys land in the trace's decode_config."""
+    from dllm_rl.cli import main
+    from dllm_rl.config.renames import DeprecatedKey
+
+    (tmp_path / "g.yaml").write_text(f"model:\n  path: {model_dir}\ndecode:\n  gen_length: 8\n  steps: 4\n"
+                                     "prompt: [abc, bad]\n")
+    assert main(["generate", str(tmp_path / "g.yaml"), "decode.block_length=4", "--decode.steps", "2",
+                 "--no-decode.stop-on-eos", "--model.device", "cpu", "--trace", str(tmp_path / "new.jsonl")]) == 0
+    with pytest.warns(DeprecatedKey) as warned:
+        assert main(["generate", str(model_dir), "--prompt", "abc", "--prompt", "bad", "--gen-length", "8",
+                     "--block-length", "4", "--steps", "2", "--no-stop-on-eos", "--device", "cpu", "--dtype", "float32",
+                     "--trace", str(tmp_path / "old.jsonl")]) == 0
+    assert sorted(str(w.message).split(" is deprecated")[0] for w in warned) == [
+        f"config key {k!r}" for k in ("block_length", "device", "dtype", "gen_length", "steps", "stop_on_eos")]
+    assert "config key 'gen_length' is deprecated: use 'decode.gen_length'" in "".join(str(w.message) for w in warned)
+    new = _trace(tmp_path / "new.jsonl")
+    assert new == _trace(tmp_path / "old.jsonl") and [r["prompt"] for r in new] == ["abc", "bad"]
+    assert {k: new[0]["decode_config"][k] for k in ("gen_length", "block_length", "steps", "stop_on_eos")} == {
+        "gen_length": 8, "block_length": 4, "steps": 2, "stop_on_eos": False}
+
+
+def test_generate_reads_the_preset_and_the_uniform_knobs_where_it_did(capsys):
+    """The old --preset and DiffusionGemma's flags (--max-denoising-steps, --t-max ...) are the decode section's
+    keys; the model section's device defaults to auto (it was cpu)."""
+    from dllm_rl.cli import build_parser, main, parse_words
+    from dllm_rl.config.command import load_command
+    from dllm_rl.config.vocabulary import ModelSection
+    from dllm_rl.sampling.config import GenerateConfig
+
+    def load(*argv):
+        args = parse_words(build_parser("generate"), ["generate", *argv])
+        return load_command(GenerateConfig, args, "", positional="model.path")
+
+    with pytest.warns(FutureWarning, match="'preset' is deprecated: use 'decode.preset'"):
+        cfg = load("ckpt", "--preset", "fast_dllm_v2", "--sub-block", "16")
+    assert cfg.model == ModelSection(path="ckpt", device="auto", dtype="auto")
+    assert (cfg.decode.decode_config().threshold, cfg.decode.decode_config().sub_block) == (0.9, 16)
+    with pytest.warns(FutureWarning):
+        cfg = load("model.path=gemma", "--max-denoising-steps", "12", "--t-max", "0.9", "decode.t_min=0.2")
+    assert (cfg.model.path, cfg.decode.max_denoising_steps, cfg.decode.t_max, cfg.decode.t_min) == ("gemma", 12, 0.9,
+                                                                                                  0.2)
+    assert main(["generate", "--prompt", "a"]) == 2
+    assert capsys.readouterr().err == ("dllm-rl generate: error: give the model: dllm-rl generate MODEL_DIR --prompt "
+                                       "TEXT (or model.path=DIR, or a config file that names it)\n")
+    assert main(["generate", "m", "--decode.preset", "nope"]) == 2
+    assert "decode.preset: 'nope' is not allowed; choose one of llada2, fast_dllm_v2" in capsys.readouterr().err

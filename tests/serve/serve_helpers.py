@@ -39,7 +39,7 @@ def free_port() -> int:
 def running(server, graceful_s: float | None = 5.0):
     """Serve ``server`` (a :class:`dllm_rl.serve.app.Server`) as `dllm-rl serve` does, on a free port of 127.0.0.1,
     until the block ends; yields its base URL. ``graceful_s``: the grace period at the end (None: the server's
-    ``--shutdown-timeout``)."""
+    ``--shutdown-timeout-s``)."""
     from dllm_rl.serve.listen import GracefulServer, bind
 
     sock = bind("127.0.0.1", 0)

@@ -99,7 +99,7 @@ def test_requests_held_past_the_shutdown_timeout_get_a_503_and_one_log_line_each
             while _metric(client, "requests_total", url) < 2:
                 time.sleep(0.01)
         uvicorn_log.removeHandler(lines)
-    why = "the server shut down before the request finished (its --shutdown-timeout, 0.3 s, ran out)"
+    why = "the server shut down before the request finished (its --shutdown-timeout-s, 0.3 s, ran out)"
     r = plain.result()
     assert r.status_code == 503 and r.json() == {"error": {"message": why, "type": "server_error", "param": None,
                                                            "code": None}}
@@ -143,10 +143,8 @@ EMPTY = "the API key is empty; give another key, or {leave} to serve without one
     ([], "", "$DLLM_RL_API_KEY: " + EMPTY.format(leave="unset DLLM_RL_API_KEY")),
     (["--api-key", "k3y\n"], None, "--api-key: the API key has whitespace at an end or a control character, which "
      "an HTTP header cannot carry; give another key, or leave --api-key out to serve without one\n"),
-    (["--port", "99999"], None, "argument --port: 99999 is not a TCP port (0 to 65535; 0: any free one) "
-     "(see dllm-rl serve --help)\n"),
-    (["--port=-1"], None, "argument --port: -1 is not a TCP port (0 to 65535; 0: any free one) "
-     "(see dllm-rl serve --help)\n"),
+    (["--port", "99999"], None, "port: 99999 is not a TCP port (0 to 65535; 0: any free one)\n"),
+    (["--port=-1"], None, "port: -1 is not a TCP port (0 to 65535; 0: any free one)\n"),
 ])
 def test_a_bad_key_or_port_is_one_line_before_the_model_loads(serve_cli, monkeypatch, flags, env, line):
     if env is not None:
@@ -180,6 +178,67 @@ def test_without_a_key_the_start_up_line_says_the_server_is_open(serve_cli, monk
     assert err == (f"serve: sdar-countdown on http://127.0.0.1:{handed[0]} (32 slots, decoding in blocks of 4; the "
                    "server is open (no API key; --api-key or $DLLM_RL_API_KEY sets one)); POST /v1/completions, "
                    "/v1/chat/completions\n")
+
+
+@pytest.fixture
+def started(serve_cli, monkeypatch):
+    """``started(*argv) -> (build_server's arguments, uvicorn's log level, stderr)``: `dllm-rl serve ARGV` with the
+    model and uvicorn faked (what the command line makes of its words and flags)."""
+    import dllm_rl.serve.cli as serve_cli_module
+    import dllm_rl.serve.listen as listen
+
+    seen = {}
+    fake = type("Fake", (), {"name": "m", "adapters": (), "api_key": None, "block": 4})()
+    monkeypatch.setattr(serve_cli_module, "build_server", lambda *a: seen.setdefault("build", a) and fake)
+    monkeypatch.setattr(listen, "GracefulServer", lambda server, log_level: seen.update(log_level=log_level) or type(
+        "Uv", (), {"run": lambda self, sockets: None})())
+
+    def run(*argv: str):
+        status = main(["serve", *argv])
+        return status, seen.get("build"), seen.get("log_level")
+
+    return run
+
+
+def test_serve_takes_a_yaml_overrides_and_flags(started, tmp_path):
+    """`dllm-rl serve CONFIG.yaml key=value --key value`: the YAML, laid over with the overrides, then the flags."""
+    from dllm_rl.serve.config import ServeConfig
+
+    (tmp_path / "serve.yaml").write_text(f"model:\n  path: {DEMO / 'sdar-countdown'}\n  device: cpu\nport: 0\n"
+                                         "slots: 4\ndecode:\n  gen_length: 32\n  threshold: 0.5\n")
+    status, build, log_level = started(str(tmp_path / "serve.yaml"), "decode.threshold=0.9", "max_queue=3",
+                                       "--max-queue", "5", "--log-level", "info", "--served-model-name", "a", "b",
+                                       "--lora", "x=adapter")
+    assert status == 0 and log_level == "info"
+    path, decode, cfg, device, dtype, loras, api_key, names, template, tokenizer = build
+    assert (path, device, dtype, tokenizer) == (str(DEMO / "sdar-countdown"), "cpu", "auto", None)
+    assert (decode.gen_length, decode.threshold, type(decode).__name__) == (32, 0.9, "DecodeConfig")
+    assert isinstance(cfg, ServeConfig) and (cfg.slots, cfg.max_queue, cfg.port) == (4, 5, 0)
+    assert (loras, api_key, names, template) == ({"x": "adapter"}, None, ["a", "b"], None)
+
+
+def test_serve_old_flags_are_read_with_a_deprecation(started):
+    from dllm_rl.config.renames import DeprecatedKey
+
+    with pytest.warns(DeprecatedKey) as warned:
+        status, build, _ = started(str(DEMO / "sdar-countdown"), "--port", "0", "--timeout", "5",
+                                   "--shutdown-timeout", "1", "--gen-length", "32", "--preset", "sdar", "--seed", "3",
+                                   "--device", "cpu", "--dtype", "bfloat16", "--early-stop", "--slots", "2")
+    assert status == 0
+    assert sorted(str(w.message).split("'")[1] + " -> " + str(w.message).split("'")[3] for w in warned) == [
+        "device -> model.device", "dtype -> model.dtype", "gen_length -> decode.gen_length",
+        "preset -> decode.preset", "seed -> decode.seed", "shutdown_timeout -> shutdown_timeout_s",
+        "timeout -> timeout_s"]
+    _, decode, cfg, device, dtype, *_ = build
+    assert (device, dtype, cfg.timeout_s, cfg.shutdown_timeout_s, cfg.early_stop, cfg.slots) == (
+        "cpu", "bfloat16", 5.0, 1.0, True, 2)
+    assert (decode.gen_length, decode.threshold, decode.seed) == (32, 0.9, 3)  # sdar's threshold
+
+
+def test_serve_without_a_model_is_one_line(started, capsys):
+    assert started("--port", "0") == (2, None, None)
+    assert capsys.readouterr().err == ("dllm-rl serve: error: give the model: dllm-rl serve MODEL_DIR (or "
+                                       "model.path=DIR, or a config file that names it)\n")
 
 
 def test_a_server_refuses_an_empty_api_key(make_server):

@@ -266,13 +266,15 @@ def test_langchain_chat_and_completion_classes_invoke_and_stream_with_usage(serv
 
 
 def test_served_model_names_from_the_command_line(tmp_path):
-    from dllm_rl.cli import build_parser
+    from dllm_rl.cli import build_parser, parse_words
+    from dllm_rl.config.command import load_command
     from dllm_rl.errors import UserError
     from dllm_rl.serve.cli import build_server
 
-    args = build_parser().parse_args(["serve", "runs/x/final", "--served-model-name", "countdown-rl", "cd"])
-    assert args.served_model_name == ["countdown-rl", "cd"]
-    server = build_server(str(DEMO / "sdar-countdown"), BASE, ServeConfig(), served_names=args.served_model_name)
+    args = parse_words(build_parser("serve"), ["serve", "runs/x/final", "--served-model-name", "countdown-rl", "cd"])
+    cfg = load_command(ServeConfig, args, "", positional="model.path")
+    assert (cfg.model.path, cfg.served_model_name) == ("runs/x/final", ["countdown-rl", "cd"])
+    server = build_server(str(DEMO / "sdar-countdown"), BASE, ServeConfig(), served_names=cfg.served_model_name)
     assert server.name == "countdown-rl" and server.names == ("countdown-rl", "cd")
     assert [(m["id"], m["root"]) for m in server.models()] == [("countdown-rl", "sdar-countdown"),
                                                                 ("cd", "sdar-countdown")]

@@ -89,7 +89,7 @@ def test_every_command_refuses_a_device_the_machine_lacks_in_one_line(no_cuda, t
     for name, argv in _commands(tmp_path, device).items():
         assert main(argv) == 2, name
         err = capsys.readouterr().err
-        key = "model.device" if name == "rl" else "--device"
+        key = "model.device" if name in ("rl", "generate", "serve") else "--device"
         assert err.strip().splitlines()[-1] == f"dllm-rl {name}: error: {key} {problem}", err
         assert "Traceback" not in err
     assert not (tmp_path / "rl").exists()  # no config.yaml naming the device it did not run on

@@ -11,7 +11,8 @@ flags, ``--help-config`` and ``docs/config.md`` are all generated from the one d
 A renamed key (the class's ``RENAMED``, :mod:`dllm_rl.config.renames`) keeps its old flag for one release
 (``--gen-length`` for ``decode.gen_length``): hidden from ``--help``, read as an override of the old key, so it is
 carried to the new one with the same one-line deprecation as the YAML's old keys. A class may give keys short flags
-in a ``SHORT_FLAGS`` class attribute (``{"-o": "run.output_dir"}``).
+in a ``SHORT_FLAGS`` class attribute (``{"-o": "run.output_dir"}``). A list key whose field metadata says
+``"several": True`` takes several values in one flag as well (``--served-model-name a b``, vLLM's spelling).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
         text = help_text(f) + (f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else "")
         text = text.replace("%", "%%")  # argparse %-formats help
         kw: dict[str, Any] = {"dest": _DEST + key, "default": argparse.SUPPRESS, "help": text}
+        if f.metadata.get("several"):  # a list flag that takes several values at once: --names a b
+            kw["nargs"] = "+"
         _add_flag(groups[section], (flag_name(key), *([short[key]] if key in short else [])), tp, kw)
     taken = {option for action in parser._actions for option in action.option_strings}
     for old, (new, _) in renames(cls).items():  # the old flags of renamed keys: hidden, read as the old key
@@ -81,13 +84,15 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
 
 
 def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any]) -> None:
-    """One flag of a key of type ``tp``: a bool is ``--key / --no-key``, a list repeatable, else one value."""
+    """One flag of a key of type ``tp``: a bool is ``--key / --no-key``, a list repeatable (with ``nargs`` in
+    ``kw``, each flag taking that many values), else one value."""
     bare, _ = strip_optional(tp)
     if bare is bool:
         group.add_argument(*options, action=argparse.BooleanOptionalAction, **kw)
     else:
         repeat = type_origin(bare) in (list, tuple)
-        group.add_argument(*options, action="append" if repeat else "store", metavar="VALUE", **kw)
+        action = ("extend" if "nargs" in kw else "append") if repeat else "store"
+        group.add_argument(*options, action=action, metavar="VALUE", **kw)
 
 
 def given_flags(args: argparse.Namespace) -> list[str]:

@@ -48,8 +48,9 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
     its default and its help, in declaration order; renamed keys listed under their new names."""
     out = ["# Configuration reference", "",
            "Generated from the config dataclasses by `make docs` (`scripts/config_reference.py`; a test "
-           "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config`. `dllm-rl rl`, `sft` "
-           "and `dpo` read `[CONFIG.yaml] [key=value ...] [--key value ...]`: every key is also a flag, named after it "
+           "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config`. `dllm-rl rl`, `sft`, "
+           "`dpo`, `generate` and `serve` read `[CONFIG.yaml] [key=value ...] [--key value ...]` (`generate` and "
+           "`serve` take the model directory as a first word too): every key is also a flag, named after it "
            "(`train.max_steps` -> `--train.max-steps VALUE`; a bool `--key` / `--no-key`; a list repeatable), applied "
            "after the YAML and the overrides.", ""]
     for title, cls, defaults in sections:

@@ -1,4 +1,6 @@
-"""`dllm-rl generate MODEL_DIR --prompt TEXT`: decode completions; ``--trace`` writes each token's step."""
+"""`dllm-rl generate [MODEL_DIR | CONFIG.yaml] [key=value ...] [--key value ...]`: decode completions
+(:class:`~dllm_rl.sampling.config.GenerateConfig`; ``--prompt TEXT`` repeatable); ``--trace`` writes each token's
+step."""
 
 from __future__ import annotations
 
@@ -8,12 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from dllm_rl.config import describe, to_dict
-from dllm_rl.config.flags import add_config_arguments, given_values
-from dllm_rl.config.reference import help_config_argument
+from dllm_rl.config import to_dict
+from dllm_rl.config.flags import add_config_arguments
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import iter_jsonl, write_jsonl
-from dllm_rl.sampling.config import DecodeConfig, GenerateOptions
+from dllm_rl.sampling.config import DecodeConfig, PresetDecodeConfig
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
@@ -44,14 +45,22 @@ def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ..
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
-    """The DecodeConfig of the flags; a ``--preset`` fills every field whose flag was left at its default."""
+    """The DecodeConfig of the flags; a ``--preset`` fills every field whose flag was left at its default (the
+    rule of a ``decode:`` section's preset, :class:`PresetDecodeConfig`)."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)}
-    if getattr(args, "preset", None):
-        from dllm_rl.sampling.presets import preset
+    return PresetDecodeConfig(**values, preset=getattr(args, "preset", None)).decode_config()
 
-        defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
-        values.update({k: v for k, v in preset(args.preset).items() if values[k] == defaults[k]})
-    return DecodeConfig(**values)
+
+def load_model_command(cls: type, args: argparse.Namespace, usage: str):
+    """The config of a command that loads one checkpoint (``generate``, ``serve``: a ``model:`` section whose
+    ``model.path`` a bare first word sets, :func:`~dllm_rl.config.command.load_command`); no model is one line
+    naming ``usage``."""
+    from dllm_rl.config.command import given_flags, load_command
+
+    cfg = load_command(cls, args, usage, positional="model.path") if args.words or given_flags(args) else None
+    if cfg is None or not cfg.model.path:
+        raise UserError(f"give the model: {usage} (or model.path=DIR, or a config file that names it)")
+    return cfg
 
 
 def trace_records(rollout, prompts: list[str], config: DecodeConfig, tokenizer, block: int) -> list[dict]:
@@ -98,59 +107,35 @@ def _uniform_record(rollout, i: int, prompt: str, config: DecodeConfig, tokenize
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from dllm_rl.config import FieldError
-    from dllm_rl.models import load_model, load_tokenizer
-    from dllm_rl.models.tokenizer import encode_prompts, require_chat_template
     from dllm_rl.sampling.batched import generate_batched
+    from dllm_rl.sampling.config import GenerateConfig
     from dllm_rl.sampling.inputs import decode_block_length
-    from dllm_rl.threads import use_cpu_threads
-    from dllm_rl.training.accel import resolve_device
 
-    try:  # the flags are GenerateOptions' fields: its ranges checked here, before any loading
-        GenerateOptions(**given_values(args, GenerateOptions))
-    except FieldError as exc:
-        raise UserError(f"--{exc.key.replace('_', '-')}: {exc.problem}") from None
-    texts = list(args.prompt or [])
-    if args.prompts_file:
-        texts += read_prompts_file(args.prompts_file)
+    cfg = load_model_command(GenerateConfig, args, "dllm-rl generate MODEL_DIR --prompt TEXT")
+    texts = list(cfg.prompt)
+    if cfg.prompts_file:
+        texts += read_prompts_file(cfg.prompts_file)
     if not texts:
         raise UserError("give at least one --prompt TEXT or --prompts-file F.jsonl")
-    if args.chat_template and not args.chat:
+    if cfg.chat_template and not cfg.chat:
         raise UserError("--chat-template FILE is the template of --chat; add --chat")
-    config = decode_config_from_args(args)
+    config, path = cfg.decode.decode_config(), cfg.model.path
     head = None
-    if args.decoding == "learned":
+    if cfg.decoding == "learned":
         from dllm_rl.sampling.threshold_head import load_head
 
-        head = load_head(args.model_dir)  # before the model: a checkpoint without one is refused at once
-    model = load_model(args.model_dir, dtype=args.dtype, device=resolve_device(args.device, "--device"))
-    use_cpu_threads(model.device)
-    tokenizer = load_tokenizer(args.model_dir, mask_token_id=model.mask_token_id, noise=model.family.noise)
-    texts, images = _with_images(texts, args.image or [], model.family.name)
-    if args.chat_template:
-        from dllm_rl.models.tokenizer import use_chat_template
-
-        use_chat_template(tokenizer, args.chat_template)
-    pim = None
-    if images is not None:  # the tasks' and the server's way from text and images to prompt ids
-        from dllm_rl.hub import resolve_model_path
-        from dllm_rl.models.image_inputs import PromptEncoder
-
-        if args.chat:
-            require_chat_template(tokenizer, args.model_dir)
-        shown = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                               tokenize=False) for t in texts] if args.chat else texts
-        prompts, pim = PromptEncoder(tokenizer, resolve_model_path(args.model_dir)).encode(model, shown, images)
-    else:
-        prompts = encode_prompts(tokenizer, texts, args.chat, args.model_dir)
+        head = load_head(path)  # before the model: a checkpoint without one is refused at once
+    model, tokenizer = _load(cfg)
+    texts, images = _with_images(texts, cfg.image, model.family.name)
+    prompts, pim = _encode(cfg, model, tokenizer, texts, images)
     t0 = time.perf_counter()
     engine = None
-    if args.slots is not None:
+    if cfg.slots is not None:
         from dllm_rl.sampling.engine import EngineConfig
 
-        engine = EngineConfig(slots=args.slots)
-    rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=args.batch_size,
-                               progress=args.progress, images=pim, engine=engine,
+        engine = EngineConfig(slots=cfg.slots)
+    rollout = generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=cfg.batch_size,
+                               progress=cfg.progress, images=pim, engine=engine,
                                thresholds=_learned(head, model, prompts))
     elapsed = time.perf_counter() - t0
     for i, text in enumerate(rollout.texts):
@@ -160,13 +145,50 @@ def generate_command(args: argparse.Namespace) -> int:
     tokens = int(rollout.decoded_tokens().sum())
     print(f"generate: {len(texts)} prompt(s), {tokens} tokens, {int(rollout.nfe.sum())} NFE, "
           f"{elapsed:.2f}s ({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
-    if args.trace:
-        out = Path(args.trace)
+    if cfg.trace:
+        out = Path(cfg.trace)
         out.parent.mkdir(parents=True, exist_ok=True)
         block = decode_block_length(model, config)
         write_jsonl(out, trace_records(rollout, texts, config, tokenizer, block))
         print(f"generate: trace written to {out}", file=sys.stderr)
     return 0
+
+
+def _load(cfg):
+    """The ``model:`` section's model (device and dtype resolved: auto is CUDA in bfloat16 when there is one) and its
+    tokenizer (``model.tokenizer``, else the checkpoint's), with ``chat_template``'s file when given."""
+    from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.threads import use_cpu_threads
+    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
+
+    device = resolve_device(cfg.model.device, "model.device")
+    model = load_model(cfg.model.path, dtype=resolve_eval_dtype(cfg.model.dtype, device), device=device,
+                       tokenizer_dir=cfg.model.tokenizer)
+    use_cpu_threads(model.device)
+    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=model.mask_token_id,
+                               noise=model.family.noise)
+    if cfg.chat_template:
+        from dllm_rl.models.tokenizer import use_chat_template
+
+        use_chat_template(tokenizer, cfg.chat_template)
+    return model, tokenizer
+
+
+def _encode(cfg, model, tokenizer, texts: list[str], images: list[list] | None) -> tuple[list[list[int]], list | None]:
+    """The prompts' ids (through the chat template with ``chat``) and, with images, their image inputs: the tasks'
+    and the server's way from text and images to prompt ids."""
+    from dllm_rl.models.tokenizer import encode_prompts, require_chat_template
+
+    if images is None:
+        return encode_prompts(tokenizer, texts, cfg.chat, cfg.model.path), None
+    from dllm_rl.hub import resolve_model_path
+    from dllm_rl.models.image_inputs import PromptEncoder
+
+    if cfg.chat:
+        require_chat_template(tokenizer, cfg.model.path)
+    shown = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                           tokenize=False) for t in texts] if cfg.chat else texts
+    return PromptEncoder(tokenizer, resolve_model_path(cfg.model.path)).encode(model, shown, images)
 
 
 def _learned(head, model, prompts: list[list[int]]) -> list[float] | None:
@@ -197,19 +219,15 @@ def _with_images(texts: list[str], paths: list[str], family: str) -> tuple[list[
 
 
 def register(sub) -> None:
+    from dllm_rl.config import describe
+    from dllm_rl.config.command import add_command_arguments
+    from dllm_rl.config.reference import help_config_argument
+    from dllm_rl.sampling.config import GenerateConfig
+
     p = sub.add_parser("generate", help="decode completions with a diffusion LM (optionally write the trace)",
                        description="Decode completions; --trace writes each token's unmasking step as JSONL.")
-    p.add_argument("model_dir", help="checkpoint directory in a published layout, with its tokenizer, "
-                   "or a hub id org/name[@revision]")
-    p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
-    p.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": TEXT} per line")
-    p.add_argument("--image", action="append", metavar="FILE", help="an image for the prompts' <image> "
-                   "placeholders, in order (repeatable; one prompt without a placeholder gets the images at its "
-                   "start); llada_v and mmada models, read as the image tasks read theirs")
-    p.add_argument("--trace", help="write one JSON object per prompt (tokens, steps, confidence, nfe) here")
-    add_config_arguments(p, GenerateOptions, title="generate (GenerateOptions)")
-    add_decode_arguments(p)
-    help_config_argument(p, lambda: ["generate (one --flag per key: --batch-size, --slots, ...):"]
-                         + describe(GenerateOptions) + ["", "decoding (one --flag per key: --gen-length, "
-                                                            "--threshold, ...):"] + describe(DecodeConfig))
+    add_command_arguments(p, GenerateConfig, positional="model.path", words_help="the checkpoint (a directory in a "
+                          "published layout, with its tokenizer, or a hub id org/name[@revision]) or a YAML config, "
+                          "then key=value overrides, e.g. decode.gen_length=64; every key is also a --flag")
+    help_config_argument(p, lambda: describe(GenerateConfig, defaults=GenerateConfig()))
     p.set_defaults(func=generate_command)

@@ -2,18 +2,21 @@
 
 :class:`DecodeOptions` holds the knobs of a decoding (window, schedule, order, sampling, cache) that the RL
 rollout section (:class:`dllm_rl.rl.config.RolloutConfig`) shares; :class:`DecodeConfig` adds what only a
-direct call of the sampler sets. Single values are checked by :func:`dllm_rl.config.check_fields` from
-the field declarations; checks that need the model (``gen_length`` against the block size, the context
-length) run in :func:`dllm_rl.sampling.generate` before any forward pass.
+direct call of the sampler sets; :class:`PresetDecodeConfig` is a command's ``decode:`` section (with a named
+preset) and :class:`GenerateConfig` the whole of ``dllm-rl generate``. Single values are checked by
+:func:`dllm_rl.config.check_fields` from the field declarations; checks that need the model (``gen_length`` against
+the block size, the context length) run in :func:`dllm_rl.sampling.generate` before any forward pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from dllm_rl.config import Checked, FieldError, field
+from dllm_rl.config import Checked, FieldError, check_fields, field
+from dllm_rl.config.vocabulary import ModelSection
 
 Confidence = Literal["prob", "margin", "entropy", "random"]
 CacheMode = Literal["none", "prefix", "dual"]
@@ -164,24 +167,66 @@ def _preset_names() -> tuple[str, ...]:
 
 
 @dataclass
-class GenerateOptions(Checked):
-    """What ``dllm-rl generate`` sets besides the decoding (its flags are generated from these fields)."""
+class PresetDecodeConfig(DecodeConfig):
+    """A command's ``decode:`` section (``generate``, ``serve``): :class:`DecodeConfig` and a named preset, whose
+    values fill every key left at its default before the section's rules are checked (so ``preset=fast_dllm_v2
+    sub_block=16`` is Fast-dLLM v2's threshold with 16-token sub-blocks). :meth:`decode_config` is the sampler's."""
 
+    preset: str | None = field(None, choices=_preset_names,
+                               help="a family's published sampler defaults (dllm_rl.sampling.presets); the decode "
+                               "keys given override it")
+
+    def __post_init__(self) -> None:
+        if self.preset is not None:
+            from dllm_rl.sampling.presets import preset
+
+            check_fields(self)  # the preset's name (and the values given) before they are combined
+            defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+            for key, value in preset(self.preset).items():
+                if getattr(self, key) == defaults[key]:
+                    setattr(self, key, value)
+        super().__post_init__()
+
+    def decode_config(self) -> DecodeConfig:
+        """The :class:`DecodeConfig` these keys make (the preset applied)."""
+        return DecodeConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DecodeConfig)})
+
+
+#: the old flat keys of ``generate`` and ``serve``'s decoding, now in their ``decode:`` section
+DECODE_RENAMED: dict[str, str] = {name: f"decode.{name}" for name in (
+    *DecodeConfig.__dataclass_fields__, "preset")}
+#: the old keys of the model both commands load, now in their ``model:`` section
+MODEL_RENAMED: dict[str, str] = {"model_dir": "model.path", "device": "model.device", "dtype": "model.dtype"}
+
+
+@dataclass
+class GenerateConfig(Checked):
+    """``dllm-rl generate [MODEL_DIR | CONFIG.yaml] [key=value ...] [--key value ...]``: decode completions of the
+    prompts (``--prompt``, ``--prompts-file``) with the ``model:`` checkpoint under the ``decode:`` settings."""
+
+    #: the flags of earlier releases (``--gen-length``, ``--device``, ``--preset`` ...) -> their keys now
+    RENAMED: ClassVar[dict[str, str]] = {**MODEL_RENAMED, **DECODE_RENAMED}
+
+    model: ModelSection = field(default_factory=ModelSection, help="the checkpoint that decodes")
+    decode: PresetDecodeConfig = field(default_factory=PresetDecodeConfig, help="how masks become tokens")
+    prompt: list[str] = field(default_factory=list, help="prompt text (a repeatable flag)")
+    prompts_file: str | None = field(None, help="a JSONL file, one {\"prompt\": TEXT} (or a JSON string) per line")
+    image: list[str] = field(
+        default_factory=list, help="image files for the prompts' <image> placeholders, in order (a repeatable flag; "
+        "one prompt without a placeholder gets the images at its start); llada_v and mmada models, read as the image "
+        "tasks read theirs")
+    trace: str | None = field(None, help="write one JSON object per prompt (tokens, steps, confidence, nfe) to this "
+                              "JSONL file")
     batch_size: int = field(32, ge=1, help="prompts decoded together")
     slots: int | None = field(
         None, ge=1, help="decode with the continuous-batching engine, N sequences at a time, a finished one replaced "
         "at once by the next prompt (same tokens as fixed batches; batch_size is then unused). Default: fixed batches")
-    device: str = field("cpu", help="torch device")
-    dtype: str = field("float32", help="float32 | bfloat16")
     chat: bool = field(False, help="wrap each prompt in the tokenizer's chat template")
     chat_template: str | None = field(
-        None, help="a Jinja chat template file for --chat (a model whose tokenizer has none, or another)")
+        None, help="a Jinja chat template file for chat (a model whose tokenizer has none, or another)")
     progress: bool = field(False, help="print progress per batch")
     decoding: str = field(
         "config", choices=("config", "learned"),
-        help="config: the schedule the decoding flags set; learned: each prompt decoded with the dynamic schedule at "
+        help="config: the schedule the decode keys set; learned: each prompt decoded with the dynamic schedule at "
         "its own threshold, chosen by the threshold head an RL run with rollout.decoding=learned saved next to the "
         "model (DiFFPO, dllm_rl.sampling.threshold_head); a checkpoint without one is refused")
-    preset: str | None = field(None, choices=_preset_names,
-                               help="a family's published sampler defaults (dllm_rl.sampling.presets); flags given "
-                               "override it")

@@ -75,7 +75,7 @@ from dllm_rl.sampling.engine import Engine, EngineConfig
 from dllm_rl.sampling.inputs import check_config, check_inputs, positions_needed, uniform_noise
 from dllm_rl.sampling.logprobs import MAX_TOP
 from dllm_rl.sampling.presets import preset
-from dllm_rl.serve.config import ServeConfig
+from dllm_rl.serve.config import ServeLimits
 from dllm_rl.serve.fields import REFUSED, best_of_refusal, refusal
 from dllm_rl.serve.guards import BodyLimit, KeyCheck
 from dllm_rl.serve.logprob_shapes import chat_shape, completion_shape, kept
@@ -110,7 +110,7 @@ class Server:
     ``encoder`` turns chat prompts with images into prompt ids (and LLaDA-V's features): the tasks'
     :class:`~dllm_rl.models.image_inputs.PromptEncoder` (MMaDA's needs the model directory, for its VQ encoder)."""
 
-    def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeConfig, name: str,
+    def __init__(self, model, tokenizer, decode: DecodeConfig, limits: ServeLimits, name: str,
                  adapters: tuple[str, ...] = (), api_key: str | None = None, aliases: tuple[str, ...] = (),
                  roots: dict[str, str] | None = None, encoder: PromptEncoder | None = None):
         self.model, self.tokenizer, self.decode, self.limits, self.name = model, tokenizer, decode, limits, name
@@ -408,7 +408,7 @@ async def _next_event(server: Server, tickets: list[Ticket], done: set[int], req
             raise Gone(499, "client closed the request")
         if time.monotonic() > deadline:
             _abort(server, tickets, done, "timed_out")
-            raise Gone(504, f"the request took longer than the server's --timeout ({server.limits.timeout_s:g} s)")
+            raise Gone(504, f"the request took longer than the server's --timeout-s ({server.limits.timeout_s:g} s)")
 
 
 def _abort(server: Server, tickets: list[Ticket], done: set[int], why: str) -> None:

@@ -1,14 +1,27 @@
-"""`ServeConfig`: the server's limits, checked at construction (the decoding itself is a DecodeConfig)."""
+"""`ServeConfig`: the whole of ``dllm-rl serve`` (model, request defaults of the decoding, address, key, adapters)
+over :class:`ServeLimits`, the limits the running server reads, checked at construction."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from dllm_rl.config import Checked, field
+from dllm_rl.config.vocabulary import ModelSection
+from dllm_rl.sampling.config import DECODE_RENAMED, MODEL_RENAMED, PresetDecodeConfig
+
+API_KEY_ENV = "DLLM_RL_API_KEY"  # the api_key default (keeps the key out of the process list)
+#: uvicorn's log levels
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _port_problem(port: int) -> str | None:
+    return None if 0 <= port <= 65535 else f"{port} is not a TCP port (0 to 65535; 0: any free one)"
 
 
 @dataclass
-class ServeConfig(Checked):
+class ServeLimits(Checked):
     """Limits of ``dllm-rl serve``: how many requests decode at once, wait, and for how long."""
 
     slots: int = field(32, ge=1, help="Requests decoded at once (the engine's slots); the rest wait in the queue.")
@@ -41,3 +54,38 @@ class ServeConfig(Checked):
     early_stop: bool = field(
         False, help="Stop a request as soon as its answer is decided (EngineConfig.early_stop: the same answer, "
         "fewer forward passes).")
+
+
+@dataclass
+class ServeConfig(ServeLimits):
+    """``dllm-rl serve [MODEL_DIR | CONFIG.yaml] [key=value ...] [--key value ...]``: the server's limits (slots to
+    early_stop: :class:`ServeLimits`, what the running server reads), the ``model:`` served, the ``decode:`` defaults
+    of every request (each may set temperature, top_p, top_k, threshold, steps, seed and max_tokens), where it
+    listens and who may ask."""
+
+    #: the flags of earlier releases (``--gen-length``, ``--device``, ``--timeout`` ...) -> their keys now
+    RENAMED: ClassVar[dict[str, str]] = {**MODEL_RENAMED, **DECODE_RENAMED, "timeout": "timeout_s",
+                                         "shutdown_timeout": "shutdown_timeout_s"}
+
+    model: ModelSection = field(default_factory=ModelSection, help="the checkpoint served")
+    decode: PresetDecodeConfig = field(default_factory=PresetDecodeConfig,
+                                       help="the decoding of a request that sets none (seed: a request's answer "
+                                       "never depends on the others served beside it)")
+    host: str = field("127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    port: int = field(8000, check=_port_problem, help="port, 0 to 65535 (0: any free port, named by the start-up "
+                      "line); one in use is refused before the model loads")
+    log_level: str = field("warning", choices=LOG_LEVELS, help="uvicorn's log level")
+    api_key: str | None = field(
+        None, help="require \"Authorization: Bearer KEY\" on the /v1 routes (401 without it; /health, /metrics and "
+        f"/docs stay open); None: ${API_KEY_ENV} if set, else none (an open server); an empty key is refused")
+    lora: list[str] = field(
+        default_factory=list, help="NAME=DIR: serve a LoRA adapter folder (peft's adapter_config.json + weights, e.g. "
+        "a run's checkpoints/step-N/adapter) as model NAME: a request whose \"model\" is NAME decodes with it, "
+        "others with the base model (a repeatable flag; every adapter shares the slots)")
+    # a flag of several values at once (``--served-model-name a b``, as vLLM's): dllm_rl.config.command's "several"
+    served_model_name: list[str] = dataclasses.field(default_factory=list, metadata={"several": True, "help": (
+        "the names the base model is served as (a request's \"model\" may give any; responses and /v1/models "
+        "report the first); empty: the checkpoint folder's name (a run's final/ is served as \"final\")")})
+    chat_template: str | None = field(
+        None, help="a Jinja chat template file for /v1/chat/completions (for a model whose tokenizer has none, or to "
+        "replace its own); without one, a model with no template answers chat requests 400")

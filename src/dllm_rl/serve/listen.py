@@ -6,7 +6,7 @@ binds nothing itself: no other process can take the port between the check and t
 
 On SIGTERM uvicorn stops accepting connections and waits for the requests held; at its own timeout it cancels
 their tasks, which logs a traceback each and answers nothing. :class:`GracefulServer` fails the requests still held
-at ``--shutdown-timeout`` through the worker instead (a JSON 503 each, a stream's error event, one log line each),
+at ``--shutdown-timeout-s`` through the worker instead (a JSON 503 each, a stream's error event, one log line each),
 and gives uvicorn :data:`FLUSH_S` more for those answers to leave before its cancellation, the last resort.
 """
 
@@ -20,7 +20,7 @@ import uvicorn
 
 from dllm_rl.errors import UserError
 
-FLUSH_S = 5.0  # after --shutdown-timeout: time for the failed requests' answers to leave before uvicorn cancels
+FLUSH_S = 5.0  # after --shutdown-timeout-s: time for the failed requests' answers to leave before uvicorn cancels
 BACKLOG = 2048  # connections the kernel queues until they are accepted (uvicorn's default)
 
 
@@ -71,7 +71,7 @@ class GracefulServer(uvicorn.Server):
                 await self._failing
 
     def _end_grace(self) -> None:
-        reason = (f"the server shut down before the request finished (its --shutdown-timeout, {self.grace_s:g} s, "
+        reason = (f"the server shut down before the request finished (its --shutdown-timeout-s, {self.grace_s:g} s, "
                   "ran out)")
         # stopping the worker waits for its step to end: off the event loop, which must go on sending answers
         self._failing = asyncio.ensure_future(asyncio.to_thread(self.app_server.worker.stop, reason))
