@@ -204,14 +204,14 @@ def test_serve_takes_a_yaml_overrides_and_flags(started, tmp_path):
     """`dllm-rl serve CONFIG.yaml key=value --key value`: the YAML, laid over with the overrides, then the flags."""
     from dllm_rl.serve.config import ServeConfig
 
-    (tmp_path / "serve.yaml").write_text(f"model:\n  path: {DEMO / 'sdar-countdown'}\n  device: cpu\nport: 0\n"
-                                         "slots: 4\ndecode:\n  gen_length: 32\n  threshold: 0.5\n")
+    (tmp_path / "serve.yaml").write_text(f"model:\n  path: {DEMO / 'sdar-countdown'}\n  device: cpu\n  tokenizer: tok\n"
+                                         "port: 0\nslots: 4\ndecode:\n  gen_length: 32\n  threshold: 0.5\n")
     status, build, log_level = started(str(tmp_path / "serve.yaml"), "decode.threshold=0.9", "max_queue=3",
                                        "--max-queue", "5", "--log-level", "info", "--served-model-name", "a", "b",
                                        "--lora", "x=adapter")
     assert status == 0 and log_level == "info"
     path, decode, cfg, device, dtype, loras, api_key, names, template, tokenizer = build
-    assert (path, device, dtype, tokenizer) == (str(DEMO / "sdar-countdown"), "cpu", "auto", None)
+    assert (path, device, dtype, tokenizer) == (str(DEMO / "sdar-countdown"), "cpu", "auto", "tok")
     assert (decode.gen_length, decode.threshold, type(decode).__name__) == (32, 0.9, "DecodeConfig")
     assert isinstance(cfg, ServeConfig) and (cfg.slots, cfg.max_queue, cfg.port) == (4, 5, 0)
     assert (loras, api_key, names, template) == ({"x": "adapter"}, None, ["a", "b"], None)
