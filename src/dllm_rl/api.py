@@ -229,22 +229,25 @@ def evaluate(model, task: str | Task | type[Task], *, output_dir: str | Path | N
     the command's flags as keywords: :class:`~dllm_rl.eval.harness.EvalRunConfig` fields (``limit``, ``split``,
     ``num_samples``, ...), the run section's (``seed``, ``overwrite``, ``progress``) and :class:`DecodeConfig`
     fields (the base of every setting). ``output_dir``: default ``runs/eval/MODEL-TASK-SPLIT``, as the command's."""
+    from dllm_rl.config import from_dict
+    from dllm_rl.config.vocabulary import ModelSection
     from dllm_rl.eval.harness import EvalRunConfig, run_eval
-    from dllm_rl.eval.settings import parse_setting
     from dllm_rl.training.run_config import RunConfig
 
     loaded = None if isinstance(model, str | Path) else model
     model_dir = str(model) if loaded is None else getattr(loaded, "source", None)
     if model_dir is None:
         raise UserError("evaluate: give a checkpoint directory, or a model loaded with dllm_rl.load_model")
-    fields = {f.name for f in dataclasses.fields(EvalRunConfig)} - {"model_dir", "task", "run", "decode", "settings"}
-    run_keys = {"seed", "overwrite", "progress"}
+    sections = {"model", "task", "run", "decode", "setting"}
+    fields = {f.name for f in dataclasses.fields(EvalRunConfig)} - sections
+    model_keys, run_keys = {"tokenizer", "dtype", "device"}, {"seed", "overwrite", "progress"}
     given = {k: v for k, v in options.items() if k in fields}
     run = {k: v for k, v in options.items() if k in run_keys}
-    decode = {k: v for k, v in options.items() if k not in fields and k not in run_keys}
+    section = ModelSection(path=model_dir, **{k: v for k, v in options.items() if k in model_keys})
+    decode = {k: v for k, v in options.items() if k not in fields | run_keys | model_keys}
     with _task_for_eval(task) as name:
         split = given.get("split", "test")
         out = output_dir or Path("runs") / "eval" / f"{Path(model_dir).resolve().name}-{Path(name).stem}-{split}"
-        cfg = EvalRunConfig(model_dir=model_dir, task=name, decode=decode, run=RunConfig(output_dir=str(out), **run),
-                            settings=[parse_setting(s) for s in settings], **given)
+        cfg = EvalRunConfig(model=section, task=name, decode=from_dict(DecodeConfig, decode, "decode"),
+                            run=RunConfig(output_dir=str(out), **run), setting=list(settings), **given)
         return run_eval(cfg, model=loaded, log=log)

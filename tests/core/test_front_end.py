@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any
 
 import pytest
 
 from dllm_rl.cli import OneLineParser, build_parser, main, parse_words
-from dllm_rl.config import field
+from dllm_rl.config import ConfigError, field
 from dllm_rl.config.command import add_command_arguments, flag_name, leaf_keys, load_command
 from dllm_rl.config.renames import DeprecatedKey, renames
 
 #: command -> its config dataclass, for every command on the one front end
 COMMANDS = {"rl": ("dllm_rl.rl.config", "RLConfig"), "sft": ("dllm_rl.sft.config", "SFTConfig"),
-            "dpo": ("dllm_rl.dpo.config", "DPOConfig"), "generate": ("dllm_rl.sampling.config", "GenerateConfig"),
-            "serve": ("dllm_rl.serve.config", "ServeConfig")}
-#: the key a command's bare first word sets (``generate MODEL_DIR``)
-POSITIONAL = {"generate": "model.path", "serve": "model.path"}
+            "dpo": ("dllm_rl.dpo.config", "DPOConfig"), "eval": ("dllm_rl.eval.config", "EvalRunConfig"),
+            "trace": ("dllm_rl.eval.config", "TraceConfig"), "plot": ("dllm_rl.eval.config", "PlotConfig"),
+            "generate": ("dllm_rl.sampling.config", "GenerateConfig"), "serve": ("dllm_rl.serve.config", "ServeConfig")}
+#: the bare words a command's usage names before its config words (``eval MODEL_DIR``)
+POSITIONAL = {"eval": "[MODEL.PATH] ", "trace": "[MODEL.PATH] ", "plot": "[RUNS ...] ", "generate": "[MODEL.PATH] ",
+              "serve": "[MODEL.PATH] "}
 #: options of a command that are no config key
 NOT_KEYS = {"-h", "--help", "--help-config"}
 
@@ -47,11 +50,9 @@ def test_every_key_is_a_flag_and_every_flag_a_key(command):
     short = set(getattr(cls, "SHORT_FLAGS", {}))
     assert set(flags) == {flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
     assert {dest.removeprefix("config:") for dest in flags.values()} == keys | set(old)
-    nested = next(key for key in sorted(keys) if "." in key)  # train.max_steps, decode.gen_length ...
-    assert flags[flag_name(nested)] == "config:" + nested
-    word = f"[{POSITIONAL[command].upper()}] " if command in POSITIONAL else ""
-    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} {word}[CONFIG.yaml] [key=value ...] "
-                                                   "[--KEY VALUE ...]\n")
+    assert all(flags[flag_name(k)] == f"config:{k}" for k in keys)
+    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} {POSITIONAL.get(command, '')}"
+                                                   "[CONFIG.yaml] [key=value ...] [--KEY VALUE ...]\n")
 
 
 def test_rl_takes_overrides_and_flags_without_a_yaml(monkeypatch):
@@ -129,3 +130,29 @@ def test_a_renamed_key_keeps_its_old_flag_hidden_with_a_deprecation_and_short_fl
     assert cfg == _Renamed(where="runs/y", inner=_Inner(size=4))
     with pytest.warns(DeprecatedKey, match="'out' is deprecated: use 'where'"):
         assert load_command(_Renamed, parse_words(parser, ["--out", "z"]), "x.yaml").where == "z"
+
+
+@dataclasses.dataclass
+class _Lists:
+    runs: list[str] = field(default_factory=list, help="runs")
+    ts: list[float] = field(default_factory=list, help="numbers")
+    opts: dict[str, Any] = field(default_factory=dict, help="a mapping")
+
+
+def test_a_list_positional_takes_every_bare_word_numbers_take_commas_and_a_mapping_key_value_items(tmp_path):
+    parser = OneLineParser(prog="x")
+    add_command_arguments(parser, _Lists, positional="runs")
+    assert parser.format_usage() == "usage: x [RUNS ...] [CONFIG.yaml] [key=value ...] [--KEY VALUE ...]\n"
+    args = parse_words(parser, ["a", "b", "--ts", "0.5,0.7", "--ts", "0.9", "c", "--opts", "k=1", "--opts",
+                                "{j: [x, y]}", "--opts", "s=a,b"])
+    cfg = load_command(_Lists, args, "x.yaml", positional="runs")
+    assert cfg == _Lists(runs=["a", "b", "c"], ts=[0.5, 0.7, 0.9], opts={"k": 1, "j": ["x", "y"], "s": "a,b"})
+    (tmp_path / "c.yaml").write_text("runs: [r]\nopts: {k: 0, m: 1}\n")
+    args = parse_words(parser, ["a", str(tmp_path / "c.yaml"), "ts=0.1,0.2", "--opts", "k=2"])
+    assert load_command(_Lists, args, "x.yaml", positional="runs") == _Lists(runs=["a"], ts=[0.1, 0.2],
+                                                                             opts={"k": 2})
+    with pytest.raises(SystemExit) as stop:
+        parse_words(parser, ["a", "--opts", "5"])
+    assert stop.value.code == 2
+    with pytest.raises(ConfigError, match=r"^ts\[0\]: expected a number, got 'x'$"):
+        load_command(_Lists, parse_words(parser, ["--ts", "x"]), "x.yaml", positional="runs")

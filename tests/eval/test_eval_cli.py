@@ -51,11 +51,11 @@ def workdir(tmp_path_factory) -> Path:
 
 def _eval_args(d: Path, out: str, *extra: str) -> list[str]:
     return ["eval", str(d / "llada"), "--task", str(d / "cd.jsonl"), "--task-type", "countdown",
-            "--prompt-style", "compact", "-o", str(d / out), "--no-progress", *extra]
+            "--prompt-style", "compact", "-o", str(d / out), "--no-run.progress", *extra]
 
 
 def test_eval_cli_writes_all_reports(workdir, capsys):
-    rc = _main(_eval_args(workdir, "cli", "--gen-length", "8", "--block-length", "4", "--limit", "4",
+    rc = _main(_eval_args(workdir, "cli", "--decode.gen-length", "8", "--decode.block-length", "4", "--limit", "4",
                           "--setting", "s1:tokens_per_step=1", "--setting", "s2:tokens_per_step=2",
                           "--setting", "dyn:threshold=0.9", "--trace-items", "2"))
     assert rc == 0
@@ -78,13 +78,13 @@ def test_cli_unknown_setting_key_is_one_clear_error(workdir):
     with pytest.raises(ValueError, match="unknown key 'gen_lenght'.*did you mean 'gen_length'.*tokens_per_step"):
         _main(_eval_args(workdir, "bad", "--setting", "x:gen_lenght=8"))
     with pytest.raises(ValueError, match="max_tokens=1"):
-        _main(_eval_args(workdir, "bad", "--task-option", "max_tokens=1"))
+        _main(_eval_args(workdir, "bad", "--task-options", "max_tokens=1"))
 
 
 def test_trace_cli_from_model_and_from_generate_trace(workdir, capsys):
     html = workdir / "t.html"
     assert _main(["trace", str(workdir / "sdar"), "--prompt", "nums 3 4 5 target 7\n", "--prompt", "nums 1 2",
-                  "--gen-length", "8", "--steps", "2", "-o", str(html)]) == 0
+                  "--decode.gen-length", "8", "--decode.steps", "2", "-o", str(html)]) == 0
     page = html.read_text()
     data = json.loads(page.split('type="application/json">', 1)[1].split("</script>", 1)[0])
     recs = data["records"]
@@ -135,7 +135,8 @@ def test_plot_cli(workdir, capsys):
 
 @pytest.mark.slow
 def test_eval_killed_halfway_then_rerun_gives_same_numbers(workdir, monkeypatch):
-    opts = ["--gen-length", "16", "--block-length", "8", "--num-samples", "4", "--temperature", "0.9"]
+    opts = ["--decode.gen-length", "16", "--decode.block-length", "8", "--num-samples", "4", "--decode.temperature",
+            "0.9"]
     argv = _eval_args(workdir, "killed", *opts, "--batch-size", "1")
     items = workdir / "killed" / "items" / "default.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -208,3 +209,104 @@ def test_plot_draws_a_diverged_run_and_says_where_it_writes(tmp_path, capsys):
                                              "FILE.png, FILE.pdf or FILE.svg"):
             _main(["plot", str(run), "-o", str(tmp_path / bad)])
         assert not (tmp_path / bad).exists() and not (tmp_path / f"{bad}.png").exists()
+
+
+@pytest.fixture()
+def fake_eval(monkeypatch) -> list:
+    """``run_eval`` replaced by one that records the config and writes a summary: what the command line gives."""
+    import dllm_rl.eval.harness as harness
+
+    seen = []
+
+    def run(cfg):
+        seen.append(cfg)
+        Path(cfg.run.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.run.output_dir) / "summary.md").write_text("| setting |\n")
+        return {"settings": {}}
+
+    monkeypatch.setattr(harness, "run_eval", run)
+    return seen
+
+
+def test_eval_reads_a_yaml_overrides_and_flags(tmp_path, fake_eval, capsys):
+    from dllm_rl.cli import main
+
+    (tmp_path / "e.yaml").write_text("task: countdown\nlimit: 5\ndecode:\n  gen_length: 16\n"
+                                     "setting: [dyn:threshold=0.9]\n")
+    assert main(["eval", "ckpt", str(tmp_path / "e.yaml"), "decode.block_length=8", "--num-samples", "2",
+                 "--thresholds", "0.5,0.7", "--thresholds", "0.9", "--task-options", "task_type=countdown",
+                 "--setting", "s1:tokens_per_step=1", "-o", str(tmp_path / "o"), "--no-run.progress"]) == 0
+    (cfg,) = fake_eval
+    assert (cfg.model.path, cfg.task, cfg.limit, cfg.num_samples, cfg.decode.gen_length, cfg.decode.block_length,
+            cfg.thresholds, cfg.task_options, cfg.setting, cfg.run.output_dir, cfg.run.progress) == (
+        "ckpt", "countdown", 5, 2, 16, 8, [0.5, 0.7, 0.9], {"task_type": "countdown"}, ["s1:tokens_per_step=1"],
+        str(tmp_path / "o"), False)
+    assert cfg.command.startswith("dllm-rl eval ckpt ") and capsys.readouterr().out == "| setting |\n\n"
+    # no -o: runs/eval/MODEL-TASK-SPLIT, as before; the task type is a task option
+    assert main(["eval", "model.path=ckpt", "--task", str(tmp_path / "cd.jsonl"), "--task-type", "countdown"]) == 0
+    assert fake_eval[-1].run.output_dir == str(Path("runs") / "eval" / "ckpt-cd-test")
+    assert fake_eval[-1].task_options == {"task_type": "countdown"}
+
+
+def test_eval_keeps_its_old_flags_with_a_deprecation_line(tmp_path, fake_eval):
+    from dllm_rl.cli import main
+    from dllm_rl.config.renames import DeprecatedKey
+
+    with pytest.warns(DeprecatedKey) as caught:
+        assert main(["eval", "ckpt", "--task", "countdown", "--gen-length", "16", "--block-size", "8",
+                     "--tokenizer", "tok", "--device", "cpu", "--seed", "3", "--output", str(tmp_path / "o"),
+                     "--no-progress", "--task-option", "a=1", "--task-option", "b=x"]) == 0
+    said = {str(w.message).split(" (the old key")[0] for w in caught}
+    assert said == {f"config key {old!r} is deprecated: use {new!r}" for old, new in (
+        ("gen_length", "decode.gen_length"), ("block_size", "decode.block_size"), ("tokenizer", "model.tokenizer"),
+        ("device", "model.device"), ("seed", "run.seed"), ("output", "run.output_dir"),
+        ("progress", "run.progress"), ("task_option", "task_options"))}
+    cfg = fake_eval[-1]
+    assert (cfg.decode.gen_length, cfg.decode.block_size, cfg.model.tokenizer, cfg.model.device, cfg.run.seed,
+            cfg.run.output_dir, cfg.run.progress, cfg.task_options) == (16, 8, "tok", "cpu", 3, str(tmp_path / "o"),
+                                                                        False, {"a": 1, "b": "x"})
+
+
+def test_eval_help_config_lists_every_key(capsys):
+    from dllm_rl.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--help-config"])
+    assert stop.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    for start in ("model.path (default '')", "decode.gen_length (default 64)", "setting (default [])",
+                  "thresholds (default [])", "task_options (default {})", "demo (default False)",
+                  "json (default False)", "run.output_dir (default 'runs/eval/MODEL-TASK-SPLIT')"):
+        assert any(line.startswith(start) for line in lines), start
+
+
+def test_trace_reads_a_yaml_overrides_flags_and_old_flags(tmp_path, monkeypatch):
+    import dllm_rl.eval.cli as eval_cli
+    import dllm_rl.eval.trace_viewer as viewer
+    from dllm_rl.cli import main
+    from dllm_rl.config.renames import DeprecatedKey
+
+    seen = []
+    monkeypatch.setattr(eval_cli, "_decode_for_trace", lambda cfg, tok_dir: (seen.append(cfg) or [], {}))
+    monkeypatch.setattr(viewer, "write_html", lambda path, records, **kw: Path(path))
+    (tmp_path / "t.yaml").write_text("prompt: [hello]\ndecode:\n  steps: 2\n")
+    with pytest.warns(DeprecatedKey, match="config key 'dtype' is deprecated: use 'model.dtype'"):
+        assert main(["trace", "ckpt", str(tmp_path / "t.yaml"), "decode.gen_length=8", "--prompt", "bye",
+                     "--decode.block-length", "4", "--dtype", "float32", "-o", str(tmp_path / "t.html")]) == 0
+    (cfg,) = seen
+    assert (cfg.model.path, cfg.prompt, cfg.decode.steps, cfg.decode.gen_length, cfg.decode.block_length,
+            cfg.model.dtype, cfg.output) == ("ckpt", ["bye"], 2, 8, 4, "float32", str(tmp_path / "t.html"))
+
+
+def test_plot_takes_several_runs_from_bare_words_or_a_yaml(tmp_path):
+    from dllm_rl.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10, "kl": 0.01 * s}) + "\n"
+                                               for s in range(3)))
+    (tmp_path / "p.yaml").write_text(f"runs: [{run}]\nper_metric: true\n")
+    assert main(["plot", str(tmp_path / "p.yaml"), "keys=[reward]"]) == 0
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["reward.png"]
+    assert main(["plot", str(run), str(run), "--output", str(tmp_path / "both.png")]) == 0
+    assert (tmp_path / "both.png").is_file()

@@ -31,8 +31,8 @@ def workdir(tmp_path_factory) -> Path:
 
 def _args(d: Path, out: str, *extra: str) -> list[str]:
     return ["eval", str(d / "llada"), "--task", str(d / "cd.jsonl"), "--task-type", "countdown",
-            "--prompt-style", "compact", "-o", str(d / out), "--no-progress", "--gen-length", "8",
-            "--block-length", "8", *extra]
+            "--prompt-style", "compact", "-o", str(d / out), "--no-run.progress", "--decode.gen-length", "8",
+            "--decode.block-length", "8", *extra]
 
 
 def test_thresholds_give_a_curve_against_one_token_per_step(workdir, capsys):
@@ -79,8 +79,8 @@ def test_curve_numbers_by_hand():
 
 
 @pytest.mark.parametrize(("value", "problem"), [
-    ("0.5,1.5", "--thresholds: 1.5 is outside (0, 1]; a confidence threshold is a probability"),
-    ("0.5,x", "--thresholds '0.5,x': 'x' is not a number; give e.g. 0.5,0.7,0.9,1.0"),
+    ("0.5,1.5", "thresholds: 1.5 is outside (0, 1]; a confidence threshold is a probability"),
+    ("0.5,x", "thresholds[1]: expected a number, got 'x'"),
 ])
 def test_bad_thresholds_are_one_line(workdir, capsys, value, problem):
     assert main(_args(workdir, "bad", "--thresholds", value)) == 2

@@ -15,7 +15,7 @@ from dllm_rl.sft.model_build import build_tokenizer_and_model
 
 
 def _eval(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = main(["eval", *argv, "--no-progress"])
+    rc = main(["eval", *argv, "--no-run.progress"])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -70,7 +70,7 @@ def test_demo_on_a_fresh_model_and_its_errors(tmp_path, capsys):
     tok, dlm = build_tokenizer_and_model(ModelConfig(tokenizer="char", hidden_size=32, num_layers=1,
                                                      intermediate_size=32, num_heads=2, num_kv_heads=2))
     save_model(dlm, tmp_path / "m", tokenizer=tok)
-    rc, out, _ = _eval(capsys, str(tmp_path / "m"), "--demo", "--limit", "3", "--gen-length", "8", "-o",
+    rc, out, _ = _eval(capsys, str(tmp_path / "m"), "--demo", "--limit", "3", "--decode.gen-length", "8", "-o",
                        str(tmp_path / "out"), "--json", "--threads", "1")
     assert rc == 0
     summary = json.loads(out)
@@ -94,16 +94,18 @@ def test_demo_on_a_fresh_model_and_its_errors(tmp_path, capsys):
 def test_demo_decodes_a_block_model_at_another_block_size(tmp_path, capsys):
     """--block-size 8 decodes the block-4 demo model in blocks of 8 (other NFE: rows end on a block-8 boundary),
     records it in the metadata and leaves the model's own block as it was; full-attention models refuse it."""
+    from dllm_rl.config.vocabulary import ModelSection
     from dllm_rl.eval.harness import EvalRunConfig, run_eval
     from dllm_rl.models import load_model
+    from dllm_rl.sampling import DecodeConfig
     from dllm_rl.training.run_config import RunConfig
 
     model = load_model(DEMO_DIR / "sdar-countdown")
     nfe = {}
     for block in (8, None):
-        cfg = EvalRunConfig(model_dir=str(DEMO_DIR / "sdar-countdown"), task="countdown", data=str(HELDOUT),
-                            limit=4, prompt_style="compact", decode={"gen_length": 32, "block_length": 4},
-                            block_size=block,
+        cfg = EvalRunConfig(model=ModelSection(path=str(DEMO_DIR / "sdar-countdown")), task="countdown",
+                            data=str(HELDOUT), limit=4, prompt_style="compact",
+                            decode=DecodeConfig(gen_length=32, block_length=4, block_size=block),
                             run=RunConfig(output_dir=str(tmp_path / f"b{block}"), progress=False))
         summary = run_eval(cfg, model=model, log=lambda msg: None)
         nfe[block] = summary["settings"]["default"]["metrics"]["nfe_mean"]
@@ -111,10 +113,10 @@ def test_demo_decodes_a_block_model_at_another_block_size(tmp_path, capsys):
     assert nfe[8] != nfe[None]
     assert json.loads((tmp_path / "b8" / "meta.json").read_text())["block_size"] == 8
     assert "block_size" not in json.loads((tmp_path / "bNone" / "meta.json").read_text())
-    rc, _, err = _eval(capsys, str(DEMO_DIR / "sdar-countdown"), "--demo", "--block-size", "8", "--limit", "2",
+    rc, _, err = _eval(capsys, str(DEMO_DIR / "sdar-countdown"), "--demo", "--decode.block-size", "8", "--limit", "2",
                        "-o", str(tmp_path / "cli"), "--json")
     assert rc == 0 and json.loads(_)["meta"]["block_size"] == 8
-    rc, _, err = _eval(capsys, str(DEMO_DIR / "llada-countdown"), "--demo", "--block-size", "8", "-o",
+    rc, _, err = _eval(capsys, str(DEMO_DIR / "llada-countdown"), "--demo", "--decode.block-size", "8", "-o",
                        str(tmp_path / "full"))
-    assert rc == 2 and "--block-size: for block models (SDAR/TraDo) only" in err
+    assert rc == 2 and "decode.block_size: for block models (SDAR/TraDo) only" in err
 

@@ -10,12 +10,13 @@ import torch
 
 import dllm_rl.models.loading as loading
 import dllm_rl.sampling as sampling
+from dllm_rl.config.vocabulary import ModelSection
 from dllm_rl.errors import UserError
 from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval, sample_seed
 from dllm_rl.eval.passk import pass_at_k
 from dllm_rl.eval.settings import Setting, load_settings_file, parse_setting, resolve_decode
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
-from dllm_rl.sampling import Rollout
+from dllm_rl.sampling import DecodeConfig, Rollout
 from dllm_rl.training.run_config import RunConfig
 
 # Countdown items in the d1/ESPO file format; compact prompts are "nums a b c target t\n".
@@ -49,7 +50,8 @@ def _cfg(d: Path, out: str, **kw) -> EvalRunConfig:
                 decode={"gen_length": 8, "block_length": 8}, batch_size=4, progress=False)
     base.update(kw)
     run = {k: base.pop(k) for k in ("output_dir", "seed", "overwrite", "progress") if k in base}
-    return EvalRunConfig(**base, run=RunConfig(**run))
+    model, decode = ModelSection(path=base.pop("model_dir")), DecodeConfig(**base.pop("decode"))
+    return EvalRunConfig(**base, model=model, decode=decode, run=RunConfig(**run))
 
 
 def _strip_time(recs):
@@ -96,7 +98,7 @@ def test_metrics_are_exact_with_canned_completions(workdir, monkeypatch):
     calls: list[int] = []
     monkeypatch.setattr(sampling, "generate", _fake_generate(calls))
     cfg = _cfg(workdir, "canned", num_samples=3, decode={"gen_length": 32, "block_length": 8, "temperature": 1.0},
-               settings=[parse_setting("static:tokens_per_step=1"), parse_setting("dyn:threshold=0.9")])
+               setting=["static:tokens_per_step=1", "dyn:threshold=0.9"])
     summary = run_eval(cfg, model=loading.load_model(workdir / "llada"), log=lambda m: None)
     assert sum(calls) == 2 * len(ITEMS) * 3
     counts = [sum(_expected_correct(i, s) for s in range(3)) for i in range(len(ITEMS))]
@@ -137,8 +139,8 @@ def test_metrics_are_exact_with_canned_completions(workdir, monkeypatch):
 
 
 def test_interrupted_evaluation_resumes_to_identical_numbers(workdir, monkeypatch):
-    settings = [parse_setting("s1:tokens_per_step=1"), parse_setting("s2:tokens_per_step=2")]
-    common = dict(num_samples=2, decode={"gen_length": 8, "block_length": 8, "temperature": 0.7}, settings=settings,
+    settings = ["s1:tokens_per_step=1", "s2:tokens_per_step=2"]
+    common = dict(num_samples=2, decode={"gen_length": 8, "block_length": 8, "temperature": 0.7}, setting=settings,
                   batch_size=3)
     model = loading.load_model(workdir / "llada")
     full = run_eval(_cfg(workdir, "full", **common), model=model, log=lambda m: None)
@@ -184,7 +186,7 @@ def test_interrupted_evaluation_resumes_to_identical_numbers(workdir, monkeypatc
     with pytest.raises(ValueError, match="different evaluation .*seed"):
         run_eval(_cfg(workdir, "resumed", **{**common, "seed": 1}), model=model, log=lambda m: None)
     with pytest.raises(ValueError, match="setting 's1' was run with different decoding"):
-        run_eval(_cfg(workdir, "resumed", **{**common, "settings": [parse_setting("s1:tokens_per_step=2")]}),
+        run_eval(_cfg(workdir, "resumed", **{**common, "setting": ["s1:tokens_per_step=2"]}),
                  model=model, log=lambda m: None)
     # Results decoded under another seed rule (the sha256 one of earlier versions) are not mixed with these.
     meta_file = workdir / "resumed" / "meta.json"
@@ -197,8 +199,8 @@ def test_interrupted_evaluation_resumes_to_identical_numbers(workdir, monkeypatc
 
 
 def test_block_model_cache_on_and_off_give_same_tokens(workdir):
-    settings = [parse_setting("cache:tokens_per_step=2"), parse_setting("nocache:tokens_per_step=2,block_cache=false")]
-    cfg = _cfg(workdir, "sdar", model_dir=str(workdir / "sdar"), limit=3, settings=settings,
+    settings = ["cache:tokens_per_step=2", "nocache:tokens_per_step=2,block_cache=false"]
+    cfg = _cfg(workdir, "sdar", model_dir=str(workdir / "sdar"), limit=3, setting=settings,
                decode={"gen_length": 8})
     summary = run_eval(cfg, log=lambda m: None)
     assert summary["settings"]["nocache"]["decode"]["block_cache"] is False
@@ -214,9 +216,9 @@ def test_slots_decode_with_the_engine_to_the_same_records(workdir, monkeypatch):
     runs, real = [], engine_mod.Engine.run
     monkeypatch.setattr(engine_mod.Engine, "run",
                         lambda self, p, *rest: runs.append(len(p)) or real(self, p, *rest))
-    settings = [parse_setting("dyn:threshold=0.3,temperature=1.0"),
-                parse_setting("nocache:block_cache=false,temperature=1.0")]
-    common = dict(model_dir=str(workdir / "sdar"), limit=5, num_samples=2, settings=settings, decode={"gen_length": 8})
+    settings = ["dyn:threshold=0.3,temperature=1.0",
+                "nocache:block_cache=false,temperature=1.0"]
+    common = dict(model_dir=str(workdir / "sdar"), limit=5, num_samples=2, setting=settings, decode={"gen_length": 8})
     fixed = run_eval(_cfg(workdir, "fixed_batches", **common), log=lambda m: None)
     engine = run_eval(_cfg(workdir, "slots", slots=3, batch_size=6, **common), log=lambda m: None)
     assert runs == [6, 4]  # the 10 samples of the cached setting, written 6 at a time; the uncached one: fixed
@@ -276,7 +278,7 @@ def no_compute(monkeypatch):
         ({"model_dir": "/nonexistent/model"}, FileNotFoundError, "model directory"),
         ({"model": "small_vocab"}, UserError, "embeds only 40.*do not belong together"),
         ({"model": "other_mask"}, ValueError, "mask token id 2 does not match the model's mask_token_id 5"),
-        ({"settings": [parse_setting("x:gen_length=0")]}, UserError, "setting .x.: gen_length: must be >= 1, got 0"),
+        ({"setting": ["x:gen_length=0"]}, UserError, "setting .x.: gen_length: must be >= 1, got 0"),
         ({"num_samples": 0}, UserError, "^num_samples: must be >= 1, got 0$"),
     ],
 )

@@ -12,9 +12,11 @@ import torch
 from safetensors.torch import save_file
 
 import dllm_rl.sampling as sampling
+from dllm_rl.config.vocabulary import ModelSection
 from dllm_rl.eval.harness import EvalRunConfig, read_records, run_eval
 from dllm_rl.models import build_model, char_tokenizer, save_model, tiny_config
 from dllm_rl.models.magvit import MagvitConfig, MagvitEncoder
+from dllm_rl.sampling import DecodeConfig
 from dllm_rl.tasks.shapes import make_shapes, write_shapes
 from dllm_rl.training.run_config import RunConfig
 
@@ -50,8 +52,8 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def _cfg(d: Path, family: str, **kw) -> EvalRunConfig:
-    return EvalRunConfig(model_dir=str(d / family), task="shapes", data=str(d / "shapes.jsonl"),
-                         prompt_style="compact", decode={"gen_length": 8, "block_length": 8, "steps": 8},
+    return EvalRunConfig(model=ModelSection(path=str(d / family)), task="shapes", data=str(d / "shapes.jsonl"),
+                         prompt_style="compact", decode=DecodeConfig(gen_length=8, block_length=8, steps=8),
                          batch_size=2, trace_items=2,
                          run=RunConfig(output_dir=str(d / f"out_{family}"), progress=False), **kw)
 
@@ -114,8 +116,9 @@ def test_mmada_without_its_vq_encoder_is_one_line(workdir, tmp_path):
     from dllm_rl.errors import UserError
 
     shutil.copytree(workdir / "mmada", tmp_path / "m", ignore=shutil.ignore_patterns("vq_model"))
-    cfg = EvalRunConfig(model_dir=str(tmp_path / "m"), task="shapes", data=str(workdir / "shapes.jsonl"),
-                        prompt_style="compact", decode={"gen_length": 8, "block_length": 8},
+    cfg = EvalRunConfig(model=ModelSection(path=str(tmp_path / "m")), task="shapes",
+                        data=str(workdir / "shapes.jsonl"),
+                        prompt_style="compact", decode=DecodeConfig(gen_length=8, block_length=8),
                         run=RunConfig(output_dir=str(tmp_path / "o"), progress=False))
     with pytest.raises(UserError, match=r"^MMaDA reads images through a MAGVIT-v2 VQ encoder, and none was found "
                                         r"\(.*m/vq_model\): put the showlab/magvitv2 checkpoint in the model's "
@@ -123,19 +126,20 @@ def test_mmada_without_its_vq_encoder_is_one_line(workdir, tmp_path):
         run_eval(cfg)
 
 
-DECODE = ("--gen-length", "8", "--block-length", "8", "--steps", "8")
+DECODE = ("--decode.gen-length", "8", "--decode.block-length", "8", "--decode.steps", "8")
 
 
 def _trace(argv: list[str]) -> list[dict]:
     import argparse
 
+    from dllm_rl.cli import parse_words
     from dllm_rl.eval.cli import register
 
     parser = argparse.ArgumentParser(prog="dllm-rl")
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["trace", *argv])
+    args = parse_words(parser, ["trace", *argv])
     assert args.func(args) == 0
-    page = Path(args.output).read_text()
+    page = Path(argv[argv.index("-o") + 1]).read_text()
     return json.loads(re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page,
                                 re.S).group(1))["records"]
 

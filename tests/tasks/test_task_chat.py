@@ -93,11 +93,12 @@ def test_an_rl_run_on_chat_data_must_name_its_scorer():
 
 
 def test_an_evaluation_of_chat_data_needs_a_reward(tmp_path):
+    from dllm_rl.config.vocabulary import ModelSection
     from dllm_rl.errors import UserError
     from dllm_rl.eval.harness import EvalRunConfig, load_task
 
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps(UF) + "\n")
-    with pytest.raises(UserError, match="task 'chat' has no verifier to score an evaluation; pass --task-option "
+    with pytest.raises(UserError, match="task 'chat' has no verifier to score an evaluation; pass --task-options "
                                         "reward_fn=package.module:function"):
-        load_task(EvalRunConfig(model_dir="m", task="chat", data=str(data)))
+        load_task(EvalRunConfig(model=ModelSection(path="m"), task="chat", data=str(data)))

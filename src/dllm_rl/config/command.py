@@ -6,7 +6,10 @@ and one flag per key of the dataclass, at any depth, named after the key (``trai
 ``--train.max-steps VALUE``; a bool is ``--key / --no-key``; a list is repeatable, ``--prompt A --prompt B``).
 :func:`load_command` reads them back through :func:`~dllm_rl.config.loading.load_config`: the YAML first, then
 the overrides, then the flags, so a flag is one more override, checked and converted as the YAML's values are. The
-flags, ``--help-config`` and ``docs/config.md`` are all generated from the one dataclass.
+flags, ``--help-config`` and ``docs/config.md`` are all generated from the one dataclass. A list of numbers also
+takes comma-separated values (``--thresholds 0.5,0.7``), a mapping ``KEY=VALUE`` items (``--task-options
+task_type=countdown``, repeatable) or a YAML mapping; a list ``positional`` key collects every bare word
+(``plot RUN_DIR RUN_DIR``).
 
 A renamed key (the class's ``RENAMED``, :mod:`dllm_rl.config.renames`) keeps its old flag for one release
 (``--gen-length`` for ``decode.gen_length``): hidden from ``--help``, read as an override of the old key, so it is
@@ -20,12 +23,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import typing
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from dllm_rl.config.fields import allowed_values, field_types, help_text, strip_optional, type_origin
 from dllm_rl.config.loading import load_config
 from dllm_rl.config.renames import renames
+from dllm_rl.config.yaml_io import yaml_load
 from dllm_rl.errors import UserError
 
 T = TypeVar("T")
@@ -57,7 +62,8 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
     """Add to ``parser`` the words ``[CONFIG.yaml] [key=value ...]`` and one flag per key of ``cls``
     (:func:`leaf_keys`), grouped by section. ``positional``: a key that a bare word also sets (``eval MODEL_DIR``).
     Unset flags leave nothing in the namespace, so only what the user gave overrides the YAML."""
-    words = _WORDS if positional is None else f"[{positional.upper()}] {_WORDS}"
+    many = positional is not None and _is_list(_leaf_type(cls, positional))
+    words = _WORDS if positional is None else f"[{positional.upper()}{' ...' if many else ''}] {_WORDS}"
     parser.add_argument("words", nargs="*", metavar=words,
                         help=words_help or "a YAML config, then key=value overrides (see --help-config)")
     parser.usage = f"%(prog)s {words} [--KEY VALUE ...]"  # argparse's own would list every flag (100+ lines)
@@ -83,16 +89,51 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
                       {"dest": _DEST + old, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS})
 
 
+def _leaf_type(cls: type, key: str) -> Any:
+    return {k: tp for k, _, tp in leaf_keys(cls)}.get(key)
+
+
+def _is_list(tp: Any) -> bool:
+    return type_origin(strip_optional(tp)[0]) in (list, tuple)
+
+
 def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any]) -> None:
     """One flag of a key of type ``tp``: a bool is ``--key / --no-key``, a list repeatable (with ``nargs`` in
-    ``kw``, each flag taking that many values), else one value."""
+    ``kw``, each flag taking that many values; a list of numbers also comma-separated), a mapping repeatable
+    ``KEY=VALUE`` items, else one value."""
     bare, _ = strip_optional(tp)
     if bare is bool:
         group.add_argument(*options, action=argparse.BooleanOptionalAction, **kw)
+    elif type_origin(bare) is dict:
+        group.add_argument(*options, action=_MappingFlag, metavar="KEY=VALUE", **kw)
+    elif _is_list(bare) and set(typing.get_args(bare)[:1]) <= {int, float}:
+        group.add_argument(*options, action="extend", type=_commas, metavar="VALUE[,VALUE...]", **kw)
     else:
-        repeat = type_origin(bare) in (list, tuple)
-        action = ("extend" if "nargs" in kw else "append") if repeat else "store"
+        action = ("extend" if "nargs" in kw else "append") if _is_list(bare) else "store"
         group.add_argument(*options, action=action, metavar="VALUE", **kw)
+
+
+def _commas(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class _MappingFlag(argparse.Action):
+    """A mapping key's flag: each value one ``KEY=VALUE`` item (the value read as YAML) or a YAML mapping, merged
+    over the earlier ones, so ``--task-options a=1 --task-options b=2`` gives ``{a: 1, b: 2}``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        text = str(values).strip()
+        try:
+            if not text.startswith("{") and "=" in text:
+                key, raw = text.split("=", 1)
+                item = {key.strip(): yaml_load(raw, f"{option_string} {text!r}")}
+            else:
+                item = yaml_load(text, f"{option_string} {text!r}")
+        except UserError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        if not isinstance(item, dict):
+            raise argparse.ArgumentError(self, f"{text!r}: expected KEY=VALUE or a mapping {{key: value}}")
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest, {}), **item})
 
 
 def given_flags(args: argparse.Namespace) -> list[str]:
@@ -103,25 +144,30 @@ def given_flags(args: argparse.Namespace) -> list[str]:
             continue
         if isinstance(value, bool):
             value = "true" if value else "false"
-        elif isinstance(value, list):
-            value = json.dumps(value)  # JSON is YAML: the list reads back as given, commas inside values kept
+        elif isinstance(value, (list, dict)):  # JSON is YAML: it reads back as given, commas inside values kept
+            value = json.dumps(value, default=str)
         out.append(f"{dest[len(_DEST):]}={value}")
     return out
 
 
-def split_words(words: list[str], positional: str | None = None) -> tuple[str | None, list[str]]:
-    """The YAML file and the ``key=value`` overrides of a command's words: the first word is the YAML file when it
-    ends in .yaml / .yml, or (without a ``positional`` key) has no ``=``; a bare word is ``positional=word``."""
-    config, overrides = None, []
+def split_words(words: list[str], positional: str | None = None, many: bool = False) -> tuple[str | None, list[str]]:
+    """The YAML file and the ``key=value`` overrides of a command's words: the YAML file is the first word ending in
+    .yaml / .yml before any override (so it may follow the positional word: ``eval MODEL_DIR CONFIG.yaml``), or
+    (without a ``positional`` key) a first word without ``=``; a bare word is ``positional=word`` (with ``many``, a
+    list key: every bare word, in order, one item of it)."""
+    config, overrides, bare = None, [], []
     for i, word in enumerate(words):
-        if i == 0 and (word.endswith((".yaml", ".yml")) or (positional is None and "=" not in word)):
+        if config is None and not overrides and (word.endswith((".yaml", ".yml")) or
+                                                 (i == 0 and positional is None and "=" not in word)):
             config = word
         elif "=" in word:
             overrides.append(word)
-        elif positional is not None and not any(o.startswith(f"{positional}=") for o in overrides):
-            overrides.insert(0, f"{positional}={word}")
+        elif positional is not None and (many or not bare):
+            bare.append(word)
         else:
             raise UserError(f"{word!r}: expected key=value (a YAML config file goes first, ending in .yaml)")
+    if bare:
+        overrides.insert(0, f"{positional}={json.dumps(bare) if many else bare[0]}")
     return config, overrides
 
 
@@ -129,7 +175,8 @@ def load_command(cls: type[T], args: argparse.Namespace, example: str, *, positi
     """The config of a command line ``COMMAND [CONFIG.yaml] [key=value ...] [--key value ...]`` (the arguments
     :func:`add_command_arguments` added): the YAML, laid over with the overrides, then the flags. None of them is
     one line naming ``example``."""
-    config, overrides = split_words(list(getattr(args, "words", None) or []), positional)
+    many = positional is not None and _is_list(_leaf_type(cls, positional))
+    config, overrides = split_words(list(getattr(args, "words", None) or []), positional, many)
     overrides += given_flags(args)
     if config is None and not overrides:
         raise UserError(f"give a config file (e.g. {example}), key=value overrides and/or --key value flags")

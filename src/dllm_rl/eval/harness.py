@@ -1,7 +1,7 @@
 """The evaluation harness: decode a task's held-out items under one or more decoding settings, score them,
 and write per-sample results (JSON lines), a summary JSON, a Markdown table and an accuracy-vs-NFE plot.
-(A few lines over the project's 400: the settings language and provenance already live in their own modules;
-what remains is the one evaluation loop and its resume logic, read top to bottom.)
+(A few lines over the project's 400: the config, the settings language and provenance already live in their own
+modules; what remains is the one evaluation loop and its resume logic, read top to bottom.)
 
 Reproducible and resumable by construction:
 
@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllm_rl.config import Checked, ConfigError, FieldError, field, to_dict
+from dllm_rl.config import ConfigError, to_dict
 from dllm_rl.errors import UserError
+from dllm_rl.eval.config import EvalRunConfig
 from dllm_rl.eval.provenance import (
     check_resume,
     data_fingerprint,
@@ -44,71 +45,21 @@ from dllm_rl.eval.provenance import (
     model_fingerprint,
     write_json,
 )
-from dllm_rl.eval.settings import ResolvedSetting, Setting, resolve_decode, threshold_settings
+from dllm_rl.eval.settings import (
+    ResolvedSetting,
+    Setting,
+    load_settings_file,
+    parse_setting,
+    resolve_decode,
+    threshold_settings,
+)
 from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
 from dllm_rl.models.checks import check_model_tokenizer
 from dllm_rl.seeding import derive_seed
 from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
-from dllm_rl.training.run_config import RunConfig
 
 #: how a sample's decoding seed is made (in meta.json; a directory of another rule is not resumed)
 SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"
-
-
-# ------------------------------------------------------------------------------------------------ config
-@dataclass
-class EvalRunConfig(Checked):
-    """One ``dllm-rl eval`` call (its ranges checked at construction, so a bad flag fails before any loading); its
-    flags are generated from these fields (``--num-samples``, ...) and from the run section's (``--output-dir``,
-    ``--seed``, ``--overwrite``, ``--progress``)."""
-
-    model_dir: str = field(help="Checkpoint directory (published layout: config.json + safetensors + tokenizer).")
-    task: str = field(help="gsm8k | math | countdown | sudoku | code | a local data file (.jsonl/.csv/...).")
-    split: str = field("test", help="Data split of the task's default files.")
-    data: str | None = field(None, help="Data file to use instead of the task's default file for `split`.")
-    limit: int | None = field(None, ge=1, help="Evaluate only the first N items (the same N items every time).")
-    num_samples: int = field(1, ge=1, help="Samples per item (k of pass@k); needs temperature > 0 to differ.")
-    batch_size: int = field(16, ge=1, help="Sequences decoded together (results do not depend on it).")
-    slots: int | None = field(
-        None, ge=1, help="Decode each batch with the continuous-batching engine, this many sequences at a time (a "
-        "finished one replaced at once by the next); batch_size then counts the samples written together. Results do "
-        "not depend on it.")
-    dtype: str = field("auto", help="Model dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.")
-    device: str = field("auto", help="auto | cpu | cuda | cuda:N.")
-    tokenizer: str | None = field(None, help="Tokenizer directory (default: the model directory).")
-    threads: int | None = field(None, ge=1, help="torch CPU threads on a CPU device (default: OMP_NUM_THREADS if "
-                                "set, else the cores that are free when it starts).")
-    prompt_style: str | None = field(None, help="Task prompt style: chat | plain | compact (default: the task's).")
-    system_prompt: str | None = field(None, help="Optional system prompt for the chat template.")
-    task_options: dict[str, Any] = field(default_factory=dict, help="Extra keyword arguments for get_task.")
-    decode: dict[str, Any] = field(default_factory=dict, help="Base DecodeConfig overrides for every setting.")
-    settings: list[Setting] = field(default_factory=list, help="Named decoding settings (default: one, 'default').")
-    thresholds: list[float] = field(
-        default_factory=list, help="An accuracy-vs-passes curve: one setting per confidence threshold in (0, 1] "
-        "(named thr<t>), 1.0 (one token per step, the reference) added when not listed; the report gives each "
-        "point's accuracy, forward passes per answer and tokens per forward against the reference.")
-    block_size: int | None = field(None, ge=1, help="Block models: decode in blocks of this size (default: the "
-                                   "model's own block_size; TraceRL's block-size adaptation trains a model to decode "
-                                   "at another).")
-    trace_items: int = field(0, ge=0, help="Write an HTML decoding trace of the first N items per setting.")
-    command: str | None = field(None, help="The command line, recorded in the metadata.")
-    run: RunConfig = field(
-        default_factory=lambda: RunConfig(output_dir="runs/eval"),
-        help="the shared run section: output_dir (an existing directory of the same evaluation is resumed: "
-        "evaluation always continues what is there), seed (sample s of item i uses its own seed derived from "
-        "(seed, i, s)), overwrite (delete earlier results instead of resuming), progress")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        bad = [t for t in self.thresholds if not 0 < float(t) <= 1]
-        if bad:
-            raise FieldError("thresholds", f"{bad[0]:g} is outside (0, 1]; a confidence threshold is a probability")
-        given = [f"run.{k}" for k, v in (("resume", self.run.resume not in (None, "auto", "latest")),
-                                           ("push_to_hub", self.run.push_to_hub), ("report_to", self.run.report_to),
-                                           ("save_every", self.run.save_every)) if v]
-        if given:
-            raise ConfigError(f"{', '.join(given)}: not used by an evaluation (it writes results, not checkpoints, "
-                              "and continues the results in run.output_dir); leave them unset")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -164,11 +115,11 @@ def load_task(cfg: EvalRunConfig):
         m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
         if m is None:
             raise
-        raise UserError(f"task {cfg.task!r} takes no option {m.group(1)}={kwargs.get(m.group(1))!r}; remove that "
-                        "--task-option") from None
+        raise UserError(f"task {cfg.task!r} takes no option {m.group(1)}={kwargs.get(m.group(1))!r}; remove it "
+                        "from task_options") from None
     if not task.has_verifier and task.custom_reward is None:
         raise UserError(f"task {task.name!r} has no verifier to score an evaluation; pass "
-                        "--task-option reward_fn=package.module:function")
+                        "--task-options reward_fn=package.module:function")
     examples = task.load()
     if not examples:
         from dllm_rl.tasks.base import DataError
@@ -212,43 +163,45 @@ class PreparedEval:
 def prepare(cfg: EvalRunConfig) -> PreparedEval:
     """Validate the whole evaluation (task, data, model, tokenizer, settings, output directory) without
     loading weights or computing anything; raise ValueError / FileNotFoundError with a clear message."""
+    cfg = cfg.resolved()
     out = Path(cfg.run.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"output directory {out} is a file; give a directory (-o)")
     from dllm_rl.hub import resolve_model_path
 
-    model_dir = resolve_model_path(cfg.model_dir)  # a directory or a hub id
+    model_dir = resolve_model_path(cfg.model.path)  # a directory or a hub id
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
     task, examples = load_task(cfg)
     if cfg.limit is not None:
         examples = examples[: cfg.limit]
-    tokenizer_dir = resolve_model_path(cfg.tokenizer or cfg.model_dir)
+    tokenizer_dir = resolve_model_path(cfg.model.tokenizer or cfg.model.path)
     tok, fam, block_size = check_model_tokenizer(model_dir, tokenizer_dir)
     if is_image_task(task):
         from dllm_rl.models.image_inputs import refuse_images
 
         refuse_images(fam.name, f"task {cfg.task!r} has images")
-    if cfg.block_size is not None:
+    if cfg.decode.block_size is not None:  # reaches the sampler as DecodeConfig.block_size
         if block_size is None:
-            raise UserError(f"--block-size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
-                             "model (its decoding block is --block-length)")
-        block_size = cfg.block_size
-    curve = threshold_settings(cfg.thresholds, cfg.decode) if cfg.thresholds else []
-    settings = list(cfg.settings) + curve or [Setting("default")]
+            raise UserError(f"decode.block_size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
+                             "model (its decoding block is decode.block_length)")
+        block_size = cfg.decode.block_size
+    base = to_dict(cfg.decode)
+    curve = threshold_settings(cfg.thresholds, base) if cfg.thresholds else []
+    given = (load_settings_file(cfg.settings_file) if cfg.settings_file else []) + [parse_setting(s)
+                                                                                      for s in cfg.setting]
+    settings = given + curve or [Setting("default")]
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"setting name {dup[0]!r} is used twice; give each --setting its own name")
-    # --block-size reaches the sampler as DecodeConfig.block_size (only when given: earlier evaluations resume)
-    base = {**cfg.decode, "block_size": cfg.block_size} if cfg.block_size is not None else cfg.decode
     decodes = {s.name: resolve_decode(base, s, block_size) for s in settings}
     for name, rs in decodes.items():
         if cfg.num_samples > 1 and rs.decode.temperature == 0:
             warnings.warn(f"setting {name!r}: temperature 0 (greedy) makes all {cfg.num_samples} samples of an "
                           "item identical, so pass@k = pass@1; set temperature > 0", stacklevel=2)
-    device = resolve_device(cfg.device, "--device")
-    dtype = resolve_eval_dtype(cfg.dtype, device)
+    device = resolve_device(cfg.model.device, "model.device")
+    dtype = resolve_eval_dtype(cfg.model.dtype, device)
     meta = {
         "model": model_fingerprint(model_dir),
         "family": fam.name,
@@ -270,8 +223,8 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
         "environment": environment(device, dtype),
         "command": cfg.command,
     }
-    if cfg.block_size is not None:  # only when given, so that earlier evaluations still resume
-        meta["block_size"] = cfg.block_size
+    if cfg.decode.block_size is not None:  # only when given, so that earlier evaluations still resume
+        meta["block_size"] = cfg.decode.block_size
     check_resume(out, meta, cfg.run.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
 
@@ -280,11 +233,11 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
     """Run (or resume) an evaluation; returns the summary dict (also written to ``summary.json``).
 
     ``model`` may be a loaded :class:`~dllm_rl.models.DiffusionLM` (tests, in-process use); by default the
-    checkpoint in ``cfg.model_dir`` is loaded after every check has passed.
+    checkpoint ``cfg.model.path`` is loaded after every check has passed.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     prep = prepare(cfg)
-    out = prep.out
+    cfg, out = prep.cfg, prep.out
     if cfg.run.overwrite and out.exists():
         for p in [out / "meta.json", out / "summary.json", out / "summary.md", out / "accuracy_vs_nfe.png"]:
             p.unlink(missing_ok=True)
@@ -300,8 +253,8 @@ def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None =
         from dllm_rl.models import load_model
         from dllm_rl.threads import use_cpu_threads
 
-        log(f"loading {cfg.model_dir} ({prep.family.name}, {prep.dtype}, {prep.device})")
-        model = load_model(cfg.model_dir, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.tokenizer)
+        log(f"loading {cfg.model.path} ({prep.family.name}, {prep.dtype}, {prep.device})")
+        model = load_model(cfg.model.path, dtype=prep.dtype, device=prep.device, tokenizer_dir=cfg.model.tokenizer)
         use_cpu_threads(prep.device, cfg.threads)
     prompt_texts = [prep.task.build_prompt(ex, prep.tokenizer) for ex in prep.examples]
     inputs = PromptInputs(prep, model, prompt_texts)
@@ -350,7 +303,7 @@ class PromptInputs:
             from dllm_rl.hub import resolve_model_path
             from dllm_rl.models.image_inputs import PromptEncoder
 
-            self.prompts = PromptEncoder(prep.tokenizer, resolve_model_path(prep.cfg.model_dir))
+            self.prompts = PromptEncoder(prep.tokenizer, resolve_model_path(prep.cfg.model.path))
             if model.family.name == "mmada":
                 self.prompts.vq(model.device)  # a missing VQ encoder fails before the first batch
 
@@ -464,7 +417,7 @@ def _write_traces(prep: PreparedEval, model, setting: Setting, inputs: PromptInp
         r.reward = float(sc)
     (prep.out / "traces").mkdir(exist_ok=True)
     write_html(prep.out / "traces" / f"{setting.name}.html", recs, title=f"{prep.cfg.task}: {setting.name}",
-               meta={"model": prep.cfg.model_dir, "setting": setting.name, **resolved.as_dict()})
+               meta={"model": prep.cfg.model.path, "setting": setting.name, **resolved.as_dict()})
 
 
 def write_summary(prep: PreparedEval) -> dict[str, Any]:
@@ -485,11 +438,11 @@ def write_summary(prep: PreparedEval) -> dict[str, Any]:
         settings[setting.name] = {"overrides": to_dict(setting.overrides),
                                   "decode": prep.decodes[setting.name].as_dict(),
                                   "metrics": summarize_records(recs, k), "items_file": str(path)}
-    summary = {"model": prep.cfg.model_dir, "task": prep.cfg.task, "split": prep.cfg.split,
+    summary = {"model": prep.cfg.model.path, "task": prep.cfg.task, "split": prep.cfg.split,
                "num_samples": k, "items": n_items, "command": prep.cfg.command or "", "settings": settings,
                "meta": {key: v for key, v in prep.meta.items() if key != "settings"}}
     if prep.cfg.thresholds:
-        curve = threshold_settings(prep.cfg.thresholds, prep.cfg.decode)
+        curve = threshold_settings(prep.cfg.thresholds, to_dict(prep.cfg.decode))
         summary["curve"] = accuracy_curve(settings, {s.name: s.overrides["threshold"] for s in curve})
     write_json(prep.out / "summary.json", summary)
     (prep.out / "summary.md").write_text(markdown_table(summary))

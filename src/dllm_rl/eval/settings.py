@@ -48,19 +48,6 @@ def parse_setting(spec: str) -> Setting:
     return Setting(name.strip(), overrides)
 
 
-def parse_thresholds(spec: str) -> list[float]:
-    """``--thresholds 0.5,0.7,0.9`` -> ``[0.5, 0.7, 0.9]`` (each in (0, 1]; 1.0 is one token per step)."""
-    out = []
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        try:
-            out.append(float(part))
-        except ValueError:
-            raise ConfigError(f"--thresholds {spec!r}: {part!r} is not a number; give e.g. 0.5,0.7,0.9,1.0") from None
-    if not out:
-        raise ConfigError(f"--thresholds {spec!r}: give at least one threshold, e.g. 0.5,0.7,0.9,1.0")
-    return out
-
-
 def threshold_settings(thresholds: list[float], base: Mapping[str, Any]) -> list[Setting]:
     """The settings of an accuracy-vs-passes curve: one per confidence threshold (the dynamic schedule: each step
     commits every masked token above it, at least the most confident one), plus threshold 1.0 when not listed,
