@@ -13,16 +13,17 @@ from typing import Any
 def command_configs() -> list[tuple[str, type, Any]]:
     """``(title, config class, default instance or None)`` of every command's configuration."""
     from dllm_rl.dpo.config import DPOConfig
-    from dllm_rl.eval.harness import EvalRunConfig
+    from dllm_rl.eval.config import EvalRunConfig, PlotConfig, TraceConfig
     from dllm_rl.rl.config import RLConfig
-    from dllm_rl.sampling.config import DecodeConfig, GenerateConfig
+    from dllm_rl.sampling.config import GenerateConfig
     from dllm_rl.serve.config import ServeConfig
     from dllm_rl.sft.config import SFTConfig
 
     return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl sft", SFTConfig, SFTConfig()),
             ("dllm-rl dpo", DPOConfig, DPOConfig()),
-            ("dllm-rl eval", EvalRunConfig, None), ("dllm-rl generate", GenerateConfig, GenerateConfig()),
-            ("dllm-rl serve", ServeConfig, ServeConfig()), ("decoding (eval and trace flags)", DecodeConfig, None)]
+            ("dllm-rl eval", EvalRunConfig, EvalRunConfig()), ("dllm-rl trace", TraceConfig, TraceConfig()),
+            ("dllm-rl plot", PlotConfig, PlotConfig()), ("dllm-rl generate", GenerateConfig, GenerateConfig()),
+            ("dllm-rl serve", ServeConfig, ServeConfig())]
 
 
 def main() -> str:

@@ -7,6 +7,7 @@ import pytest
 
 from dllm_rl.config import load_config
 from dllm_rl.dpo.config import DPOConfig
+from dllm_rl.eval.config import EvalRunConfig
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.sft.config import SFTConfig
@@ -19,6 +20,8 @@ YAMLS = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "src/dllm_rl/
 def test_shipped_config_loads(path):
     if "sft" in path.name:
         load_config(SFTConfig, path)
+    elif path.name.startswith("eval-"):
+        assert load_config(EvalRunConfig, path).resolved().model.path
     elif re.search(r"(^|-)(dpo|vrpo)[-.]", path.name):  # not mdpo (an RL preset)
         load_config(DPOConfig, path)
     else:

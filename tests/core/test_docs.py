@@ -130,8 +130,15 @@ def _local(path: str) -> Path | None:
     return None
 
 
+#: the commands on the one front end besides rl and sft: their config class and the key of their bare words
+FRONT_END = {"eval": ("dllm_rl.eval.config", "EvalRunConfig", "model.path"),
+             "trace": ("dllm_rl.eval.config", "TraceConfig", "model.path"),
+             "plot": ("dllm_rl.eval.config", "PlotConfig", "runs")}
+
+
 def checked_config(argv: list[str], extra: list[str]):
-    """Load the config of an rl / sft / demo command with its overrides (None for other commands)."""
+    """Load the config of an rl / sft / demo command or of a command of ``FRONT_END`` with its overrides (None for
+    other commands)."""
     from dllm_rl.config import load_config
     from dllm_rl.rl.cli import demo_config_path, demo_run_overrides
     from dllm_rl.rl.config import RLConfig
@@ -147,6 +154,13 @@ def checked_config(argv: list[str], extra: list[str]):
         config, overrides = split_words(args.words)
         cls = RLConfig if args.command == "rl" else SFTConfig
         return load_config(cls, config and (_local(config) or config), extra + overrides + given_flags(args))
+    if args.command in FRONT_END and hasattr(args, "words"):
+        import importlib
+
+        from dllm_rl.config.command import load_command
+
+        module, name, positional = FRONT_END[args.command]
+        return load_command(getattr(importlib.import_module(module), name), args, "", positional=positional)
     return None
 
 
@@ -173,10 +187,11 @@ def needs_more_than_the_repo(argv: list[str], cfg) -> str | None:
         if not word.startswith("-") and "=" not in word and HUB_ID.match(word) and _local(word) is None:
             return f"{word} is not in the repository"
     args = _parse(argv)
-    trained = getattr(args, "model_dir", None) or ""
+    front_end = args.command in FRONT_END and cfg is not None
+    trained = (cfg.model.path if front_end and hasattr(cfg, "model") else getattr(args, "model_dir", None)) or ""
     if trained.startswith("runs/") and _local(trained) is None:  # a model an earlier command of the docs trains
         return f"{trained} is not in the repository"
-    task = getattr(args, "task", None)
+    task = getattr(cfg, "task", None) if front_end else getattr(args, "task", None)
     if task and _local(task) is None:
         # a benchmark task: its data may be on the hub or in the benchmark-data folder beside the repository, and
         # either way its prompts are longer than the demo models' context (128), so it needs a real checkpoint

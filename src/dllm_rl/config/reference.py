@@ -49,9 +49,11 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
     out = ["# Configuration reference", "",
            "Generated from the config dataclasses by `make docs` (`scripts/config_reference.py`; a test "
            "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config`. `dllm-rl rl`, `sft`, "
-           "`dpo`, `generate` and `serve` read `[CONFIG.yaml] [key=value ...] [--key value ...]` (`generate` and "
-           "`serve` take the model directory as a first word too): every key is also a flag, named after it "
-           "(`train.max_steps` -> `--train.max-steps VALUE`; a bool `--key` / `--no-key`; a list repeatable), applied "
+           "`dpo`, `eval`, `trace`, `plot`, `generate` and `serve` read `[CONFIG.yaml] [key=value ...] [--key value "
+           "...]` (`eval`, `trace`, `generate` and `serve` take the model directory as a first word too, `plot` its "
+           "runs): every key is also a flag, named after it (`train.max_steps` -> `--train.max-steps VALUE`; a bool "
+           "`--key` / `--no-key`; a list repeatable, a list of numbers also `0.5,0.7`; a mapping `KEY=VALUE` items, "
+           "repeatable), applied "
            "after the YAML and the overrides.", ""]
     for title, cls, defaults in sections:
         out += [f"## {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",

@@ -1,6 +1,5 @@
-"""The run section every command shares (``run:`` in RL and SFT configs; eval's ``--output-dir``, ``--seed``,
-``--overwrite`` and ``--progress`` flags are generated from it): where a run writes, its seed, one resume
-vocabulary, checkpoints, trackers and the hub upload."""
+"""The run section every command shares (``run:`` in RL, SFT and eval configs, ``--run.seed`` etc. on their command
+lines): where a run writes, its seed, one resume vocabulary, checkpoints, trackers and the hub upload."""
 
 from __future__ import annotations
 
