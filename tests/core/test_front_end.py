@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from typing import Any
 
 import pytest
 
 from dllm_rl.cli import OneLineParser, build_parser, main, parse_words
 from dllm_rl.config import ConfigError, field
-from dllm_rl.config.command import add_command_arguments, flag_name, leaf_keys, load_command
+from dllm_rl.config.command import add_command_arguments, flag_name, given_flags, leaf_keys, load_command
 from dllm_rl.config.renames import DeprecatedKey, renames
 
 #: command -> its config dataclass, for every command on the one front end
@@ -156,3 +157,51 @@ def test_a_list_positional_takes_every_bare_word_numbers_take_commas_and_a_mappi
     assert stop.value.code == 2
     with pytest.raises(ConfigError, match=r"^ts\[0\]: expected a number, got 'x'$"):
         load_command(_Lists, parse_words(parser, ["--ts", "x"]), "x.yaml", positional="runs")
+
+
+def test_rl_help_lists_the_shared_sections_and_a_line_per_other_section(monkeypatch, capsys):
+    """``rl --help`` printed 716 lines (every key of every section); now the words, model. and run. key by key, and
+    one line per other section naming ``--help-config SECTION``, while every flag still parses."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as stop:
+        main(["rl", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) < 120
+    assert "--run.output-dir VALUE" in out and "--model.path VALUE" in out
+    assert "--train.max-steps" not in out and "--rollout.gen-length" not in out
+    assert re.search(r"\ntrain \(--train.KEY VALUE\):\n  \d+ keys, listed by --help-config train: optimisation loop\n",
+                     out)
+    assert re.search(r"\nRLConfig \(--KEY VALUE\):\n  \d+ keys, listed by --help-config: the top-level keys\n", out)
+    args = parse_words(_subparser("rl"), ["--train.max-steps", "3", "--rollout.gen-length", "8"])
+    assert given_flags(args) == ["train.max_steps=3", "rollout.gen_length=8"]
+
+
+def test_help_config_of_one_section(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["rl", "--help-config", "lora"])
+    assert stop.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "lora: LoRA (peft) settings; full fine-tuning when off"
+    assert lines[1].startswith("lora.enabled (default False): ") and all(line.startswith("lora.") for line in lines[1:])
+    with pytest.raises(SystemExit) as stop:
+        main(["rl", "--help-config", "lorax"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("dllm-rl rl: error: --help-config lorax: no such section (sections: "
+                                              "run, model, data, reward, ")
+
+
+@dataclasses.dataclass
+class _Required:
+    n: int = field(help="rows")
+    inner: _Inner = field(default_factory=_Inner, help="a section")
+
+
+def test_a_required_key_not_given_is_named_and_an_empty_command_line_may_load_the_defaults():
+    from dllm_rl.config import load_config
+
+    with pytest.raises(ConfigError, match=r"^n: required, not given \(set n=VALUE\)$"):
+        load_config(_Required, None, ["inner.size=3"])
+    parser = OneLineParser(prog="x")
+    add_command_arguments(parser, _Small)
+    assert load_command(_Small, parse_words(parser, []), None) == _Small()

@@ -16,6 +16,10 @@ A renamed key (the class's ``RENAMED``, :mod:`dllm_rl.config.renames`) keeps its
 carried to the new one with the same one-line deprecation as the YAML's old keys. A class may give keys short flags
 in a ``SHORT_FLAGS`` class attribute (``{"-o": "run.output_dir"}``). A list key whose field metadata says
 ``"several": True`` takes several values in one flag as well (``--served-model-name a b``, vLLM's spelling).
+
+``--help`` lists key by key only the command's own keys and the shared sections (``help_sections``: the top-level
+keys, ``model.`` and ``run.``); every other section is one line naming ``--help-config SECTION``, its flags parsed
+but not listed (rl's every key made a --help of 700 lines).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ T = TypeVar("T")
 #: the namespace prefix of a flag's value (``config:train.max_steps``), which no other argument uses
 _DEST = "config:"
 _WORDS = "[CONFIG.yaml] [key=value ...]"
+#: the sections ``--help`` lists key by key ("": the top-level keys); each other one is a line
+HELP_SECTIONS = ("", "model", "run")
 
 
 def leaf_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
@@ -58,10 +64,11 @@ def flag_name(key: str) -> str:
 
 
 def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positional: str | None = None,
-                          words_help: str = "") -> None:
+                          words_help: str = "", help_sections: tuple[str, ...] = HELP_SECTIONS) -> None:
     """Add to ``parser`` the words ``[CONFIG.yaml] [key=value ...]`` and one flag per key of ``cls``
     (:func:`leaf_keys`), grouped by section. ``positional``: a key that a bare word also sets (``eval MODEL_DIR``).
-    Unset flags leave nothing in the namespace, so only what the user gave overrides the YAML."""
+    Unset flags leave nothing in the namespace, so only what the user gave overrides the YAML. ``--help`` lists the
+    flags of the top-level sections in ``help_sections`` ("" the top-level keys); every other section is a line."""
     many = positional is not None and _is_list(_leaf_type(cls, positional))
     words = _WORDS if positional is None else f"[{positional.upper()}{' ...' if many else ''}] {_WORDS}"
     parser.add_argument("words", nargs="*", metavar=words,
@@ -71,13 +78,14 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
     short = {key: flag for flag, key in getattr(cls, "SHORT_FLAGS", {}).items()}
     leaves = {key: tp for key, _, tp in leaf_keys(cls)}
     for key, f, tp in leaf_keys(cls):
-        section = key.rpartition(".")[0]
+        top = key.partition(".")[0] if "." in key else ""
+        listed = top in help_sections
+        section = key.rpartition(".")[0] if listed else top
         if section not in groups:
-            groups[section] = parser.add_argument_group(f"{section} (--{section}.KEY VALUE)" if section else
-                                                        f"{cls.__name__} (--KEY VALUE)")
+            groups[section] = _group(parser, cls, section, listed)
         allowed = allowed_values(tp, f.metadata)
         text = help_text(f) + (f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else "")
-        text = text.replace("%", "%%")  # argparse %-formats help
+        text = text.replace("%", "%%") if listed else argparse.SUPPRESS  # argparse %-formats help
         kw: dict[str, Any] = {"dest": _DEST + key, "default": argparse.SUPPRESS, "help": text}
         if f.metadata.get("several"):  # a list flag that takes several values at once: --names a b
             kw["nargs"] = "+"
@@ -95,6 +103,19 @@ def _leaf_type(cls: type, key: str) -> Any:
 
 def _is_list(tp: Any) -> bool:
     return type_origin(strip_optional(tp)[0]) in (list, tuple)
+
+
+def _group(parser: argparse.ArgumentParser, cls: type, section: str, listed: bool) -> Any:
+    """The argument group of ``section`` ("": the top-level keys): a listed one's title names its flags' form; an
+    unlisted one's description is the one line that stands for its flags."""
+    title = f"{section} (--{section}.KEY VALUE)" if section else f"{cls.__name__} (--KEY VALUE)"
+    if listed:
+        return parser.add_argument_group(title)
+    count = sum(1 for key, _, _ in leaf_keys(cls) if (key.startswith(f"{section}.") if section else "." not in key))
+    what = help_text(next(f for f in dataclasses.fields(cls) if f.name == section)) if section else "the top-level keys"
+    where = f"--help-config {section}" if section else "--help-config"
+    text = f"{count} keys, listed by {where}: {what.partition('; ')[0]}"  # its first clause: a line or two
+    return parser.add_argument_group(title, text.replace("%", "%%"))
 
 
 def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any]) -> None:
@@ -171,16 +192,18 @@ def split_words(words: list[str], positional: str | None = None, many: bool = Fa
     return config, overrides
 
 
-def load_command(cls: type[T], args: argparse.Namespace, example: str, *, positional: str | None = None) -> T:
+def load_command(cls: type[T], args: argparse.Namespace, example: str | None, *,
+                 positional: str | None = None) -> T:
     """The config of a command line ``COMMAND [CONFIG.yaml] [key=value ...] [--key value ...]`` (the arguments
     :func:`add_command_arguments` added): the YAML, laid over with the overrides, then the flags. None of them is
-    one line naming ``example``."""
+    one line naming ``example``; with ``example=None`` it is the defaults (a command that needs no setting)."""
     many = positional is not None and _is_list(_leaf_type(cls, positional))
     config, overrides = split_words(list(getattr(args, "words", None) or []), positional, many)
     overrides += given_flags(args)
-    if config is None and not overrides:
+    if config is None and not overrides and example is not None:
         raise UserError(f"give a config file (e.g. {example}), key=value overrides and/or --key value flags")
     return load_config(cls, config, overrides)
 
 
-__all__ = ["add_command_arguments", "flag_name", "given_flags", "leaf_keys", "load_command", "split_words"]
+__all__ = ["HELP_SECTIONS", "add_command_arguments", "flag_name", "given_flags", "leaf_keys", "load_command",
+           "split_words"]

@@ -110,6 +110,11 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         valid = sorted(types_)
         prefix = "" if where == "config" else f"{where}: "
         raise ConfigError(f"{prefix}unknown key {unknown[0]!r}" + suggest(unknown[0], valid, new_names(cls)))
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:  # one line naming the key, not the constructor's "missing 1 required positional argument"
+        key = missing[0] if where == "config" else f"{where}.{missing[0]}"
+        raise ConfigError(f"{key}: required, not given (set {key}=VALUE)")
     defaults = {f.name: f.default_factory() for f in dataclasses.fields(cls)
                 if f.default_factory is not dataclasses.MISSING and isinstance(data.get(f.name), dict)}
     # a section given in part keeps the defaults of the section's default instance (RL's run.output_dir runs/rl)

@@ -5,6 +5,7 @@ checked against it by a test)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -75,14 +76,22 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
 
 
 def help_config_argument(parser: Any, lines: Callable[[], list[str]]) -> None:
-    """Add ``--help-config`` to a command's ``parser``: it prints ``lines()`` (every key of the command's config, with
-    its default and help) and exits 0, before the command's required arguments are checked (as ``--help`` does)."""
+    """Add ``--help-config [SECTION]`` to a command's ``parser``: it prints ``lines()`` (every key of the command's
+    config, with its default and help; with SECTION, those of that section) and exits 0, before the command's
+    required arguments are checked (as ``--help`` does)."""
     import argparse
 
     class _HelpConfig(argparse.Action):
         def __call__(self, parser, namespace, values, option_string=None):
-            print("\n".join(lines()))
+            shown = lines()
+            if values:
+                shown = [line for line in shown if line.startswith((f"{values}.", f"{values}:"))]
+                if not shown:
+                    sections = [line.partition(":")[0] for line in lines() if re.match(r"[\w]+: ", line)]
+                    parser.error(f"--help-config {values}: no such section (sections: {', '.join(sections)})")
+            print("\n".join(shown))
             parser.exit(0)
 
-    parser.add_argument("--help-config", nargs=0, action=_HelpConfig,
-                        help="list every config key with its default and help, and exit")
+    parser.add_argument("--help-config", nargs="?", const="", metavar="SECTION", action=_HelpConfig,
+                        help="list every config key (or those of SECTION) with its default and help, and exit "
+                        "(docs/config.md lists them too)")

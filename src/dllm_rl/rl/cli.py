@@ -139,7 +139,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("rl", help=f"RL post-training (presets: {preset_names()}; --help-config prints the table)")
     add_command_arguments(p, RLConfig, words_help="a YAML config (see configs/), then key=value overrides, e.g. "
-                          "algorithm=tracerl rollout.gen_length=64; every key is also a --flag")
+                          "algorithm=tracerl rollout.gen_length=64; every key is also a --flag",
+                          help_sections=("model", "run"))  # the method's 20-odd top-level keys: one line
     help_config_argument(p, _rl_config_lines)
     p.set_defaults(func=run_rl)
 
