@@ -3,8 +3,9 @@ wrong answers on training prompts, ``dllm-rl dpo`` on them, greedy held-out accu
 
     python benchmarks/dpo_demo.py --model full --seed 0 --out runs/learning/full-dpo-seed0 [key=value ...]
 
-Stages (each a ``dllm-rl`` command, so the benchmark runs what a user runs): ``dllm-rl pairs`` (``--prompts``
-training prompts x ``--k`` samples at temperature 1, the demo's decoding lengths, seed ``--seed``), ``dllm-rl dpo
+Stages (each a ``dllm-rl`` command, so the benchmark runs what a user runs): ``dllm-rl pairs
+configs/demo-pairs.yaml`` (``--prompts`` training prompts x ``--k`` samples at temperature 1, the demo's decoding
+lengths, seed ``--seed``), ``dllm-rl dpo
 configs/demo-dpo.yaml`` (the pairs, ``run.seed``, ``train.max_steps=--steps``, then the overrides), and the held-out
 evaluation of the start and the final model (the demo's greedy decoding, ``--eval-limit`` puzzles). Writes
 ``summary.json`` (``accuracy_before``, ``accuracy_after``, ``steps``, ``minutes``, ``pairs``) as ``dllm-rl rl`` does,
@@ -60,11 +61,10 @@ def main() -> None:
     dllm = [sys.executable, "-m", "dllm_rl"]
     pairs = out / "pairs.jsonl"
     if not pairs.is_file():
-        subprocess.run([*dllm, "pairs", "--model", str(start_model), "--task", "countdown", "--data",
-                        str(DEMO_DIR / "countdown_train.jsonl"), "--prompt-style", "compact", "--limit",
-                        str(args.prompts), "--k", str(args.k), "--pairs-per-prompt", "2", "--temperature", "1",
-                        "--gen-length", str(decode["gen_length"]), "--block-length", str(decode["block_length"]),
-                        "--seed", str(args.seed), "--out", str(pairs)], check=True)
+        subprocess.run([*dllm, "pairs", str(ROOT / "configs" / "demo-pairs.yaml"), f"model.path={start_model}",
+                        f"data={DEMO_DIR / 'countdown_train.jsonl'}", f"limit={args.prompts}", f"k={args.k}",
+                        f"decode.gen_length={decode['gen_length']}", f"decode.block_length={decode['block_length']}",
+                        f"decode.seed={args.seed}", f"out={pairs}"], check=True)
     subprocess.run([*dllm, "dpo", str(ROOT / "configs" / "demo-dpo.yaml"), f"model.path={start_model}",
                     f"data.train_file={pairs}", f"data.pad_response_to={decode['gen_length']}",
                     f"run.output_dir={out}", "run.overwrite=true", "run.progress=false", f"run.seed={args.seed}",

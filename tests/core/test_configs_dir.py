@@ -7,6 +7,7 @@ import pytest
 
 from dllm_rl.config import load_config
 from dllm_rl.dpo.config import DPOConfig
+from dllm_rl.dpo.pairs import PairsConfig
 from dllm_rl.eval.config import EvalRunConfig
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.config import RLConfig
@@ -24,6 +25,8 @@ def test_shipped_config_loads(path):
         assert load_config(EvalRunConfig, path).resolved().model.path
     elif re.search(r"(^|-)(dpo|vrpo)[-.]", path.name):  # not mdpo (an RL preset)
         load_config(DPOConfig, path)
+    elif path.name.endswith("-pairs.yaml"):
+        assert load_config(PairsConfig, path).decode.temperature == 1
     else:
         cfg = load_config(RLConfig, path)
         resolve(cfg, "block" if any(k in path.name for k in ("trado", "block", "llada2", "sdar")) else "full")

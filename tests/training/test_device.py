@@ -73,8 +73,8 @@ def _commands(tmp_path: Path, device: str) -> dict[str, list[str]]:
         "generate": ["generate", model, "--prompt", "nums 1 2 3 target 6", "--device", device],
         "eval": ["eval", model, "--task", "countdown", "--data", data, "--limit", "1", "-o", str(tmp_path / "ev"),
                  "--model.device", device],
-        "pairs": ["pairs", "--model", model, "--task", "countdown", "--data", data, "--limit", "1", "--temperature",
-                  "1", "--out", str(tmp_path / "pairs.jsonl"), "--device", device],
+        "pairs": ["pairs", "--model.path", model, "--task", "countdown", "--data", data, "--limit", "1", "--out",
+                  str(tmp_path / "pairs.jsonl"), "--model.device", device],
         "serve": ["serve", model, "--device", device],
     }
 
@@ -89,7 +89,7 @@ def test_every_command_refuses_a_device_the_machine_lacks_in_one_line(no_cuda, t
     for name, argv in _commands(tmp_path, device).items():
         assert main(argv) == 2, name
         err = capsys.readouterr().err
-        key = "model.device" if name in ("rl", "generate", "serve", "eval") else "--device"
+        key = "model.device" if name in ("rl", "generate", "serve", "eval", "pairs") else "--device"
         assert err.strip().splitlines()[-1] == f"dllm-rl {name}: error: {key} {problem}", err
         assert "Traceback" not in err
     assert not (tmp_path / "rl").exists()  # no config.yaml naming the device it did not run on

@@ -36,50 +36,44 @@ def register(sub) -> None:
 
 def add_pairs_parser(sub) -> None:
     """``dllm-rl pairs``: pairs of a model's own right and wrong answers (:mod:`~dllm_rl.dpo.pairs`)."""
-    from dllm_rl.sampling.cli import add_decode_arguments
+    from dllm_rl.config import describe
+    from dllm_rl.config.command import add_command_arguments
+    from dllm_rl.config.reference import help_config_argument
+    from dllm_rl.dpo.pairs import PairsConfig
 
     p = sub.add_parser("pairs", help="preference pairs (for dllm-rl dpo) from a model's own right and wrong answers",
-                       description="Sample --k completions of each task prompt with the model, score them with the "
+                       description="Sample k completions of each task prompt with the model, score them with the "
                        "task's reward and write prompt/chosen/rejected rows pairing a right answer with a wrong one.")
-    p.add_argument("--model", required=True, help="model directory (or hub id) that writes the answers")
-    p.add_argument("--task", required=True, help="task name (countdown, gsm8k, ...) whose reward scores the answers")
-    p.add_argument("--data", help="the task's data file (default: its file in the shared data folder)")
-    p.add_argument("--split", default="train", help="split of a named task (default train)")
-    p.add_argument("--limit", type=int, help="use only the first N prompts")
-    p.add_argument("--prompt-style", default=None, choices=["chat", "plain", "compact"])
-    p.add_argument("--k", type=int, default=8, help="completions sampled per prompt (default 8)")
-    p.add_argument("--pairs-per-prompt", type=int, default=1, help="at most this many pairs per prompt (default 1)")
-    p.add_argument("--out", required=True, help="output .jsonl file of prompt/chosen/rejected rows")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together (default 64)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    add_decode_arguments(p)  # --seed: completion j of prompt i is sampled with seed derive_seed(seed, i, j)
+    add_command_arguments(p, PairsConfig, words_help="a YAML config, then key=value overrides, e.g. "
+                          "model.path=DIR task=countdown out=pairs.jsonl k=8; every key is also a --flag")
+    help_config_argument(p, lambda: describe(PairsConfig))
     p.set_defaults(func=make_pairs)
 
 
 def make_pairs(args: argparse.Namespace) -> int:
-    from dllm_rl.dpo.pairs import build_pairs, write_pairs
+    from dllm_rl.config.command import load_command
+    from dllm_rl.dpo.pairs import PairsConfig, build_pairs, write_pairs
     from dllm_rl.models import load_model, load_tokenizer
-    from dllm_rl.sampling.cli import decode_config_from_args
     from dllm_rl.tasks import get_task
-    from dllm_rl.training.accel import resolve_device
+    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
-    if args.k < 2 or args.pairs_per_prompt < 1:
-        raise UserError(f"--k {args.k} --pairs-per-prompt {args.pairs_per_prompt}: a pair needs --k >= 2 samples "
-                        "per prompt and --pairs-per-prompt >= 1")
-    decode = decode_config_from_args(args)
-    if decode.temperature == 0:
-        raise UserError("--temperature 0 decodes one answer per prompt; sample with --temperature > 0 (e.g. 1)")
-    model = load_model(args.model, device=resolve_device(args.device, "--device"))
-    tokenizer = load_tokenizer(args.model, mask_token_id=model.mask_token_id, noise=model.family.noise)
-    opts = {"split": args.split, "limit": args.limit, **({"data": args.data} if args.data else {}),
-            **({"prompt_style": args.prompt_style} if args.prompt_style else {})}
-    task = get_task(args.task, **opts)
+    cfg = load_command(PairsConfig, args, "pairs.yaml")
+    if not cfg.model.path:
+        raise UserError("model.path: give the model that answers (--model.path DIR or model.path=DIR)")
+    device = resolve_device(cfg.model.device, "model.device")
+    model = load_model(cfg.model.path, dtype=resolve_eval_dtype(cfg.model.dtype, device), device=device,
+                       tokenizer_dir=cfg.model.tokenizer)
+    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=model.mask_token_id,
+                               noise=model.family.noise)
+    opts = {"split": cfg.split, "limit": cfg.limit, **({"data": cfg.data} if cfg.data else {}),
+            **({"prompt_style": cfg.prompt_style} if cfg.prompt_style else {})}
+    task = get_task(cfg.task, **opts)
     try:
-        rows, stats = build_pairs(model, tokenizer, task, decode, k=args.k, seed=decode.seed,
-                                  per_prompt=args.pairs_per_prompt, batch_size=args.batch_size)
+        rows, stats = build_pairs(model, tokenizer, task, cfg.decode, k=cfg.k, seed=cfg.decode.seed,
+                                  per_prompt=cfg.pairs_per_prompt, batch_size=cfg.batch_size)
     finally:
         task.close()
     if not rows:
-        raise UserError(f"no pairs: {stats.summary()}; sample more (--k) or at a higher --temperature")
-    print(f"pairs: {stats.summary()} -> {write_pairs(rows, args.out)}")
+        raise UserError(f"no pairs: {stats.summary()}; sample more (k) or at a higher decode.temperature")
+    print(f"pairs: {stats.summary()} -> {write_pairs(rows, cfg.out)}")
     return 0

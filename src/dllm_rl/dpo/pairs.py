@@ -9,15 +9,51 @@ reproducible and does not depend on the batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from dllm_rl.config import Checked, FieldError, field
+from dllm_rl.config.vocabulary import ModelSection
+from dllm_rl.sampling.config import DecodeConfig
 from dllm_rl.seeding import derive_seed
+
+
+@dataclass
+class PairsConfig(Checked):
+    """``dllm-rl pairs [CONFIG.yaml] [key=value ...] [--key value ...]``: the model that answers (``model:``), the
+    task whose reward scores its answers, how many to sample (``decode:``: sample at ``temperature`` > 0) and where
+    the pairs go."""
+
+    #: flags of earlier releases -> their key now: --model, --device and the decoding flags (--temperature, --seed ...)
+    RENAMED: ClassVar[dict[str, str]] = {"model": "model.path", "device": "model.device",
+                                         **{f.name: f"decode.{f.name}" for f in dataclasses.fields(DecodeConfig)}}
+
+    task: str = field(help="task name (countdown, gsm8k, ...) whose reward scores the answers, or a data file")
+    out: str = field(help="output .jsonl file of prompt/chosen/rejected rows")
+    model: ModelSection = field(default_factory=ModelSection, help="the model that writes the answers")
+    data: str | None = field(None, help="the task's data file (default: its file in the shared data folder)")
+    split: str = field("train", help="split of a named task")
+    limit: int | None = field(None, ge=1, help="use only the first N prompts")
+    prompt_style: str | None = field(None, choices=("chat", "plain", "compact"),
+                                     help="the task's prompt style (default: the task's own)")
+    k: int = field(8, ge=2, help="completions sampled per prompt (a pair needs 2)")
+    pairs_per_prompt: int = field(1, ge=1, help="at most this many pairs per prompt")
+    batch_size: int = field(64, ge=1, help="sequences decoded together (the pairs do not depend on it)")
+    decode: DecodeConfig = field(
+        default_factory=lambda: DecodeConfig(temperature=1.0), help="how the answers are sampled (temperature 1 "
+        "unless given; it must be > 0): completion j of prompt i with seed derive_seed(decode.seed, i, j)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.decode.temperature == 0:
+            raise FieldError("decode.temperature", "0 decodes one answer per prompt; sample with a temperature > 0 "
+                             "(e.g. decode.temperature=1)")
 
 
 @dataclass
