@@ -74,3 +74,23 @@ def test_cli_info(tmp_path, capsys):
     assert json.loads((tmp_path / "config.json").read_text())["block_size"] == 8
     assert main(["info", str(tmp_path / "missing")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_cli_info_reads_a_yaml_overrides_flags_and_its_old_dtype_flag(tmp_path, capsys):
+    """``info`` is on the one front end: ``info MODEL_DIR`` still works, and so do a YAML, ``key=value``, ``--key
+    value`` and the old ``--dtype`` (read as model.dtype, with the deprecation); ``--json`` prints the facts."""
+    from dllm_rl.cli import main
+    from dllm_rl.config.renames import DeprecatedKey
+    from dllm_rl.eval.demo import DEMO_DIR
+
+    (tmp_path / "info.yaml").write_text(f"model:\n  path: {DEMO_DIR / 'sdar-countdown'}\n")
+    with pytest.warns(DeprecatedKey, match="config key 'dtype' is deprecated: use 'model.dtype'"):
+        assert main(["info", str(tmp_path / "info.yaml"), "model.device=cpu", "--json", "--dtype", "bfloat16"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert (facts["family"], facts["block_size"], facts["dtype"], facts["experts"]) == ("sdar", 4, "bfloat16", None)
+    assert facts["parameters"] == 876_672 and facts["mask_token_id"] == 2
+    assert main(["info", "--model.path", str(DEMO_DIR / "llada-countdown"), "--model.dtype", "float32"]) == 0
+    assert "attention      full (bidirectional)" in capsys.readouterr().out
+    assert main(["info"]) == 2
+    assert capsys.readouterr().err.strip() == ("dllm-rl info: error: give a checkpoint: dllm-rl info MODEL_DIR (a "
+                                               "directory or a hub id org/name[@revision])")
