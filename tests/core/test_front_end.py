@@ -19,17 +19,24 @@ from dllm_rl.config.renames import DeprecatedKey, renames
 COMMANDS = {"rl": ("dllm_rl.rl.config", "RLConfig"), "sft": ("dllm_rl.sft.config", "SFTConfig"),
             "dpo": ("dllm_rl.dpo.config", "DPOConfig"), "eval": ("dllm_rl.eval.config", "EvalRunConfig"),
             "trace": ("dllm_rl.eval.config", "TraceConfig"), "plot": ("dllm_rl.eval.config", "PlotConfig"),
-            "generate": ("dllm_rl.sampling.config", "GenerateConfig"), "serve": ("dllm_rl.serve.config", "ServeConfig")}
+            "generate": ("dllm_rl.sampling.config", "GenerateConfig"), "serve": ("dllm_rl.serve.config", "ServeConfig"),
+            "pairs": ("dllm_rl.dpo.pairs", "PairsConfig"), "info": ("dllm_rl.models.cli", "InfoConfig"),
+            "data make": ("dllm_rl.tasks.data_config", "MakeDataConfig"),
+            "data show": ("dllm_rl.tasks.data_config", "ShowDataConfig"),
+            "data sandbox": ("dllm_rl.tasks.data_config", "SandboxCheckConfig")}
 #: the bare words a command's usage names before its config words (``eval MODEL_DIR``)
 POSITIONAL = {"eval": "[MODEL.PATH] ", "trace": "[MODEL.PATH] ", "plot": "[RUNS ...] ", "generate": "[MODEL.PATH] ",
-              "serve": "[MODEL.PATH] "}
+              "serve": "[MODEL.PATH] ", "info": "[MODEL.PATH] ", "data make": "[TASK] ", "data show": "[TASK] "}
 #: options of a command that are no config key
 NOT_KEYS = {"-h", "--help", "--help-config"}
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:
-    sub = build_parser(command)._subparsers._group_actions[0]
-    return sub.choices[command]
+    """The parser of ``command``: a subcommand, or a subcommand's own (``data make``)."""
+    parser = build_parser(command.split()[0])
+    for word in command.split():
+        parser = parser._subparsers._group_actions[0].choices[word]
+    return parser
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 from data_cli import read_rows, run_cli
 
-from dllm_rl.tasks import cli, get_task
+from dllm_rl.tasks import get_task
 from dllm_rl.tasks.arith import evaluate_arith
 from dllm_rl.tasks.countdown import check_countdown
 from dllm_rl.tasks.sudoku import count_solutions, is_valid_solution
@@ -150,10 +148,26 @@ def test_out_and_test_out_the_same_file_is_refused(tmp_path):
 
     out = tmp_path / "x.jsonl"
     out.write_text('{"expression": "1+1", "answer": 2}\n')
-    args = argparse.Namespace(data_command="make", kind="arith", n=20, seed=0, out=str(out), split="train",
-                              difficulty=None, exclude=[], test_out=str(tmp_path / "sub" / ".." / "x.jsonl"),
-                              test_n=None, operands=None, digits=None, ops=None)
     (tmp_path / "sub").mkdir()
     with pytest.raises(UserError, match=r"--out and --test-out are the same file .*: the train rows would replace"):
-        cli.run(args)
+        run_cli("data", "make", "arith", "--n", "20", "--out", str(out), "--test-out",
+                str(tmp_path / "sub" / ".." / "x.jsonl"))
     assert out.read_text() == '{"expression": "1+1", "answer": 2}\n'  # untouched
+
+
+def test_cli_make_and_show_read_a_yaml_overrides_and_flags(tmp_path, capsys):
+    """``data make`` / ``data show`` are on the one front end: a YAML, ``key=value`` and ``--key value`` (the
+    documented ``data make TASK --n N ...`` spelling unchanged); another task's knob is refused, not dropped."""
+    from dllm_rl.cli import main
+
+    (tmp_path / "make.yaml").write_text("task: countdown\nn: 5\nnumbers: 3\n")
+    out = tmp_path / "cd.jsonl"
+    assert main(["data", "make", str(tmp_path / "make.yaml"), "seed=1", "--out", str(out), "--max-value", "20"]) == 0
+    assert read_rows(out) == make("countdown", 5, 1, numbers=3, max_value=20)
+    assert main(["data", "show", f"task={out}", "--task-type", "countdown", "--n", "1"]) == 0
+    assert "1 examples shown" in capsys.readouterr().out
+    assert main(["data", "make", "countdown", "--n", "5", "--blanks", "3", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("dllm-rl data: error: blanks: a sudoku knob; countdown takes numbers, "
+                                               "max_value, max_target")
+    assert main(["data", "make", "sudoku", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "dllm-rl data: error: n: required, not given (set n=VALUE)"

@@ -19,10 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from dllm_rl.errors import UserError
+from dllm_rl.tasks.data_config import KNOBS, MakeDataConfig, SandboxCheckConfig, ShowDataConfig
+
+#: sub-command -> (its one-line help, its config class, the key a bare word sets)
+ACTIONS: dict[str, tuple[str, type, str | None]] = {
+    "make": ("generate a synthetic countdown / sudoku / arith / shapes dataset (jsonl)", MakeDataConfig, "task"),
+    "show": ("print a task's prompts, reference completions and their rewards", ShowDataConfig, "task"),
+    "sandbox": ("show how code is sandboxed on this machine and run a quick self-test", SandboxCheckConfig, None),
+}
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``data`` subcommand (and its own subcommands) to the top-level CLI."""
+    """Add the ``data`` subcommand (and its own subcommands, each on the one front end with its config class,
+    :mod:`dllm_rl.tasks.data_config`) to the top-level CLI."""
+    from dllm_rl.config import describe
+    from dllm_rl.config.command import add_command_arguments
+    from dllm_rl.config.reference import help_config_argument
+
     p = subparsers.add_parser(
         "data",
         help="make synthetic datasets, inspect tasks, check the code sandbox",
@@ -31,160 +44,92 @@ def register(subparsers: Any) -> None:
     )
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="data_command", metavar="ACTION")
-
-    mk = sub.add_parser("make", help="generate a synthetic countdown / sudoku / arith / shapes dataset (jsonl)")
-    mk.add_argument("kind", choices=["countdown", "sudoku", "arith", "shapes"])
-    mk.add_argument("--n", type=int, required=True, help="number of distinct rows")
-    mk.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    mk.add_argument("--out", required=True, help="output .jsonl file")
-    mk.add_argument(
-        "--split",
-        default="train",
-        choices=["train", "test"],
-        help="which random stream (train and test differ for the same seed); default train",
-    )
-    mk.add_argument(
-        "--difficulty",
-        choices=["easy", "medium", "hard"],
-        help="preset knobs (countdown: numbers/max-value; sudoku: blanks; arith: operands/digits)",
-    )
-    mk.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="never emit a row that is in FILE (repeatable): makes disjoint train/test sets",
-    )
-    mk.add_argument("--test-out", help="also write a disjoint test set to this file (shapes: the rare-pair set)")
-    mk.add_argument("--test-n", type=int, help="rows in the --test-out set (default: n/10)")
-    g = mk.add_argument_group("countdown")
-    g.add_argument("--numbers", type=int, help="how many numbers per puzzle (default 3)")
-    g.add_argument("--max-value", type=int, help="numbers are drawn from 1..max-value (default 100)")
-    g.add_argument("--max-target", type=int, help="largest target (default: max-value)")
-    g = mk.add_argument_group("sudoku")
-    g.add_argument("--blanks", type=int, help="blank cells per puzzle (default 8)")
-    g.add_argument("--size", type=int, help="grid size, 4 or 9 (default 4)")
-    g = mk.add_argument_group("arith")
-    g.add_argument("--operands", type=int, help="numbers per expression (default 3)")
-    g.add_argument("--digits", type=int, help="digits per number (default 2)")
-    g.add_argument("--ops", help="operators to draw from (default +-*)")
-    g = mk.add_argument_group("shapes (PNG images in NAME_images/ next to the --out / --test-out file)")
-    g.add_argument("--image-size", type=int, help="image width and height in px, 32..96 (default 48)")
-    g.add_argument("--min-objects", type=int, help="fewest shapes per image (default 1)")
-    g.add_argument("--max-objects", type=int, help="most shapes per image, up to 9 (default 4)")
-    g.add_argument("--questions", help="question kinds, comma-separated: count,colour,where (default all)")
-    g.add_argument("--rare-weight", type=float,
-                   help="how often a rare shape-colour pair is drawn relative to the others (default 0.05)")
-
-    sh = sub.add_parser("show", help="print a task's prompts, reference completions and their rewards")
-    sh.add_argument(
-        "task", help="task name (gsm8k, math, countdown, sudoku, arith, code, humaneval, mbpp, shapes, image_choice, "
-                     "image_math) or a data file"
-    )
-    sh.add_argument("--task-type", help="task of a data file")
-    sh.add_argument("--data", help="data file for a named task (default: its file in the shared data folder)")
-    sh.add_argument("--split", default="test")
-    sh.add_argument("--n", type=int, default=2, help="how many examples (default 2)")
-    sh.add_argument("--prompt-style", default=None, choices=["chat", "plain", "compact"])
-
-    sub.add_parser("sandbox", help="show how code is sandboxed on this machine and run a quick self-test")
-
-
-_KNOBS = {
-    "countdown": ("numbers", "max_value", "max_target"),
-    "sudoku": ("blanks", "size"),
-    "arith": ("operands", "digits", "ops"),
-    "shapes": ("image_size", "min_objects", "max_objects", "questions", "rare_weight"),
-}
+    for action, (text, cls, positional) in ACTIONS.items():
+        a = sub.add_parser(action, help=text, description=(cls.__doc__ or "").strip().replace("``", ""))
+        add_command_arguments(a, cls, positional=positional, words_help=(
+            f"{positional.upper()}, " if positional else "") + "a YAML config, key=value overrides (see --help-config)")
+        help_config_argument(a, lambda cls=cls: describe(cls))
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``dllm-rl data``."""
+    from dllm_rl.config.command import load_command
+
     cmd = getattr(args, "data_command", None)
+    if cmd not in ACTIONS:
+        raise UserError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
+    _, cls, positional = ACTIONS[cmd]
+    cfg = load_command(cls, args, None, positional=positional)
     try:
-        if cmd == "make":
-            return _make(args)
-        if cmd == "show":
-            return _show(args)
-        if cmd == "sandbox":
-            return _sandbox()
+        return {"make": _make, "show": _show, "sandbox": _sandbox}[cmd](cfg)
     except ImportError as exc:  # an optional package (datasets, pyarrow) is missing: one clear line
         raise UserError(str(exc)) from exc
-    raise UserError("missing action: use 'dllm-rl data make|show|sandbox' (see dllm-rl data --help)")
 
 
-def _make(args: argparse.Namespace) -> int:
+def _make(cfg: MakeDataConfig) -> int:
     from dllm_rl.jsonl import write_jsonl
 
     from .synthetic import keys_of, make, make_split_pair
 
-    for f in args.exclude:
+    for f in cfg.exclude:
         if not Path(f).exists():
             raise FileNotFoundError(f"--exclude file {f} does not exist")
-    if args.test_out and Path(args.test_out).resolve() == Path(args.out).resolve():
-        raise UserError(f"--out and --test-out are the same file ({args.out}): the train rows would replace the "
+    if cfg.test_out and Path(cfg.test_out).resolve() == Path(cfg.out).resolve():
+        raise UserError(f"--out and --test-out are the same file ({cfg.out}): the train rows would replace the "
                         "test rows; give two files")
-    if args.kind == "shapes":
-        return _make_shapes(args)
-    exclude = keys_of(args.kind, args.exclude)
-    knobs = {k: getattr(args, k) for k in _KNOBS[args.kind]}
-    if args.test_out:
-        test_n = args.test_n if args.test_n is not None else max(1, args.n // 10)
+    if cfg.task == "shapes":
+        return _make_shapes(cfg)
+    exclude = keys_of(cfg.task, cfg.exclude)
+    knobs = {k: getattr(cfg, k) for k in KNOBS[cfg.task]}
+    if cfg.test_out:
+        test_n = cfg.test_n if cfg.test_n is not None else max(1, cfg.n // 10)
         train, test = make_split_pair(
-            args.kind, args.n, test_n, args.seed, difficulty=args.difficulty, exclude=exclude, **knobs
+            cfg.task, cfg.n, test_n, cfg.seed, difficulty=cfg.difficulty, exclude=exclude, **knobs
         )
-        write_jsonl(args.test_out, test)
-        print(f"wrote {len(test)} {args.kind} test rows to {args.test_out}")
+        write_jsonl(cfg.test_out, test)
+        print(f"wrote {len(test)} {cfg.task} test rows to {cfg.test_out}")
     else:
-        train = make(
-            args.kind,
-            args.n,
-            args.seed,
-            difficulty=args.difficulty,
-            split=args.split,
-            exclude=exclude,
-            **knobs,
-        )
-    write_jsonl(args.out, train)
-    label = "train" if args.test_out else args.split
-    print(f"wrote {len(train)} {args.kind} {label} rows to {args.out}")
+        train = make(cfg.task, cfg.n, cfg.seed, difficulty=cfg.difficulty, split=cfg.split, exclude=exclude, **knobs)
+    write_jsonl(cfg.out, train)
+    label = "train" if cfg.test_out else cfg.split
+    print(f"wrote {len(train)} {cfg.task} {label} rows to {cfg.out}")
     return 0
 
 
-def _make_shapes(args: argparse.Namespace) -> int:
+def _make_shapes(cfg: MakeDataConfig) -> int:
     from . import shapes
 
-    knobs: dict[str, Any] = dict(shapes.DIFFICULTY[args.difficulty]) if args.difficulty else {}
-    given = {"size": args.image_size, "min_objects": args.min_objects, "max_objects": args.max_objects,
-             "rare_weight": args.rare_weight,
-             "kinds": [k.strip() for k in args.questions.split(",")] if args.questions else None}
+    knobs: dict[str, Any] = dict(shapes.DIFFICULTY[cfg.difficulty]) if cfg.difficulty else {}
+    given = {"size": cfg.image_size, "min_objects": cfg.min_objects, "max_objects": cfg.max_objects,
+             "rare_weight": cfg.rare_weight,
+             "kinds": [k.strip() for k in cfg.questions.split(",")] if cfg.questions else None}
     knobs.update({k: v for k, v in given.items() if v is not None})
-    exclude = shapes.keys_of(args.exclude)
-    if args.test_out:
-        test_n = args.test_n if args.test_n is not None else max(1, args.n // 10)
-        train, test = shapes.make_shapes_pair(args.n, test_n, args.seed, exclude=exclude, **knobs)
-        shapes.write_shapes(args.test_out, test)
-        print(f"wrote {len(test)} shapes rare-pair test rows to {args.test_out} (images in "
-              f"{shapes.image_folder(args.test_out)})")
+    exclude = shapes.keys_of(cfg.exclude)
+    if cfg.test_out:
+        test_n = cfg.test_n if cfg.test_n is not None else max(1, cfg.n // 10)
+        train, test = shapes.make_shapes_pair(cfg.n, test_n, cfg.seed, exclude=exclude, **knobs)
+        shapes.write_shapes(cfg.test_out, test)
+        print(f"wrote {len(test)} shapes rare-pair test rows to {cfg.test_out} (images in "
+              f"{shapes.image_folder(cfg.test_out)})")
     else:
-        train = shapes.make_shapes(args.n, args.seed, split=args.split, exclude=exclude, **knobs)
-    shapes.write_shapes(args.out, train)
-    label = "train" if args.test_out else args.split
-    print(f"wrote {len(train)} shapes {label} rows to {args.out} (images in {shapes.image_folder(args.out)})")
+        train = shapes.make_shapes(cfg.n, cfg.seed, split=cfg.split, exclude=exclude, **knobs)
+    shapes.write_shapes(cfg.out, train)
+    label = "train" if cfg.test_out else cfg.split
+    print(f"wrote {len(train)} shapes {label} rows to {cfg.out} (images in {shapes.image_folder(cfg.out)})")
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
+def _show(cfg: ShowDataConfig) -> int:
     from . import get_task
 
-    opts: dict[str, Any] = {"split": args.split, "limit": args.n}
-    if args.prompt_style:
-        opts["prompt_style"] = args.prompt_style
-    if args.data:
-        opts["data"] = args.data
-    if args.task_type:
-        opts["task_type"] = args.task_type
-    task = get_task(args.task, **opts)
+    opts: dict[str, Any] = {"split": cfg.split, "limit": cfg.n}
+    if cfg.prompt_style:
+        opts["prompt_style"] = cfg.prompt_style
+    if cfg.data:
+        opts["data"] = cfg.data
+    if cfg.task_type:
+        opts["task_type"] = cfg.task_type
+    task = get_task(cfg.task, **opts)
     examples = task.examples
     refs = [task.reference_completion(ex) or "" for ex in examples]
     scores = task.score_examples(refs, examples) if examples else []
@@ -199,11 +144,11 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sandbox() -> int:
+def _sandbox(cfg: SandboxCheckConfig) -> int:
     from ..sandbox import Sandbox, SandboxLimits
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    sb = Sandbox(SandboxLimits(timeout_s=5))
+    sb = Sandbox(SandboxLimits(timeout_s=cfg.timeout_s))
     print("sandbox:", sb.isolation.describe())
     for note in sb.isolation.notes:
         print("note:", note)
