@@ -196,6 +196,9 @@ def test_help_config_of_one_section(capsys):
     assert stop.value.code == 2
     assert capsys.readouterr().err.startswith("dllm-rl rl: error: --help-config lorax: no such section (sections: "
                                               "run, model, data, reward, ")
+    with pytest.raises(SystemExit) as stop:  # a word that is no section name is the command line's: every key
+        main(["rl", "--help-config", "configs/x.yaml", "train.max_steps=1"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("run: ")
 
 
 @dataclasses.dataclass

@@ -84,7 +84,8 @@ def help_config_argument(parser: Any, lines: Callable[[], list[str]]) -> None:
     class _HelpConfig(argparse.Action):
         def __call__(self, parser, namespace, values, option_string=None):
             shown = lines()
-            if values:
+            # a word that cannot be a section (a YAML, an override, a path) is the command line's, not SECTION's
+            if values and re.fullmatch(r"\w+(\.\w+)*", values) and not values.endswith((".yaml", ".yml")):
                 shown = [line for line in shown if line.startswith((f"{values}.", f"{values}:"))]
                 if not shown:
                     sections = [line.partition(":")[0] for line in lines() if re.match(r"[\w]+: ", line)]
