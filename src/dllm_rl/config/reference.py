@@ -49,13 +49,14 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
     its default and its help, in declaration order; renamed keys listed under their new names."""
     out = ["# Configuration reference", "",
            "Generated from the config dataclasses by `make docs` (`scripts/config_reference.py`; a test "
-           "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config`. `dllm-rl rl`, `sft`, "
-           "`dpo`, `eval`, `trace`, `plot`, `generate` and `serve` read `[CONFIG.yaml] [key=value ...] [--key value "
-           "...]` (`eval`, `trace`, `generate` and `serve` take the model directory as a first word too, `plot` its "
-           "runs): every key is also a flag, named after it (`train.max_steps` -> `--train.max-steps VALUE`; a bool "
-           "`--key` / `--no-key`; a list repeatable, a list of numbers also `0.5,0.7`; a mapping `KEY=VALUE` items, "
-           "repeatable), applied "
-           "after the YAML and the overrides.", ""]
+           "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config` (one section: "
+           "`--help-config SECTION`). Every command (`rl`, `sft`, `dpo`, `pairs`, `eval`, `trace`, `plot`, "
+           "`generate`, `serve`, `info`, `data make|show|sandbox`) reads `[CONFIG.yaml] [key=value ...] [--key value "
+           "...]` (`eval`, `trace`, `generate`, `serve` and `info` take the model directory as a first word too, "
+           "`plot` its runs): every key is also a flag, named after it (`train.max_steps` -> `--train.max-steps "
+           "VALUE`; a bool `--key` / `--no-key`; a list repeatable, a list of numbers also `0.5,0.7`; a mapping "
+           "`KEY=VALUE` items, repeatable), applied after the YAML and the overrides; `--help` lists the command's own "
+           "keys, `model.` and `run.`, and one line per other section.", ""]
     for title, cls, defaults in sections:
         out += [f"## {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",
                 "| key | default | what it does |", "|---|---|---|"]
