@@ -44,8 +44,8 @@ def add_pairs_parser(sub) -> None:
     p = sub.add_parser("pairs", help="preference pairs (for dllm-rl dpo) from a model's own right and wrong answers",
                        description="Sample k completions of each task prompt with the model, score them with the "
                        "task's reward and write prompt/chosen/rejected rows pairing a right answer with a wrong one.")
-    add_command_arguments(p, PairsConfig, words_help="a YAML config, then key=value overrides, e.g. "
-                          "model.path=DIR task=countdown out=pairs.jsonl k=8; every key is also a --flag")
+    add_command_arguments(p, PairsConfig, words_help="a YAML config (see configs/demo-pairs.yaml), then key=value "
+                          "overrides, e.g. model.path=DIR task=countdown out=pairs.jsonl k=8; every key is also a --flag")
     help_config_argument(p, lambda: describe(PairsConfig))
     p.set_defaults(func=make_pairs)
 
@@ -57,7 +57,7 @@ def make_pairs(args: argparse.Namespace) -> int:
     from dllm_rl.tasks import get_task
     from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
-    cfg = load_command(PairsConfig, args, "pairs.yaml")
+    cfg = load_command(PairsConfig, args, "configs/demo-pairs.yaml")
     if not cfg.model.path:
         raise UserError("model.path: give the model that answers (--model.path DIR or model.path=DIR)")
     device = resolve_device(cfg.model.device, "model.device")
