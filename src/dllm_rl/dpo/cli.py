@@ -45,7 +45,8 @@ def add_pairs_parser(sub) -> None:
                        description="Sample k completions of each task prompt with the model, score them with the "
                        "task's reward and write prompt/chosen/rejected rows pairing a right answer with a wrong one.")
     add_command_arguments(p, PairsConfig, words_help="a YAML config (see configs/demo-pairs.yaml), then key=value "
-                          "overrides, e.g. model.path=DIR task=countdown out=pairs.jsonl k=8; every key is also a --flag")
+                          "overrides, e.g. model.path=DIR task=countdown out=pairs.jsonl k=8; every key is also a "
+                          "--flag")
     help_config_argument(p, lambda: describe(PairsConfig))
     p.set_defaults(func=make_pairs)
 
