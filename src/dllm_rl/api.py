@@ -160,8 +160,8 @@ def load_model(path: str | Path, *, device: str = "auto", dtype: str = "auto", t
     (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16."""
     from dllm_rl.models import load_model as load
     from dllm_rl.models import load_tokenizer
+    from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
     from dllm_rl.threads import use_cpu_threads
-    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     dev = resolve_device(device)
     model = load(path, dtype=resolve_eval_dtype(dtype, dev), device=dev, tokenizer_dir=tokenizer)

@@ -1,4 +1,4 @@
-"""The one device resolution (training/accel.py resolve_device): ``auto`` falls back to the CPU, anything else must
+"""The one device resolution (models/devices.py resolve_device): ``auto`` falls back to the CPU, anything else must
 name a device the machine has; every command refuses a missing one in one line (exit 2) naming its key and the
 devices there are. CUDA is faked where a test needs it (this machine may have none)."""
 
@@ -11,8 +11,9 @@ import torch
 
 from dllm_rl.cli import main
 from dllm_rl.errors import UserError
-from dllm_rl.training import accel
-from dllm_rl.training.accel import resolve_device, training_device
+from dllm_rl.models import devices
+from dllm_rl.models.devices import resolve_device
+from dllm_rl.training.accel import training_device
 
 DEMO = Path(__file__).resolve().parents[2] / "src" / "dllm_rl" / "assets" / "demo"
 
@@ -21,7 +22,7 @@ DEMO = Path(__file__).resolve().parents[2] / "src" / "dllm_rl" / "assets" / "dem
 def no_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    monkeypatch.setattr(accel, "available_devices", lambda: ["cpu"])
+    monkeypatch.setattr(devices, "available_devices", lambda: ["cpu"])
 
 
 @pytest.fixture()

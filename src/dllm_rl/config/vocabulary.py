@@ -25,7 +25,7 @@ TOKENIZER_HELP = "tokenizer directory or hub id (null: the checkpoint's own)"
 
 
 def device_field(default: str = "auto", *, what: str = "the model") -> Any:
-    """A ``device`` key: where ``what`` runs (resolved by :func:`dllm_rl.training.accel.resolve_device`)."""
+    """A ``device`` key: where ``what`` runs (resolved by :func:`dllm_rl.models.devices.resolve_device`)."""
     return field(default, help=f"where {what} runs: {DEVICE_HELP}")
 
 

@@ -55,8 +55,8 @@ def make_pairs(args: argparse.Namespace) -> int:
     from dllm_rl.config.command import load_command
     from dllm_rl.dpo.pairs import PairsConfig, build_pairs, write_pairs
     from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
     from dllm_rl.tasks import get_task
-    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     cfg = load_command(PairsConfig, args, "configs/demo-pairs.yaml")
     if not cfg.model.path:

@@ -140,10 +140,10 @@ def _decode_for_trace(cfg, tok_dir: str):
     from dllm_rl.hub import resolve_model_path
     from dllm_rl.models import load_model
     from dllm_rl.models.checks import check_model_tokenizer
+    from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
     from dllm_rl.models.image_inputs import PromptEncoder, image_spans, refuse_images, takes_images
     from dllm_rl.sampling import generate
     from dllm_rl.threads import use_cpu_threads
-    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     model_dir = resolve_model_path(cfg.model.path)
     if not model_dir.is_dir():

@@ -55,8 +55,8 @@ from dllm_rl.eval.settings import (
 )
 from dllm_rl.jsonl import JSONLError, append_jsonl, read_jsonl, repair_jsonl
 from dllm_rl.models.checks import check_model_tokenizer
+from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
 from dllm_rl.seeding import derive_seed
-from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
 #: how a sample's decoding seed is made (in meta.json; a directory of another rule is not resumed)
 SEED_RULE = "sample s of item i decodes with dllm_rl.seeding.derive_seed(seed, i, s)"

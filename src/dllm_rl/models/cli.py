@@ -26,8 +26,8 @@ class InfoConfig(Checked):
 
 def info(args: argparse.Namespace) -> int:
     from dllm_rl.config.command import load_command
+    from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
     from dllm_rl.models.loading import load_model
-    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     cfg = load_command(InfoConfig, args, None, positional="model.path")
     if not cfg.model.path:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from dllm_rl.errors import UserError
+from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
 from dllm_rl.rewards.judge_config import JudgeConfig
-from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
 #: stands for the judge prompt while the chat template is rendered, to find where the prompt goes
 _SLOT = "\x00judge-prompt\x00"

@@ -21,8 +21,8 @@ import torch
 
 from dllm_rl.config import Checked, field
 from dllm_rl.errors import UserError
+from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
 from dllm_rl.tasks.base import completion_text
-from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
 logger = logging.getLogger(__name__)
 

@@ -158,8 +158,8 @@ def _load(cfg):
     """The ``model:`` section's model (device and dtype resolved: auto is CUDA in bfloat16 when there is one) and its
     tokenizer (``model.tokenizer``, else the checkpoint's), with ``chat_template``'s file when given."""
     from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
     from dllm_rl.threads import use_cpu_threads
-    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
 
     device = resolve_device(cfg.model.device, "model.device")
     model = load_model(cfg.model.path, dtype=resolve_eval_dtype(cfg.model.dtype, device), device=device,

@@ -52,11 +52,11 @@ def build_server(model_dir: str, decode, limits: ServeLimits, device: str = "cpu
 
     from dllm_rl.hub import resolve_model_path
     from dllm_rl.models import load_model, load_tokenizer
+    from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
     from dllm_rl.models.image_inputs import PromptEncoder
     from dllm_rl.models.tokenizer import use_chat_template
     from dllm_rl.serve.app import Server
     from dllm_rl.threads import use_cpu_threads
-    from dllm_rl.training.accel import resolve_device, resolve_eval_dtype
     from dllm_rl.training.lora import load_named_adapters, mixed_batch_refusal
 
     root = Path(model_dir).name or str(model_dir)
