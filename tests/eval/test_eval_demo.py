@@ -66,6 +66,19 @@ def test_demo_decodes_the_uniform_state_demo_with_its_rl_configs_sampler_knobs(t
     assert all(r["completion"].startswith("<answer>") for r in read_jsonl(tmp_path / "items" / "default.jsonl"))
 
 
+def test_demo_decodes_another_uniform_state_checkpoint_as_its_familys_demo(tmp_path):
+    """A DiffusionGemma checkpoint that is not the shipped one (a `make demo MODEL=gemma` run's final model) decodes
+    as rl-gemma.yaml does: no block_length (it was "one block of 32", which the uniform sampler refuses), the demo's
+    canvas and denoising steps; an explicit gen_length wins."""
+    import shutil
+
+    shutil.copy(DEMO_DIR / "gemma-countdown" / "config.json", tmp_path / "config.json")
+    assert decode_lengths(tmp_path) == (16, None)
+    assert demo_defaults(tmp_path, {})["decode"] == {"gen_length": 16, "max_denoising_steps": 8}
+    assert demo_defaults(tmp_path, {"gen_length": 32})["decode"] == {"gen_length": 32, "max_denoising_steps": 8}
+    assert decode_lengths(DEMO_DIR / "llada-countdown" / "elsewhere") == (32, 32)
+
+
 def test_demo_on_a_fresh_model_and_its_errors(tmp_path, capsys):
     tok, dlm = build_tokenizer_and_model(ModelConfig(tokenizer="char", hidden_size=32, num_layers=1,
                                                      intermediate_size=32, num_heads=2, num_kv_heads=2))

@@ -8,7 +8,9 @@ checkpoint (``assets/demo/rl-*.yaml``): ``llada-countdown`` decodes 16 slots as 
 checkpoint: gen_length 32, one block of 32. The vision demo's ``llada_v-shapes`` is evaluated on its own task
 (``shapes``) and held-out file (``shapes_heldout.jsonl``), as ``rl-vision.yaml`` names them. A uniform-state demo
 (``gemma-countdown``, DiffusionGemma-shaped) has no blocks nor greedy mode: its config names no ``block_length``, and
-``--demo`` takes its canvas budget and the sampler knobs it sets (``max_denoising_steps`` ...), as its RL run does.
+``--demo`` takes its canvas budget and the sampler knobs it sets (``max_denoising_steps`` ...), as its RL run does;
+so does any other checkpoint of a uniform-state family (a ``make demo MODEL=gemma`` run's final model), for which
+"one block of 32" means nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +23,34 @@ HELDOUT = DEMO_DIR / "countdown_heldout.jsonl"
 
 
 def demo_config(model_dir: str | Path) -> dict[str, Any] | None:
-    """The demo RL config (``assets/demo/rl-*.yaml``) whose ``model.path`` is ``model_dir``, or None."""
+    """The demo RL config (``assets/demo/rl-*.yaml``) whose ``model.path`` is ``model_dir``; for another checkpoint
+    of a uniform-state family, the config of the shipped demo of that family; else None."""
     import yaml
 
-    for cfg in sorted(DEMO_DIR.glob("rl-*.yaml")):
-        data = yaml.safe_load(cfg.read_text())
+    configs = [yaml.safe_load(cfg.read_text()) for cfg in sorted(DEMO_DIR.glob("rl-*.yaml"))]
+    for data in configs:
         if (DEMO_DIR / data["model"]["path"]).resolve() == Path(model_dir).resolve():
             return data
+    family = _uniform_family(model_dir)
+    if family is not None:
+        for data in configs:
+            if _uniform_family(DEMO_DIR / data["model"]["path"]) == family:
+                return data
     return None
+
+
+def _uniform_family(model_dir: str | Path) -> str | None:
+    """The family name of the local checkpoint ``model_dir`` when it is uniform-state; None otherwise (or when it
+    is no local checkpoint: a hub id's config is not fetched for this)."""
+    import json
+
+    from dllm_rl.models.families import detect_family
+
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    family = detect_family(json.loads(path.read_text()))
+    return family.name if family.noise == "uniform" else None
 
 
 def decode_lengths(model_dir: str | Path) -> tuple[int, int | None]:
