@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from dllm_rl.config import ConfigError, load_config
 from dllm_rl.config.renames import DeprecatedKey, carry_renamed
+from dllm_rl.dpo.config import DPOConfig
 from dllm_rl.rl.config import RLConfig
 from dllm_rl.sft.config import SFTConfig
 
@@ -122,3 +124,42 @@ def test_every_command_with_a_config_has_help_config(capsys):
     assert firsts["generate"][1].startswith("model.path (default '')")
     assert "model.device (default 'auto')" in "\n".join(firsts["generate"] + firsts["serve"])
     assert any(line.startswith("slots (default 32)") for line in firsts["serve"])
+
+
+@pytest.mark.parametrize("cls", [SFTConfig, DPOConfig], ids=["sft", "dpo"])
+def test_train_cpu_is_model_device(cls, tmp_path):
+    """SFT / DPO's ``train.cpu`` switch became the shared ``model.device`` key: true is cpu, false auto."""
+    path = tmp_path / "old.yaml"
+    path.write_text("train:\n  cpu: true\n")
+    with pytest.warns(DeprecatedKey, match=r"^config key 'train.cpu' is deprecated: use 'model.device' "):
+        assert load_config(cls, path).model.device == "cpu"
+    with pytest.warns(DeprecatedKey, match="'train.cpu' is deprecated"):
+        assert load_config(cls, None, ["train.cpu=false"]).model.device == "auto"
+    assert load_config(cls, None, ["model.device=cpu"]).model.device == "cpu"
+    saved = carry_renamed(cls, {"train": {"cpu": True, "max_steps": 2}}, warn=False)
+    assert saved == {"train": {"max_steps": 2}, "model": {"device": "cpu"}}  # a checkpoint's config.yaml
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo"])
+def test_the_old_cpu_switch_stays_a_switch(command):
+    from dllm_rl.cli import build_parser, parse_words
+    from dllm_rl.config.command import load_command
+
+    cls = {"sft": SFTConfig, "dpo": DPOConfig}[command]
+    for argv, device in ((["--train.cpu"], "cpu"), (["--no-train.cpu"], "auto"), (["--model.device", "cpu"], "cpu")):
+        args = parse_words(build_parser(command), [command, *argv])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert load_command(cls, args, "x.yaml").model.device == device
+        assert [str(w.message)[:57] for w in caught] == (
+            ["config key 'train.cpu' is deprecated: use 'model.device' "] if "train" in argv[0] else [])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_sft_refuses_a_device_this_machine_lacks_in_one_line(tmp_path, capsys):
+    from dllm_rl.cli import main
+
+    assert main(["sft", "model.tokenizer=char", "model.device=cuda:7", f"run.output_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dllm-rl sft: error: model.device 'cuda:7': this machine has no cuda device (it has: cpu")
+    assert not (tmp_path / "out").exists()

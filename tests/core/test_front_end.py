@@ -12,7 +12,14 @@ import pytest
 
 from dllm_rl.cli import OneLineParser, build_parser, main, parse_words
 from dllm_rl.config import ConfigError, field
-from dllm_rl.config.command import add_command_arguments, flag_name, given_flags, leaf_keys, load_command
+from dllm_rl.config.command import (
+    add_command_arguments,
+    flag_name,
+    given_flags,
+    leaf_keys,
+    load_command,
+    old_flag_type,
+)
 from dllm_rl.config.renames import DeprecatedKey, renames
 
 #: command -> its config dataclass, for every command on the one front end
@@ -53,8 +60,9 @@ def test_every_key_is_a_flag_and_every_flag_a_key(command):
                 flags[option] = action.dest
     bools = {flag_name(k).replace("--", "--no-", 1) for k, f, tp in leaf_keys(cls) if tp in (bool, bool | None)}
     old = {key: new for key, (new, _) in renames(cls).items() if new in keys and key not in keys}
-    old_bools = {flag_name(k).replace("--", "--no-", 1) for k, new in old.items()
-                 if flag_name(new).replace("--", "--no-", 1) in bools}
+    types = {k: tp for k, _, tp in leaf_keys(cls)}
+    old_bools = {flag_name(k).replace("--", "--no-", 1) for k, (new, convert) in renames(cls).items()
+                 if k in old and old_flag_type(convert, types[new]) in (bool, bool | None)}
     short = set(getattr(cls, "SHORT_FLAGS", {}))
     assert set(flags) == {flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
     assert {dest.removeprefix("config:") for dest in flags.values()} == keys | set(old)

@@ -91,9 +91,9 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
             kw["nargs"] = "+"
         _add_flag(groups[section], (flag_name(key), *([short[key]] if key in short else [])), tp, kw)
     taken = {option for action in parser._actions for option in action.option_strings}
-    for old, (new, _) in renames(cls).items():  # the old flags of renamed keys: hidden, read as the old key
+    for old, (new, convert) in renames(cls).items():  # the old flags of renamed keys: hidden, read as the old key
         if new in leaves and flag_name(old) not in taken:
-            _add_flag(parser, (flag_name(old),), leaves[new],
+            _add_flag(parser, (flag_name(old),), old_flag_type(convert, leaves[new]),
                       {"dest": _DEST + old, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS})
 
 
@@ -116,6 +116,16 @@ def _group(parser: argparse.ArgumentParser, cls: type, section: str, listed: boo
     where = f"--help-config {section}" if section else "--help-config"
     text = f"{count} keys, listed by {where}: {what.partition('; ')[0]}"  # its first clause: a line or two
     return parser.add_argument_group(title, text.replace("%", "%%"))
+
+
+def old_flag_type(convert: Any, new_type: Any) -> Any:
+    """The type an old key's flag takes: the new key's, or what the rename's ``convert`` declares it reads (its
+    parameter's annotation: ``train.cpu``'s ``bool`` for ``model.device``, so ``--train.cpu`` stays a switch)."""
+    if convert is None:
+        return new_type
+    hints = typing.get_type_hints(convert)
+    hints.pop("return", None)
+    return next(iter(hints.values()), new_type)
 
 
 def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any]) -> None:
@@ -206,4 +216,4 @@ def load_command(cls: type[T], args: argparse.Namespace, example: str | None, *,
 
 
 __all__ = ["HELP_SECTIONS", "add_command_arguments", "flag_name", "given_flags", "leaf_keys", "load_command",
-           "split_words"]
+           "old_flag_type", "split_words"]

@@ -4,10 +4,11 @@ SFT sections (``run``, ``model``, ``optim``, ``lora``, ``train``), the pairs' ``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from dllm_rl.config import field
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
-from dllm_rl.sft.config import ModelConfig, TrainConfig
+from dllm_rl.sft.config import TRAIN_RENAMED, ModelConfig, TrainConfig
 from dllm_rl.sft.data import ResponseFormat
 from dllm_rl.training import LoraOptions, OptimConfig
 from dllm_rl.training.resume_check import RUN_APPLICABLE
@@ -15,7 +16,7 @@ from dllm_rl.training.run_config import RunConfig
 
 #: settings that may change when a dpo run is resumed (they take effect from the resumed step)
 DPO_APPLICABLE = RUN_APPLICABLE + (
-    "train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.num_threads", "train.cpu",
+    "train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.num_threads", "model.device",
     "logprob_chunk_size", "max_rows", "model.gradient_checkpointing")
 
 
@@ -36,6 +37,9 @@ class PairDataConfig(ResponseFormat):
 class DPOConfig:
     """``dllm-rl dpo [CONFIG.yaml] [key=value | --key value ...]``: VRPO preference training (LLaDA 1.5,
     arXiv 2505.19223)."""
+
+    #: keys of earlier releases -> their place now (dllm_rl.config.renames)
+    RENAMED: ClassVar[dict] = TRAIN_RENAMED
 
     run: RunConfig = field(default_factory=lambda: RunConfig(output_dir="runs/dpo"),
                            help="where the run writes, its seed, resume, checkpoints, trackers, hub upload")

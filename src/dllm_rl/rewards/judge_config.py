@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dllm_rl.config import Checked, field
+from dllm_rl.config.vocabulary import device_field
 from dllm_rl.errors import UserError
 from dllm_rl.rewards.judge_text import DEFAULT_PATTERN
 
@@ -60,7 +61,7 @@ class JudgeConfig(Checked):
     temperature: float = field(0.0, ge=0, help="the judge's sampling temperature (0: greedy)")
     top_p: float = field(1.0, gt=0, le=1, help="nucleus sampling of the judge (with temperature > 0)")
     batch_size: int = field(16, ge=1, help="judge prompts per generate call")
-    device: str = field("auto", help="auto | cpu | cuda | cuda:N: where the judge runs (transformers backend)")
+    device: str = device_field(what="the judge (transformers backend)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         "auto", help="the judge's dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     chat_template: bool = field(True, help="wrap the filled template as a user turn of the judge's chat template "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from dllm_rl.config import Checked, ConfigError, FieldError, field
+from dllm_rl.config.vocabulary import device_field
 from dllm_rl.errors import UserError
 from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
@@ -155,8 +156,7 @@ class RLModelConfig(Checked):
     tokenizer: str | None = field(None, help="tokenizer directory (default: the model directory)")
     dtype: str = field("float32", choices=DTYPES,
                        help="model dtype: float32 | bfloat16 (log-probs and losses stay float32)")
-    device: str = field("auto", help="auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N (one process: "
-                        "that GPU); a device this machine lacks is refused; under accelerate launch the process's")
+    device: str = device_field(what="the policy")
     freeze_router: bool = field(
         False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "
         "auxiliary load-balancing loss is never added in RL (router load and entropy are logged as moe_* metrics)")

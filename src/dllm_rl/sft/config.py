@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from dllm_rl.config import Checked, ConfigError, field
+from dllm_rl.config.loading import coerce
+from dllm_rl.config.vocabulary import ModelSection
 from dllm_rl.sft.data import DataConfig
 from dllm_rl.sft.objectives import ObjectiveConfig
 from dllm_rl.training import LoraOptions, OptimConfig
@@ -14,8 +16,9 @@ from dllm_rl.training.run_config import RunConfig
 
 
 @dataclass
-class ModelConfig(Checked):
-    """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``)."""
+class ModelConfig(ModelSection):
+    """The model to fine-tune: a published-layout checkpoint, or a fresh tiny model (``path: null``); where it
+    trains is ``device`` (:class:`~dllm_rl.config.vocabulary.ModelSection`'s)."""
 
     path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors) "
                                         "or a hub id org/name[@revision]; "
@@ -94,7 +97,6 @@ class TrainConfig(Checked):
     num_threads: int | None = field(
         None, ge=1, help="torch CPU threads on a CPU device (null: OMP_NUM_THREADS if set, else the cores that are "
         "free when the run starts, shared among the processes of this machine; dllm_rl/threads.py)")
-    cpu: bool = field(False, help="force CPU even when an accelerator is present")
 
 
 def _keep_all(value):
@@ -102,9 +104,18 @@ def _keep_all(value):
     return 0 if value is None or str(value).lower() in ("null", "none") else value
 
 
+def _cpu_device(value: bool) -> str:
+    """``train.cpu: true`` is ``model.device: cpu``; ``false`` is ``auto`` (the accelerator when there is one)."""
+    return "cpu" if coerce(value, bool, "train.cpu") else "auto"
+
+
 def _resume_word(value):
     """``train.resume: none`` is ``run.resume: null``; ``auto`` and a directory keep their meaning."""
     return None if value is None or str(value).lower() in ("none", "null") else value
+
+
+#: renamed keys of the sections SFT and DPO share (DPOConfig's RENAMED too)
+TRAIN_RENAMED: dict = {"train.cpu": ("model.device", _cpu_device)}
 
 
 @dataclass
@@ -117,6 +128,7 @@ class SFTConfig:
                                                "push_to_hub", "report_to", "distributed_timeout_s")},
         "train.keep_checkpoints": ("run.keep_checkpoints", _keep_all),
         "train.resume": ("run.resume", _resume_word),
+        **TRAIN_RENAMED,
     }
 
     run: RunConfig = field(default_factory=lambda: RunConfig(output_dir="runs/sft"),

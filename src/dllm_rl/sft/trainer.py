@@ -48,7 +48,7 @@ from dllm_rl.training import (
     prune_checkpoints,
     save_checkpoint,
 )
-from dllm_rl.training.accel import PreparedModel
+from dllm_rl.training.accel import PreparedModel, training_device
 from dllm_rl.training.backend import backward, clip_gradients, micro_step, publishable, setup_backend
 from dllm_rl.training.checkpoint import save_published
 from dllm_rl.training.finite import Guarded, WeightGuard
@@ -91,7 +91,8 @@ class SFTTrainer:
         # DDP without a buffer broadcast per forward (the only buffers are the rotary tables, equal on every
         # rank): a rank whose micro-batch needs a different number of forwards cannot stall the others there.
         self.accelerator = make_accelerator(
-            t.mixed_precision, cpu=t.cpu, timeout_s=cfg.run.distributed_timeout_s,
+            t.mixed_precision, cpu=training_device(cfg.model.device, "model.device"),
+            timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
         setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)

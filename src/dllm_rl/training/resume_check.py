@@ -24,7 +24,7 @@ RL_APPLICABLE = RUN_APPLICABLE + (
     "reward.max_failure_steps", "reward.timeout_s", "log.samples_every", "log.rollouts", "model.device",
     "train.num_threads", "model.logprob_chunk_size", "model.gradient_checkpointing", "rollout.batch_size", "eval.every")
 SFT_APPLICABLE = RUN_APPLICABLE + (
-    "train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.num_threads", "train.cpu",
+    "train.max_steps", "train.num_epochs", "train.stop_after", "train.log_every", "train.num_threads", "model.device",
     "objective.logprob_chunk_size", "model.gradient_checkpointing")
 #: how a run continues, never compared
 RUN_IGNORED = ("run.resume", "run.overwrite")
