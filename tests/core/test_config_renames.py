@@ -163,3 +163,43 @@ def test_sft_refuses_a_device_this_machine_lacks_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("dllm-rl sft: error: model.device 'cuda:7': this machine has no cuda device (it has: cpu")
     assert not (tmp_path / "out").exists()
+
+
+def _messages(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, DeprecatedKey)]
+
+
+def test_old_dtype_spellings_read_as_the_shared_words(tmp_path):
+    """fp32 / bf16 / fp16 (RL's model.dtype and rollout.dtype took them) are float32 / bfloat16 / float16, from a
+    file (its flat old key too), an override or a checkpoint's config.yaml, each with one deprecation line."""
+    path = tmp_path / "old.yaml"
+    path.write_text("dtype: bf16\nrollout:\n  dtype: fp16\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config(RLConfig, path, ["reward.dtype=fp32", "reward.judge.dtype=bf16"])
+    assert (cfg.model.dtype, cfg.rollout.dtype, cfg.reward.dtype, cfg.reward.judge.dtype) == (
+        "bfloat16", "float16", "float32", "bfloat16")
+    assert _messages(caught) == [
+        "config key 'dtype' is deprecated: use 'model.dtype' (the old key is read until the next release)",
+        "config value model.dtype: 'bf16' is deprecated: use 'bfloat16' (the old value is read until the next release)",
+        "config value rollout.dtype: 'fp16' is deprecated: use 'float16' (the old value is read until the next "
+        "release)",
+        "config value reward.dtype: 'fp32' is deprecated: use 'float32' (the old value is read until the next "
+        "release)",
+        "config value reward.judge.dtype: 'bf16' is deprecated: use 'bfloat16' (the old value is read until the next "
+        "release)"]
+    with pytest.warns(DeprecatedKey, match=r"^config value model.dtype: 'bf16' is deprecated: use 'bfloat16'"):
+        assert load_config(SFTConfig, None, ["model.dtype=bf16"]).model.dtype == "bfloat16"
+    assert carry_renamed(RLConfig, {"model": {"dtype": "bf16"}}, warn=False) == {"model": {"dtype": "bfloat16"}}
+    with pytest.raises(ConfigError, match=r"^model.dtype: 'bf32' is not allowed; choose one of auto, float32, "
+                                          r"bfloat16, float16$"):
+        load_config(DPOConfig, None, ["model.dtype=bf32"])
+
+
+def test_every_dtype_key_takes_the_same_words_and_trainers_keep_float32():
+    for cls in (RLConfig, SFTConfig, DPOConfig):
+        assert load_config(cls).model.dtype == "float32"
+        assert load_config(cls, None, ["model.dtype=auto"]).model.dtype == "auto"
+        assert load_config(cls, None, ["model.dtype=float16"]).model.dtype == "float16"
+    cfg = load_config(RLConfig, None, ["rollout.dtype=auto", "reward.dtype=float16", "reward.judge.dtype=auto"])
+    assert (cfg.rollout.dtype, cfg.reward.dtype, cfg.reward.judge.dtype) == ("auto", "float16", "auto")

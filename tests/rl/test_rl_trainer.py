@@ -353,7 +353,8 @@ def test_rollouts_are_decoded_by_a_low_precision_copy_refreshed_each_step(rl_set
 
     same = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "f32", "rollout.dtype=float32"))
     assert RLTrainer(same).rollout_copy is None  # the policy's own dtype: no copy
-    with pytest.raises(ConfigError, match="rollout.dtype: 'int8' is not allowed; choose one of float32"):
+    with pytest.raises(ConfigError, match="rollout.dtype: 'int8' is not allowed; choose one of auto, float32, "
+                                          "bfloat16, float16$"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "rollout.dtype=int8")))
 
 
@@ -508,3 +509,14 @@ def test_dynamic_sampling_stops_after_max_sampling_rounds_and_needs_a_filter(rl_
                                                            "drop_zero_variance=false")))
     with pytest.raises(ConfigError, match="max_sampling_rounds: must be >= 1, got 0"):
         RLTrainer(load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "max_sampling_rounds=0")))
+
+
+def test_model_dtype_auto_loads_the_policy_in_float32_on_the_cpu(rl_setup, tmp_path):
+    """model.dtype=auto (the shared dtype words) reaches the loader resolved: float32 on the CPU, as on every
+    device without CUDA."""
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "model.dtype=auto"))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    try:
+        assert trainer.model.dtype == torch.float32
+    finally:
+        trainer.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+import torch
 
 from dllm_rl.eval.demo import DEMO_DIR, HELDOUT
 from dllm_rl.models import load_model, load_tokenizer
@@ -76,3 +78,15 @@ def test_sft_builds_a_fresh_diffusion_gemma_at_the_configured_moe_shape():
     assert dlm.family.name == "diffusion_gemma" and dlm.mask_token_id is None and dlm.block_size == 8
     assert dlm.model.get_input_embeddings().weight.shape[0] == len(tok) + 3 == hf.image_token_id + 1
     assert (hf.text_config.num_experts, hf.text_config.top_k_experts, hf.text_config.moe_intermediate_size) == (3, 1, 8)
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("cuda", torch.bfloat16)])
+def test_model_dtype_auto_is_resolved_for_the_training_device(device, dtype):
+    """model.dtype=auto (the shared dtype words) reaches the builder and the loader as bfloat16 for CUDA, float32
+    elsewhere; the model is only built here (the trainer moves it), so no GPU is needed."""
+    cfg = ModelConfig(tokenizer="char", dtype="auto", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                      intermediate_size=32)
+    _, dlm = build_tokenizer_and_model(cfg, device=device)
+    assert next(dlm.parameters()).dtype == dtype
+    assert next(build_tokenizer_and_model(replace(cfg, path=str(DEMO_DIR / "llada-countdown"), tokenizer="auto"),
+                                          device=device)[1].parameters()).dtype == dtype

@@ -18,14 +18,17 @@ from dllm_rl.errors import UserError
 def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str],
           default_factory: Any = dataclasses.MISSING,
           ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-          choices: Any = None, check: Callable[[Any], str | None] | None = None):
+          choices: Any = None, check: Callable[[Any], str | None] | None = None,
+          renamed_values: Mapping[str, Any] | None = None):
     """A dataclass field with help text (shown by ``describe``) and the facts :func:`check_fields` checks:
     a numeric range (``ge`` / ``gt`` / ``le`` / ``lt``), the allowed values of a string field whose values
     come from a registry (``choices``: a container, or a function returning one, read when checked), or
     any other rule (``check(value)`` returns what is wrong, or None). ``Literal[...]`` annotations are
     checked too. ``None`` (an optional field left unset) is never checked. ``help`` may be a function returning
-    the text, read when shown (:func:`help_text`)."""
-    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check}
+    the text, read when shown (:func:`help_text`). ``renamed_values`` maps old spellings of a value to the
+    current one (``{"bf16": "bfloat16"}``), read with a deprecation (:mod:`dllm_rl.config.renames`)."""
+    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "check": check,
+            "renamed_values": renamed_values}
     meta = {k: v for k, v in meta.items() if v is not None}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)

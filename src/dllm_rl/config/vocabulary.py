@@ -19,6 +19,8 @@ from dllm_rl.config.fields import Checked, field
 
 #: the values of every ``dtype`` key: ``auto`` is bfloat16 on CUDA and float32 elsewhere
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: the short dtype names of earlier releases, read as the full ones with a deprecation (dllm_rl.config.renames)
+OLD_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEVICE_HELP = ("auto (CUDA when available, else the CPU) | cpu | cuda | cuda:N; a device this machine lacks is "
                "refused; under accelerate launch each process takes its own")
 TOKENIZER_HELP = "tokenizer directory or hub id (null: the checkpoint's own)"
@@ -31,8 +33,9 @@ def device_field(default: str = "auto", *, what: str = "the model") -> Any:
 
 def dtype_field(default: str = "auto", *, what: str = "the model's weights", note: str = "") -> Any:
     """A ``dtype`` key, one of :data:`DTYPES`."""
-    return field(default, choices=DTYPES, help=f"dtype of {what}: auto (bfloat16 on CUDA, float32 elsewhere) | "
-                 f"float32 | bfloat16 | float16{note}")
+    return field(default, choices=DTYPES, renamed_values=OLD_DTYPE_NAMES,
+                 help=f"dtype of {what}: auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16 | "
+                 f"float16{note}")
 
 
 def tokenizer_field(help: str = TOKENIZER_HELP) -> Any:
@@ -52,4 +55,5 @@ class ModelSection(Checked):
     device: str = device_field()
 
 
-__all__ = ["ModelSection", "DEVICE_HELP", "DTYPES", "TOKENIZER_HELP", "device_field", "dtype_field", "tokenizer_field"]
+__all__ = ["ModelSection", "DEVICE_HELP", "DTYPES", "OLD_DTYPE_NAMES", "TOKENIZER_HELP", "device_field", "dtype_field",
+           "tokenizer_field"]

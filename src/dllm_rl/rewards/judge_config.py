@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dllm_rl.config import Checked, field
-from dllm_rl.config.vocabulary import device_field
+from dllm_rl.config.vocabulary import device_field, dtype_field
 from dllm_rl.errors import UserError
 from dllm_rl.rewards.judge_text import DEFAULT_PATTERN
 
@@ -62,8 +62,7 @@ class JudgeConfig(Checked):
     top_p: float = field(1.0, gt=0, le=1, help="nucleus sampling of the judge (with temperature > 0)")
     batch_size: int = field(16, ge=1, help="judge prompts per generate call")
     device: str = device_field(what="the judge (transformers backend)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
-        "auto", help="the judge's dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    dtype: str = dtype_field(what="the judge's weights")
     chat_template: bool = field(True, help="wrap the filled template as a user turn of the judge's chat template "
                                            "(when its tokenizer has one)")
     cache_size: int = field(100_000, ge=0, help="judge prompts whose judgements are kept (least recently used "

@@ -15,12 +15,12 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from dllm_rl.config import Checked, field
-from dllm_rl.config.vocabulary import device_field
+from dllm_rl.config.vocabulary import device_field, dtype_field
 from dllm_rl.errors import UserError
 from dllm_rl.models.devices import resolve_device, resolve_eval_dtype
 from dllm_rl.tasks.base import completion_text
@@ -37,8 +37,7 @@ class RewardModelConfig(Checked):
                                 "the common open reward models) and a tokenizer with a chat template")
     batch_size: int = field(8, ge=1, help="(prompt, completion) pairs per forward of the reward model")
     device: str = device_field(what="the reward model")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
-        "auto", help="the reward model's dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    dtype: str = dtype_field(what="the reward model's weights")
     max_length: int = field(4096, ge=1, help="tokens of a chat-formatted pair scored; longer pairs are cut at "
                                              "this length (their end is dropped)")
     prompt_column: str | None = field(

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from dllm_rl.config import Checked, ConfigError, FieldError, field
-from dllm_rl.config.vocabulary import device_field
+from dllm_rl.config.vocabulary import DTYPES, OLD_DTYPE_NAMES, ModelSection, device_field, dtype_field
 from dllm_rl.errors import UserError
-from dllm_rl.models.loading import DTYPES
 from dllm_rl.models.logprobs import DEFAULT_CHUNK_SIZE
 from dllm_rl.rewards.config import RewardConfig
 from dllm_rl.rl.curriculum_config import CurriculumConfig
@@ -76,8 +75,8 @@ class RolloutConfig(DecodeOptions):
         8, ge=1, help="completions per prompt (TRL num_generations; the group size G)")
     batch_size: int = field(64, ge=1, help="sequences decoded together")
     dtype: str | None = field(
-        None, choices=(*DTYPES, "auto"),
-        help="decode rollouts with a copy of the policy in this dtype (bfloat16 | float16 | float32 | auto), "
+        None, choices=DTYPES, renamed_values=OLD_DTYPE_NAMES,
+        help="decode rollouts with a copy of the policy in this dtype (auto | float32 | bfloat16 | float16), "
         "refreshed from the live weights each step; log-probs, updates and the held-out evaluation keep the "
         "policy's dtype. auto: bfloat16 where the device multiplies it natively (CUDA; a CPU with AMX or "
         "AVX512-BF16), else the policy's dtype. Default: the policy itself")
@@ -148,14 +147,13 @@ class HeldOutConfig(Checked):
 
 
 @dataclass
-class RLModelConfig(Checked):
-    """The policy to train (the ``model:`` section of an RL config)."""
+class RLModelConfig(ModelSection):
+    """The policy to train (the ``model:`` section of an RL config): the shared model keys, float32 weights by
+    default, and the policy's own."""
 
     path: str = field("", help="checkpoint directory in a published layout (config.json + safetensors), or a "
                        "hub id org/name[@revision] (HF cache; HF_HUB_OFFLINE=1 reads only the cache)")
-    tokenizer: str | None = field(None, help="tokenizer directory (default: the model directory)")
-    dtype: str = field("float32", choices=DTYPES,
-                       help="model dtype: float32 | bfloat16 (log-probs and losses stay float32)")
+    dtype: str = dtype_field("float32", what="the policy's weights", note="; log-probs and losses stay float32")
     device: str = device_field(what="the policy")
     freeze_router: bool = field(
         False, help="MoE models: no gradient into the routers (gate weights), the usual practice in MoE RL. The "

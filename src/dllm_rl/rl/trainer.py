@@ -57,7 +57,7 @@ from dllm_rl.training import (
     build_scheduler,
     make_accelerator,
 )
-from dllm_rl.training.accel import training_device
+from dllm_rl.training.accel import resolve_eval_dtype, training_device
 from dllm_rl.training.backend import refuse_unsharded_features, setup_backend, shard_reference
 from dllm_rl.training.finite import Guarded, TrainingStopped, WeightGuard
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks
@@ -127,7 +127,8 @@ class RLTrainer(RLCheckpoints):
     def _build_models(self, reward_fn) -> None:
         """The policy (LoRA, routers), tasks, hook, reference copy, optimiser, schedule and value model."""
         cfg = self.cfg
-        self.model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=self.accelerator.device,
+        device = self.accelerator.device
+        self.model = load_model(cfg.model.path, dtype=resolve_eval_dtype(cfg.model.dtype, device), device=device,
                                 tokenizer_dir=cfg.model.tokenizer)
         use_cpu_threads(self.accelerator.device, cfg.train.num_threads)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, mask_token_id=self.model.mask_token_id,

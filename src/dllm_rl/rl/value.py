@@ -235,7 +235,7 @@ class ValueLearner:
         if family.name != policy.family.name:
             raise ConfigError(f"value_model.init_from: {source} is a {family.name} model and the policy a "
                               f"{policy.family.name} model; the value backbone must be of the policy's family")
-        return load_model(source, dtype=cfg.model.dtype, device=policy.device)
+        return load_model(source, dtype=policy.dtype, device=policy.device)  # model.dtype as the policy resolved it
 
     # ------------------------------------------------------------------------------------ one step
     def _micro_batches(self, n: int) -> list[list[int]]:

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.config.loading import coerce
-from dllm_rl.config.vocabulary import ModelSection
+from dllm_rl.config.vocabulary import ModelSection, dtype_field
 from dllm_rl.sft.data import DataConfig
 from dllm_rl.sft.objectives import ObjectiveConfig
 from dllm_rl.training import LoraOptions, OptimConfig
@@ -59,7 +59,7 @@ class ModelConfig(ModelSection):
         None, gt=0, help="fresh model: draw every weight matrix (embeddings, projections, head) from "
         "N(0, init_std^2) with a generator seeded by run.seed (null = HF's init, std 0.02). Tiny models without "
         "QK-norm (llada) learn attention far faster from a larger init, e.g. 0.08")
-    dtype: Literal["float32", "bfloat16"] = field("float32", help="weight dtype (mixed precision keeps fp32 weights)")
+    dtype: str = dtype_field("float32", note="; train.mixed_precision computes in bfloat16 over float32 weights")
     attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="HF attention kernel")
     gradient_checkpointing: bool = field(False, help="recompute activations in backward (real model sizes)")
     freeze_router: bool = field(False, help="MoE models: no gradient into the routers (gate weights)")

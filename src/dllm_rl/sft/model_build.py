@@ -16,6 +16,7 @@ from dllm_rl.models.families import get_family
 from dllm_rl.models.families.llada_v import SO400M_VISION
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.config import ModelConfig
+from dllm_rl.training.accel import resolve_eval_dtype
 
 
 def reinit_weights(dlm: DiffusionLM, std: float, seed: int = 0) -> None:
@@ -39,8 +40,11 @@ def vision_shape(cfg: ModelConfig) -> dict[str, Any]:
             "image_aspect_ratio": cfg.image_aspect_ratio}
 
 
-def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, DiffusionLM]:
-    """The tokenizer and model of a :class:`ModelConfig` (a fresh model is sized to the tokenizer)."""
+def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0, device: torch.device | str = "cpu"
+                              ) -> tuple[Any, DiffusionLM]:
+    """The tokenizer and model of a :class:`ModelConfig` (a fresh model is sized to the tokenizer), in
+    ``model.dtype`` (``auto`` resolved for ``device``, where the model will train)."""
+    dtype = resolve_eval_dtype(cfg.dtype, torch.device(device))
     if cfg.tokenizer == "char":
         tok = char_tokenizer(cfg.alphabet or DEFAULT_ALPHABET, words=cfg.words)
     elif cfg.tokenizer == "auto":
@@ -50,7 +54,7 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
     else:
         tok = load_tokenizer(cfg.tokenizer)
     if cfg.path is not None:
-        dlm = load_model(cfg.path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+        dlm = load_model(cfg.path, dtype=dtype, attn_implementation=cfg.attn_implementation)
         if tok is None:
             tok = load_tokenizer(cfg.path, mask_token_id=dlm.mask_token_id, noise=dlm.family.noise)
     else:
@@ -68,7 +72,7 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Dif
         )
         if cfg.family == "llada_v":
             pub.update(vision_shape(cfg))
-        dlm = build_model(cfg.family, pub, seed=seed, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+        dlm = build_model(cfg.family, pub, seed=seed, dtype=dtype, attn_implementation=cfg.attn_implementation)
         if cfg.init_std is not None:
             reinit_weights(dlm, cfg.init_std, seed)
     if dlm.mask_token_id is not None and tok.mask_token_id != dlm.mask_token_id:  # uniform-state noise: no mask

@@ -143,7 +143,7 @@ class SFTTrainer:
         if cfg.model.train_vision != "none" and not self.trains_vision:
             raise ConfigError(f"model.train_vision={cfg.model.train_vision}: dllm-rl {self.name} keeps LLaDA-V's image "
                               "parts as data (its reference scores the policy's image features); set none")
-        self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=cfg.run.seed)
+        self.tokenizer, self.dlm = build_tokenizer_and_model(cfg.model, seed=cfg.run.seed, device=acc.device)
         if cfg.model.train_vision != "none":
             if self.dlm.family.name != "llada_v":
                 raise ConfigError(f"model.train_vision={cfg.model.train_vision}: for llada_v models only (a "
