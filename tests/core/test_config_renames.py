@@ -203,3 +203,36 @@ def test_every_dtype_key_takes_the_same_words_and_trainers_keep_float32():
         assert load_config(cls, None, ["model.dtype=float16"]).model.dtype == "float16"
     cfg = load_config(RLConfig, None, ["rollout.dtype=auto", "reward.dtype=float16", "reward.judge.dtype=auto"])
     assert (cfg.rollout.dtype, cfg.reward.dtype, cfg.reward.judge.dtype) == ("auto", "float16", "auto")
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo"])
+def test_tokenizer_auto_is_null_the_checkpoints_own(command, tmp_path):
+    """SFT / DPO's ``model.tokenizer: auto`` is the shared null (the checkpoint's own), from a file, an override, a
+    flag and a checkpoint's config.yaml (silently, so a resume compares like with like)."""
+    from dllm_rl.cli import build_parser, parse_words
+    from dllm_rl.config.command import load_command
+
+    cls = {"sft": SFTConfig, "dpo": DPOConfig}[command]
+    assert load_config(cls).model.tokenizer is None
+    path = tmp_path / "old.yaml"
+    path.write_text("model:\n  path: ckpt\n  tokenizer: auto\n")
+    line = "config value model.tokenizer: 'auto' is deprecated: use null (the old value is read until the next release)"
+    for args in ((path, []), (None, ["model.tokenizer=auto"])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert load_config(cls, *args).model.tokenizer is None
+        assert _messages(caught) == [line]
+    with pytest.warns(DeprecatedKey, match="'auto' is deprecated: use null"):
+        cfg = load_command(cls, parse_words(build_parser(command), [command, "--model.tokenizer", "auto"]), "x.yaml")
+    assert cfg.model.tokenizer is None
+    assert load_config(cls, None, ["model.tokenizer=char"]).model.tokenizer == "char"
+    assert carry_renamed(cls, {"model": {"tokenizer": "auto"}}, warn=False) == {"model": {"tokenizer": None}}
+
+
+def test_a_fresh_model_without_a_tokenizer_is_one_line(tmp_path, capsys):
+    from dllm_rl.cli import main
+
+    assert main(["sft", f"run.output_dir={tmp_path / 'out'}", "model.device=cpu"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dllm-rl sft: error: model.tokenizer: null is the checkpoint's own tokenizer and there is no checkpoint "
+        "(model.path: null builds a fresh model); set model.tokenizer=char or a tokenizer directory, or model.path")

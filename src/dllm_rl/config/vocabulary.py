@@ -38,9 +38,9 @@ def dtype_field(default: str = "auto", *, what: str = "the model's weights", not
                  f"float16{note}")
 
 
-def tokenizer_field(help: str = TOKENIZER_HELP) -> Any:
-    """A ``tokenizer`` key: ``None`` is the checkpoint's own."""
-    return field(None, help=help)
+def tokenizer_field(help: str = TOKENIZER_HELP, *, renamed_values: dict[str, Any] | None = None) -> Any:
+    """A ``tokenizer`` key: ``None`` is the checkpoint's own (``renamed_values``: old words read as new values)."""
+    return field(None, help=help, renamed_values=renamed_values)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from dllm_rl.config import Checked, ConfigError, field
 from dllm_rl.config.loading import coerce
-from dllm_rl.config.vocabulary import ModelSection, dtype_field
+from dllm_rl.config.vocabulary import ModelSection, dtype_field, tokenizer_field
 from dllm_rl.sft.data import DataConfig
 from dllm_rl.sft.objectives import ObjectiveConfig
 from dllm_rl.training import LoraOptions, OptimConfig
@@ -23,8 +23,9 @@ class ModelConfig(ModelSection):
     path: str | None = field(None, help="checkpoint directory in a published layout (config.json + safetensors) "
                                         "or a hub id org/name[@revision]; "
                                         "null = build a fresh model of `family` from the sizes below")
-    tokenizer: str = field("auto", help="auto (the checkpoint's own tokenizer), char (the character tokenizer "
-                                        "over `alphabet`), or a tokenizer directory")
+    tokenizer: str | None = tokenizer_field(
+        "null (the checkpoint's own tokenizer), char (the character tokenizer over `alphabet`: a fresh model's), or "
+        "a tokenizer directory or hub id", renamed_values={"auto": None})
     alphabet: str | None = field(None, help="characters of the char tokenizer (null = the default alphabet)")
     words: list[str] = field(default_factory=list, help="char tokenizer: whole strings that get one token each "
                              "(e.g. [\"<answer>\", \"</answer>\"]: shorter completions, cheaper decoding)")

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from dllm_rl.config import ConfigError
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, tiny_config
 from dllm_rl.models.families import get_family
 from dllm_rl.models.families.llada_v import SO400M_VISION
@@ -47,9 +48,11 @@ def build_tokenizer_and_model(cfg: ModelConfig, seed: int = 0, device: torch.dev
     dtype = resolve_eval_dtype(cfg.dtype, torch.device(device))
     if cfg.tokenizer == "char":
         tok = char_tokenizer(cfg.alphabet or DEFAULT_ALPHABET, words=cfg.words)
-    elif cfg.tokenizer == "auto":
+    elif cfg.tokenizer is None:
         if cfg.path is None:
-            raise ValueError("model.tokenizer=auto needs model.path; a fresh model needs model.tokenizer=char or a dir")
+            raise ConfigError("model.tokenizer: null is the checkpoint's own tokenizer and there is no checkpoint "
+                              "(model.path: null builds a fresh model); set model.tokenizer=char or a tokenizer "
+                              "directory, or model.path")
         tok = None
     else:
         tok = load_tokenizer(cfg.tokenizer)
