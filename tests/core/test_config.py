@@ -153,8 +153,8 @@ def test_sft_sections_check_their_values_when_built():
         ModelConfig(init_std=0)
     with pytest.raises(ConfigError, match=r"^eps: must be in \(0, 1\), got 1.0$"):
         ObjectiveConfig(eps=1.0)
-    with pytest.raises(ConfigError, match=r"^train.batch_size: must be >= 1, got 0$"):
-        load_config(SFTConfig, None, ["train.batch_size=0"])
+    with pytest.raises(ConfigError, match=r"^train.micro_batch_size: must be >= 1, got 0$"):
+        load_config(SFTConfig, None, ["train.micro_batch_size=0"])
     with pytest.raises(ConfigError, match=r"^data.max_length: must be >= 1, got 0$"):
         load_config(SFTConfig, None, ["data.max_length=0"])
 

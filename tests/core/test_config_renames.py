@@ -236,3 +236,21 @@ def test_a_fresh_model_without_a_tokenizer_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         "dllm-rl sft: error: model.tokenizer: null is the checkpoint's own tokenizer and there is no checkpoint "
         "(model.path: null builds a fresh model); set model.tokenizer=char or a tokenizer directory, or model.path")
+
+
+@pytest.mark.parametrize("cls", [SFTConfig, DPOConfig], ids=["sft", "dpo"])
+def test_train_batch_size_is_the_micro_batch_size(cls, tmp_path):
+    """SFT / DPO's per-process micro-batch, ``train.batch_size``, is ``train.micro_batch_size`` as in RL."""
+    path = tmp_path / "old.yaml"
+    path.write_text("train:\n  batch_size: 3\n  grad_accum: 2\n")
+    with pytest.warns(DeprecatedKey, match=r"^config key 'train.batch_size' is deprecated: use "
+                                           r"'train.micro_batch_size' \(the old key is read until the next release\)$"):
+        cfg = load_config(cls, path)
+    assert (cfg.train.micro_batch_size, cfg.train.grad_accum) == (3, 2)
+    with pytest.warns(DeprecatedKey, match="'train.batch_size' is deprecated"):
+        assert load_config(cls, None, ["train.batch_size=5"]).train.micro_batch_size == 5
+    with pytest.raises(ConfigError, match=r"^train.micro_batch_size: must be >= 1, got 0$"), \
+            pytest.warns(DeprecatedKey):
+        load_config(cls, None, ["train.batch_size=0"])
+    saved = carry_renamed(cls, {"train": {"batch_size": 4}}, warn=False)
+    assert saved == {"train": {"micro_batch_size": 4}}

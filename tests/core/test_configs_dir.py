@@ -1,4 +1,5 @@
-"""Every YAML shipped in configs/ and the demo folder loads into its config class (no stale keys)."""
+"""Every YAML shipped in configs/ and the demo folder loads into its config class (no stale keys, no deprecated
+spelling)."""
 
 import re
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dllm_rl.config import load_config
+from dllm_rl.config.renames import DeprecatedKey
 from dllm_rl.dpo.config import DPOConfig
 from dllm_rl.dpo.pairs import PairsConfig
 from dllm_rl.eval.config import EvalRunConfig
@@ -18,7 +20,12 @@ YAMLS = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "src/dllm_rl/
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
-def test_shipped_config_loads(path):
+def test_shipped_config_loads(path, recwarn):
+    _load(path)
+    assert [str(w.message) for w in recwarn if issubclass(w.category, DeprecatedKey)] == []  # no old key or value
+
+
+def _load(path):
     if "sft" in path.name:
         load_config(SFTConfig, path)
     elif path.name.startswith("eval-"):

@@ -52,7 +52,7 @@ CHEAP = {
     "rl": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2",
            "run.output_dir=OUT"],
     "demo": ["train.max_steps=1", "eval.limit=2", "train.prompts_per_step=2", "rollout.num_generations=2"],
-    "sft": ["train.max_steps=1", "train.batch_size=4", "run.output_dir=OUT"],
+    "sft": ["train.max_steps=1", "train.micro_batch_size=4", "run.output_dir=OUT"],
 }
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@\S+)?$")
 

@@ -25,7 +25,7 @@ def _cfg(tmp_path, *overrides, rows=ROWS, name="run"):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return ["model.tokenizer=char", "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=2",
             "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64", f"data.train_file={data}",
-            "train.batch_size=4", "train.max_steps=3", "run.progress=false", f"run.output_dir={tmp_path / name}",
+            "train.micro_batch_size=4", "train.max_steps=3", "run.progress=false", f"run.output_dir={tmp_path / name}",
             "train.log_every=1", "optim.lr=1e-2", *overrides]
 
 
@@ -135,7 +135,7 @@ def test_every_other_text_family_trains_two_steps(tmp_path, family):
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     trainer = DPOTrainer(load_config(DPOConfig, None, [
         f"model.path={tmp_path / 'ckpt'}", f"data.train_file={data}", "data.chat_template=never",
-        "train.batch_size=4", "train.max_steps=2", "run.progress=false", f"run.output_dir={tmp_path / 'run'}",
+        "train.micro_batch_size=4", "train.max_steps=2", "run.progress=false", f"run.output_dir={tmp_path / 'run'}",
         "train.log_every=1", "optim.lr=1e-2", "num_mc=2"]), verbose=False)
     start = _weights(trainer)
     trainer.run()
@@ -180,7 +180,7 @@ def test_image_pairs_train_with_their_images(tmp_path, family):
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(DPOConfig, None, [
         f"model.path={tmp_path / family}", f"data.train_file={tmp_path / 'pairs.jsonl'}", "data.chat_template=never",
-        "train.batch_size=2", "train.max_steps=2", "run.progress=false", f"run.output_dir={tmp_path / 'run'}",
+        "train.micro_batch_size=2", "train.max_steps=2", "run.progress=false", f"run.output_dir={tmp_path / 'run'}",
         "train.log_every=1", "optim.lr=1e-2", "num_mc=2"])
     trainer = DPOTrainer(cfg, verbose=False)
     assert all(len(p.chosen.images) == 1 and len(p.rejected.images) == 1 for p in trainer.examples)

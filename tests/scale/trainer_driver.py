@@ -62,7 +62,7 @@ WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 
 def sft(root: Path, out: Path, *extra: str) -> None:
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
-            f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
+            f"train.micro_batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
             "train.mixed_precision=no", "objective.logprob_chunk_size=3",
             "optim.lr=0.003", f"run.output_dir={out}", *extra]
     sft_train(load_config(SFTConfig, None, args), verbose=False)
@@ -71,7 +71,7 @@ def sft(root: Path, out: Path, *extra: str) -> None:
 def dpo(root: Path, out: Path, *extra: str) -> None:
     """VRPO on ``dpo.jsonl``: 2 pairs per micro-batch (chosen and rejected: 4 rows), the reference a sharded copy."""
     args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'dpo.jsonl'}", "train.max_steps=2",
-            f"train.batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
+            f"train.micro_batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
             "train.mixed_precision=no", "logprob_chunk_size=3", "num_mc=2", "beta=0.5",
             "optim.lr=0.003", f"run.output_dir={out}", *extra]
     dpo_train(load_config(DPOConfig, None, args), verbose=False)

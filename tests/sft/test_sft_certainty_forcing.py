@@ -121,7 +121,7 @@ def test_two_commands_on_the_block_demo(tmp_path):
     assert main(["sft", str(REPO / "configs" / "demo-sft-certainty-forcing.yaml"),
                  f"model.path={DEMO_DIR / 'sdar-countdown'}",
                  f"data.train_file={data / 'items/default.jsonl'}",
-                 f"run.output_dir={out}", "train.max_steps=2", "train.batch_size=4", "train.log_every=1",
+                 f"run.output_dir={out}", "train.max_steps=2", "train.micro_batch_size=4", "train.log_every=1",
                  "run.progress=false"]) == 0
     report = json.loads((out / "data_report.json").read_text())
     assert report["kept"] == right and report["dropped"] == {"not_kept": len(items) - right}

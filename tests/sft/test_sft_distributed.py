@@ -25,7 +25,7 @@ def _launch(tmp_path, *extra):
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
            "no", "--dynamo_backend", "no", "-m", "dllm_rl", "sft", "model.tokenizer=char",
            "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=32",
-           f"data.train_file={data}", "train.max_steps=4", "run.save_every=2", "train.batch_size=2",
+           f"data.train_file={data}", "train.max_steps=4", "run.save_every=2", "train.micro_batch_size=2",
            f"run.output_dir={tmp_path / 'run'}", "train.log_every=1", "train.num_threads=1", "run.progress=false",
            *extra]
     cmd[2:2] = ["--main_process_port", str(free_port())]

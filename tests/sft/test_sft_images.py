@@ -52,7 +52,7 @@ def sft_images(tmp_path_factory):
 def _cfg(root, family, out, *extra):
     return load_config(SFTConfig, None, [
         f"model.path={root / family}", f"data.train_file={root / 'pairs.jsonl'}", "data.chat_template=never",
-        "train.batch_size=2", "train.max_steps=30", "run.progress=false", f"run.output_dir={out}",
+        "train.micro_batch_size=2", "train.max_steps=30", "run.progress=false", f"run.output_dir={out}",
         "train.log_every=1", "optim.lr=3e-2", "optim.warmup_steps=1", "run.seed=0", *extra])
 
 

@@ -27,7 +27,7 @@ def _overrides(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     return ["model.tokenizer=char", "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=1",
             "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64", f"data.train_file={data}",
-            "data.max_length=16", "train.batch_size=4", "train.max_steps=3", "run.progress=false",
+            "data.max_length=16", "train.micro_batch_size=4", "train.max_steps=3", "run.progress=false",
             f"run.output_dir={tmp_path / 'run'}", "train.log_every=1", "run.save_every=1",
             "run.keep_checkpoints=3", "train.num_threads=1"]
 

@@ -26,7 +26,7 @@ def _cfg(tmp_path, *overrides, rows=ROWS, name="run"):
     base = [
         "model.tokenizer=char", "model.alphabet=0123456789+=", "model.hidden_size=32", "model.num_layers=2",
         "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=64", f"data.train_file={data}",
-        "data.max_length=16", "train.batch_size=4", "train.max_steps=4", "run.progress=false",
+        "data.max_length=16", "train.micro_batch_size=4", "train.max_steps=4", "run.progress=false",
         f"run.output_dir={tmp_path / name}", "train.log_every=1", "optim.lr=3e-3", "optim.warmup_steps=1",
     ]
     return load_config(SFTConfig, None, base + list(overrides))
@@ -49,7 +49,7 @@ def _fixed_loss(trainer, draws=8):
 def test_training_reduces_loss_on_a_fixed_batch(tmp_path, family, objective):
     # one fixed batch of 8 examples, seen at every step
     cfg = _cfg(tmp_path, f"model.family={family}", f"objective.name={objective}", "train.max_steps=30",
-               "optim.lr=1e-2", "train.batch_size=8", "data.pad_response_to=4", rows=ROWS[:8])
+               "optim.lr=1e-2", "train.micro_batch_size=8", "data.pad_response_to=4", rows=ROWS[:8])
     trainer = SFTTrainer(cfg, verbose=False)
     before = _fixed_loss(trainer)
     result = trainer.run()
@@ -93,7 +93,7 @@ def test_existing_checkpoints_need_resume(tmp_path):
 
 
 def test_grad_accum_and_epochs(tmp_path):
-    cfg = _cfg(tmp_path, "train.num_epochs=2", "train.grad_accum=2", "train.batch_size=3")
+    cfg = _cfg(tmp_path, "train.num_epochs=2", "train.grad_accum=2", "train.micro_batch_size=3")
     trainer = SFTTrainer(cfg, verbose=False)
     assert trainer.max_steps == 4  # ceil(2 * 12 / (3 * 2))
     trainer.run()

@@ -125,7 +125,7 @@ def test_cli_sft_on_a_tiny_diffusion_gemma_lowers_the_loss_and_saves_the_publish
     path, data = _checkpoint(tmp_path)
     out = tmp_path / "run"
     common = [f"model.path={path}", "model.tokenizer=char", "model.alphabet=0123456789+=", f"data.train_file={data}",
-              "data.max_length=16", "train.batch_size=6", "run.progress=false", f"run.output_dir={out}",
+              "data.max_length=16", "train.micro_batch_size=6", "run.progress=false", f"run.output_dir={out}",
               "optim.lr=1e-2", "optim.warmup_steps=0", "train.log_every=1"]
     assert main(["sft", *common, "objective.name=uniform", "train.max_steps=3"]) == 0
     trained = load_model(out / "model")

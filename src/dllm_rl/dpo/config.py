@@ -49,7 +49,7 @@ class DPOConfig:
     lora: LoraOptions = field(default_factory=LoraOptions,
                               help="LoRA adapters (peft); the base weights are then the reference (no copy)")
     train: TrainConfig = field(default_factory=TrainConfig,
-                               help="loop, batching (train.batch_size counts pairs), precision")
+                               help="loop, batching (train.micro_batch_size counts pairs), precision")
     beta: float = field(0.1, gt=0, help="DPO beta: the implicit reward's scale, beta * (B_theta - B_ref) / "
                         "elbo_divisor (VRPO, arXiv 2505.19223; DARE's recipe: 0.2 with elbo_divisor 512)")
     num_mc: int = field(4, ge=1, help="ELBO rows per response (VRPO's budget n, one mask per stratified count: the "

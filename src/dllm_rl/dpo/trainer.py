@@ -1,9 +1,9 @@
 """The DPO trainer: the SFT trainer (:class:`~dllm_rl.sft.trainer.SFTTrainer`: accelerate, checkpoints, exact
 resume, LoRA, FSDP2 / ZeRO, progress, logs) with VRPO's pairs, reference and loss in its seams.
 
-Per micro-batch of ``train.batch_size`` pairs: one :class:`~dllm_rl.estimators.ScoringBatch` of the chosen then the
-rejected responses, each with its own mask seed (from the pair's position in the run's pair stream, so chosen and
-rejected are masked independently, and a resumed run draws the masks of an uninterrupted one); the ``vrpo``
+Per micro-batch of ``train.micro_batch_size`` pairs: one :class:`~dllm_rl.estimators.ScoringBatch` of the chosen
+then the rejected responses, each with its own mask seed (from the pair's position in the run's pair stream, so chosen
+and rejected are masked independently, and a resumed run draws the masks of an uninterrupted one); the ``vrpo``
 estimator scores it under the policy and, with the same generator, under the reference: the same masked inputs
 (VRPO's antithetic sampling). The reference is the start weights: a frozen copy (sharded like the policy), or with
 LoRA the base model with the adapters off (no copy); it is rebuilt from ``model.path`` on resume, never saved.
@@ -60,7 +60,7 @@ class DPOTrainer(SFTTrainer):
         """This rank's share of the next global micro-batch of pairs: the chosen responses, then the rejected."""
         first = self.stream.consumed
         idx = self.stream.take(self.global_micro)
-        bs, rank, seed = self.cfg.train.batch_size, self.accelerator.process_index, self.cfg.run.seed
+        bs, rank, seed = self.cfg.train.micro_batch_size, self.accelerator.process_index, self.cfg.run.seed
         mine = [self.examples[i] for i in idx[rank * bs : (rank + 1) * bs]]
         rows, images = encode_images([p.chosen for p in mine] + [p.rejected for p in mine], self.prompts, self.dlm)
         batch = collate(rows, self.dlm.pad_token_id, images)

@@ -87,9 +87,9 @@ class TrainConfig(Checked):
 
     max_steps: int = field(1000, ge=1, help="optimizer steps (the schedule spans them)")
     num_epochs: float | None = field(None, gt=0, help="if set, max_steps = ceil(num_epochs * examples / global batch)")
-    batch_size: int = field(8, ge=1, help="micro-batch size per process")
+    micro_batch_size: int = field(8, ge=1, help="examples per forward/backward on each process (DPO: pairs)")
     grad_accum: int = field(
-        1, ge=1, help="micro-batches per optimizer step (global batch = batch_size * grad_accum * world)")
+        1, ge=1, help="micro-batches per optimizer step (global batch = micro_batch_size * grad_accum * world)")
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
         "auto", help="auto = bf16 autocast where the device supports it, else fp32")
     log_every: int = field(10, ge=1, help="write metrics every N optimizer steps")
@@ -116,7 +116,7 @@ def _resume_word(value):
 
 
 #: renamed keys of the sections SFT and DPO share (DPOConfig's RENAMED too)
-TRAIN_RENAMED: dict = {"train.cpu": ("model.device", _cpu_device)}
+TRAIN_RENAMED: dict = {"train.cpu": ("model.device", _cpu_device), "train.batch_size": "train.micro_batch_size"}
 
 
 @dataclass

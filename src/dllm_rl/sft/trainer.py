@@ -95,7 +95,7 @@ class SFTTrainer:
             timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         acc = self.accelerator
-        setup_backend(acc, t.batch_size, cfg.optim.max_grad_norm)
+        setup_backend(acc, t.micro_batch_size, cfg.optim.max_grad_norm)
         self.objective_options = self.objective_settings()
         # refused (a file, another run's, an old run without resume/overwrite), locked and cleaned before compute
         self.run_dir = open_run_dir(
@@ -168,7 +168,7 @@ class SFTTrainer:
             raise ValueError(f"{too_long[0].where}: {too_long[0].num_tokens} tokens exceed the model's context "
                              f"{self.dlm.max_length}; lower data.max_length")
         world = acc.num_processes
-        self.global_micro = t.batch_size * world
+        self.global_micro = t.micro_batch_size * world
         per_step = self.global_micro * t.grad_accum
         if t.num_epochs is not None:
             self.max_steps = max(1, math.ceil(t.num_epochs * len(self.examples) / per_step))
@@ -218,12 +218,12 @@ class SFTTrainer:
         """This rank's share of the next global micro-batch (every rank advances the stream alike).
 
         Each example's masks come from its position in the run's example stream (``sample_seeds``), so they
-        depend neither on the rank nor on the world size: one process with ``world x batch_size`` examples
+        depend neither on the rank nor on the world size: one process with ``world x micro_batch_size`` examples
         per micro-batch draws the masks the ranks draw together, and a resumed run draws those of an
         uninterrupted one (the stream's position is in the checkpoint)."""
         first = self.stream.consumed
         idx = self.stream.take(self.global_micro)
-        bs, rank, seed = self.cfg.train.batch_size, self.accelerator.process_index, self.cfg.run.seed
+        bs, rank, seed = self.cfg.train.micro_batch_size, self.accelerator.process_index, self.cfg.run.seed
         mine = [self.examples[i] for i in idx[rank * bs : (rank + 1) * bs]]
         # image rows: the images put in for this model (LLaDA-V's features, MMaDA's codes), once per micro-batch
         mine, images = encode_images(mine, self.prompts, self.dlm)
