@@ -254,3 +254,15 @@ def test_train_batch_size_is_the_micro_batch_size(cls, tmp_path):
         load_config(cls, None, ["train.batch_size=0"])
     saved = carry_renamed(cls, {"train": {"batch_size": 4}}, warn=False)
     assert saved == {"train": {"micro_batch_size": 4}}
+
+
+def test_the_reference_lists_the_old_values_under_their_keys():
+    from dllm_rl.config.reference import markdown
+
+    lines = markdown([("dllm-rl sft", SFTConfig, None), ("dllm-rl rl", RLConfig, None)]).splitlines()
+    old = "; ".join(["`model.tokenizer`: `auto` → `null`", "`model.dtype`: `fp32` → `float32`, `bf16` → `bfloat16`, "
+                     "`fp16` → `float16`."])
+    assert f"Values of earlier releases, still read with a one-line deprecation warning: {old}" in lines
+    assert ("Values of earlier releases, still read with a one-line deprecation warning: `model.dtype`, "
+            "`reward.dtype`, `reward.judge.dtype`, `rollout.dtype`: `fp32` → `float32`, `bf16` → `bfloat16`, "
+            "`fp16` → `float16`.") in lines

@@ -72,8 +72,27 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
         if renamed:
             pairs = ", ".join(f"`{old}` → `{new if isinstance(new, str) else new[0]}`" for old, new in renamed.items())
             out += ["", f"Keys of earlier releases, still read with a one-line deprecation warning: {pairs}."]
+        keys_of: dict[str, list[str]] = {}  # the keys sharing one table named together
+        for key, table in _renamed_values(cls):
+            words = ", ".join(f"`{old}` → `{'null' if new is None else new}`" for old, new in table.items())
+            keys_of.setdefault(words, []).append(f"`{key}`")
+        values = "; ".join(f"{', '.join(keys)}: {words}" for words, keys in keys_of.items())
+        if values:
+            out += ["", f"Values of earlier releases, still read with a one-line deprecation warning: {values}."]
         out.append("")
     return "\n".join(out)
+
+
+def _renamed_values(cls: type, prefix: str = "") -> list[tuple[str, dict]]:
+    """``(dotted key, {old value: new value})`` of every field of ``cls`` declared with ``renamed_values``."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp, _ = strip_optional(field_types(cls)[f.name])
+        if dataclasses.is_dataclass(tp):
+            out += _renamed_values(tp, f"{prefix}{f.name}.")
+        elif f.metadata.get("renamed_values"):
+            out.append((prefix + f.name, dict(f.metadata["renamed_values"])))
+    return out
 
 
 def help_config_argument(parser: Any, lines: Callable[[], list[str]]) -> None:
