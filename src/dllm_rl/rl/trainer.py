@@ -31,6 +31,7 @@ from accelerate.utils import DistributedDataParallelKwargs
 from dllm_rl.config import ConfigError, save_config, to_dict
 from dllm_rl.eval.heldout import HeldOut, check_not_empty, heldout_accuracy
 from dllm_rl.models import DiffusionLM, detect_family, load_model, load_tokenizer
+from dllm_rl.models.devices import resolve_eval_dtype
 from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
@@ -57,7 +58,7 @@ from dllm_rl.training import (
     build_scheduler,
     make_accelerator,
 )
-from dllm_rl.training.accel import resolve_eval_dtype, training_device
+from dllm_rl.training.accel import training_device
 from dllm_rl.training.backend import refuse_unsharded_features, setup_backend, shard_reference
 from dllm_rl.training.finite import Guarded, TrainingStopped, WeightGuard
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks

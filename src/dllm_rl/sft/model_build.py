@@ -13,11 +13,11 @@ import torch
 
 from dllm_rl.config import ConfigError
 from dllm_rl.models import DiffusionLM, build_model, char_tokenizer, load_model, load_tokenizer, tiny_config
+from dllm_rl.models.devices import resolve_eval_dtype
 from dllm_rl.models.families import get_family
 from dllm_rl.models.families.llada_v import SO400M_VISION
 from dllm_rl.models.tokenizer import DEFAULT_ALPHABET
 from dllm_rl.sft.config import ModelConfig
-from dllm_rl.training.accel import resolve_eval_dtype
 
 
 def reinit_weights(dlm: DiffusionLM, std: float, seed: int = 0) -> None:
