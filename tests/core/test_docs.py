@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from front_end_table import COMMANDS as FRONT_END
+from front_end_table import command_name, config_class
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "dllm_rl" / "assets" / "demo"
@@ -130,38 +132,20 @@ def _local(path: str) -> Path | None:
     return None
 
 
-#: the commands on the one front end besides rl and sft: their config class and the key of their bare words
-FRONT_END = {"eval": ("dllm_rl.eval.config", "EvalRunConfig", "model.path"),
-             "trace": ("dllm_rl.eval.config", "TraceConfig", "model.path"),
-             "plot": ("dllm_rl.eval.config", "PlotConfig", "runs")}
-
-
 def checked_config(argv: list[str], extra: list[str]):
-    """Load the config of an rl / sft / demo command or of a command of ``FRONT_END`` with its overrides (None for
-    other commands)."""
-    from dllm_rl.config import load_config
-    from dllm_rl.rl.cli import demo_config_path, demo_run_overrides
-    from dllm_rl.rl.config import RLConfig
-    from dllm_rl.sft.config import SFTConfig
+    """Load the config of a command on the one front end (``front_end_table.COMMANDS``) with its words, overrides
+    and flags, its repository paths made absolute (None for other commands: a ``--help`` that printed)."""
+    from dllm_rl.config.command import load_command
+    from dllm_rl.rl.cli import demo_config
 
     args = _parse(argv)
+    if not hasattr(args, "words"):
+        return None
+    args.words = [_absolute(word) for word in args.words] + extra
     if args.command == "demo":
-        return load_config(RLConfig, demo_config_path(args.model),
-                           demo_run_overrides(args.model, args.algorithm, list(args.overrides), args.recipe)[1])
-    if args.command in ("rl", "sft") and getattr(args, "words", None):
-        from dllm_rl.config.command import given_flags, split_words
-
-        config, overrides = split_words(args.words)
-        cls = RLConfig if args.command == "rl" else SFTConfig
-        return load_config(cls, config and (_local(config) or config), extra + overrides + given_flags(args))
-    if args.command in FRONT_END and hasattr(args, "words"):
-        import importlib
-
-        from dllm_rl.config.command import load_command
-
-        module, name, positional = FRONT_END[args.command]
-        return load_command(getattr(importlib.import_module(module), name), args, "", positional=positional)
-    return None
+        return demo_config(args)[1]
+    command = command_name(args)
+    return load_command(config_class(command), args, None, positional=FRONT_END[command][2])
 
 
 def _parse(argv: list[str]):
@@ -186,22 +170,20 @@ def needs_more_than_the_repo(argv: list[str], cfg) -> str | None:
     for word in argv[1:]:
         if not word.startswith("-") and "=" not in word and HUB_ID.match(word) and _local(word) is None:
             return f"{word} is not in the repository"
-    args = _parse(argv)
-    front_end = args.command in FRONT_END and cfg is not None
-    trained = (cfg.model.path if front_end and hasattr(cfg, "model") else getattr(args, "model_dir", None)) or ""
+    model = getattr(cfg, "model", None)
+    trained = getattr(model, "path", None) or ""
     if trained.startswith("runs/") and _local(trained) is None:  # a model an earlier command of the docs trains
         return f"{trained} is not in the repository"
-    task = getattr(cfg, "task", None) if front_end else getattr(args, "task", None)
-    if task and _local(task) is None:
-        # a benchmark task: its data may be on the hub or in the benchmark-data folder beside the repository, and
-        # either way its prompts are longer than the demo models' context (128), so it needs a real checkpoint
+    task = getattr(cfg, "task", None)
+    if model is not None and task and _local(task) is None:
+        # a benchmark task a model decodes: its data may be on the hub or in the benchmark-data folder beside the
+        # repository, and either way its prompts are longer than the demo models' context (128), so it needs a
+        # real checkpoint (``data make TASK`` writes a task's data: no model)
         get_task(task)  # the name must exist
         return f"the {task} benchmark needs a real checkpoint"
-    model = getattr(cfg, "model", None)
-    model = getattr(model, "path", model)  # SFT: model.path (None: a fresh model)
-    if isinstance(model, str) and _local(model) is None:
-        if HUB_ID.match(model):
-            return f"model {model} is on the hub"
+    if trained and _local(trained) is None:  # an empty model.path: SFT's fresh model
+        if HUB_ID.match(trained):
+            return f"model {trained} is on the hub"
         return None  # neither a directory nor a hub id: it runs, and fails
     data = getattr(cfg, "train_data", None) or getattr(getattr(cfg, "data", None), "train_file", None)
     if isinstance(data, str) and _local(data) is None:
@@ -305,6 +287,24 @@ def test_what_runs_and_what_is_only_parsed(tmp_path):
         "the training data runs/cf/data/items/default.jsonl is the user's own",  # its sft on the model's answers
     ]
     assert why.count(None) == 16  # every other command runs (a new one in the docs: count it here)
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("dllm-rl generate runs/x/final --prompt hi", "runs/x/final is not in the repository"),
+    ("dllm-rl info runs/x/final", "runs/x/final is not in the repository"),
+    ("dllm-rl trace runs/x/final --prompt hi -o t.html", "runs/x/final is not in the repository"),
+    ("dllm-rl pairs --model.path MODEL_DIR --task gsm8k --out p.jsonl", "the gsm8k benchmark needs a real checkpoint"),
+    ("dllm-rl eval MODEL_DIR task=math", "the math benchmark needs a real checkpoint"),
+    ("dllm-rl pairs model.path=Org/Model --task src/dllm_rl/assets/demo/countdown_train.jsonl --out p.jsonl",
+     "model Org/Model is on the hub"),
+    ("dllm-rl data make countdown --n 5 --out d.jsonl", None),
+    ("dllm-rl demo --model gemma --train.max-steps 1 beta=0", None),
+    ("dllm-rl demo model.path=Org/Model", "model Org/Model is on the hub"),
+])
+def test_the_rules_read_the_config_of_every_front_end_command(line, why, tmp_path):
+    """Each command's config, as its loader reads it, says what it needs: a model an earlier command trains
+    (runs/...), a benchmark task a model decodes, a hub model: the loader of every command, not its words."""
+    assert prepared(shlex.split(line), tmp_path)[1] == why
 
 
 @pytest.mark.parametrize(("line", "error"), [

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import pytest
+from front_end_table import COMMANDS, config_class, options_class
 
 from dllm_rl.cli import OneLineParser, build_parser, main, parse_words
 from dllm_rl.config import ConfigError, field
@@ -19,21 +20,11 @@ from dllm_rl.config.command import (
     leaf_keys,
     load_command,
     old_flag_type,
+    option_flag,
 )
+from dllm_rl.config.fields import strip_optional, type_origin
 from dllm_rl.config.renames import DeprecatedKey, renames
 
-#: command -> its config dataclass, for every command on the one front end
-COMMANDS = {"rl": ("dllm_rl.rl.config", "RLConfig"), "sft": ("dllm_rl.sft.config", "SFTConfig"),
-            "dpo": ("dllm_rl.dpo.config", "DPOConfig"), "eval": ("dllm_rl.eval.config", "EvalRunConfig"),
-            "trace": ("dllm_rl.eval.config", "TraceConfig"), "plot": ("dllm_rl.eval.config", "PlotConfig"),
-            "generate": ("dllm_rl.sampling.config", "GenerateConfig"), "serve": ("dllm_rl.serve.config", "ServeConfig"),
-            "pairs": ("dllm_rl.dpo.pairs", "PairsConfig"), "info": ("dllm_rl.models.cli", "InfoConfig"),
-            "data make": ("dllm_rl.tasks.data_config", "MakeDataConfig"),
-            "data show": ("dllm_rl.tasks.data_config", "ShowDataConfig"),
-            "data sandbox": ("dllm_rl.tasks.data_config", "SandboxCheckConfig")}
-#: the bare words a command's usage names before its config words (``eval MODEL_DIR``)
-POSITIONAL = {"eval": "[MODEL.PATH] ", "trace": "[MODEL.PATH] ", "plot": "[RUNS ...] ", "generate": "[MODEL.PATH] ",
-              "serve": "[MODEL.PATH] ", "info": "[MODEL.PATH] ", "data make": "[TASK] ", "data show": "[TASK] "}
 #: options of a command that are no config key
 NOT_KEYS = {"-h", "--help", "--help-config"}
 
@@ -46,28 +37,40 @@ def _subparser(command: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _usage_words(cls: type, positional: str | None) -> str:
+    """What a command's usage names before its config words (``[MODEL.PATH] ``, a list key's ``[RUNS ...] ``)."""
+    if positional is None:
+        return ""
+    tp = next(tp for key, _, tp in leaf_keys(cls) if key == positional)
+    many = type_origin(strip_optional(tp)[0]) in (list, tuple)
+    return f"[{positional.upper()}{' ...' if many else ''}] "
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_key_is_a_flag_and_every_flag_a_key(command):
-    import importlib
-
-    module, name = COMMANDS[command]
-    cls = getattr(importlib.import_module(module), name)
+    """A command's flags are its config's keys (a bool's --no- too, a renamed key's old flag hidden, its short
+    flags), and those of its own options (demo's DemoOptions), whose flags win over an old flag of the same name."""
+    cls, own = config_class(command), options_class(command)
     keys = {key for key, _, _ in leaf_keys(cls)}
+    options = {option_flag(own, k): f"option:{k}" for k, _, _ in leaf_keys(own)} if own else {}
     flags = {}
     for action in _subparser(command)._actions:
         for option in action.option_strings:
             if option not in NOT_KEYS:
                 flags[option] = action.dest
     bools = {flag_name(k).replace("--", "--no-", 1) for k, f, tp in leaf_keys(cls) if tp in (bool, bool | None)}
-    old = {key: new for key, (new, _) in renames(cls).items() if new in keys and key not in keys}
+    old = {key: new for key, (new, _) in renames(cls).items()
+           if new in keys and key not in keys and flag_name(key) not in options}
     types = {k: tp for k, _, tp in leaf_keys(cls)}
     old_bools = {flag_name(k).replace("--", "--no-", 1) for k, (new, convert) in renames(cls).items()
                  if k in old and old_flag_type(convert, types[new]) in (bool, bool | None)}
     short = set(getattr(cls, "SHORT_FLAGS", {}))
-    assert set(flags) == {flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
-    assert {dest.removeprefix("config:") for dest in flags.values()} == keys | set(old)
+    assert set(flags) == ({flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
+                          | set(options))
+    assert {dest for dest in flags.values()} == {f"config:{k}" for k in keys | set(old)} | set(options.values())
     assert all(flags[flag_name(k)] == f"config:{k}" for k in keys)
-    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} {POSITIONAL.get(command, '')}"
+    assert all(flags[flag] == dest for flag, dest in options.items())
+    assert _subparser(command).format_usage() == (f"usage: dllm-rl {command} {_usage_words(cls, COMMANDS[command][2])}"
                                                    "[CONFIG.yaml] [key=value ...] [--KEY VALUE ...]\n")
 
 
@@ -79,6 +82,34 @@ def test_rl_takes_overrides_and_flags_without_a_yaml(monkeypatch):
     assert main(["rl", "algorithm=tracerl", "--train.max-steps", "3", "beta=0.5", "--run.overwrite"]) == 0
     (cfg,) = seen
     assert (cfg.algorithm, cfg.train.max_steps, cfg.beta, cfg.run.overwrite) == ("tracerl", 3, 0.5, True)
+
+
+def test_demo_takes_its_own_options_a_yaml_overrides_and_every_rl_flag(monkeypatch, tmp_path, capsys):
+    """``demo``: --model / --recipe / --output-dir are the demo's (DemoOptions), everything else an RL key laid over
+    the demo config and its recipes (a YAML, then key=value, then --key value); --algorithm is RL's key."""
+    import dllm_rl.rl.loop
+
+    seen = []
+    monkeypatch.setattr(dllm_rl.rl.loop, "train", lambda cfg: seen.append(cfg) or {
+        "accuracy_before": 0.25, "accuracy_after": 0.5, "minutes": 1.0, "output_dir": cfg.run.output_dir})
+    assert main(["demo", "--model", "gemma", "--train.max-steps", "1", "beta=0"]) == 0
+    cfg = seen[-1]
+    assert (cfg.algorithm, cfg.train.max_steps, cfg.beta, cfg.run.output_dir, cfg.run.overwrite) == (
+        "tracerl", 1, 0.0, "runs/demo/gemma-tracerl", True)
+    assert cfg.model.path.endswith("gemma-countdown") and cfg.eval.data.endswith("countdown_heldout.jsonl")
+    assert ("demo (tracerl on the DiffusionGemma-shaped model): held-out accuracy 25.0% -> 50.0% in 1.0 min; "
+            "curves in runs/demo/gemma-tracerl/dashboard.png") in capsys.readouterr().out
+    (tmp_path / "mine.yaml").write_text("train:\n  max_steps: 5\nbeta: 0.01\n")
+    assert main(["demo", str(tmp_path / "mine.yaml"), "--algorithm", "espo", "--recipe", "speed", "--output-dir",
+                 str(tmp_path), "--run.resume", "latest", "train.ema_decay=0.5"]) == 0
+    cfg = seen[-1]  # the YAML and the override win over the recipes (ESPO's 120 steps, its ema_decay 0.9)
+    assert (cfg.algorithm, cfg.train.max_steps, cfg.beta, cfg.train.ema_decay, cfg.reward.normalization) == (
+        "espo", 5, 0.01, 0.5, "decoupled")
+    assert (cfg.run.output_dir, cfg.run.resume, cfg.run.overwrite) == (f"{tmp_path}/block-espo-speed", "latest", False)
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--model", "large"])
+    assert stop.value.code == 2
+    assert "argument --model: invalid choice: 'large'" in capsys.readouterr().err
 
 
 def test_a_flag_wins_over_the_yaml_and_an_override(monkeypatch, tmp_path):

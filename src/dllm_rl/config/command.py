@@ -17,6 +17,11 @@ carried to the new one with the same one-line deprecation as the YAML's old keys
 in a ``SHORT_FLAGS`` class attribute (``{"-o": "run.output_dir"}``). A list key whose field metadata says
 ``"several": True`` takes several values in one flag as well (``--served-model-name a b``, vLLM's spelling).
 
+A command may have options of its own beside its config (``demo --model gemma --recipe speed`` beside the RL keys):
+:func:`add_option_flags` gives them flags generated from a second small dataclass (named after the key, or as its
+``FLAGS`` class attribute says: ``{"kind": "--model"}``), and :func:`load_options` reads them back. Added first,
+they take precedence over an old hidden flag of the config of the same spelling, which is then left out.
+
 ``--help`` lists key by key only the command's own keys and the shared sections (``help_sections``: the top-level
 keys, ``model.`` and ``run.``); every other section is one line naming ``--help-config SECTION``, its flags parsed
 but not listed (rl's every key made a --help of 700 lines).
@@ -41,6 +46,8 @@ T = TypeVar("T")
 
 #: the namespace prefix of a flag's value (``config:train.max_steps``), which no other argument uses
 _DEST = "config:"
+#: the prefix of a command's own option (:func:`add_option_flags`): ``option:kind``
+_OPTION = "option:"
 _WORDS = "[CONFIG.yaml] [key=value ...]"
 #: the sections ``--help`` lists key by key ("": the top-level keys); each other one is a line
 HELP_SECTIONS = ("", "model", "run")
@@ -167,17 +174,17 @@ class _MappingFlag(argparse.Action):
         setattr(namespace, self.dest, {**getattr(namespace, self.dest, {}), **item})
 
 
-def given_flags(args: argparse.Namespace) -> list[str]:
+def given_flags(args: argparse.Namespace, prefix: str = _DEST) -> list[str]:
     """The flags the user gave, as ``key=value`` overrides (a repeated list flag: its values as one YAML list)."""
     out = []
     for dest, value in vars(args).items():
-        if not dest.startswith(_DEST):
+        if not dest.startswith(prefix):
             continue
         if isinstance(value, bool):
             value = "true" if value else "false"
         elif isinstance(value, (list, dict)):  # JSON is YAML: it reads back as given, commas inside values kept
             value = json.dumps(value, default=str)
-        out.append(f"{dest[len(_DEST):]}={value}")
+        out.append(f"{dest[len(prefix):]}={value}")
     return out
 
 
@@ -215,5 +222,32 @@ def load_command(cls: type[T], args: argparse.Namespace, example: str | None, *,
     return load_config(cls, config, overrides)
 
 
-__all__ = ["HELP_SECTIONS", "add_command_arguments", "flag_name", "given_flags", "leaf_keys", "load_command",
-           "old_flag_type", "split_words"]
+def option_flag(cls: type, key: str) -> str:
+    """The flag of a command's own option ``key`` (:func:`add_option_flags`): the class's ``FLAGS`` spelling, else
+    the key's."""
+    return getattr(cls, "FLAGS", {}).get(key, flag_name(key))
+
+
+def add_option_flags(parser: argparse.ArgumentParser, cls: type, description: str = "") -> None:
+    """Add to ``parser`` one flag per key of ``cls``, the command's own options beside its config, listed in a group
+    of their own (``description`` under its title); a key with a fixed set of values is checked by argparse, which
+    names the flag. Call it before :func:`add_command_arguments`: an old hidden flag of the config that one of these
+    takes is then left out (demo's ``--model`` is the demo model's kind, not RL's old ``model`` key)."""
+    group = parser.add_argument_group(f"{cls.__name__} (--KEY VALUE)", description.replace("%", "%%") or None)
+    for key, f, tp in leaf_keys(cls):
+        allowed = allowed_values(tp, f.metadata)
+        text = help_text(f) + (f" (one of: {', '.join(map(str, allowed))})" if allowed is not None else "")
+        kw: dict[str, Any] = {"dest": _OPTION + key, "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
+        if allowed is not None:
+            kw["choices"] = [str(value) for value in allowed]
+        _add_flag(group, (option_flag(cls, key),), tp, kw)
+
+
+def load_options(cls: type[T], args: argparse.Namespace) -> T:
+    """The options of :func:`add_option_flags` as given on the command line (the others at their defaults),
+    checked as a config's values."""
+    return load_config(cls, None, given_flags(args, _OPTION))
+
+
+__all__ = ["HELP_SECTIONS", "add_command_arguments", "add_option_flags", "flag_name", "given_flags", "leaf_keys",
+           "load_command", "load_options", "old_flag_type", "option_flag", "split_words"]

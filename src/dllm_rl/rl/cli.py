@@ -1,13 +1,16 @@
-"""`dllm-rl rl [CONFIG.yaml] [key=value ...] [--key value ...]` and `dllm-rl demo`."""
+"""`dllm-rl rl [CONFIG.yaml] [key=value ...] [--key value ...]` and `dllm-rl demo [CONFIG.yaml] [key=value ...]
+[--key value ...]` (the demo's own options, :class:`DemoOptions`, beside every RL key)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from dllm_rl.config import describe, load_config
+from dllm_rl.config import describe, field, load_config
 from dllm_rl.config.reference import help_config_argument
 from dllm_rl.errors import UserError
 from dllm_rl.eval.demo import DEMO_DIR
@@ -98,27 +101,73 @@ DEMO_MODELS = {"full": "full-attention model", "block": "block-attention model",
 SAMPLED_EVAL = frozenset({"gemma"})
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """RL from the shipped tiny SFT checkpoint: held-out greedy accuracy before and after."""
-    from dllm_rl.rl.config import RLConfig
-    from dllm_rl.rl.loop import train
+@dataclass
+class DemoOptions:
+    """The demo's own options (`dllm-rl demo --model gemma --recipe speed`); everything else on its command line is
+    an RL key (`--algorithm tracerl`, `--train.max-steps 3`, `beta=0`, a YAML) laid over the demo config and its
+    recipes, as `dllm-rl rl` reads them."""
 
-    path = demo_config_path(args.model)
+    FLAGS: ClassVar[dict[str, str]] = {"kind": "--model"}  # the spelling of the docs and `make demo MODEL=...`
+
+    kind: str = field("block", choices=tuple(DEMO_MODELS), help=(
+        "the demo model (flag --model): full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the "
+        "sdar model adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml), vision = a "
+        "llada_v-shaped model on the shapes image task (rl-vision.yaml), gemma = a diffusion_gemma-shaped "
+        "(uniform-state) Countdown model (rl-gemma.yaml)"))
+    recipe: str | None = field(None, help=(
+        "a named recipe laid over the demo config and its algorithm's recipe: speed (a speed reward where the answer "
+        "is right, threshold decoding, LightningRL's decoupled normalisation; for espo on the block model and "
+        "tracerl on the full one: assets/demo/recipes/MODEL-ALGORITHM-NAME.yaml)"))
+    output_dir: str = field("runs/demo", help=(
+        "where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM, or MODEL-ALGORITHM-RECIPE; a previous demo run there is "
+        "replaced, unless run.resume=latest is given; run.output_dir names the run's own folder instead)"))
+
+
+def _file_overrides(path: Path) -> list[str]:
+    """The settings of the RL config file ``path`` as overrides, to be laid over another config."""
+    from dllm_rl.config import ConfigError, as_overrides, yaml_load
+    from dllm_rl.rl.config import RLConfig
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: config file not found")
+    data = yaml_load(path.read_bytes(), str(path)) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return as_overrides(RLConfig, data)
+
+
+def demo_config(args: argparse.Namespace):
+    """The :class:`DemoOptions` and the RL config of a ``dllm-rl demo`` command line: the demo config of the model,
+    the shipped files' paths, the run directory (OUTPUT_DIR/MODEL-ALGORITHM[-RECIPE]), the algorithm's recipe and
+    the named one, then the command line's RL settings (its YAML, overrides and flags, in that order), which win."""
+    from dllm_rl.config.command import given_flags, load_options, split_words
+    from dllm_rl.rl.config import RLConfig
+
+    options = load_options(DemoOptions, args)
+    path = demo_config_path(options.kind)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the demo config is missing from this installation")
+    config, overrides = split_words(list(getattr(args, "words", None) or []))
+    mine = (_file_overrides(Path(config)) if config else []) + overrides + given_flags(args)
     # the demo starts afresh each time (`make demo` twice reruns it), unless run.resume=... is given
-    fresh = [] if any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite="))
-                      for o in args.overrides) else ["run.overwrite=true"]
+    fresh = [] if any(o.startswith(("run.resume=", "run.overwrite=", "resume=", "overwrite=")) for o in mine) else [
+        "run.overwrite=true"]
     # the run directory is named for the algorithm the run resolves to (the demo YAML's unless given)
-    recipe = getattr(args, "recipe", None)
-    algorithm, overrides = demo_run_overrides(args.model, args.algorithm, fresh + list(args.overrides), recipe)
-    name = f"{args.model}-{algorithm}" + (f"-{recipe}" if recipe else "")
-    cfg = load_config(RLConfig, path, [f"run.output_dir={args.output_dir}/{name}", *overrides])
+    algorithm, settings = demo_run_overrides(options.kind, None, fresh + mine, options.recipe)
+    name = f"{options.kind}-{algorithm}" + (f"-{options.recipe}" if options.recipe else "")
+    return options, load_config(RLConfig, path, [f"run.output_dir={options.output_dir}/{name}", *settings])
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """RL from the shipped tiny SFT checkpoint: held-out greedy accuracy before and after."""
+    from dllm_rl.rl.loop import train
+
+    options, cfg = demo_config(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     summary = train(cfg)
     print()
-    greedy = "" if args.model in SAMPLED_EVAL else "greedy "
-    print(f"demo ({cfg.algorithm} on the {DEMO_MODELS[args.model]}): held-out {greedy}accuracy "
+    greedy = "" if options.kind in SAMPLED_EVAL else "greedy "
+    print(f"demo ({cfg.algorithm} on the {DEMO_MODELS[options.kind]}): held-out {greedy}accuracy "
           f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}"
           + (f" (weight average; last live policy {summary['accuracy_after_live']:.1%})"
              if "accuracy_after_live" in summary else "")
@@ -134,7 +183,7 @@ def preset_names() -> str:
 
 
 def register(sub) -> None:
-    from dllm_rl.config.command import add_command_arguments
+    from dllm_rl.config.command import add_command_arguments, add_option_flags
     from dllm_rl.rl.config import RLConfig
 
     p = sub.add_parser("rl", help=f"RL post-training (presets: {preset_names()}; --help-config prints the table)")
@@ -145,21 +194,10 @@ def register(sub) -> None:
     p.set_defaults(func=run_rl)
 
     d = sub.add_parser("demo", help="a short RL run of the shipped tiny model on CPU (accuracy before/after)")
-    d.add_argument("--algorithm", default=None,
-                   help=f"{preset_names()} (default: the demo config's: espo on the block model, tracerl on the "
-                   "full, vision and gemma ones; the demo config's beta: 0 applies to any of them)")
-    d.add_argument("--model", choices=tuple(DEMO_MODELS), default="block",
-                   help="full = llada-shaped demo model, block = sdar-shaped (block 4), block8 = the sdar model "
-                   "adapted to decode at block 8 (TraceRL's block-size adaptation, rl-block8.yaml), vision = a "
-                   "llada_v-shaped model on the shapes image task (rl-vision.yaml), gemma = a diffusion_gemma-shaped "
-                   "(uniform-state) Countdown model (rl-gemma.yaml)")
-    d.add_argument("--recipe", default=None,
-                   help="a named recipe laid over the demo config and its algorithm's recipe: speed (a speed reward "
-                   "where the answer is right, threshold decoding, LightningRL's decoupled normalisation; for espo "
-                   "on the block model and tracerl on the full one: assets/demo/recipes/MODEL-ALGORITHM-NAME.yaml)")
-    d.add_argument("--output-dir", default="runs/demo",
-                   help="where the run goes (in OUTPUT_DIR/MODEL-ALGORITHM, or MODEL-ALGORITHM-RECIPE; a previous demo "
-                   "run there is replaced, unless run.resume=latest is given)")
-    d.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
+    add_option_flags(d, DemoOptions, f"--algorithm NAME, the RL key: {preset_names()} (default: the demo config's: "
+                     "espo on the block model, tracerl on the full, vision and gemma ones; the demo config's beta: 0 "
+                     "applies to any of them)")
+    add_command_arguments(d, RLConfig, words_help="a YAML of RL settings, then key=value overrides, laid over the demo "
+                          "config and its recipes; every RL key is also a --flag", help_sections=("model", "run"))
     help_config_argument(d, _rl_config_lines)
     d.set_defaults(func=run_demo)
