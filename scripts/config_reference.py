@@ -16,13 +16,15 @@ def command_configs() -> list[tuple[str, type, Any]]:
     from dllm_rl.dpo.pairs import PairsConfig
     from dllm_rl.eval.config import EvalRunConfig, PlotConfig, TraceConfig
     from dllm_rl.models.cli import InfoConfig
+    from dllm_rl.rl.cli import DemoOptions
     from dllm_rl.rl.config import RLConfig
     from dllm_rl.sampling.config import GenerateConfig
     from dllm_rl.serve.config import ServeConfig
     from dllm_rl.sft.config import SFTConfig
     from dllm_rl.tasks.data_config import MakeDataConfig, SandboxCheckConfig, ShowDataConfig
 
-    return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl sft", SFTConfig, SFTConfig()),
+    return [("dllm-rl rl", RLConfig, RLConfig()), ("dllm-rl demo", DemoOptions, DemoOptions()),
+            ("dllm-rl sft", SFTConfig, SFTConfig()),
             ("dllm-rl dpo", DPOConfig, DPOConfig()), ("dllm-rl pairs", PairsConfig, None),
             ("dllm-rl eval", EvalRunConfig, EvalRunConfig()), ("dllm-rl trace", TraceConfig, TraceConfig()),
             ("dllm-rl plot", PlotConfig, PlotConfig()), ("dllm-rl generate", GenerateConfig, GenerateConfig()),

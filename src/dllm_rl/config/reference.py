@@ -50,7 +50,7 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
     out = ["# Configuration reference", "",
            "Generated from the config dataclasses by `make docs` (`scripts/config_reference.py`; a test "
            "checks it is current). Every key is also listed by `dllm-rl COMMAND --help-config` (one section: "
-           "`--help-config SECTION`). Every command (`rl`, `sft`, `dpo`, `pairs`, `eval`, `trace`, `plot`, "
+           "`--help-config SECTION`). Every command (`rl`, `demo`, `sft`, `dpo`, `pairs`, `eval`, `trace`, `plot`, "
            "`generate`, `serve`, `info`, `data make|show|sandbox`) reads `[CONFIG.yaml] [key=value ...] [--key value "
            "...]` (`eval`, `trace`, `generate`, `serve` and `info` take the model directory as a first word too, "
            "`plot` its runs): every key is also a flag, named after it (`train.max_steps` -> `--train.max-steps "

@@ -103,9 +103,9 @@ SAMPLED_EVAL = frozenset({"gemma"})
 
 @dataclass
 class DemoOptions:
-    """The demo's own options (`dllm-rl demo --model gemma --recipe speed`); everything else on its command line is
-    an RL key (`--algorithm tracerl`, `--train.max-steps 3`, `beta=0`, a YAML) laid over the demo config and its
-    recipes, as `dllm-rl rl` reads them."""
+    """The demo's own options, flags only (`dllm-rl demo --model gemma --recipe speed --output-dir runs/demo`);
+    everything else on its command line is an RL key (`--algorithm tracerl`, `--train.max-steps 3`, `beta=0`, a
+    YAML of RL keys) laid over the demo config and its recipes, as `dllm-rl rl` reads them."""
 
     FLAGS: ClassVar[dict[str, str]] = {"kind": "--model"}  # the spelling of the docs and `make demo MODEL=...`
 
