@@ -19,6 +19,7 @@ from dllm_rl.config.command import (
     given_flags,
     leaf_keys,
     load_command,
+    negative_flags,
     old_flag_type,
     option_flag,
 )
@@ -58,12 +59,13 @@ def test_every_key_is_a_flag_and_every_flag_a_key(command):
         for option in action.option_strings:
             if option not in NOT_KEYS:
                 flags[option] = action.dest
-    bools = {flag_name(k).replace("--", "--no-", 1) for k, f, tp in leaf_keys(cls) if tp in (bool, bool | None)}
+    bools = {no for k, f, tp in leaf_keys(cls) if tp in (bool, bool | None) for no in negative_flags(flag_name(k))}
     old = {key: new for key, (new, _) in renames(cls).items()
            if new in keys and key not in keys and flag_name(key) not in options}
     types = {k: tp for k, _, tp in leaf_keys(cls)}
-    old_bools = {flag_name(k).replace("--", "--no-", 1) for k, (new, convert) in renames(cls).items()
-                 if k in old and old_flag_type(convert, types[new]) in (bool, bool | None)}
+    old_bools = {no for k, (new, convert) in renames(cls).items()
+                 if k in old and old_flag_type(convert, types[new]) in (bool, bool | None)
+                 for no in negative_flags(flag_name(k))}
     short = set(getattr(cls, "SHORT_FLAGS", {}))
     assert set(flags) == ({flag_name(k) for k in keys} | bools | {flag_name(k) for k in old} | old_bools | short
                           | set(options))
@@ -221,6 +223,19 @@ def test_rl_help_lists_the_shared_sections_and_a_line_per_other_section(monkeypa
     assert re.search(r"\nRLConfig \(--KEY VALUE\):\n  \d+ keys, listed by --help-config: the top-level keys\n", out)
     args = parse_words(_subparser("rl"), ["--train.max-steps", "3", "--rollout.gen-length", "8"])
     assert given_flags(args) == ["train.max_steps=3", "rollout.gen_length=8"]
+
+
+def test_a_bool_key_of_a_section_is_negated_after_the_section_and_the_old_spelling_still_works():
+    """``--run.no-progress`` (listed by --help) rather than argparse's ``--no-run.progress``, which reads as negating
+    the section; that spelling of earlier releases still parses, hidden; a top-level bool stays ``--no-key``."""
+    parser = _subparser("eval")
+    text = " ".join(parser.format_help().split())
+    assert "--run.progress, --run.no-progress" in text and "--no-run.progress" not in text
+    for argv, value in ((["--run.no-progress"], "false"), (["--no-run.progress"], "false"),
+                        (["--run.progress"], "true"), (["--no-run.progress", "--run.progress"], "true")):
+        assert given_flags(parse_words(parser, argv)) == [f"run.progress={value}"]
+    assert negative_flags("--chat") == ("--no-chat",)
+    assert negative_flags("--reward.judge.delimit") == ("--reward.judge.no-delimit", "--no-reward.judge.delimit")
 
 
 def test_help_config_of_one_section(capsys):

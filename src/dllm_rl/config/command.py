@@ -3,7 +3,8 @@
 
 :func:`add_command_arguments` gives a command's parser the words (an optional YAML file, then ``a.b=c`` overrides)
 and one flag per key of the dataclass, at any depth, named after the key (``train.max_steps`` ->
-``--train.max-steps VALUE``; a bool is ``--key / --no-key``; a list is repeatable, ``--prompt A --prompt B``).
+``--train.max-steps VALUE``; a bool is ``--key / --no-key``, in a section ``--run.progress / --run.no-progress``,
+the earlier ``--no-run.progress`` hidden; a list is repeatable, ``--prompt A --prompt B``).
 :func:`load_command` reads them back through :func:`~dllm_rl.config.loading.load_config`: the YAML first, then
 the overrides, then the flags, so a flag is one more override, checked and converted as the YAML's values are. The
 flags, ``--help-config`` and ``docs/config.md`` are all generated from the one dataclass. A list of numbers also
@@ -136,12 +137,15 @@ def old_flag_type(convert: Any, new_type: Any) -> Any:
 
 
 def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any]) -> None:
-    """One flag of a key of type ``tp``: a bool is ``--key / --no-key``, a list repeatable (with ``nargs`` in
-    ``kw``, each flag taking that many values; a list of numbers also comma-separated), a mapping repeatable
-    ``KEY=VALUE`` items, else one value."""
+    """One flag of a key of type ``tp``: a bool is ``--key / --no-key`` (:func:`negative_flags`), a list repeatable
+    (with ``nargs`` in ``kw``, each flag taking that many values; a list of numbers also comma-separated), a mapping
+    repeatable ``KEY=VALUE`` items, else one value."""
     bare, _ = strip_optional(tp)
     if bare is bool:
-        group.add_argument(*options, action=argparse.BooleanOptionalAction, **kw)
+        no, *old = negative_flags(options[0])
+        group.add_argument(*options, no, action=_Switch, negative=(no,), **kw)
+        for flag in old:  # the negative of earlier releases, before the key's last part: hidden
+            group.add_argument(flag, action=_Switch, negative=(flag,), **{**kw, "help": argparse.SUPPRESS})
     elif type_origin(bare) is dict:
         group.add_argument(*options, action=_MappingFlag, metavar="KEY=VALUE", **kw)
     elif _is_list(bare) and set(typing.get_args(bare)[:1]) <= {int, float}:
@@ -149,6 +153,25 @@ def _add_flag(group: Any, options: tuple[str, ...], tp: Any, kw: dict[str, Any])
     else:
         action = ("extend" if "nargs" in kw else "append") if _is_list(bare) else "store"
         group.add_argument(*options, action=action, metavar="VALUE", **kw)
+
+
+def negative_flags(flag: str) -> tuple[str, ...]:
+    """The flags that set bool key ``flag`` false: ``--no-chat``; in a section, ``--run.no-progress`` and (hidden,
+    the spelling of earlier releases) ``--no-run.progress``."""
+    section, dot, name = flag[2:].rpartition(".")
+    return (f"--{section}{dot}no-{name}", *([f"--no-{flag[2:]}"] if dot else []))
+
+
+class _Switch(argparse.Action):
+    """A bool key's flag: true, or false for one of its ``negative`` spellings (argparse's BooleanOptionalAction
+    puts ``--no-`` before the whole name: ``--no-run.progress``, which reads as negating a section)."""
+
+    def __init__(self, option_strings, dest, negative=(), **kw):
+        super().__init__(option_strings, dest, nargs=0, **kw)
+        self.negative = frozenset(negative)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string not in self.negative)
 
 
 def _commas(text: str) -> list[str]:
@@ -250,4 +273,4 @@ def load_options(cls: type[T], args: argparse.Namespace) -> T:
 
 
 __all__ = ["HELP_SECTIONS", "add_command_arguments", "add_option_flags", "flag_name", "given_flags", "leaf_keys",
-           "load_command", "load_options", "old_flag_type", "option_flag", "split_words"]
+           "load_command", "load_options", "negative_flags", "old_flag_type", "option_flag", "split_words"]

@@ -54,9 +54,9 @@ def markdown(sections: list[tuple[str, type, Any]]) -> str:
            "`generate`, `serve`, `info`, `data make|show|sandbox`) reads `[CONFIG.yaml] [key=value ...] [--key value "
            "...]` (`eval`, `trace`, `generate`, `serve` and `info` take the model directory as a first word too, "
            "`plot` its runs): every key is also a flag, named after it (`train.max_steps` -> `--train.max-steps "
-           "VALUE`; a bool `--key` / `--no-key`; a list repeatable, a list of numbers also `0.5,0.7`; a mapping "
-           "`KEY=VALUE` items, repeatable), applied after the YAML and the overrides; `--help` lists the command's own "
-           "keys, `model.` and `run.`, and one line per other section.", ""]
+           "VALUE`; a bool `--key` / `--no-key`, in a section `--run.no-progress`; a list repeatable, a list of "
+           "numbers also `0.5,0.7`; a mapping `KEY=VALUE` items, repeatable), applied after the YAML and the "
+           "overrides; `--help` lists the command's own keys, `model.` and `run.`, and one line per other section.", ""]
     for title, cls, defaults in sections:
         out += [f"## {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",
                 "| key | default | what it does |", "|---|---|---|"]
