@@ -23,7 +23,6 @@ from dllm_rl.config.command import (
     old_flag_type,
     option_flag,
 )
-from dllm_rl.config.fields import strip_optional, type_origin
 from dllm_rl.config.renames import DeprecatedKey, renames
 
 #: options of a command that are no config key
@@ -39,12 +38,8 @@ def _subparser(command: str) -> argparse.ArgumentParser:
 
 
 def _usage_words(cls: type, positional: str | None) -> str:
-    """What a command's usage names before its config words (``[MODEL.PATH] ``, a list key's ``[RUNS ...] ``)."""
-    if positional is None:
-        return ""
-    tp = next(tp for key, _, tp in leaf_keys(cls) if key == positional)
-    many = type_origin(strip_optional(tp)[0]) in (list, tuple)
-    return f"[{positional.upper()}{' ...' if many else ''}] "
+    """What a command's usage names before its config words (``[MODEL_DIR] ``, plot's ``[RUN_DIR ...] ``)."""
+    return {None: "", "model.path": "[MODEL_DIR] ", "runs": "[RUN_DIR ...] ", "task": "[TASK] "}[positional]
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -191,7 +186,7 @@ class _Lists:
 def test_a_list_positional_takes_every_bare_word_numbers_take_commas_and_a_mapping_key_value_items(tmp_path):
     parser = OneLineParser(prog="x")
     add_command_arguments(parser, _Lists, positional="runs")
-    assert parser.format_usage() == "usage: x [RUNS ...] [CONFIG.yaml] [key=value ...] [--KEY VALUE ...]\n"
+    assert parser.format_usage() == "usage: x [RUN_DIR ...] [CONFIG.yaml] [key=value ...] [--KEY VALUE ...]\n"
     args = parse_words(parser, ["a", "b", "--ts", "0.5,0.7", "--ts", "0.9", "c", "--opts", "k=1", "--opts",
                                 "{j: [x, y]}", "--opts", "s=a,b"])
     cfg = load_command(_Lists, args, "x.yaml", positional="runs")

@@ -77,8 +77,7 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
     (:func:`leaf_keys`), grouped by section. ``positional``: a key that a bare word also sets (``eval MODEL_DIR``).
     Unset flags leave nothing in the namespace, so only what the user gave overrides the YAML. ``--help`` lists the
     flags of the top-level sections in ``help_sections`` ("" the top-level keys); every other section is a line."""
-    many = positional is not None and _is_list(_leaf_type(cls, positional))
-    words = _WORDS if positional is None else f"[{positional.upper()}{' ...' if many else ''}] {_WORDS}"
+    words = _WORDS if positional is None else f"[{usage_word(cls, positional)}] {_WORDS}"
     parser.add_argument("words", nargs="*", metavar=words,
                         help=words_help or "a YAML config, then key=value overrides (see --help-config)")
     parser.usage = f"%(prog)s {words} [--KEY VALUE ...]"  # argparse's own would list every flag (100+ lines)
@@ -103,6 +102,17 @@ def add_command_arguments(parser: argparse.ArgumentParser, cls: type, *, positio
         if new in leaves and flag_name(old) not in taken:
             _add_flag(parser, (flag_name(old),), old_flag_type(convert, leaves[new]),
                       {"dest": _DEST + old, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS})
+
+
+#: the name a usage line gives the bare word of a key (others: the key's last part in capitals)
+_WORD_NAMES = {"model.path": "MODEL_DIR", "runs": "RUN_DIR"}
+
+
+def usage_word(cls: type, positional: str) -> str:
+    """What a usage line calls the bare word of key ``positional``: ``MODEL_DIR``, ``TASK``; ``RUN_DIR ...`` where
+    the key is a list that every bare word fills."""
+    name = _WORD_NAMES.get(positional, positional.rpartition(".")[2].upper())
+    return name + (" ..." if _is_list(_leaf_type(cls, positional)) else "")
 
 
 def _leaf_type(cls: type, key: str) -> Any:
