@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/reference_sampling.py --espo ESPO_CHECKOUT --trado DLLM_RL_CHECKOUT [--limit 500]
     .venv/bin/python benchmarks/reference_sampling.py --sweep   # our decoding settings: accuracy vs passes
+    .venv/bin/python benchmarks/reference_sampling.py --espo ESPO_CHECKOUT --llada-model runs/cf/llada/model \
+        --threshold 0.5   # a trained checkpoint of the demo's shape on both sides, ours at its own threshold
 
 The references run from checkouts of their repositories (``ML-GSAI/ESPO`` and ``Gen-Verse/dLLM-RL``), read at run
 time; the project ships none of their code:
@@ -22,6 +24,12 @@ time; the project ships none of their code:
   code's own keyword); :class:`StoreKV` gives our model that call (``store_kv=False`` forwards against the
   ``DynamicCache`` and crops it back). It cannot decode greedily (it divides by the temperature), so the SDAR rows
   are sampled: accuracies carry a binomial sd (printed) and the same prompts are compared.
+
+``--llada-model`` / ``--sdar-model`` put another checkpoint of the demo's shape on both sides (a model trained to
+decode in fewer passes, ``configs/demo-sft-certainty-forcing*.yaml``), and ``--threshold`` sets our threshold rows'
+threshold (0.9 by default; the references keep their own settings): the SDAR rows then add ours greedy at that
+threshold, the decoding that ``dllm-rl eval --thresholds`` measures. As for ESPO, the "bf16" rows decode a
+bfloat16 copy on both sides (what ``rollout.dtype: auto`` picks on a CPU with AMX/AVX512-BF16).
 
 Both references call the same model object ours do, so the ratios compare decoders, not model code. Rounds interleave
 the rows; the best time of ``--rounds`` is kept. Accuracy: the demo task's reward on the held-out puzzles (the first
@@ -159,9 +167,10 @@ class Bench:
     """A demo model and Countdown puzzles: the first ``limit`` held-out ones, or with ``last_of`` the last ``limit``
     of that file in the demo folder."""
 
-    def __init__(self, name: str, limit: int, seed: int, last_of: str | None = None):
-        self.model = load_model(DEMO / name, device="cpu").eval()
-        self.tokenizer = load_tokenizer(DEMO / name)
+    def __init__(self, name: str | Path, limit: int, seed: int, last_of: str | None = None):
+        path = name if isinstance(name, Path) else DEMO / name  # a shipped demo's name, or a checkpoint's path
+        self.model = load_model(path, device="cpu").eval()
+        self.tokenizer = load_tokenizer(path)
         data = DEMO / (last_of or "countdown_heldout.jsonl")
         self.task = get_task("countdown", prompt_style="compact", data=str(data))
         self.examples = self.task.examples[-limit:] if last_of else self.task.examples[:limit]
@@ -182,7 +191,7 @@ class Bench:
         return list(out.texts), float(out.nfe.float().mean())
 
 
-def espo_rows(bench: Bench, reference, batch: int) -> dict:
+def espo_rows(bench: Bench, reference, batch: int, threshold: float = 0.9) -> dict:
     gen = 16
     eos, pad, mask = bench.model.eos_token_id, bench.model.pad_token_id, bench.model.mask_token_id
     bf16_model = bench.bf16  # the copy is made here, before any row is timed
@@ -203,16 +212,17 @@ def espo_rows(bench: Bench, reference, batch: int) -> dict:
         return texts, float(gen)
 
     static = DecodeConfig(gen_length=gen, block_length=gen, temperature=0.0)
-    dynamic = DecodeConfig(gen_length=gen, block_length=gen, temperature=0.0, threshold=0.9)
+    dynamic = DecodeConfig(gen_length=gen, block_length=gen, temperature=0.0, threshold=threshold)
     slots = EngineConfig(slots=batch)
     return {
         "ESPO reference": lambda: reference_run(False),
         "ours, same decoding": lambda: bench.ours(static, batch),
-        "ours, threshold 0.9": lambda: bench.ours(dynamic, batch),
-        "ours, threshold 0.9, engine": lambda: bench.ours(dynamic, batch, slots),
-        "ours, threshold 0.9, prefix cache": lambda: bench.ours(dataclasses.replace(dynamic, cache="prefix"), batch),
+        f"ours, threshold {threshold}": lambda: bench.ours(dynamic, batch),
+        f"ours, threshold {threshold}, engine": lambda: bench.ours(dynamic, batch, slots),
+        f"ours, threshold {threshold}, prefix cache": lambda: bench.ours(
+            dataclasses.replace(dynamic, cache="prefix"), batch),
         "ESPO reference, bf16": lambda: reference_run(True),
-        "ours, threshold 0.9, engine, bf16": lambda: bench.ours(dynamic, batch, slots, bf16=True),
+        f"ours, threshold {threshold}, engine, bf16": lambda: bench.ours(dynamic, batch, slots, bf16=True),
     }
 
 
@@ -240,29 +250,37 @@ def fast_dllm_rows(bench: Bench, reference: dict, batch: int, cache: str) -> dic
     }
 
 
-def trado_rows(bench: Bench, reference, batch: int) -> dict:
+def trado_rows(bench: Bench, reference, batch: int, threshold: float = 0.9) -> dict:
     gen, block = 32, 4
     eos, mask = bench.model.eos_token_id, bench.model.mask_token_id
-    wrapped = StoreKV(bench.model)
+    wrapped = {False: StoreKV(bench.model), True: StoreKV(bench.bf16)}  # the copy is made here, before any timing
 
-    def reference_run():
+    def reference_run(bf16: bool = False):
         texts = []
         for seed, ids in zip(bench.seeds, bench.ids):
             torch.manual_seed(seed)  # the reference samples from the global generator
             prompt = {"input_ids": torch.tensor([ids])}
-            out = reference(wrapped, prompt, mask, gen_length=gen, block_length=block, denoising_steps=block,
+            out = reference(wrapped[bf16], prompt, mask, gen_length=gen, block_length=block, denoising_steps=block,
                             temperature=1.0, top_k=0, top_p=1.0, remasking_strategy="low_confidence_dynamic",
                             confidence_threshold=0.9, stopping_criteria_idx=[eos])
             texts.append(answer_text(bench.tokenizer, out[0, len(ids):len(ids) + gen].tolist(), eos))
         return texts, float("nan")
 
     config = DecodeConfig(gen_length=gen, block_length=block, temperature=1.0, threshold=0.9)
-    return {
+    greedy = DecodeConfig(gen_length=gen, block_length=block, temperature=0.0, threshold=threshold)
+    rows = {
         "TraDo reference (one prompt at a time)": reference_run,
         "ours, one prompt at a time": lambda: bench.ours(config, 1),
         f"ours, batch {batch}": lambda: bench.ours(config, batch),
         f"ours, engine {batch} slots": lambda: bench.ours(config, batch, EngineConfig(slots=batch)),
     }
+    if threshold != 0.9:  # ours greedy at the threshold asked for (the reference cannot decode greedily)
+        rows[f"ours, greedy, threshold {threshold}, batch {batch}"] = lambda: bench.ours(greedy, batch)
+    rows["TraDo reference, bf16"] = lambda: reference_run(True)
+    rows[f"ours, batch {batch}, bf16"] = lambda: bench.ours(config, batch, bf16=True)
+    if threshold != 0.9:
+        rows[f"ours, greedy, threshold {threshold}, batch {batch}, bf16"] = lambda: bench.ours(greedy, batch, bf16=True)
+    return rows
 
 
 SWEEP = [(block, rule, threshold) for block in (16, 8, 4)
@@ -318,6 +336,11 @@ def run(title: str, bench: Bench, rows: dict, rounds: int, sampled: bool) -> Non
               f"({extra})  mean NFE {nfe_text}")
 
 
+def label(path: Path) -> str:
+    """A shipped demo model's name; another checkpoint's path as given."""
+    return f"the {path.name} demo model" if path.parent == DEMO else str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--espo", type=Path, help="a checkout of ML-GSAI/ESPO (skipped without it)")
@@ -328,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llada-model", type=Path, default=DEMO / "llada-countdown",
+                    help="the LLaDA-shaped checkpoint both sides decode (default: the shipped demo)")
+    ap.add_argument("--sdar-model", type=Path, default=DEMO / "sdar-countdown",
+                    help="the SDAR-shaped checkpoint both sides decode (default: the shipped demo)")
+    ap.add_argument("--threshold", type=float, default=0.9, help="our threshold rows' threshold (default 0.9)")
     ap.add_argument("--sweep", action="store_true",
                     help="our decoding settings' accuracy and passes on the LLaDA demo (needs no reference)")
     args = ap.parse_args(argv)
@@ -337,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         sweep(args.limit, args.batch, args.seed)
     if args.espo is not None:
-        bench = Bench("llada-countdown", args.limit, args.seed)
-        run("ESPO reference generate vs ours, LLaDA-shaped demo model (gen 16, one block, greedy)", bench,
-            espo_rows(bench, espo_reference(args.espo), args.batch), args.rounds, sampled=False)
+        bench = Bench(args.llada_model, args.limit, args.seed)
+        run(f"ESPO reference generate vs ours, {label(args.llada_model)} (gen 16, one block, greedy)", bench,
+            espo_rows(bench, espo_reference(args.espo), args.batch, args.threshold), args.rounds, sampled=False)
     if args.fast_dllm is not None:
         bench = Bench("llada-countdown", args.limit, args.seed)
         reference = fast_dllm_reference(args.fast_dllm)
@@ -347,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             run(f"Fast-dLLM's {cache} cache vs ours, LLaDA-shaped demo model (gen 16 in {blocks}, greedy, threshold "
                 "0.9)", bench, fast_dllm_rows(bench, reference, args.batch, cache), args.rounds, sampled=False)
     if args.trado is not None:
-        bench = Bench("sdar-countdown", args.limit, args.seed)
-        run("TraDo reference sampler vs ours, block demo model (gen 32, block 4, temperature 1, threshold 0.9)",
-            bench, trado_rows(bench, trado_reference(args.trado), args.batch), args.rounds, sampled=True)
+        bench = Bench(args.sdar_model, args.limit, args.seed)
+        run(f"TraDo reference sampler vs ours, {label(args.sdar_model)} (gen 32, block 4, temperature 1, "
+            "threshold 0.9)", bench, trado_rows(bench, trado_reference(args.trado), args.batch, args.threshold),
+            args.rounds, sampled=True)
     return 0
 
 
