@@ -281,12 +281,15 @@ def test_what_runs_and_what_is_only_parsed(tmp_path):
         "Gen-Verse/TraDo-4B-Instruct is not in the repository",  # dllm-rl eval Gen-Verse/TraDo-4B-Instruct
         "a server runs until it is stopped",  # dllm-rl serve
         "model Gen-Verse/TraDo-4B-Instruct is on the hub",  # dllm-rl rl configs/trado-tracerl-math.yaml
+        "runs/cf/llada/model is not in the repository",  # dllm-rl eval of the certainty-forced full model
         "runs/cf/sdar/model is not in the repository",  # dllm-rl eval of the certainty-forced model (results.md)
         "runs/trado-tracerl-math is not in the repository",  # dllm-rl plot of that run
         "the gsm8k benchmark needs a real checkpoint",  # dllm-rl eval MODEL_DIR --task gsm8k
+        "the training data runs/cf/data-full/items/default.jsonl is the user's own",  # the full model's sft
         "the training data runs/cf/data/items/default.jsonl is the user's own",  # its sft on the model's answers
+        "the training data runs/cf/data/items/default.jsonl is the user's own",  # the plain-SFT baseline on them
     ]
-    assert why.count(None) == 16  # every other command runs (a new one in the docs: count it here)
+    assert why.count(None) == 18  # every other command runs (a new one in the docs: count it here)
 
 
 @pytest.mark.parametrize(("line", "why"), [
