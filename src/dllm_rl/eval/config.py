@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from dllm_rl.config import Checked, ConfigError, FieldError, field, from_dict, to_dict
 from dllm_rl.config.vocabulary import ModelSection
 from dllm_rl.errors import UserError
-from dllm_rl.sampling.config import DecodeConfig
+from dllm_rl.sampling.config import DECODING_HELP, DECODINGS, DecodeConfig
 from dllm_rl.training.run_config import RunConfig
 
 #: ``run.output_dir`` left unset: :meth:`EvalRunConfig.resolved` names the directory after the model, task and split
@@ -74,7 +74,7 @@ class EvalRunConfig(Checked):
     setting: list[str] = field(
         default_factory=list, help="named decoding settings over the base decoding, NAME[:KEY=VAL,...], "
         "repeatable: e.g. static1:tokens_per_step=1, dyn:threshold=0.9, b8:block_length=8,cache=prefix. Keys: "
-        "DecodeConfig fields, tokens_per_step or block_cache (default: one, 'default')")
+        "DecodeConfig fields, tokens_per_step, block_cache or decoding (default: one, 'default')")
     settings_file: str | None = field(
         None, help="YAML file of settings, before those of `setting`: {name: {key: value}} or a list of "
         "{name: ..., key: value}")
@@ -83,6 +83,12 @@ class EvalRunConfig(Checked):
         "(named thr<t>), 1.0 (one token per step, the reference) added when not listed; the report gives each "
         "point's accuracy, forward passes per answer and tokens per forward against the reference (in summary.md's "
         "curve table, summary.json's curve and the plot); e.g. --thresholds 0.5,0.7,0.9.")
+    decoding: str = field(
+        "config", choices=DECODINGS,
+        help=f"{DECODING_HELP}. Every setting's (a setting may set its own, NAME:decoding=learned); the thresholds "
+        "curve's points keep their fixed thresholds, and with decoding=learned the base decoding, 'default', is "
+        "evaluated beside them. Each item's threshold is in its records (threshold) and the setting's mean in the "
+        "summary (threshold_mean).")
     trace_items: int = field(0, ge=0, help="Write an HTML decoding trace of the first N items per setting.")
     json: bool = field(False, help="print summary.json instead of the Markdown table")
     command: str | None = field(None, help="The command line, recorded in the metadata.")

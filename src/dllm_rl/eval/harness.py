@@ -37,6 +37,7 @@ from typing import Any
 from dllm_rl.config import ConfigError, to_dict
 from dllm_rl.errors import UserError
 from dllm_rl.eval.config import EvalRunConfig
+from dllm_rl.eval.learned import LearnedThresholds, head_meta, learned_head
 from dllm_rl.eval.provenance import (
     check_resume,
     data_fingerprint,
@@ -158,6 +159,7 @@ class PreparedEval:
     dtype: str
     meta: dict[str, Any]
     out: Path
+    head: Any = None  # the threshold head of the learned settings (dllm_rl.eval.learned)
 
 
 def prepare(cfg: EvalRunConfig) -> PreparedEval:
@@ -186,11 +188,12 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
             raise UserError(f"decode.block_size: for block models (SDAR/TraDo) only; {fam.name} is a full-attention "
                              "model (its decoding block is decode.block_length)")
         block_size = cfg.decode.block_size
-    base = to_dict(cfg.decode)
+    base = {**to_dict(cfg.decode), **({"decoding": cfg.decoding} if cfg.decoding != "config" else {})}
     curve = threshold_settings(cfg.thresholds, base) if cfg.thresholds else []
     given = (load_settings_file(cfg.settings_file) if cfg.settings_file else []) + [parse_setting(s)
                                                                                       for s in cfg.setting]
-    settings = given + curve or [Setting("default")]
+    settings = given or ([Setting("default")] if not curve or cfg.decoding == "learned" else [])
+    settings += curve
     names = [s.name for s in settings]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -225,8 +228,12 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     }
     if cfg.decode.block_size is not None:  # only when given, so that earlier evaluations still resume
         meta["block_size"] = cfg.decode.block_size
+    head = learned_head(decodes, cfg.decoding, model_dir, fam, is_image_task(task))  # before the model
+    if head is not None:
+        meta["threshold_head"] = head_meta(head)
     check_resume(out, meta, cfg.run.overwrite)
-    return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out)
+    return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out, head)
+
 
 
 def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -297,6 +304,9 @@ class PromptInputs:
     def __init__(self, prep: PreparedEval, model, texts: list[str]):
         self.prep, self.model, self.texts = prep, model, texts
         self.with_images = is_image_task(prep.task)
+        self.learned = None  # each item's learned threshold, when a setting decodes learned
+        if prep.head is not None:
+            self.learned = LearnedThresholds(prep.head, model)
         self.text_ids = None if self.with_images else [_encode(prep.tokenizer, t) for t in texts]
         self.prompts = None
         if self.with_images:
@@ -320,18 +330,20 @@ class PromptInputs:
         return ids, pim, images
 
 
-def _decode_chunk(model, ids, resolved: ResolvedSetting, seeds, tokenizer, images, slots: int | None):
-    """One batch of samples: fixed (``generate``) or, with ``slots``, through the continuous-batching engine
-    (the same tokens; the uncached reference setting always decodes in a fixed batch)."""
+def _decode_chunk(model, ids, resolved: ResolvedSetting, seeds, tokenizer, images, slots: int | None,
+                  thresholds: list[float] | None = None):
+    """One batch of samples: fixed (``generate``) or, with ``slots`` or a learned setting's ``thresholds`` (one per
+    row), through the continuous-batching engine (the same tokens; the uncached reference setting always decodes in
+    a fixed batch)."""
     import dllm_rl.sampling as sampling
 
-    if slots is None or not resolved.block_cache:
+    if thresholds is None and (slots is None or not resolved.block_cache):
         return sampling.generate(model, ids, resolved.decode, seeds=seeds, tokenizer=tokenizer,
                                  block_cache=resolved.block_cache, images=images)
     from dllm_rl.sampling.engine import EngineConfig
 
     return sampling.generate_batched(model, ids, resolved.decode, seeds=seeds, tokenizer=tokenizer, images=images,
-                                     engine=EngineConfig(slots=slots))
+                                     engine=EngineConfig(slots=slots or len(ids)), thresholds=thresholds)
 
 
 def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInputs,
@@ -361,7 +373,8 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInpu
             seeds = [sample_seed(cfg.run.seed, i, s) for i, s in chunk]
             t0 = time.perf_counter()
             ids, images, _ = inputs.batch([i for i, _ in chunk])
-            roll = _decode_chunk(model, ids, resolved, seeds, prep.tokenizer, images, cfg.slots)
+            taus = inputs.learned([i for i, _ in chunk], ids) if resolved.learned else None
+            roll = _decode_chunk(model, ids, resolved, seeds, prep.tokenizer, images, cfg.slots, taus)
             if prep.device.type == "cuda":
                 import torch
 
@@ -384,6 +397,8 @@ def _run_setting(prep: PreparedEval, model, setting: Setting, inputs: PromptInpu
                 info = getattr(score, "info", None)
                 if info:
                     rec["score_info"] = info
+                if taus is not None:
+                    rec["threshold"] = taus[b]
                 records.append(rec)
             append_jsonl(path, records, fsync=True)  # on disk before the next batch: a kill loses this one at most
             n_new += len(chunk)
@@ -400,13 +415,12 @@ def _write_traces(prep: PreparedEval, model, setting: Setting, inputs: PromptInp
                   resolved: ResolvedSetting) -> None:
     from dllm_rl.eval.trace_viewer import records_from_rollout, write_html
     from dllm_rl.models.image_inputs import image_spans
-    from dllm_rl.sampling import generate
 
     n = min(prep.cfg.trace_items, len(prep.examples))
     seeds = [sample_seed(prep.cfg.run.seed, i, 0) for i in range(n)]
     prompt_ids, pim, images = inputs.batch(list(range(n)))
-    roll = generate(model, prompt_ids, resolved.decode, seeds=seeds, tokenizer=prep.tokenizer,
-                    block_cache=resolved.block_cache, images=pim)
+    taus = inputs.learned(list(range(n)), prompt_ids) if resolved.learned else None
+    roll = _decode_chunk(model, prompt_ids, resolved, seeds, prep.tokenizer, pim, None, taus)
     recs = records_from_rollout(roll, prep.tokenizer, labels=[f"item {i}" for i in range(n)],
                                 block_length=roll.block_size or resolved.decode.block_length,
                                 block_offsets=[len(p) for p in prompt_ids] if roll.block_size else None,

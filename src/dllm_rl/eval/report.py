@@ -9,7 +9,8 @@ Metrics (one decoding setting, ``n`` samples for each of ``N`` items):
 - ``nfe_mean``: forward passes (network function evaluations) per sample;
 - ``nfe_per_token = sum(nfe) / sum(length)``, and its inverse ``tokens_per_nfe`` (decoding parallelism);
 - ``tokens_per_s``: answer tokens per second of generation wall time (the only number that depends on
-  the machine and on batching; everything else is a function of the written records).
+  the machine and on batching; everything else is a function of the written records);
+- ``threshold_mean`` (a ``decoding: learned`` setting only): the mean of the items' learned thresholds.
 
 With ``--thresholds`` the summary holds ``curve``: accuracy against forward passes, one point per confidence
 threshold, each compared with the reference, threshold 1.0 (one token per step): ``accuracy_delta`` (points of
@@ -56,6 +57,9 @@ def summarize_records(records: Sequence[Mapping[str, Any]], num_samples: int | N
         "gen_seconds": seconds,
         "finish_reasons": dict(sorted(Counter(str(r.get("finish_reason")) for r in records).items())),
     }
+    taus = [float(r["threshold"]) for r in records if "threshold" in r]  # a learned setting's per-item thresholds
+    if taus:
+        out["threshold_mean"] = sum(taus) / len(taus)
     return out
 
 
@@ -92,6 +96,18 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _decoding_cell(setting: Mapping[str, Any]) -> str:
+    """A setting's overrides (``base``: none) and, decoding learned, its mean learned threshold."""
+    over = dict(setting["overrides"])
+    learned = setting["decode"].get("decoding") == "learned"
+    if learned:
+        over["decoding"] = "learned"
+    dec = ", ".join(f"{k}={v}" for k, v in over.items()) or "base"
+    if learned and "threshold_mean" in setting["metrics"]:
+        dec += f" (mean threshold {setting['metrics']['threshold_mean']:.3f})"
+    return dec
+
+
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """A Markdown report: the comparison table (one row per decoding setting) and the metadata."""
     settings = summary["settings"]
@@ -101,7 +117,7 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     rows = []
     for name, s in settings.items():
         m = s["metrics"]
-        dec = ", ".join(f"{k}={v}" for k, v in s["overrides"].items()) or "base"
+        dec = _decoding_cell(s)
         rows.append([name, _fmt(m["accuracy"]), *[_fmt(m["pass_at_k"].get(str(k), math.nan)) for k in ks if k > 1],
                      _fmt(m["mean_length"], 1), _fmt(m["nfe_mean"], 1), _fmt(m["nfe_per_token"]),
                      _fmt(m["tokens_per_nfe"], 2), _fmt(m["tokens_per_s"], 1), dec])

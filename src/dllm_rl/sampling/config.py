@@ -26,6 +26,13 @@ CACHE_MODES: tuple[str, ...] = typing.get_args(CacheMode)
 REMASKING_RULES: tuple[str, ...] = typing.get_args(Remasking)
 
 
+#: ``decoding``, of ``dllm-rl generate`` and ``dllm-rl eval``: the decode keys' schedule, or the checkpoint's learned
+#: per-prompt threshold (:mod:`dllm_rl.sampling.threshold_head`)
+DECODINGS = ("config", "learned")
+DECODING_HELP = ("config: the schedule the decode keys set; learned: each prompt decoded with the dynamic schedule at "
+                 "its own threshold, chosen by the threshold head an RL run with rollout.decoding=learned saved next "
+                 "to the model (DiFFPO, dllm_rl.sampling.threshold_head); a checkpoint without one is refused")
+
 #: the one rule of a decoding schedule, wherever one is given (the sampler, RL's rollout and held-out sections, eval
 #: settings): a static schedule (``steps``; eval's ``tokens_per_step`` too) or a dynamic one (``threshold``), never both
 SCHEDULE_RULE = "set either steps (static schedule) or threshold (dynamic schedule), not both"
@@ -225,8 +232,4 @@ class GenerateConfig(Checked):
     chat_template: str | None = field(
         None, help="a Jinja chat template file for chat (a model whose tokenizer has none, or another)")
     progress: bool = field(False, help="print progress per batch")
-    decoding: str = field(
-        "config", choices=("config", "learned"),
-        help="config: the schedule the decode keys set; learned: each prompt decoded with the dynamic schedule at "
-        "its own threshold, chosen by the threshold head an RL run with rollout.decoding=learned saved next to the "
-        "model (DiFFPO, dllm_rl.sampling.threshold_head); a checkpoint without one is refused")
+    decoding: str = field("config", choices=DECODINGS, help=DECODING_HELP)

@@ -84,13 +84,14 @@ class ThresholdHead(nn.Module):
                                                    "sigma": self.sigma}, indent=1) + "\n")
 
 
-def load_head(directory: str | Path) -> ThresholdHead:
-    """The threshold head saved in ``directory``; a :class:`UserError` (one line) when it has none."""
+def load_head(directory: str | Path, asked: str = "--decoding learned") -> ThresholdHead:
+    """The threshold head saved in ``directory``; a :class:`UserError` (one line naming ``asked``, the key that
+    asked for it) when it has none."""
     from safetensors.torch import load_file
 
     d = Path(directory)
     if not (d / HEAD_FILE).is_file() or not (d / HEAD_CONFIG).is_file():
-        raise UserError(f"{d}: no learned threshold head ({HEAD_FILE}); --decoding learned needs a checkpoint "
+        raise UserError(f"{d}: no learned threshold head ({HEAD_FILE}); {asked} needs a checkpoint "
                         "saved by an RL run with rollout.decoding=learned")
     cfg = json.loads((d / HEAD_CONFIG).read_text())
     head = ThresholdHead(cfg["hidden"], cfg["t_min"], cfg["t_max"], cfg["sigma"])
