@@ -22,6 +22,12 @@ A rollout reports each answer's forward passes (``Rollout.nfe``) and tokens per 
   when its TPF spread ``max_j TPF - min_j TPF >= delta`` (Eq. 11) and at least one of its answers is right; with
   ``dynamic_sampling`` further prompts are rolled out until enough groups pass. A group whose answers are all right
   keeps its signal when their speeds differ: the gated speed term makes its rewards differ.
+
+The section and equation numbers (Sec. 3.1, 3.3, App. B.1; Eq. 5-7, 11) are those of the paper's v1 as first read
+and are NOT verified: the stored copies of the v1 HTML page and its mirrors reach only the abstract and introduction,
+and a later version exists whose numbering may differ. Hand computations: ``tests/rl/test_speed.py``
+(``test_speed_kinds_and_rollout_columns``, ``test_decoupled_advantages_match_a_hand_computation``,
+``test_a_fast_wrong_answer_scores_below_a_slow_right_one``).
 """
 
 from __future__ import annotations

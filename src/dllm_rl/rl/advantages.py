@@ -133,7 +133,8 @@ def decoupled_advantages(name: str, values: torch.Tensor, weights: list[float], 
     ``group``), summed with the terms' ``weights`` (Eq. 6, where the paper's weights are 1), and the sum normalised
     over the batch, ``(A - mean_B A) / (std_B A + eps)`` (Eq. 7), so that the update's scale does not grow with the
     number of terms. A term with the same value across a group adds nothing to that group's advantages; a group
-    whose every term is flat has advantage 0 before Eq. 7."""
+    whose every term is flat has advantage 0 before Eq. 7. (Equation numbers of the paper's v1, not verified: see
+    :mod:`dllm_rl.rewards.speed`.)"""
     values = values.float()
     if values.dim() != 2 or values.shape[1] != len(weights):
         raise ValueError(f"decoupled_advantages: values of shape {tuple(values.shape)} for {len(weights)} weights")
@@ -166,8 +167,8 @@ def group_filter(
     """Drop groups whose rewards are all equal (no learning signal) and, optionally, groups whose
     accuracy lies outside ``accuracy_band`` (TraceRL keeps 0.2 <= acc <= 0.8) and groups that LightningRL's
     TPF-aware filter drops (``tpf_spread``: keep a group only when ``max_j tpf - min_j tpf >= tpf_spread``, arXiv
-    2603.13319 Eq. 11, and at least one answer is right; ``tpf`` ``[N]``, each sample's tokens per forward).
-    ``correct`` (bool ``[N]``) defaults to ``reward >= 1``."""
+    2603.13319 Eq. 11 of v1, not verified, and at least one answer is right; ``tpf`` ``[N]``, each sample's tokens
+    per forward). ``correct`` (bool ``[N]``) defaults to ``reward >= 1``."""
     g = _groups(rewards, group_size)
     correct = correct if correct is not None else rewards >= 1.0 - 1e-9
     zero_var = (g.max(dim=1).values - g.min(dim=1).values) <= 1e-12

@@ -7,7 +7,8 @@ advantages, :meth:`ThresholdLearner.update` takes one Adam step on the REINFORCE
 over the samples that train, the same advantages the policy's loss uses (so a speed term of ``reward.terms`` is what
 teaches the head to go faster, and the task term to stay right). The head starts from the one saved next to
 ``model.path`` when there is one (a run continuing a learned run), else at the middle of ``rollout.learned_range``;
-checkpoints and ``final/`` carry it, and a resumed run reloads it.
+checkpoints and ``final/`` carry it, and a resumed run reloads it. (No equation numbers: what was checked of the
+paper and why none is cited is in :mod:`dllm_rl.sampling.threshold_head`.)
 """
 
 from __future__ import annotations

@@ -16,9 +16,14 @@ of the answer (task reward plus a speed term), jointly with the model. The paper
   that train, with the same group advantages ``A_i`` the model's loss uses (:func:`policy_gradient_loss`);
 - **inference** (``--decoding learned``): the controller's mean, ``z = mu``, one deterministic threshold per prompt.
 
-The paper's exact equation numbers could not be checked against its text here; this follows its description
-(per-prompt threshold, sampled during RL, reward with an NFE term, policy gradient on the controller). The head is
-saved next to the model as :data:`HEAD_FILE` (safetensors) and :data:`HEAD_CONFIG` (its range and width).
+No equation numbers are cited because none could be verified: checked were the stored copies of the arXiv abstract
+(2510.02212), its NeurIPS 2025 abstract page and third-party summaries, none of which shows the method section's
+equations. This follows the paper's description (a per-prompt threshold, sampled during RL, a reward with an NFE
+term, a policy gradient on the controller). Third-party summaries say the paper's sampler is the Entropy-Bounded
+sampler, whose threshold bounds each token's predictive entropy; the threshold here is the project's dynamic
+schedule's confidence threshold (unverified against the paper's text, and a difference if the summaries are right).
+Hand computation: ``tests/sampling/test_threshold_head.py::test_log_prob_gradient_and_threshold_by_hand``. The head
+is saved next to the model as :data:`HEAD_FILE` (safetensors) and :data:`HEAD_CONFIG` (its range and width).
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ On each row, over the masked tokens ``M`` of block ``n`` (the paper's Eq. 5-8 in
 summed over the row and its complement, with ``beta`` = ``objective.certainty_weight`` (2 in the released code)
 and ``T`` = ``objective.certainty_temperature`` (0.5). The entropy is minimised only where the prediction is
 already right, so the model grows sure of what it gets right and is not pushed to commit to its mistakes.
-(The equation numbers are those of the paper's first version as we read it; the terms are as listed.)
+The equation numbers (Eq. 4, Eq. 5-8) are those of the paper's first version as first read and are NOT verified:
+checked again were the stored copies of the arXiv abstract and v1 HTML page and third-party summaries, which reach
+only the abstract and introduction, not Sec. 4 where the equations stand. The terms are as listed above, and
+``tests/sft/test_sft_certainty_forcing.py::test_loss_by_hand`` checks them against a hand computation.
 
 Differences from the released recipe, on purpose: blocks are the model's own attention blocks for block models
 (SDAR/TraDo) and ``objective.block_size`` for full attention, counted from the answer's start as the decoder does;
