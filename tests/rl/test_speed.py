@@ -1,5 +1,6 @@
 """Speed as a reward (dllm_rl/rewards/speed.py): the gated speed term, LightningRL's decoupled normalisation (arXiv
-2603.13319 Eq. 5-7) against a hand computation, and its TPF-aware filter (Eq. 11)."""
+2603.13319 Eq. 5-7; the numbering is unverified, see rewards/speed.py) against a hand computation, and its
+TPF-aware filter (Eq. 11)."""
 
 import math
 
