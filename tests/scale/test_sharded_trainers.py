@@ -67,6 +67,10 @@ def root(tmp_path_factory) -> Path:
     write_jsonl(root / "dpo.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}
                                      for a in range(4) for b in range(4)])
     tok = char_tokenizer()
+    gemma = tiny_config("diffusion_gemma", vocab_size=len(tok) + 3, hidden_size=16, intermediate_size=32, num_heads=2,
+                        num_kv_heads=1, num_layers=2, block_size=4, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id)
+    save_model(build_model("diffusion_gemma", gemma, seed=0), root / "diffusion_gemma", tokenizer=tok)
     for family in ("sdar",):
         cfg = tiny_config(family, vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id, hidden_size=32, intermediate_size=64, num_heads=2,
@@ -212,3 +216,23 @@ def test_a_rank_killed_mid_step_ends_the_run_and_resume_continues_exactly(root, 
     assert checkpoints == ["step-0000001"]
     out = launch(root, "ddp", request)
     assert max_diff(weights(out, "espo_fault"), weights(out, "espo")) == 0.0
+
+
+@pytest.mark.slow
+def test_diffusion_gemma_under_ddp_equals_one_process(root):
+    """DiffusionGemma's scorers call its encoder and decoder directly, so DDP's wrapper never runs a forward with
+    gradient and arms no all-reduce: the backend averages the gradients itself (``backend.micro_step``). SFT (uniform
+    denoising, self-conditioning's no-grad first pass) and TraceRL (the trajectory estimator) on 2 DDP ranks end
+    with one process's weights and gradient norms; the vision tower, which no text run reaches, is left as it was."""
+    for backend in ("single", "ddp"):
+        rc, log, _ = run_driver(root, backend, "gemma", timeout=240)
+        assert rc == 0, log[-8000:]
+    start = weights(root, "diffusion_gemma")
+    for run, final in (("gemma_sft", "model"), ("gemma_tracerl", "final")):
+        one, two = (weights(root / b / run, final) for b in ("single", "ddp"))
+        diff = max_diff(two, one)
+        print(f"ddp (2 ranks) vs 1 process, {run}: max |dw| = {diff:.2e}")
+        assert diff <= 1e-5 and max_diff(two, start) > 1e-4, run
+        assert grad_norms(root / "ddp", run) == pytest.approx(grad_norms(root / "single", run), rel=1e-5), run
+        vision = [k for k in start if "vision" in k]
+        assert vision and all(torch.equal(two[k], start[k]) for k in vision)

@@ -60,8 +60,8 @@ def uneven_reward(prompts, completions, **columns):
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def sft(root: Path, out: Path, *extra: str) -> None:
-    args = [f"model.path={root / 'sdar'}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
+def sft(root: Path, out: Path, *extra: str, family: str = "sdar") -> None:
+    args = [f"model.path={root / family}", f"data.train_file={root / 'sft.jsonl'}", "train.max_steps=2",
             f"train.micro_batch_size={2 // WORLD}", "train.grad_accum=2", "train.log_every=1", "run.progress=false",
             "train.mixed_precision=no", "objective.logprob_chunk_size=3",
             "optim.lr=0.003", f"run.output_dir={out}", *extra]
@@ -155,6 +155,21 @@ def save_value_weights() -> None:
     rl_trainer.RLTrainer.save_final_model = save_final_model
 
 
+def gemma(root: Path, out: Path) -> None:
+    """DiffusionGemma (uniform-state), whose scorers call its encoder and decoder directly, outside the DDP wrapper:
+    SFT with the uniform denoising objective (self-conditioning on every example: its no-grad first pass) and
+    TraceRL (the trajectory estimator) on its own rollouts."""
+    sft(root, out / "gemma_sft", "objective.name=uniform", "objective.self_conditioning_p=1.0",
+        family="diffusion_gemma")
+    args = [f"model.path={root / 'diffusion_gemma'}", "algorithm=tracerl", "data.task=countdown",
+            f"data.train_file={root / 'train.jsonl'}", "data.prompt_style=compact",
+            f"train.prompts_per_step={2 // WORLD}", "rollout.num_generations=4", "rollout.gen_length=4",
+            "rollout.max_denoising_steps=3", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2",
+            "optim.lr=0.003", "model.device=cpu", "run.progress=false", "log.samples_every=0",
+            "log.dashboard=false", f"run.output_dir={out / 'gemma_tracerl'}"]
+    rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
+
+
 # A checkpoint after every step only for the runs whose step-1 checkpoint another run resumes from (or the test
 # reads); every other run saves once, at its end (with save_every=1 a 2-step run saved 3 times: steps 1, 2, end).
 SAVED = ("run.save_every=1",)
@@ -180,6 +195,9 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
         return
     if mode == "dpo":
         dpo(root, out / "dpo")
+        return
+    if mode == "gemma":
+        gemma(root, out)
         return
     if mode in ("resume", "all+resume"):  # all+resume: the fault run's resume, then the full set (one launch)
         rl(root, out / "espo_fault", "sdar", "espo", "run.resume=latest", *SAVED)

@@ -103,11 +103,11 @@ class RLTrainer(RLCheckpoints):
         self.accelerator = make_accelerator(
             cpu=training_device(cfg.model.device, "model.device"), timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
-        setup_backend(self.accelerator, cfg.train.micro_batch_size, cfg.optim.max_grad_norm)
-        if family.noise == "uniform" and self.accelerator.num_processes > 1:
-            raise ConfigError(f"model.path: a {family.name} model trains with RL in one process for now (its "
-                              "estimators call the stock modules, not the wrapped forward that synchronises "
-                              "gradients); launch one process")
+        backend = setup_backend(self.accelerator, cfg.train.micro_batch_size, cfg.optim.max_grad_norm)
+        if family.noise == "uniform" and backend not in ("single", "ddp"):
+            raise ConfigError(f"model.path: a {family.name} model trains with RL in one process or under DDP for "
+                              f"now, not {backend} (its estimators call the encoder and decoder directly); launch "
+                              "with configs/accelerate/ddp.yaml")
         self.chunk_size = cfg.model.logprob_chunk_size
         self.out = Path(cfg.run.output_dir)
         self.is_main = self.accelerator.is_main_process

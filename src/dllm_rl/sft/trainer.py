@@ -56,6 +56,7 @@ from dllm_rl.training.ranks import forward_agreement
 from dllm_rl.training.resume_check import SFT_APPLICABLE, check_resumed_config
 from dllm_rl.training.run_config import resume_checkpoint
 from dllm_rl.training.run_dir import SFT_RUN_FILES, interrupted, open_run_dir
+from dllm_rl.training.sharding import backend_name
 from dllm_rl.training.user_paths import expand_user
 
 MASK_STREAM = 1_000_003  # names the masks' stream in derive_seed(seed, MASK_STREAM)
@@ -120,10 +121,11 @@ class SFTTrainer:
         """The run's examples (each with ``num_tokens`` and ``where``) and their data report."""
         cfg = self.cfg
         check_objective(cfg.objective.name, self.dlm.family)
-        if self.dlm.family.noise == "uniform" and self.accelerator.num_processes > 1:
+        backend = backend_name(self.accelerator)
+        if self.dlm.family.noise == "uniform" and backend not in ("single", "ddp"):
             raise ConfigError(f"objective.name={cfg.objective.name}: a {self.dlm.family.name} model trains in one "
-                              "process for now (its scorers call the stock modules, not the wrapped forward that "
-                              "synchronises gradients); launch one process")
+                              f"process or under DDP for now, not {backend} (its scorers call the encoder and "
+                              "decoder directly); launch with configs/accelerate/ddp.yaml")
         examples, report = load_sft_data(
             cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=self.verbose and self.accelerator.is_main_process)
         if cfg.objective.name == "trace" and any(e.step_map is None for e in examples):

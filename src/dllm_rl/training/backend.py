@@ -86,10 +86,68 @@ def micro_step(accelerator: Accelerator, prepared: torch.nn.Module, last: bool):
     gradient all-reduce except on the ``last`` (``accelerator.no_sync``); DeepSpeed is told whether this is the
     accumulation boundary (accelerate's ``backward`` hands ``accelerator.sync_gradients`` to
     ``engine.set_gradient_accumulation_boundary`` and steps the engine only there); FSDP2 reduce-scatters every
-    backward (accelerate's ``no_sync`` is a no-op for it), which sums the same."""
+    backward (accelerate's ``no_sync`` is a no-op for it), which sums the same.
+
+    DDP all-reduces only the gradients of a forward that went through its wrapper; a model whose scorers call its
+    modules directly (DiffusionGemma's encoder cache: :mod:`dllm_rl.estimators.canvases`) bypasses it. When the
+    ``last`` micro-batch ran no forward with gradient through ``prepared``, the step's accumulated gradients are
+    averaged over the ranks here (:func:`average_gradients`), as DDP would."""
     if _deepspeed(accelerator):
         return _deepspeed_boundary(accelerator, bool(last))
+    if isinstance(prepared, torch.nn.parallel.DistributedDataParallel):
+        return _ddp_micro_step(accelerator, prepared, bool(last))
     return contextlib.nullcontext() if last else accelerator.no_sync(prepared)
+
+
+@contextlib.contextmanager
+def _ddp_micro_step(accelerator: Accelerator, prepared: torch.nn.Module, last: bool):
+    through = []  # one entry per forward through the wrapper: whether it recorded a graph (armed DDP's reduction)
+    handle = prepared.register_forward_pre_hook(lambda *_: through.append(torch.is_grad_enabled()))
+    try:
+        with contextlib.nullcontext() if last else accelerator.no_sync(prepared):
+            yield
+    finally:
+        handle.remove()
+    if last and not any(through):
+        average_gradients(prepared.module, accelerator.device)
+
+
+BUCKET_BYTES = 1 << 26  # 64 MiB per all-reduce
+
+
+def average_gradients(module: torch.nn.Module, device: torch.device) -> None:
+    """Average ``module``'s gradients over the ranks in place (sum / world, DDP's reduction). A parameter no rank
+    has a gradient for (a vision tower in a text run) keeps none, as in one process; one that only some ranks
+    have one for (an expert no token of this rank reached) counts zeros on the others. Collective: every rank
+    calls it. Hand-written because torch has no public call that all-reduces given gradients (DDP's reducer
+    reduces only after its own forward); the gradients go in flat buckets of :data:`BUCKET_BYTES`, one
+    ``all_reduce`` each."""
+    import torch.distributed as dist
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    dist.all_reduce(present)
+    grads: dict[tuple, list[torch.Tensor]] = {}
+    for param, anywhere in zip(params, present.tolist(), strict=True):
+        if anywhere:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grads.setdefault((param.grad.device, param.grad.dtype), []).append(param.grad)
+    world = dist.get_world_size()
+    for same in grads.values():
+        start = 0
+        while start < len(same):
+            end, size = start, 0
+            while end < len(same) and (end == start or size + same[end].nbytes <= BUCKET_BYTES):
+                size += same[end].nbytes
+                end += 1
+            bucket = same[start:end]
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat)
+            flat /= world
+            for g, part in zip(bucket, flat.split([g.numel() for g in bucket]), strict=True):
+                g.copy_(part.view_as(g))
+            start = end
 
 
 @contextlib.contextmanager
