@@ -79,6 +79,19 @@ def test_demo_decodes_another_uniform_state_checkpoint_as_its_familys_demo(tmp_p
     assert decode_lengths(DEMO_DIR / "llada-countdown" / "elsewhere") == (32, 32)
 
 
+def test_demo_decodes_at_the_held_out_evaluations_temperatures(monkeypatch):
+    """A uniform-state demo config whose rollouts explore hotter than its evaluation: --demo decodes as the RL run's
+    held-out evaluation (eval.t_max / eval.t_min), not as its rollouts."""
+    import dllm_rl.eval.demo as demo
+
+    config = {"model": {"path": "gemma-countdown"}, "data": {"task": "countdown", "prompt_style": "compact"},
+              "eval": {"data": "countdown_heldout.jsonl", "t_max": 0.8, "t_min": 0.4},
+              "rollout": {"gen_length": 16, "max_denoising_steps": 8, "t_max": 1.2, "t_min": 0.8}}
+    monkeypatch.setattr(demo, "demo_config", lambda model_dir: config)
+    assert demo_defaults(DEMO_DIR / "gemma-countdown", {})["decode"] == {
+        "gen_length": 16, "max_denoising_steps": 8, "t_max": 0.8, "t_min": 0.4}
+
+
 def test_demo_on_a_fresh_model_and_its_errors(tmp_path, capsys):
     tok, dlm = build_tokenizer_and_model(ModelConfig(tokenizer="char", hidden_size=32, num_layers=1,
                                                      intermediate_size=32, num_heads=2, num_kv_heads=2))

@@ -133,6 +133,7 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     (("rollout.gen_length=6",), "rollout.gen_length: 6 is not a multiple of the model's canvas_length (4); "
      "diffusion_gemma decodes whole canvases"),
     (("rollout.t_min=0.9",), "rollout.t_max: must be above t_min (0.9)"),
+    (("eval.t_max=0.3",), "eval.t_max: must be above t_min (0.4)"),
     (("algorithm=tracerl", "value_model.enabled=true", "value_model.shrinkage=2"), "value_model.shrinkage: 2 merges "
      "decoding steps; diffusion_gemma is uniform-state and its value model reads each step at its own canvas"),
     (("algorithm=espo", "train.step_chunk_size=2"), "train.step_chunk_size: back-propagates the steps the trajectory "
@@ -155,6 +156,27 @@ def test_a_masked_family_refuses_the_uniform_knobs(root, tmp_path):
         RLTrainer(cfg, reward_fn=digit_reward)
     assert str(err.value) == ("rollout.max_denoising_steps=3 is a uniform-state diffusion option (DiffusionGemma); "
                               "llada is masked diffusion: drop rollout.max_denoising_steps")
+
+
+def test_the_held_out_evaluation_decodes_at_its_own_temperatures(root, tmp_path):
+    """eval.t_min / eval.t_max set the evaluation's schedule only (rollouts explore hotter than the metric decodes);
+    unset, the evaluation decodes as the rollouts; a masked family refuses them."""
+    from dllm_rl.rl.config import decode_config
+
+    cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / "run", "rollout.t_max=1.2", "rollout.t_min=0.8",
+                                                      "eval.t_max=0.6", "eval.t_min=0.3"))
+    trainer = RLTrainer(cfg, reward_fn=digit_reward)
+    try:
+        rollout, held_out = decode_config(cfg, trainer.model), decode_config(cfg, trainer.model, evaluation=True)
+    finally:
+        trainer.close()
+    assert (rollout.t_max, rollout.t_min, held_out.t_max, held_out.t_min) == (1.2, 0.8, 0.6, 0.3)
+    assert held_out.max_denoising_steps == rollout.max_denoising_steps
+    cfg = load_config(RLConfig, None, rl_overrides(root, "llada", tmp_path / "run2", "eval.t_max=0.6"))
+    with pytest.raises(ConfigError) as err:
+        RLTrainer(cfg, reward_fn=digit_reward)
+    assert str(err.value) == ("eval.t_max=0.6 is a uniform-state diffusion option (DiffusionGemma); llada is masked "
+                              "diffusion: drop eval.t_max")
 
 
 def test_a_uniform_family_needs_no_mask_token_in_its_tokenizer(tmp_path):

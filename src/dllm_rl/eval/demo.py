@@ -8,7 +8,8 @@ checkpoint (``assets/demo/rl-*.yaml``): ``llada-countdown`` decodes 16 slots as 
 checkpoint: gen_length 32, one block of 32. The vision demo's ``llada_v-shapes`` is evaluated on its own task
 (``shapes``) and held-out file (``shapes_heldout.jsonl``), as ``rl-vision.yaml`` names them. A uniform-state demo
 (``gemma-countdown``, DiffusionGemma-shaped) has no blocks nor greedy mode: its config names no ``block_length``, and
-``--demo`` takes its canvas budget and the sampler knobs it sets (``max_denoising_steps`` ...), as its RL run does;
+``--demo`` takes its canvas budget and the sampler knobs it sets (``max_denoising_steps`` ...; the ``eval:``
+section's temperatures over the rollouts'), as its RL run's held-out evaluation does;
 so does any other checkpoint of a uniform-state family (a ``make demo MODEL=gemma`` run's final model), for which
 "one block of 32" means nothing.
 """
@@ -80,9 +81,11 @@ def demo_defaults(model_dir: str | Path, decode: dict[str, Any]) -> dict[str, An
     rollout = (data or {}).get("rollout", {})
     if "block_length" in rollout or data is None:
         decode.setdefault("block_length", block_length)
-    for key in UNIFORM_FIELDS:  # a uniform-state demo's sampler knobs (its evaluation decodes as its rollouts)
-        if rollout.get(key) is not None and decode.get(key) is None:
-            decode[key] = rollout[key]
+    held_out = (data or {}).get("eval", {})
+    for key in UNIFORM_FIELDS:  # a uniform-state demo's sampler knobs: its held-out evaluation's, else its rollouts'
+        value = held_out.get(key, rollout.get(key))
+        if value is not None and decode.get(key) is None:
+            decode[key] = value
     if data is None:
         return {"task": "countdown", "data": str(HELDOUT), "prompt_style": "compact", "decode": decode}
     return {"task": data["data"]["task"], "data": str(DEMO_DIR / data["eval"]["data"]),

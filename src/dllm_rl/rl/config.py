@@ -138,6 +138,15 @@ class HeldOutConfig(Checked):
         "faster rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
         None, gt=0, le=1, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
+    # uniform-state families (DiffusionGemma) only: the evaluation's own temperature schedule, so that rollouts may
+    # explore hotter than the held-out metric decodes (as masked rollouts sample at rollout.temperature beside a
+    # greedy evaluation)
+    t_min: float | None = field(
+        None, gt=0, help="uniform-state only (DiffusionGemma): the evaluation's temperature at the last step (null: "
+        "rollout.t_min, else the stock 0.4)")
+    t_max: float | None = field(
+        None, gt=0, help="uniform-state only: the evaluation's temperature at the first step (null: rollout.t_max, "
+        "else the stock 0.8)")
     block_size: int | None = field(
         None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 
@@ -409,12 +418,14 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
     from dllm_rl.sampling.inputs import uniform_noise
 
     if uniform_noise(model):
-        return _uniform_decode_config(cfg, model)
+        return _uniform_decode_config(cfg, model, evaluation)
     r = cfg.rollout
-    for key in UNIFORM_FIELDS:
-        if getattr(r, key) is not None:
-            raise ConfigError(f"rollout.{key}={getattr(r, key)!r} is a uniform-state diffusion option "
-                              f"(DiffusionGemma); {model.family.name} is masked diffusion: drop rollout.{key}")
+    given = [(f"rollout.{k}", getattr(r, k)) for k in UNIFORM_FIELDS]
+    given += [(f"eval.{k}", getattr(cfg.eval, k)) for k in _EVAL_UNIFORM_FIELDS]
+    for key, value in given:
+        if value is not None:
+            raise ConfigError(f"{key}={value!r} is a uniform-state diffusion option (DiffusionGemma); "
+                              f"{model.family.name} is masked diffusion: drop {key}")
     schedule = cfg.eval if evaluation else r
     rollout_block, _, eval_block = run_block_sizes(cfg, model.block_size)
     block_size = eval_block if evaluation else rollout_block  # None for full attention
@@ -437,11 +448,14 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
 
 #: the held-out evaluation's masked-decoding keys (a uniform family decodes the evaluation as its rollouts)
 _EVAL_MASK_FIELDS = ("temperature", "steps", "threshold", "block_size")
+#: the held-out evaluation's own uniform-state keys (the rest of its decoding is the rollout's)
+_EVAL_UNIFORM_FIELDS = ("t_min", "t_max")
 
 
-def _uniform_decode_config(cfg: RLConfig, model) -> DecodeConfig:
+def _uniform_decode_config(cfg: RLConfig, model, evaluation: bool = False) -> DecodeConfig:
     """The sampler settings of a uniform-state family (DiffusionGemma), rollouts and held-out evaluation alike (its
-    stock sampler has no greedy mode): ``rollout.gen_length`` and the uniform knobs. A mask-only key of ``rollout``
+    stock sampler has no greedy mode): ``rollout.gen_length`` and the uniform knobs, the evaluation at its own
+    temperatures where ``eval.t_min`` / ``eval.t_max`` are set. A mask-only key of ``rollout``
     or ``eval`` at any value but its default is refused in one line (``rollout.engine`` decodes them canvas by
     canvas, each rollout as in fixed batches: :mod:`~dllm_rl.sampling.uniform_engine`); the defaults themselves
     (``rollout.temperature`` 1.0, ``rollout.cache`` prefix) are not the user's and are not read."""
@@ -461,11 +475,13 @@ def _uniform_decode_config(cfg: RLConfig, model) -> DecodeConfig:
     if r.gen_length % canvas:
         raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of the model's canvas_length "
                           f"({canvas}); {name} decodes whole canvases")
-    config = DecodeConfig(gen_length=r.gen_length, **{k: getattr(r, k) for k in UNIFORM_FIELDS})
+    knobs = {k: getattr(r, k) for k in UNIFORM_FIELDS}
+    own = {k: getattr(cfg.eval, k) for k in _EVAL_UNIFORM_FIELDS if evaluation and getattr(cfg.eval, k) is not None}
+    config = DecodeConfig(gen_length=r.gen_length, **{**knobs, **own})
     from dllm_rl.sampling.inputs import uniform_decode_config
 
     try:
         uniform_decode_config(config)  # t_max above t_min, with the stock defaults where unset
     except UserError as exc:
-        raise ConfigError(f"rollout.{exc}") from None
+        raise ConfigError(f"{'eval' if own else 'rollout'}.{exc}") from None
     return config
