@@ -54,9 +54,13 @@ def _decode_default(name: str, default: Any) -> Any:
     return dataclasses.field(default=default, metadata=base.metadata)
 
 
-def _uniform_field(name: str) -> Any:
-    """A uniform-state knob of :class:`DecodeConfig` (None: the stock default; same help and checks)."""
-    return dataclasses.field(default=None, metadata=DecodeConfig.__dataclass_fields__[name].metadata)
+def _uniform_field(name: str, unset: str | None = None) -> Any:
+    """A uniform-state knob of :class:`DecodeConfig` (None: the stock default; same help and checks). ``unset``: what
+    None means here instead, in the help."""
+    meta = dict(DecodeConfig.__dataclass_fields__[name].metadata)
+    if unset is not None:
+        meta["help"] = meta["help"].rpartition(" None: ")[0] + f" None: {unset}."
+    return dataclasses.field(default=None, metadata=meta)
 
 
 @dataclass
@@ -138,15 +142,11 @@ class HeldOutConfig(Checked):
         "faster rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
         None, gt=0, le=1, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
-    # uniform-state families (DiffusionGemma) only: the evaluation's own temperature schedule, so that rollouts may
-    # explore hotter than the held-out metric decodes (as masked rollouts sample at rollout.temperature beside a
-    # greedy evaluation)
-    t_min: float | None = field(
-        None, gt=0, help="uniform-state only (DiffusionGemma): the evaluation's temperature at the last step (null: "
-        "rollout.t_min, else the stock 0.4)")
-    t_max: float | None = field(
-        None, gt=0, help="uniform-state only: the evaluation's temperature at the first step (null: rollout.t_max, "
-        "else the stock 0.8)")
+    # uniform-state families (DiffusionGemma) only: the evaluation's own temperature schedule (None: the rollout's),
+    # so that rollouts may explore hotter than the held-out metric decodes (as masked rollouts sample at
+    # rollout.temperature beside a greedy evaluation)
+    t_min: float | None = _uniform_field("t_min", "the rollout's")
+    t_max: float | None = _uniform_field("t_max", "the rollout's")
     block_size: int | None = field(
         None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 
