@@ -264,3 +264,13 @@ def test_a_required_key_not_given_is_named_and_an_empty_command_line_may_load_th
     parser = OneLineParser(prog="x")
     add_command_arguments(parser, _Small)
     assert load_command(_Small, parse_words(parser, []), None) == _Small()
+
+
+def test_demo_help_config_lists_its_own_options_then_the_rl_keys(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--help-config"])
+    assert stop.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "the demo's own options (flags only):"
+    assert [line.split(" (default")[0] for line in lines[1:4]] == ["kind", "recipe", "output_dir"]
+    assert any(line.startswith("train.max_steps (default 20): ") for line in lines)

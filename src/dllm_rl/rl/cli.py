@@ -199,5 +199,6 @@ def register(sub) -> None:
                      "applies to any of them)")
     add_command_arguments(d, RLConfig, words_help="a YAML of RL settings, then key=value overrides, laid over the demo "
                           "config and its recipes; every RL key is also a --flag", help_sections=("model", "run"))
-    help_config_argument(d, _rl_config_lines)
+    help_config_argument(d, lambda: ["the demo's own options (flags only):"] + describe(DemoOptions) + [""]
+                         + _rl_config_lines())
     d.set_defaults(func=run_demo)
