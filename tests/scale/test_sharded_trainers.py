@@ -222,8 +222,9 @@ def test_a_rank_killed_mid_step_ends_the_run_and_resume_continues_exactly(root, 
 def test_diffusion_gemma_under_ddp_equals_one_process(root):
     """DiffusionGemma's scorers call its encoder and decoder directly, so DDP's wrapper never runs a forward with
     gradient and arms no all-reduce: the backend averages the gradients itself (``backend.micro_step``). SFT (uniform
-    denoising, self-conditioning's no-grad first pass) and TraceRL (the trajectory estimator) on 2 DDP ranks end
-    with one process's weights and gradient norms; the vision tower, which no text run reaches, is left as it was."""
+    denoising, self-conditioning's no-grad first pass) and TraceRL (the trajectory estimator, with its value model,
+    whose reading also bypasses the wrapper) on 2 DDP ranks end with one process's weights and gradient norms; the
+    vision tower, which no text run reaches, is left as it was."""
     for backend in ("single", "ddp"):
         rc, log, _ = run_driver(root, backend, "gemma", timeout=240)
         assert rc == 0, log[-8000:]

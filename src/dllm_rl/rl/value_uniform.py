@@ -62,6 +62,14 @@ def _chunks(steps: list[int], size: int | None) -> list[list[int]]:
     return [steps[i:i + size] for i in range(0, len(steps), size)]
 
 
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The value model itself, not its DDP wrapper: this reading calls it with an encoder context, outside the
+    wrapper's forward, as the policy's scorers call the policy, so DDP arms no reduction (which would wait for the
+    parameters no text run reaches, the vision tower, and fail at the next update) and the backend averages the
+    gradients itself (:func:`dllm_rl.training.backend.micro_step`)."""
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
 def uniform_value_chunks(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, chunk: int | None = None
                          ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(values, columns)`` per chunk of ``chunk`` counted steps (None: all) of each schedule group of ``batch``:
@@ -90,7 +98,7 @@ def _read_steps(module: nn.Module, hf: nn.Module, batch: ScoringBatch, rows: lis
             ctx.append(completion[:, encoded * span:(encoded + 1) * span].to(hf.device))
             encoded += 1
         cols = slice(k * span, (k + 1) * span)
-        values = module(tr.canvas[:, s, cols].long(), context=ctx)  # [R, C]: one scalar per canvas position
+        values = unwrapped(module)(tr.canvas[:, s, cols].long(), context=ctx)  # [R, C]: a scalar per position
         r, p = torch.nonzero(tr.accepted[:, s, cols] & tr.counted[:, s, None], as_tuple=True)
         flat.append((idx[r] * n_steps + s) * g_len + k * span + p)
         picked.append(values[r, p])
@@ -107,4 +115,4 @@ def idle_uniform_value(module: nn.Module, backbone: DiffusionLM) -> torch.Tensor
     value makes, so that every rank runs as many."""
     ids = torch.full((1, 1), backbone.pad_token_id, dtype=torch.long, device=backbone.device)
     ctx = CanvasContext(backbone.hf_model, ids, torch.ones_like(ids, dtype=torch.bool))
-    return module(ids, context=ctx)
+    return unwrapped(module)(ids, context=ctx)
