@@ -308,5 +308,7 @@ def test_plot_takes_several_runs_from_bare_words_or_a_yaml(tmp_path):
     (tmp_path / "p.yaml").write_text(f"runs: [{run}]\nper_metric: true\n")
     assert main(["plot", str(tmp_path / "p.yaml"), "keys=[reward]"]) == 0
     assert sorted(p.name for p in (run / "plots").iterdir()) == ["reward.png"]
+    assert main(["plot", str(run), "--per-metric", "--keys", "reward", "kl"]) == 0  # several at once, as before
+    assert sorted(p.name for p in (run / "plots").iterdir()) == ["kl.png", "reward.png"]
     assert main(["plot", str(run), str(run), "--output", str(tmp_path / "both.png")]) == 0
     assert (tmp_path / "both.png").is_file()

@@ -180,7 +180,9 @@ class PlotConfig(Checked):
     output: str | None = field(None, help="dashboard image FILE.png (or .pdf, .svg), or an existing directory, which "
                                "gets dashboard.png (-o; default RUN_DIR/dashboard.png; needed for several runs)")
     per_metric: bool = field(False, help="also write one PNG per metric into RUN_DIR/plots")
-    keys: list[str] = field(default_factory=list, help="with per_metric: metrics to plot (repeatable; default: all)")
+    # several values at once, as before the front end (``--keys reward accuracy``): dllm_rl.config.command's "several"
+    keys: list[str] = dataclasses.field(default_factory=list, metadata={"several": True, "help": (
+        "with per_metric: metrics to plot (--keys reward accuracy, or repeated; default: all)")})
 
 
 __all__ = ["DEFAULT_OUTPUT", "EvalRunConfig", "PlotConfig", "TraceConfig"]
