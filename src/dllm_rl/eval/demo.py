@@ -43,14 +43,12 @@ def demo_config(model_dir: str | Path) -> dict[str, Any] | None:
 def _uniform_family(model_dir: str | Path) -> str | None:
     """The family name of the local checkpoint ``model_dir`` when it is uniform-state; None otherwise (or when it
     is no local checkpoint: a hub id's config is not fetched for this)."""
-    import json
-
     from dllm_rl.models.families import detect_family
+    from dllm_rl.models.loading import read_config
 
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
+    if not (Path(model_dir) / "config.json").is_file():
         return None
-    family = detect_family(json.loads(path.read_text()))
+    family = detect_family(read_config(model_dir))
     return family.name if family.noise == "uniform" else None
 
 
