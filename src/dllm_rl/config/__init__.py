@@ -10,8 +10,7 @@ object. The modules, by job:
 - :mod:`~dllm_rl.config.loading`: coercion, building, overrides, renamed keys, saving;
 - :mod:`~dllm_rl.config.reference`: ``--help-config`` and the generated reference in ``docs/config.md``;
 - :mod:`~dllm_rl.config.command`: the one command front end (``COMMAND [CONFIG.yaml] [key=value] [--key value]``);
-- :mod:`~dllm_rl.config.vocabulary`: the shared keys' one vocabulary (device, dtype, tokenizer);
-- :mod:`~dllm_rl.config.flags`: a command's flags generated from its config dataclass.
+- :mod:`~dllm_rl.config.vocabulary`: the shared keys' one vocabulary (device, dtype, tokenizer).
 """
 
 from dllm_rl.config.fields import (

@@ -5,16 +5,14 @@ step."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
 
 from dllm_rl.config import to_dict
-from dllm_rl.config.flags import add_config_arguments
 from dllm_rl.errors import UserError
 from dllm_rl.jsonl import iter_jsonl, write_jsonl
-from dllm_rl.sampling.config import DecodeConfig, PresetDecodeConfig
+from dllm_rl.sampling.config import DecodeConfig
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
@@ -31,24 +29,6 @@ def read_prompts_file(path: str | Path) -> list[str]:
     if not prompts:
         raise UserError(f"{path}: no prompts")
     return prompts
-
-
-def add_decode_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (), dest_prefix: str = "",
-                         with_defaults: bool = True, title: str = "decoding (DecodeConfig)") -> None:
-    """One ``--flag`` per :class:`DecodeConfig` field, with the field's help text (:func:`add_config_arguments`).
-
-    ``dest_prefix`` namespaces the parsed values (``decode_gen_length``); with ``with_defaults=False``
-    unset flags stay None, so a caller can tell which settings the user gave.
-    """
-    add_config_arguments(parser, DecodeConfig, exclude=exclude, dest_prefix=dest_prefix, with_defaults=with_defaults,
-                         title=title)
-
-
-def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
-    """The DecodeConfig of the flags; a ``--preset`` fills every field whose flag was left at its default (the
-    rule of a ``decode:`` section's preset, :class:`PresetDecodeConfig`)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DecodeConfig)}
-    return PresetDecodeConfig(**values, preset=getattr(args, "preset", None)).decode_config()
 
 
 def load_model_command(cls: type, args: argparse.Namespace, usage: str):
