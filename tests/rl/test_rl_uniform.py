@@ -159,18 +159,21 @@ def test_a_masked_family_refuses_the_uniform_knobs(root, tmp_path):
 
 
 def test_the_held_out_evaluation_decodes_at_its_own_temperatures(root, tmp_path):
-    """eval.t_min / eval.t_max set the evaluation's schedule only (rollouts explore hotter than the metric decodes);
+    """eval.t_min / eval.t_max / eval.entropy_bound set the evaluation's sampler only (rollouts explore hotter than
+    the metric decodes);
     unset, the evaluation decodes as the rollouts; a masked family refuses them."""
     from dllm_rl.rl.config import decode_config
 
     cfg = load_config(RLConfig, None, gemma_overrides(root, tmp_path / "run", "rollout.t_max=1.2", "rollout.t_min=0.8",
-                                                      "eval.t_max=0.6", "eval.t_min=0.3"))
+                                                      "rollout.entropy_bound=1.0", "eval.t_max=0.6", "eval.t_min=0.3",
+                                                      "eval.entropy_bound=0.1"))
     trainer = RLTrainer(cfg, reward_fn=digit_reward)
     try:
         rollout, held_out = decode_config(cfg, trainer.model), decode_config(cfg, trainer.model, evaluation=True)
     finally:
         trainer.close()
     assert (rollout.t_max, rollout.t_min, held_out.t_max, held_out.t_min) == (1.2, 0.8, 0.6, 0.3)
+    assert (rollout.entropy_bound, held_out.entropy_bound) == (1.0, 0.1)
     assert held_out.max_denoising_steps == rollout.max_denoising_steps
     cfg = load_config(RLConfig, None, rl_overrides(root, "llada", tmp_path / "run2", "eval.t_max=0.6"))
     with pytest.raises(ConfigError) as err:

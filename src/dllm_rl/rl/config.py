@@ -142,11 +142,15 @@ class HeldOutConfig(Checked):
         "faster rollout schedule does not change what the held-out metric measures")
     threshold: float | None = field(
         None, gt=0, le=1, help="dynamic decoding for evaluation: commit every token with confidence > threshold")
-    # uniform-state families (DiffusionGemma) only: the evaluation's own temperature schedule (None: the rollout's),
-    # so that rollouts may explore hotter than the held-out metric decodes (as masked rollouts sample at
-    # rollout.temperature beside a greedy evaluation)
+    # uniform-state families (DiffusionGemma) only: the evaluation's own sampler knobs (None: the rollout's), so that
+    # rollouts may explore hotter, or accept surer-or-not draws, apart from how the held-out metric decodes (as masked
+    # rollouts sample at rollout.temperature beside a greedy evaluation)
+    max_denoising_steps: int | None = _uniform_field("max_denoising_steps", "the rollout's")
     t_min: float | None = _uniform_field("t_min", "the rollout's")
     t_max: float | None = _uniform_field("t_max", "the rollout's")
+    entropy_bound: float | None = _uniform_field("entropy_bound", "the rollout's")
+    stability_threshold: int | None = _uniform_field("stability_threshold", "the rollout's")
+    confidence_threshold: float | None = _uniform_field("confidence_threshold", "the rollout's")
     block_size: int | None = field(
         None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 
@@ -421,7 +425,7 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
         return _uniform_decode_config(cfg, model, evaluation)
     r = cfg.rollout
     given = [(f"rollout.{k}", getattr(r, k)) for k in UNIFORM_FIELDS]
-    given += [(f"eval.{k}", getattr(cfg.eval, k)) for k in _EVAL_UNIFORM_FIELDS]
+    given += [(f"eval.{k}", getattr(cfg.eval, k)) for k in UNIFORM_FIELDS]
     for key, value in given:
         if value is not None:
             raise ConfigError(f"{key}={value!r} is a uniform-state diffusion option (DiffusionGemma); "
@@ -448,14 +452,12 @@ def decode_config(cfg: RLConfig, model, *, evaluation: bool = False) -> DecodeCo
 
 #: the held-out evaluation's masked-decoding keys (a uniform family decodes the evaluation as its rollouts)
 _EVAL_MASK_FIELDS = ("temperature", "steps", "threshold", "block_size")
-#: the held-out evaluation's own uniform-state keys (the rest of its decoding is the rollout's)
-_EVAL_UNIFORM_FIELDS = ("t_min", "t_max")
 
 
 def _uniform_decode_config(cfg: RLConfig, model, evaluation: bool = False) -> DecodeConfig:
     """The sampler settings of a uniform-state family (DiffusionGemma), rollouts and held-out evaluation alike (its
     stock sampler has no greedy mode): ``rollout.gen_length`` and the uniform knobs, the evaluation at its own
-    temperatures where ``eval.t_min`` / ``eval.t_max`` are set. A mask-only key of ``rollout``
+    knobs where ``eval.<knob>`` is set (``eval.t_min``, ``eval.entropy_bound``, ...). A mask-only key of ``rollout``
     or ``eval`` at any value but its default is refused in one line (``rollout.engine`` decodes them canvas by
     canvas, each rollout as in fixed batches: :mod:`~dllm_rl.sampling.uniform_engine`); the defaults themselves
     (``rollout.temperature`` 1.0, ``rollout.cache`` prefix) are not the user's and are not read."""
@@ -476,7 +478,7 @@ def _uniform_decode_config(cfg: RLConfig, model, evaluation: bool = False) -> De
         raise ConfigError(f"rollout.gen_length: {r.gen_length} is not a multiple of the model's canvas_length "
                           f"({canvas}); {name} decodes whole canvases")
     knobs = {k: getattr(r, k) for k in UNIFORM_FIELDS}
-    own = {k: getattr(cfg.eval, k) for k in _EVAL_UNIFORM_FIELDS if evaluation and getattr(cfg.eval, k) is not None}
+    own = {k: getattr(cfg.eval, k) for k in UNIFORM_FIELDS if evaluation and getattr(cfg.eval, k) is not None}
     config = DecodeConfig(gen_length=r.gen_length, **{**knobs, **own})
     from dllm_rl.sampling.inputs import uniform_decode_config
 
