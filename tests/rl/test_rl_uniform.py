@@ -127,8 +127,8 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
 @pytest.mark.parametrize(("extra", "message"), [
     (("rollout.temperature=0.5",), "rollout.temperature=0.5 is a masked-diffusion option; diffusion_gemma is "
      "uniform-state diffusion (no mask token) and decodes with rollout.gen_length and rollout.max_denoising_steps, "
-     "rollout.t_min, rollout.t_max, rollout.entropy_bound, rollout.stability_threshold, rollout.confidence_threshold: "
-     "drop rollout.temperature"),
+     "rollout.t_min, rollout.t_max, rollout.entropy_bound, rollout.stability_threshold, rollout.confidence_threshold, "
+     "rollout.final_tokens: drop rollout.temperature"),
     (("eval.steps=2",), "eval.steps=2 is a masked-diffusion option; diffusion_gemma is uniform-state diffusion"),
     (("rollout.gen_length=6",), "rollout.gen_length: 6 is not a multiple of the model's canvas_length (4); "
      "diffusion_gemma decodes whole canvases"),

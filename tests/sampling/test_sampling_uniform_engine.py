@@ -45,7 +45,8 @@ def _same(alone, got) -> None:
 
 
 # request i's own knobs (None: the engine's): another schedule, another stopping rule, no EOS stop
-OWN = {2: {"max_denoising_steps": 4, "t_max": 0.9}, 3: {"stop_on_eos": False}, 4: {"stability_threshold": 1}}
+OWN = {2: {"max_denoising_steps": 4, "t_max": 0.9}, 3: {"stop_on_eos": False},
+       4: {"stability_threshold": 1, "final_tokens": "sampled"}}
 
 
 @pytest.mark.parametrize("slots", [2, 4])

@@ -135,6 +135,38 @@ def test_the_rollout_carries_the_samplers_record(sharp):
                        trajectory_logprob(record.steps, replay_logits(sharp, record, ucfg)))
 
 
+def test_sampled_final_tokens_keep_each_rows_last_draws_and_count_every_position(sharp):
+    """final_tokens="sampled": each canvas keeps the ids its row's last counted step drew, that step accepts every
+    position (so every kept token has its step in step_map), and the random numbers are the stock ones: the canvases
+    fed in are those of the argmax rule until a canvas ends; each row is still itself alone."""
+    stock = DecodeConfig(gen_length=2 * CANVAS, max_denoising_steps=6, confidence_threshold=0.5, stability_threshold=0,
+                         seed=1)
+    cfg = DecodeConfig(**{**stock.__dict__, "final_tokens": "sampled"})
+    roll, argmax = generate(sharp, PROMPTS, cfg), generate(sharp, PROMPTS, stock)
+    tr = roll.uniform
+    index = tr.counted_index()
+    for b in range(3):
+        for c in range(2):
+            steps = [s for s in range(tr.step.shape[1]) if tr.counted[b, s] and int(tr.canvas_index[b, s]) == c]
+            if not steps:
+                continue
+            cols, last = slice(c * CANVAS, (c + 1) * CANVAS), steps[-1]
+            kept = roll.completion_ids[b, cols]
+            drawn = tr.sampled[b, last, cols].long()
+            held = roll.completion_mask[b, cols]  # (after the first EOS the kept canvas is pad)
+            assert torch.equal(kept[held], drawn[held]) and bool(tr.accepted[b, last, cols].all())
+            assert (roll.step_map[b, cols][held] == int(index[b, last])).all()
+    assert (roll.step_map[roll.completion_mask] >= 0).all()
+    # the first canvas: the same random ids, canvases and passes as the argmax rule
+    first, stock_first = tr.canvas_index[0] == 0, argmax.uniform.canvas_index[0] == 0
+    assert torch.equal(tr.canvas[:, first][..., :CANVAS], argmax.uniform.canvas[:, stock_first][..., :CANVAS])
+    assert torch.equal(tr.counted[:, first], argmax.uniform.counted[:, stock_first])
+    assert roll.completion_ids[:, :CANVAS].tolist() != argmax.completion_ids[:, :CANVAS].tolist()
+    for i, p in enumerate(PROMPTS):
+        alone = generate(sharp, [p], cfg, seeds=[1 + i])
+        assert roll.completion_ids[i].tolist() == _padded(alone.completion_ids[0], 2 * CANVAS)[:2 * CANVAS]
+
+
 def test_step_map_on_a_hand_checkable_trace():
     """One canvas of 4, two counted steps then one uncounted: position 0 kept the draw of step 1, position 1 that of
     step 0 (step 1 drew something else there), position 2 never accepted its kept token, position 3's only hit is

@@ -76,7 +76,7 @@ def test_chat_equals_generate_on_the_templated_prompt(served):
 @pytest.mark.parametrize(("extra", "param", "fragment"), [
     ({"temperature": 0.7, "steps": 4}, "temperature", "temperature, steps: masked-diffusion options; diffusion_gemma "
      "is uniform-state diffusion (no mask token), whose requests take max_denoising_steps, t_min, t_max, "
-     "entropy_bound, stability_threshold, confidence_threshold, seed; leave temperature, steps out"),
+     "entropy_bound, stability_threshold, confidence_threshold, final_tokens, seed; leave temperature, steps out"),
     ({"block_length": 4}, "block_length", "block_length: masked-diffusion options"),
     ({"t_min": 0.9}, "t_max", "t_max: must be above t_min (0.9)"),
     ({"preset": "sdar"}, "preset", "preset: 'sdar' does not fit this model: threshold=0.9 is a masked-diffusion"),

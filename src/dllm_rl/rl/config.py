@@ -106,6 +106,7 @@ class RolloutConfig(DecodeOptions):
     entropy_bound: float | None = _uniform_field("entropy_bound")
     stability_threshold: int | None = _uniform_field("stability_threshold")
     confidence_threshold: float | None = _uniform_field("confidence_threshold")
+    final_tokens: str | None = _uniform_field("final_tokens")
     # DiFFPO's learned per-prompt threshold (dllm_rl.rl.learned_threshold, dllm_rl.sampling.threshold_head)
     decoding: str = field(
         "config", choices=("config", "learned"),
@@ -151,6 +152,7 @@ class HeldOutConfig(Checked):
     entropy_bound: float | None = _uniform_field("entropy_bound", "the rollout's")
     stability_threshold: int | None = _uniform_field("stability_threshold", "the rollout's")
     confidence_threshold: float | None = _uniform_field("confidence_threshold", "the rollout's")
+    final_tokens: str | None = _uniform_field("final_tokens", "the rollout's")
     block_size: int | None = field(
         None, ge=1, help="block models: the block the held-out evaluation decodes in (default rollout.block_size)")
 

@@ -155,6 +155,10 @@ class DecodeConfig(DecodeOptions):
     confidence_threshold: float | None = field(
         None, gt=0, help="Uniform-state only, adaptive stopping: a row's mean entropy must be below this. "
         "None: 0.005.")
+    final_tokens: str | None = field(
+        None, choices=("argmax", "sampled", None),
+        help="Uniform-state only: what a canvas keeps at a row's last step: argmax (stock) or sampled (that step's "
+        "draws at every position, each counted by RL's trajectory log-probability). None: argmax.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,7 +168,7 @@ class DecodeConfig(DecodeOptions):
 
 #: the DecodeConfig fields only uniform-state diffusion reads (None: the stock default)
 UNIFORM_FIELDS: tuple[str, ...] = ("max_denoising_steps", "t_min", "t_max", "entropy_bound", "stability_threshold",
-                                   "confidence_threshold")
+                                   "confidence_threshold", "final_tokens")
 
 
 def _preset_names() -> tuple[str, ...]:

@@ -14,6 +14,13 @@ Its rule is the stock one (transformers' ``generation_diffusion_gemma``), canvas
 4. the canvas kept is the argmax of the last tempered logits (not the last drawn canvas); a row with EOS in it is
    finished: its tokens after the first EOS, and its later canvases, become pad.
 
+``final_tokens="sampled"`` (not stock; for RL's rollouts) keeps instead the ids the row's last step drew at every
+position, and marks them accepted in that step's record. Why: under the stock rule only the low-entropy positions a
+step accepts are draws of the policy; the positions still uncertain at the end are settled by the argmax, which no
+step's log-probability counts, so a trajectory policy gradient can sharpen what the model is already sure of but
+never move a choice it is unsure of. With sampled final tokens every kept token is a draw the trajectory
+log-probability counts (the random numbers are the stock ones: the draws are made either way).
+
 Random numbers are drawn in the stock order (the canvas's ``randint``, then per step one ``multinomial`` over all
 positions and one ``randint`` for the re-noising, for every row, stopped or not) from ``generator`` (None: torch's
 global generator), so under the same seed the tokens equal ``model.generate``'s. A list of generators, one per row,
@@ -54,6 +61,11 @@ class UniformDecodeConfig(Checked):
                                                    "unchanged (0: no stability condition).")
     confidence_threshold: float = field(0.005, gt=0, help="Adaptive stopping: the mean entropy of the tempered "
                                                           "logits must be below this.")
+    final_tokens: str = field("argmax", choices=("argmax", "sampled"),
+                              help="What a canvas keeps at its row's last step: argmax (stock: the argmax of the last "
+                                   "tempered logits) or sampled (the ids that step drew at every position, which "
+                                   "the record then marks accepted there: a trajectory's every kept token is a draw "
+                                   "of the policy, as RL's trajectory log-probability needs).")
     keep_logits: bool = field(False, help="Store each step's tempered logits in the record ([B, canvas, vocab] per "
                                           "step; by default they are recomputed from the record when needed).")
 
@@ -240,6 +252,7 @@ def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Te
     argmax, self_cond = canvas, None
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     passes = torch.zeros(batch, dtype=torch.long, device=device)
+    drawn, last = canvas, torch.full((batch,), -1, dtype=torch.long, device=device)  # final_tokens="sampled"
     stopping = _Stopping(cfg, (batch, width), device)
     for step in range(cfg.max_denoising_steps, 0, -1):
         passes += ~(stopped | done)
@@ -248,6 +261,8 @@ def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Te
         logits = draw.logits
         record.append(UniformStep(index, step, canvas, self_cond is not None, draw.sampled, draw.accepted,
                                   stopped.clone(), done.clone(), logits if cfg.keep_logits else None))
+        counted = ~(stopped | done)
+        drawn, last = torch.where(counted[:, None], draw.sampled, drawn), torch.where(counted, len(record) - 1, last)
         new_argmax, canvas_next = logits.argmax(dim=-1), torch.where(draw.accepted, draw.sampled, draw.noise)
         if stopped.any():  # stopped rows carry their canvas, argmax and logits unchanged
             new_argmax = torch.where(stopped[:, None], argmax, new_argmax)
@@ -257,7 +272,12 @@ def _denoise_canvas(ctx: CanvasContext, cfg: UniformDecodeConfig, done: torch.Te
         self_cond, canvas, argmax = logits.to(ctx.embedding_dtype), canvas_next, new_argmax
         if bool(stopped.all()):
             break
-    return argmax, passes
+    if cfg.final_tokens == "argmax":
+        return argmax, passes
+    for s in last.unique().tolist():  # each row's last counted step accepts every position: its draws are kept
+        if s >= 0:
+            record[s].accepted = record[s].accepted | (last == s)[:, None]
+    return drawn, passes
 
 
 def finish_canvas(kept: torch.Tensor, done: torch.Tensor, eos: torch.Tensor | None,

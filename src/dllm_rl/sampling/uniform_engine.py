@@ -375,6 +375,9 @@ class UniformEngine(RequestSlots):
         seq.step -= 1
         if not stop and seq.step > 0:
             return False
+        if cfg.final_tokens == "sampled":  # the canvas keeps this step's draws, all accepted (sampling.uniform)
+            seq.steps[-1].accepted = torch.ones_like(draw.accepted)
+            return self._end_canvas(seq, draw.sampled, draw.logits)
         return self._end_canvas(seq, argmax, draw.logits)
 
     @property
@@ -382,8 +385,8 @@ class UniformEngine(RequestSlots):
         return self.hf.model.decoder.embed_tokens.weight.dtype
 
     def _end_canvas(self, seq: UniformSequence, kept: torch.Tensor, logits: torch.Tensor) -> bool:
-        """The canvas ``seq`` just finished keeps ``kept`` (the argmax, ``[1, C]``); True when the request ends here
-        (an EOS in it under ``stop_on_eos``, or its last canvas)."""
+        """The canvas ``seq`` just finished keeps ``kept`` (the argmax, or the draws, ``[1, C]``); True when the request
+        ends here (an EOS in it under ``stop_on_eos``, or its last canvas)."""
         eos, pad = self.model.eos_token_id, self.model.pad_token_id
         ended = seq.config.stop_on_eos and bool((kept == eos).any())
         if ended:  # the tokens after the first EOS become pad (finish_canvas)

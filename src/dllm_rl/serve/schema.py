@@ -5,7 +5,7 @@ models themselves (``extra="forbid"``); which known fields are honoured, accepte
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -56,6 +56,7 @@ class Decoding(BaseModel):
     entropy_bound: float | None = None
     stability_threshold: Int64 | None = None
     confidence_threshold: float | None = None
+    final_tokens: Literal["argmax", "sampled"] | None = None
     stream: bool | None = False
     stream_canvas: bool = False
     stream_options: StreamOptions | None = None
