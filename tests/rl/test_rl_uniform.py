@@ -136,6 +136,8 @@ def test_engine_rollouts_train_as_fixed_batch_rollouts(root, tmp_path):
     (("eval.t_max=0.3",), "eval.t_max: must be above t_min (0.4)"),
     (("algorithm=tracerl", "value_model.enabled=true", "value_model.shrinkage=2"), "value_model.shrinkage: 2 merges "
      "decoding steps; diffusion_gemma is uniform-state and its value model reads each step at its own canvas"),
+    (("algorithm=tracerl", "loss_type=bgpo", "train.step_chunk_size=2"), "train.step_chunk_size: the bgpo loss is "
+     "back-propagated one draw at a time, not by replayed steps: set train.step_chunk_size=0"),
     (("algorithm=espo", "train.step_chunk_size=2"), "train.step_chunk_size: back-propagates the steps the trajectory "
      "estimator replays; estimator=uniform_elbo replays none: set train.step_chunk_size=0"),
     (("algorithm=tracerl", "estimator_options={shrinkage: 8}"), "estimator_options: shrinkage must be 1 for the "

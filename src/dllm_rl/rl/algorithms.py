@@ -109,6 +109,9 @@ def check_combination(cfg: RLConfig) -> None:
     if cfg.train.step_chunk_size and cfg.estimator != "trajectory":
         raise ConfigError(f"train.step_chunk_size: back-propagates the steps the trajectory estimator replays; "
                           f"estimator={cfg.estimator} replays none: set train.step_chunk_size=0")
+    if cfg.train.step_chunk_size and POLICY_LOSSES[cfg.loss_type].draw_by_draw:
+        raise ConfigError(f"train.step_chunk_size: the {cfg.loss_type} loss is back-propagated one draw at a time, "
+                          "not by replayed steps: set train.step_chunk_size=0")
     check_value_model(cfg.value_model, cfg.loss_type)
     check_speed_config(cfg)
     from dllm_rl.rl.learned_threshold import check_learned
