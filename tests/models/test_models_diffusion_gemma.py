@@ -138,3 +138,30 @@ def test_padded_batch_matches_the_stock_model(published):
     other = prompt.clone()
     other[1, :2] = 0
     torch.testing.assert_close(_stock_logits(model, other, canvas, mask=mask)[0], ours, atol=1e-5, rtol=0)
+
+
+def test_a_list_of_eos_ids_loads_saves_back_and_decodes(tmp_path):
+    """Gemma's configs give ``eos_token_id`` as a list (end of sequence, end of turn): a published checkpoint with
+    ``text_config.eos_token_id: [1, 5]`` loads with every id (the first is ``eos_token_id``), the ids of its
+    generation_config.json (which the stock ``from_pretrained`` loads for ``generate``) are added, our saver writes
+    both files back as they were, and the model decodes. (Before, ``int([1, 5])`` raised a TypeError at load.)"""
+    from dllm_rl.sampling import DecodeConfig, generate
+
+    cfg = tiny()
+    cfg["text_config"]["eos_token_id"] = [1, 5]
+    path = tmp_path / "pub"
+    torch.manual_seed(0)
+    DiffusionGemmaForBlockDiffusion(DiffusionGemmaConfig.from_dict(cfg)).save_pretrained(str(path))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7], "pad_token_id": 0}))
+    assert DiffusionGemmaForBlockDiffusion.from_pretrained(str(path)).generation_config.eos_token_id == [1, 7]
+    model = load_model(path)
+    assert (model.eos_token_ids, model.eos_token_id, model.pad_token_id) == ((1, 5, 7), 1, 0)
+    out = tmp_path / "out"
+    save_model(model, out)
+    assert json.loads((out / "config.json").read_text()) == json.loads((path / "config.json").read_text())
+    assert json.loads((out / "config.json").read_text())["text_config"]["eos_token_id"] == [1, 5]
+    assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": [1, 7], "pad_token_id": 0}
+    again = load_model(out)
+    assert again.eos_token_ids == (1, 5, 7)
+    roll = generate(again, [[4, 5, 6]], DecodeConfig(gen_length=CANVAS, max_denoising_steps=2, seed=0))
+    assert roll.completion_ids.shape == (1, CANVAS) and int(roll.nfe[0]) == 2

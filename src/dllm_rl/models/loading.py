@@ -48,6 +48,21 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{cfg_file}: not valid JSON ({exc})") from exc
 
 
+def read_generation_config(path: Path) -> dict[str, Any] | None:
+    """A checkpoint directory's ``generation_config.json`` (None: it has none). Read as JSON and kept whole: its EOS
+    ids end rows (:func:`~dllm_rl.models.diffusion_lm.eos_token_ids`) and :func:`save_model` writes it back."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return None
+    try:
+        gen = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{file}: not valid JSON ({exc})") from exc
+    if not isinstance(gen, dict):
+        raise UserError(f"{file}: not a JSON object")
+    return gen
+
+
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -156,7 +171,7 @@ def load_model(
         model.tie_weights()
     model.to(device)
     model.eval()
-    return DiffusionLM(model, fam, pub)
+    return DiffusionLM(model, fam, pub, read_generation_config(path))
 
 
 def build_model(
@@ -219,6 +234,8 @@ def save_model(
     if dlm.block_size is not None and key and (key in pub or dlm.block_size != dlm.family.block_size):
         pub[key] = dlm.block_size
     (path / "config.json").write_text(json.dumps(pub, indent=2, sort_keys=True) + "\n")
+    if dlm.generation_config is not None:
+        (path / "generation_config.json").write_text(json.dumps(dlm.generation_config, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     return path
