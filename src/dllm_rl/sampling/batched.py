@@ -188,7 +188,7 @@ def generate_uniform(model, prompts: list[list[int]], config, seeds: list[int], 
                    record_steps=bool(record_steps), until_block=until_block is not None,
                    **{"block_cache=False": not block_cache})
     cfg = uniform_decode_config(config)
-    pad, eos, device = model.pad_token_id, model.eos_token_id, model.device
+    pad, eos, device = model.pad_token_id, list(model.eos_token_ids), model.device
     width = max(len(p) for p in prompts)
     prompt_ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
     prompt_mask = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)

@@ -156,6 +156,7 @@ class Engine(RequestSlots):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
+        self.eos_ids: tuple[int, ...] = (model.eos_token_id,)  # the ids a request ends on: the masked samplers' one
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence | None] = [None] * self.engine.slots
         self.device = model.device

@@ -196,15 +196,19 @@ class Sequence:
         return canvas, trace
 
 
-def settled(tokens: list[int], todo: list[bool], eos: int, final: int | None = None) -> tuple[list[int], bool]:
+def settled(tokens: list[int], todo: list[bool], eos: int | tuple[int, ...], final: int | None = None
+            ) -> tuple[list[int], bool]:
     """``(ids, ended)`` of a completion as it stands (its slots' tokens and still-masked flags, host lists): the
     tokens committed without a gap from the first slot up to the first still-masked one (and within the first
-    ``final`` slots, :meth:`Sequence.final_slots`), cut before the first EOS, and whether the answer is complete (an
-    EOS reached that way). Later steps never change them: what a stream may send."""
+    ``final`` slots, :meth:`Sequence.final_slots`), cut before the first EOS (``eos``: an id, or every id that ends
+    a row), and whether the answer is complete (an EOS reached that way). Later steps never change them: what a
+    stream may send."""
     if final is not None:
         tokens, todo = tokens[:final], todo[:final] + [True]
     stop = todo.index(True) if True in todo else len(tokens)
     ids = tokens[:stop]
-    if eos in ids:
-        return ids[: ids.index(eos)], True
+    ends = {eos} if isinstance(eos, int) else set(eos)
+    cut = next((i for i, t in enumerate(ids) if t in ends), None)
+    if cut is not None:
+        return ids[:cut], True
     return ids, False

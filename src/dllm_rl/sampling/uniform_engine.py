@@ -16,9 +16,9 @@ every running request per :meth:`UniformEngine.step`:
    concatenates them with the canvas's own keys, one copy per layer, as in ``generate``);
 3. per request, the step of :func:`~dllm_rl.sampling.uniform.denoise_step` on its own ``[1, C, V]`` logits with its own
    generator (and its own knobs: schedule, entropy bound, stopping), then its stopping rule. A request whose canvas
-   ends (adaptive stop or its last step) keeps the argmax canvas; with ``stop_on_eos`` an EOS in it finishes the
-   request (pad after it), as does its last canvas; otherwise it draws its next canvas and encodes the kept one at
-   the next step.
+   ends (adaptive stop or its last step) keeps the argmax canvas; with ``stop_on_eos`` an EOS in it (any of the
+   model's ``eos_token_ids``) finishes the request (pad after it), as does its last canvas; otherwise it draws its
+   next canvas and encodes the kept one at the next step.
 
 **Exactness.** A request draws its random numbers in the order ``generate([prompt], seeds=[seed])`` draws them, from
 its own generator, and only while it denoises (:mod:`~dllm_rl.sampling.uniform`'s per-row draws), its attention
@@ -60,7 +60,7 @@ from dllm_rl.sampling.inputs import check_inputs, uniform_decode_config
 from dllm_rl.sampling.logprobs import MAX_TOP, LogprobMaps, TokenLogprobs
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.slot_cache import SlotCache, StepPlan
-from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformRollout, UniformStep, denoise_step
+from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformRollout, UniformStep, denoise_step, finish_canvas
 from dllm_rl.sampling.uniform_result import to_uniform_rollout
 
 
@@ -149,6 +149,9 @@ class UniformEngine(RequestSlots):
         self.self_cond: torch.Tensor | None = None  # [slots, C, V] in the model's dtype, allocated at the first step
         self.last_argmax = torch.full((slots, c), -1, dtype=torch.long, device=self.device)
         self.unchanged = torch.zeros(slots, dtype=torch.long, device=self.device)  # steps the argmax held
+        self.eos_ids: tuple[int, ...] = model.eos_token_ids  # every id that ends a request, as in the sampler
+        self._eos = torch.tensor(self.eos_ids, device=self.device)
+        self._not_done = torch.zeros(1, dtype=torch.bool, device=self.device)
         self._next_id = 0
 
     # ---- the serving API -------------------------------------------------------------------------------------
@@ -387,11 +390,10 @@ class UniformEngine(RequestSlots):
     def _end_canvas(self, seq: UniformSequence, kept: torch.Tensor, logits: torch.Tensor) -> bool:
         """The canvas ``seq`` just finished keeps ``kept`` (the argmax, or the draws, ``[1, C]``); True when the request
         ends here (an EOS in it under ``stop_on_eos``, or its last canvas)."""
-        eos, pad = self.model.eos_token_id, self.model.pad_token_id
-        ended = seq.config.stop_on_eos and bool((kept == eos).any())
-        if ended:  # the tokens after the first EOS become pad (finish_canvas)
-            seen = (kept == eos).long().cumsum(-1)
-            kept = kept.masked_fill((seen > 0) & ~((seen == 1) & (kept == eos)), pad)
+        ended = False
+        if seq.config.stop_on_eos:  # the sampler's own rule: any EOS id ends it, the tokens after the first are pad
+            kept, done = finish_canvas(kept, self._not_done, self._eos, self.model.pad_token_id)
+            ended = bool(done[0])
         if seq.logprobs is not None:
             self._logprobs(seq, kept, logits)
         seq.kept.append(kept)

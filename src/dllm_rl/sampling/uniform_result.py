@@ -1,6 +1,6 @@
 """A uniform-state sampler's record as a :class:`~dllm_rl.sampling.Rollout` (DiffusionGemma): the kept canvases up to
-and including EOS as the completion, the forward passes as ``nfe``, the trajectory as ``Rollout.uniform`` and its
-``step_map`` (:mod:`dllm_rl.sampling.uniform_rollout`). The front door
+and including the first EOS (any of the model's ``eos_token_ids``) as the completion, the forward passes as ``nfe``,
+the trajectory as ``Rollout.uniform`` and its ``step_map`` (:mod:`dllm_rl.sampling.uniform_rollout`). The front door
 (:func:`dllm_rl.sampling.batched.generate_uniform`) and the engine (:mod:`dllm_rl.sampling.uniform_engine`, a batch
 of one per request) build their rollouts here, above both the Rollout type and the trace it carries."""
 
@@ -16,10 +16,10 @@ from dllm_rl.sampling.uniform_rollout import UniformTrace, uniform_step_map
 def to_uniform_rollout(model, record: UniformRollout, config, cfg: UniformDecodeConfig, tokenizer=None):
     """The :class:`~dllm_rl.sampling.Rollout` of a sampler's record (module notes): the front door's and the
     engine's (:mod:`~dllm_rl.sampling.uniform_engine`, a batch of one per request)."""
-    pad, eos, bsz = model.pad_token_id, model.eos_token_id, record.prompt_ids.shape[0]
+    pad, bsz = model.pad_token_id, record.prompt_ids.shape[0]
     comp = torch.full((bsz, config.gen_length), pad, dtype=torch.long, device=record.sequences.device)
     comp[:, :record.completion_ids.shape[1]] = record.completion_ids
-    is_eos = comp == eos
+    is_eos = torch.isin(comp, torch.tensor(model.eos_token_ids, device=comp.device))  # any of them ends the answer
     answer = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
     trace = UniformTrace.from_steps(record.steps, model.layout_block(), config.gen_length, pad, cfg)
     step_map = uniform_step_map(trace, comp)

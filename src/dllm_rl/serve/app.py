@@ -125,7 +125,7 @@ class Server:
         engine = Engine(model, decode, EngineConfig(slots=limits.slots, early_stop=limits.early_stop,
                                                     max_positions=limits.max_positions), tokenizer)
         self.block = engine.block
-        self.worker = Worker(engine, model.eos_token_id, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        self.worker = Worker(engine, engine.eos_ids, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         self.held = 0  # requests accepted and not answered yet (asyncio thread only): the slots and the queue
         self.closing = False
 

@@ -90,7 +90,7 @@ class Counters:
 class Worker:
     """Runs ``engine`` on a thread (see the module docstring); :meth:`submit` and :meth:`abort` are thread-safe."""
 
-    def __init__(self, engine: Engine, eos: int, decode: Callable[[list[int]], str] = lambda ids: ""):
+    def __init__(self, engine: Engine, eos: int | tuple[int, ...], decode: Callable[[list[int]], str] = lambda ids: ""):
         self.engine, self.eos, self.decode = engine, eos, decode
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.tickets: dict[int, Ticket] = {}  # the engine's request id -> ticket
