@@ -15,7 +15,8 @@ import torch
 from accelerate.utils import FullyShardedDataParallelPlugin
 from two_ranks import free_port, run_ranks
 
-from dllm_rl.training.sharding import _tied_groups, add_family_units
+from dllm_rl.training.sharding import add_family_units
+from dllm_rl.training.tied_units import _tied_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,21 +37,58 @@ def test_twin_layers_are_grouped(monkeypatch):
     assert pairs == [(f"model.encoder.language_model.layers.{i}", f"model.decoder.layers.{i}") for i in (0, 1)]
 
 
+def test_the_fsdp2_internals_that_tied_units_reads_are_there():
+    """training.tied_units reads FSDP2's per-unit pass bookkeeping and calls its lazy init and pre-backward (no public
+    call does either): a torch that renames them fails here, not in the middle of a training run."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    state = FSDPState()
+    assert state._modules_to_run_forward == set() and state._training_state == TrainingState.IDLE
+    assert callable(state._pre_backward) and callable(state._lazy_init) and TrainingState.FORWARD
+    assert callable(FSDPModule._get_fsdp_state)
+
+
+def test_the_wrapper_ties_the_twins_again_after_a_move_to_meta():
+    """accelerate's FSDP2 preparation moves the model to the meta device (which unties shared parameters) and calls
+    the root's ``tie_weights``; the root the trainers prepare is the DiffusionLM wrapper, which hands it to the HF
+    module: the encoder/decoder twins, the embeddings and the LM head are one parameter each again."""
+    from dllm_rl.models import build_model, tiny_config
+
+    cfg = tiny_config("diffusion_gemma", vocab_size=64, hidden_size=16, num_heads=2, num_kv_heads=1,
+                      intermediate_size=32, block_size=4)
+    dlm = build_model("diffusion_gemma", cfg, seed=0).to(torch.device("meta"))
+    hf = dlm.hf_model.model
+    enc, dec = hf.encoder.language_model.layers[1].mlp.down_proj, hf.decoder.layers[1].mlp.down_proj
+    assert enc.weight is not dec.weight  # what the move leaves
+    dlm.tie_weights()
+    assert enc.weight is dec.weight
+    embed = hf.decoder.embed_tokens.weight
+    assert hf.encoder.language_model.embed_tokens.weight is embed and dlm.hf_model.lm_head.weight is embed
+
+
 @pytest.mark.slow
-def test_two_fsdp2_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("mode", ["stock", "scorer"])
+def test_two_fsdp2_ranks_equal_one_process(tmp_path, mode):
+    """``stock``: the model's own forward. ``scorer``: the uniform scorers' direct calls, self-conditioning's no-grad
+    decoder pass between the encoder's and the decoder's grad passes, a canvas appended to the cache (the twins'
+    group passes no longer complete in order: a segfault in backward before each call made a pass of its own)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2", "--mixed_precision", "no",
            "--main_process_port", str(free_port()), "--fsdp_transformer_layer_cls_to_wrap",
-           "DiffusionGemmaDecoderTextLayer", str(Path(driver.__file__)), str(tmp_path)]
+           "DiffusionGemmaDecoderTextLayer", str(Path(driver.__file__)), str(tmp_path), mode]
     rc, log = run_ranks(cmd, env, tmp_path, 180, "2-rank DiffusionGemma run hung")
     assert rc == 0, log[-6000:]
     sharded = torch.load(tmp_path / "sd.pt")
     model = driver.tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=driver.LR)
     for _ in range(driver.STEPS):
-        driver.loss_of(model, *driver.batch()).backward()
+        prompt, canvas = driver.batch()
+        loss = driver.LOSSES[mode]
+        (loss(model, prompt[:2], canvas[:2]) + loss(model, prompt[2:], canvas[2:])).div(2).backward()
         optimizer.step()
         optimizer.zero_grad()
     one = model.state_dict()
@@ -58,3 +96,5 @@ def test_two_fsdp2_ranks_equal_one_process(tmp_path):
     assert max((sharded[k] - one[k]).abs().max().item() for k in one) < 1e-5
     enc = "model.encoder.language_model.layers.1.mlp.down_proj.weight"
     assert torch.equal(sharded[enc], sharded[enc.replace("encoder.language_model.", "decoder.")])
+    gathered = torch.load(tmp_path / "gathered.pt")  # one twin unit gathered at a time, all sharded after backward
+    assert gathered == {"twins": 2, "most": 1, "sharded": [True, True]}

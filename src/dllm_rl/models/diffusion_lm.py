@@ -386,6 +386,12 @@ class DiffusionLM(nn.Module):
         return torch.where(prev_valid[..., None], shifted, raw[:, own_idx])
 
     # Conveniences delegated to the HF module.
+    def tie_weights(self, *args, **kwargs) -> None:
+        """Tie the HF module's tied weights again (its ``_tied_weights_keys``): accelerate's FSDP2 preparation moves
+        the model to the meta device, which unties them, and then calls the root's ``tie_weights``; without this
+        one, DiffusionGemma's encoder/decoder twins came out of it as two trained copies."""
+        self.hf_model.tie_weights(*args, **kwargs)
+
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each decoder layer in backward (HF activation checkpointing; works in every layout)."""
         model = self.hf_model

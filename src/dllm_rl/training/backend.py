@@ -28,8 +28,8 @@ from dllm_rl.training.sharding import (
     adopt_launch_backend,
     backend_name,
     full_state_dict,
-    group_tied_units,
 )
+from dllm_rl.training.tied_units import group_tied_units, grouping_tied_units
 
 SHARDED = ("fsdp2", "zero2", "zero3")  # training state (parameters or optimizer states) split over ranks
 
@@ -173,7 +173,8 @@ def shard_reference(accelerator: Accelerator, reference: DiffusionLM) -> Diffusi
     if backend == "fsdp2":
         from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 
-        reference.model = fsdp2_prepare_model(accelerator, reference.model)
+        with grouping_tied_units(accelerator.state.fsdp_plugin, reference.model):  # as the policy's units
+            reference.model = fsdp2_prepare_model(accelerator, reference.model)
     elif backend == "zero3":
         import deepspeed
 

@@ -44,6 +44,11 @@ class Family:
     # Module classes (HF class names) that are FSDP units of their own besides the decoder layers the launch
     # config names: a vision tower's encoder layers, a projector (see dllm_rl.training.sharding).
     fsdp_units: tuple[str, ...] = ()
+    # Module classes whose forward reads a child's parameter outside the child's call (DiffusionGemma's decoder: its
+    # embedding matrix, for the self-conditioning soft embeddings): under FSDP2 each is one unit with the parameters
+    # it holds outside the layer units (and their tied holders), so they are gathered for its whole forward
+    # (dllm_rl.training.tied_units).
+    fsdp_reader_units: tuple[str, ...] = ()
     # The transformers auto class that builds the stock module from :meth:`hf_config` (a multimodal family's
     # stock class is an image-text-to-text model, not a causal LM).
     hf_auto_class: type = AutoModelForCausalLM

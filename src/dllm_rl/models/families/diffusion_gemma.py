@@ -139,4 +139,5 @@ DIFFUSION_GEMMA = DiffusionGemma(
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     lora_scope=("model.decoder", "model.encoder.language_model"),
     fsdp_units=("DiffusionGemmaEncoderTextLayer", "DiffusionGemmaDecoderTextLayer", "Gemma4VisionEncoderLayer"),
+    fsdp_reader_units=("DiffusionGemmaDecoderModel",),
 )
