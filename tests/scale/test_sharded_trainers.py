@@ -35,6 +35,7 @@ LAYERS = "Qwen3DecoderLayer"  # every run trains the sdar-shaped model
 BACKENDS = {
     "ddp": ("cpu-2proc.yaml",),
     "fsdp2": ("fsdp2.yaml", "--fsdp_transformer_layer_cls_to_wrap", LAYERS),
+    "fsdp2_gemma": ("fsdp2.yaml", "--fsdp_transformer_layer_cls_to_wrap", "DiffusionGemmaDecoderTextLayer"),
     "zero2": ("zero2.yaml",),
     "zero3": ("zero3.yaml",),
     "zero3_offload": ("zero3-offload.yaml",),
@@ -219,21 +220,26 @@ def test_a_rank_killed_mid_step_ends_the_run_and_resume_continues_exactly(root, 
 
 
 @pytest.mark.slow
-def test_diffusion_gemma_under_ddp_equals_one_process(root):
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2_gemma"])
+def test_diffusion_gemma_under_ddp_equals_one_process(root, backend):
     """DiffusionGemma's scorers call its encoder and decoder directly, so DDP's wrapper never runs a forward with
-    gradient and arms no all-reduce: the backend averages the gradients itself (``backend.micro_step``). SFT (uniform
-    denoising, self-conditioning's no-grad first pass) and TraceRL (the trajectory estimator, with its value model,
-    whose reading also bypasses the wrapper) on 2 DDP ranks end with one process's weights and gradient norms; the
-    vision tower, which no text run reaches, is left as it was."""
-    for backend in ("single", "ddp"):
-        rc, log, _ = run_driver(root, backend, "gemma", timeout=240)
-        assert rc == 0, log[-8000:]
+    gradient and arms no all-reduce: the backend averages the gradients itself (``backend.micro_step``). Under FSDP2
+    (``fsdp2_gemma``: the twin layers as the units) the model is made FSDP2's root at prepare and each twin call is a
+    pass of its unit of its own (``training.tied_units``). SFT (uniform denoising, self-conditioning's no-grad first
+    pass) and TraceRL (the trajectory estimator, with its value model, whose reading also bypasses the wrapper) on 2
+    ranks end with one process's weights and gradient norms; the vision tower, which no text run reaches, is left as
+    it was."""
+    for run in ("single", backend):
+        if not (root / run / "gemma_done").is_file():
+            rc, log, _ = run_driver(root, run, "gemma", timeout=240)
+            assert rc == 0, log[-8000:]
+            (root / run / "gemma_done").write_text("ok\n")
     start = weights(root, "diffusion_gemma")
     for run, final in (("gemma_sft", "model"), ("gemma_tracerl", "final")):
-        one, two = (weights(root / b / run, final) for b in ("single", "ddp"))
+        one, two = (weights(root / b / run, final) for b in ("single", backend))
         diff = max_diff(two, one)
-        print(f"ddp (2 ranks) vs 1 process, {run}: max |dw| = {diff:.2e}")
+        print(f"{backend} (2 ranks) vs 1 process, {run}: max |dw| = {diff:.2e}")
         assert diff <= 1e-5 and max_diff(two, start) > 1e-4, run
-        assert grad_norms(root / "ddp", run) == pytest.approx(grad_norms(root / "single", run), rel=1e-5), run
+        assert grad_norms(root / backend, run) == pytest.approx(grad_norms(root / "single", run), rel=1e-5), run
         vision = [k for k in start if "vision" in k]
         assert vision and all(torch.equal(two[k], start[k]) for k in vision)

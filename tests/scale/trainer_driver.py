@@ -158,7 +158,8 @@ def save_value_weights() -> None:
 def gemma(root: Path, out: Path) -> None:
     """DiffusionGemma (uniform-state), whose scorers call its encoder and decoder directly, outside the DDP wrapper:
     SFT with the uniform denoising objective (self-conditioning on every example: its no-grad first pass) and
-    TraceRL (the trajectory estimator) with its value model on its own rollouts."""
+    TraceRL (the trajectory estimator) with its value model and a frozen reference copy (beta > 0, sharded like the
+    policy under FSDP2) on its own rollouts."""
     sft(root, out / "gemma_sft", "objective.name=uniform", "objective.self_conditioning_p=1.0",
         family="diffusion_gemma")
     args = [f"model.path={root / 'diffusion_gemma'}", "algorithm=tracerl", "data.task=countdown",
@@ -167,7 +168,7 @@ def gemma(root: Path, out: Path) -> None:
             "rollout.max_denoising_steps=3", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2",
             "optim.lr=0.003", "model.device=cpu", "run.progress=false", "log.samples_every=0",
             "log.dashboard=false", f"run.output_dir={out / 'gemma_tracerl'}", "value_model.enabled=true",
-            "loss_type=token", "value_model.micro_batch_size=1"]
+            "loss_type=token", "value_model.micro_batch_size=1", "beta=0.05", "reference=copy"]
     rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
 
 

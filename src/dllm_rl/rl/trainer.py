@@ -104,10 +104,10 @@ class RLTrainer(RLCheckpoints):
             cpu=training_device(cfg.model.device, "model.device"), timeout_s=cfg.run.distributed_timeout_s,
             kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
         backend = setup_backend(self.accelerator, cfg.train.micro_batch_size, cfg.optim.max_grad_norm)
-        if family.noise == "uniform" and backend not in ("single", "ddp"):
-            raise ConfigError(f"model.path: a {family.name} model trains with RL in one process or under DDP for "
-                              f"now, not {backend} (its estimators call the encoder and decoder directly); launch "
-                              "with configs/accelerate/ddp.yaml")
+        if family.noise == "uniform" and backend not in ("single", "ddp", "fsdp2"):
+            raise ConfigError(f"model.path: a {family.name} model trains with RL in one process, under DDP or "
+                              f"FSDP2, not {backend} (its estimators call the encoder and decoder directly); launch "
+                              "with configs/accelerate/ddp.yaml or fsdp2.yaml")
         self.chunk_size = cfg.model.logprob_chunk_size
         self.out = Path(cfg.run.output_dir)
         self.is_main = self.accelerator.is_main_process

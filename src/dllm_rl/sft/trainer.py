@@ -122,10 +122,10 @@ class SFTTrainer:
         cfg = self.cfg
         check_objective(cfg.objective.name, self.dlm.family)
         backend = backend_name(self.accelerator)
-        if self.dlm.family.noise == "uniform" and backend not in ("single", "ddp"):
+        if self.dlm.family.noise == "uniform" and backend not in ("single", "ddp", "fsdp2"):
             raise ConfigError(f"objective.name={cfg.objective.name}: a {self.dlm.family.name} model trains in one "
-                              f"process or under DDP for now, not {backend} (its scorers call the encoder and "
-                              "decoder directly); launch with configs/accelerate/ddp.yaml")
+                              f"process, under DDP or FSDP2, not {backend} (its scorers call the encoder and "
+                              "decoder directly); launch with configs/accelerate/ddp.yaml or fsdp2.yaml")
         examples, report = load_sft_data(
             cfg.data, self.tokenizer, self.dlm.eos_token_id, verbose=self.verbose and self.accelerator.is_main_process)
         if cfg.objective.name == "trace" and any(e.step_map is None for e in examples):
