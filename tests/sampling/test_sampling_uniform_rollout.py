@@ -167,6 +167,21 @@ def test_sampled_final_tokens_keep_each_rows_last_draws_and_count_every_position
         assert roll.completion_ids[i].tolist() == _padded(alone.completion_ids[0], 2 * CANVAS)[:2 * CANVAS]
 
 
+def test_confidence_threshold_zero_turns_adaptive_stopping_off(sharp):
+    """The sharp model's rows stop early at 0.5 (fewer than 6 passes a canvas); at 0 every row takes all 6 steps of
+    every canvas it decodes."""
+    stopping = DecodeConfig(gen_length=2 * CANVAS, max_denoising_steps=6, confidence_threshold=0.5,
+                            stability_threshold=0, seed=1)
+    never = DecodeConfig(**{**stopping.__dict__, "confidence_threshold": 0.0})
+    early, full = generate(sharp, PROMPTS, stopping), generate(sharp, PROMPTS, never)
+    canvases = full.uniform.counted.new_zeros(3).long()
+    for b in range(3):
+        canvases[b] = len({int(c) for c, n in zip(full.uniform.canvas_index[b], full.uniform.counted[b], strict=True)
+                           if n})
+    assert full.nfe.tolist() == (6 * canvases).tolist()
+    assert (early.nfe < full.nfe).any()
+
+
 def test_step_map_on_a_hand_checkable_trace():
     """One canvas of 4, two counted steps then one uncounted: position 0 kept the draw of step 1, position 1 that of
     step 0 (step 1 drew something else there), position 2 never accepted its kept token, position 3's only hit is

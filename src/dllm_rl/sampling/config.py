@@ -153,8 +153,8 @@ class DecodeConfig(DecodeOptions):
         None, ge=0, help="Uniform-state only, adaptive stopping: steps for which a row's argmax canvas must be "
         "unchanged (0: no such condition). None: 1.")
     confidence_threshold: float | None = field(
-        None, gt=0, help="Uniform-state only, adaptive stopping: a row's mean entropy must be below this. "
-        "None: 0.005.")
+        None, ge=0, help="Uniform-state only, adaptive stopping: a row's mean entropy must be below this (0: no "
+        "adaptive stopping, every row takes max_denoising_steps). None: 0.005.")
     final_tokens: str | None = field(
         None, choices=("argmax", "sampled", None),
         help="Uniform-state only: what a canvas keeps at a row's last step: argmax (stock) or sampled (that step's "

@@ -59,8 +59,10 @@ class UniformDecodeConfig(Checked):
                                                  "accepted while their entropy sum minus the largest is at most this.")
     stability_threshold: int = field(1, ge=0, help="Adaptive stopping: steps for which the argmax canvas must be "
                                                    "unchanged (0: no stability condition).")
-    confidence_threshold: float = field(0.005, gt=0, help="Adaptive stopping: the mean entropy of the tempered "
-                                                          "logits must be below this.")
+    confidence_threshold: float = field(0.005, ge=0, help="Adaptive stopping: the mean entropy of the tempered "
+                                                          "logits must be below this (0: no adaptive stopping, every "
+                                                          "row takes max_denoising_steps; the stock generate refuses "
+                                                          "0).")
     final_tokens: str = field("argmax", choices=("argmax", "sampled"),
                               help="What a canvas keeps at its row's last step: argmax (stock: the argmax of the last "
                                    "tempered logits) or sampled (the ids that step drew at every position, which "
