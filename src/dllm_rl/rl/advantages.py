@@ -97,12 +97,24 @@ def pass_at_k(rewards: torch.Tensor, group_size: int, scale_rewards: str = "none
     return _scale(adv, g, scale_rewards).float().reshape(-1)
 
 
+def raft(rewards: torch.Tensor, group_size: int, scale_rewards: str = "none", min_reward: float = 1.0) -> torch.Tensor:
+    """RAFT's weights (reward-ranked fine-tuning, Dong et al. 2023, arXiv 2304.06767, as Xiong et al. 2025, arXiv
+    2504.11343, run it for verifiable rewards): of each prompt's samples, train on the accepted ones only, each with
+    weight 1, i.e. ``A_i = 1`` where ``r_i >= min_reward`` (1: a right answer under a 0/1 reward) and 0 elsewhere.
+    No baseline and no scaling (``scale_rewards`` is not read): the update never pushes a sample down, which the
+    second paper finds competitive with GRPO (its gains coming from dropping all-wrong groups, not from the wrong
+    answers' negative weights). Checked against the papers' abstracts and summaries, not their equations."""
+    g = _groups(rewards, group_size)
+    return (g >= min_reward).float().reshape(-1)
+
+
 AdvantageFn = Callable[..., torch.Tensor]
 
 ADVANTAGES: dict[str, AdvantageFn] = {
     "group_zscore": group_zscore,
     "leave_one_out": leave_one_out,
     "pass_at_k": pass_at_k,
+    "raft": raft,
 }
 
 
