@@ -56,13 +56,15 @@ def test_demo_decodes_the_uniform_state_demo_with_its_rl_configs_sampler_knobs(t
     """gemma-countdown (DiffusionGemma-shaped): one canvas of 16 and rl-gemma.yaml's 8 denoising steps, no block
     length (its config names none, and the uniform sampler refuses one); an explicit flag wins."""
     assert decode_lengths(DEMO_DIR / "gemma-countdown") == (16, None)
-    assert demo_defaults(DEMO_DIR / "gemma-countdown", {})["decode"] == {"gen_length": 16, "max_denoising_steps": 8}
+    knobs = {"confidence_threshold": 0, "final_tokens": "argmax"}  # no adaptive stopping; the evaluation's argmax
+    assert demo_defaults(DEMO_DIR / "gemma-countdown", {})["decode"] == {"gen_length": 16, "max_denoising_steps": 8,
+                                                                         **knobs}
     assert demo_defaults(DEMO_DIR / "gemma-countdown", {"max_denoising_steps": 4})["decode"] == {
-        "gen_length": 16, "max_denoising_steps": 4}
+        "gen_length": 16, "max_denoising_steps": 4, **knobs}
     rc, out, _ = _eval(capsys, str(DEMO_DIR / "gemma-countdown"), "--demo", "--limit", "8", "-o", str(tmp_path),
                        "--json")
     m = json.loads(out)["settings"]["default"]["metrics"]
-    assert rc == 0 and m["samples"] == 8 and m["nfe_mean"] <= 8
+    assert rc == 0 and m["samples"] == 8 and m["nfe_mean"] == 8
     assert all(r["completion"].startswith("<answer>") for r in read_jsonl(tmp_path / "items" / "default.jsonl"))
 
 
@@ -74,8 +76,9 @@ def test_demo_decodes_another_uniform_state_checkpoint_as_its_familys_demo(tmp_p
 
     shutil.copy(DEMO_DIR / "gemma-countdown" / "config.json", tmp_path / "config.json")
     assert decode_lengths(tmp_path) == (16, None)
-    assert demo_defaults(tmp_path, {})["decode"] == {"gen_length": 16, "max_denoising_steps": 8}
-    assert demo_defaults(tmp_path, {"gen_length": 32})["decode"] == {"gen_length": 32, "max_denoising_steps": 8}
+    knobs = {"max_denoising_steps": 8, "confidence_threshold": 0, "final_tokens": "argmax"}
+    assert demo_defaults(tmp_path, {})["decode"] == {"gen_length": 16, **knobs}
+    assert demo_defaults(tmp_path, {"gen_length": 32})["decode"] == {"gen_length": 32, **knobs}
     assert decode_lengths(DEMO_DIR / "llada-countdown" / "elsewhere") == (32, 32)
 
 

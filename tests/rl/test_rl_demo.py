@@ -16,7 +16,7 @@ def test_demo_runs_one_step_and_reports_accuracy_before_and_after(tmp_path, caps
                *ema])
     assert rc == 0
     out = capsys.readouterr().out
-    default = {"block": "espo", "full": "tracerl", "vision": "tracerl", "gemma": "tracerl"}[model]  # the configs' own
+    default = {"block": "espo", "full": "tracerl", "vision": "tracerl", "gemma": "espo"}[model]  # the configs' own
     run = tmp_path / f"{model}-{default}"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["algorithm"] == default and summary["steps"] == 1
@@ -99,9 +99,9 @@ def test_the_speed_recipe_of_each_text_demo_resolves(model, algorithm):
 
 
 def test_the_gemma_demo_config_resolves_to_cheap_uniform_decoding():
-    """rl-gemma.yaml: the shipped DiffusionGemma-shaped checkpoint, one canvas of 16 decoded in at most 8 denoising
-    steps (the stock 48 would make CPU rollouts 6x dearer), rollouts and the held-out evaluation alike; a step and a
-    time budget; TraceRL's trajectory estimator, and ESPO's uniform-noise ELBO when asked for."""
+    """rl-gemma.yaml: the shipped DiffusionGemma-shaped checkpoint, one canvas of 16 decoded in 8 denoising steps
+    without adaptive stopping (the stock 48 would make CPU rollouts 6x dearer), rollouts keeping their draws and the
+    held-out evaluation the argmax; a step and a time budget; ESPO with its recipe, TraceRL's trajectory when asked."""
     from dllm_rl.config import load_config
     from dllm_rl.models import load_model
     from dllm_rl.rl.algorithms import resolve
@@ -111,11 +111,14 @@ def test_the_gemma_demo_config_resolves_to_cheap_uniform_decoding():
     chosen, settings = demo_run_overrides("gemma", None, [])
     cfg = load_config(RLConfig, demo_config_path("gemma"), settings)
     model = load_model(cfg.model.path)
-    assert chosen == cfg.algorithm == "tracerl" and model.family.noise == "uniform"
+    assert chosen == cfg.algorithm == "espo" and model.family.noise == "uniform"
     assert (cfg.train.max_steps, cfg.train.max_time_minutes, cfg.eval.limit) == (250, 12, 500)
-    for evaluation in (False, True):
+    for evaluation, kept in ((False, "sampled"), (True, "argmax")):
         decode = decode_config(cfg, model, evaluation=evaluation)
         assert (decode.gen_length, decode.max_denoising_steps, model.layout_block()) == (16, 8, 16)
-    assert resolve(cfg, "block", model.family).estimator == "trajectory"
-    espo = load_config(RLConfig, demo_config_path("gemma"), demo_run_overrides("gemma", "espo", [])[1])
-    assert resolve(espo, "block", model.family).estimator == "uniform_elbo"
+        assert (decode.confidence_threshold, decode.final_tokens) == (0, kept)
+    # ESPO's recipe (recipes/gemma-espo.yaml): online RAFT over the published SFT objective
+    espo = resolve(cfg, "block", model.family)
+    assert (espo.estimator, espo.advantage) == ("uniform_denoise", "raft")
+    tracerl = load_config(RLConfig, demo_config_path("gemma"), demo_run_overrides("gemma", "tracerl", [])[1])
+    assert resolve(tracerl, "block", model.family).estimator == "trajectory"
