@@ -92,10 +92,11 @@ def test_demo_takes_its_own_options_a_yaml_overrides_and_every_rl_flag(monkeypat
     assert main(["demo", "--model", "gemma", "--train.max-steps", "1", "beta=0"]) == 0
     cfg = seen[-1]
     assert (cfg.algorithm, cfg.train.max_steps, cfg.beta, cfg.run.output_dir, cfg.run.overwrite) == (
-        "tracerl", 1, 0.0, "runs/demo/gemma-tracerl", True)
+        "espo", 1, 0.0, "runs/demo/gemma-espo", True)
     assert cfg.model.path.endswith("gemma-countdown") and cfg.eval.data.endswith("countdown_heldout.jsonl")
-    assert ("demo (tracerl on the DiffusionGemma-shaped model): held-out accuracy 25.0% -> 50.0% in 1.0 min; "
-            "curves in runs/demo/gemma-tracerl/dashboard.png") in capsys.readouterr().out
+    assert (cfg.estimator, cfg.advantage) == ("uniform_denoise", "raft")  # the gemma demo's ESPO recipe
+    assert ("demo (espo on the DiffusionGemma-shaped model): held-out accuracy 25.0% -> 50.0% in 1.0 min; "
+            "curves in runs/demo/gemma-espo/dashboard.png") in capsys.readouterr().out
     (tmp_path / "mine.yaml").write_text("train:\n  max_steps: 5\nbeta: 0.01\n")
     assert main(["demo", str(tmp_path / "mine.yaml"), "--algorithm", "espo", "--recipe", "speed", "--output-dir",
                  str(tmp_path), "--run.resume", "latest", "train.ema_decay=0.5"]) == 0

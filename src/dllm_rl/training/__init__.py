@@ -1,7 +1,8 @@
 """Training infrastructure shared by the SFT and RL trainers: one module per concern, each documented in its own
 docstring.
 
-``accel`` (accelerate set-up, device and dtype), ``backend`` and ``sharding`` (FSDP2 / DeepSpeed ZeRO), ``ranks``
+``accel`` (accelerate set-up, device and dtype), ``backend`` and ``sharding`` (FSDP2 / DeepSpeed ZeRO), ``tied_units``
+(FSDP2 units of modules that share weights: DiffusionGemma's encoder/decoder twins), ``ranks``
 (what every rank does alike), ``run_config`` (the run section every command shares), ``checkpoint`` (exact resume),
 ``disk_full`` (a full disk told apart from other write failures), ``run_dir`` (one run per output directory, and the
 manifest of what it wrote), ``resume_check`` (a resume's config against the checkpoint's), ``user_paths`` (``~`` in
