@@ -3,9 +3,10 @@ uniform family (:func:`generate_uniform`, called by :func:`dllm_rl.sampling.gene
 sampler took (:class:`UniformTrace`, ``Rollout.uniform``).
 
 **Completion.** ``completion_ids`` ``[B, G]`` (``G = gen_length``, whole canvases) hold the kept canvases, each the
-argmax of its last step's tempered logits; with ``stop_on_eos`` a row is finished by the canvas holding its first
-EOS, and its later tokens are pad. ``completion_mask``: up to and including the first EOS. ``nfe``: the decoder
-passes each row was counted for (the stock ``decoder_forward_passes``: not after it stopped, not after it finished).
+argmax of its last step's tempered logits (with ``final_tokens="sampled"``, that step's draws); with ``stop_on_eos``
+a row is finished by the canvas holding its first EOS, and its later tokens are pad. ``completion_mask``: up to and
+including the first EOS. ``nfe``: the decoder passes each row was counted for (the stock ``decoder_forward_passes``:
+not after it stopped, not after it finished).
 
 **step_map** ``[B, G]``: a uniform step does not commit a token for good (an accepted draw may be re-noised later,
 and the kept token is the argmax, which need not be a draw at all). So ``step_map[b, j]`` is the row's counted step
