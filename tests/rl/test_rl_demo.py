@@ -120,5 +120,6 @@ def test_the_gemma_demo_config_resolves_to_cheap_uniform_decoding():
     # ESPO's recipe (recipes/gemma-espo.yaml): online RAFT over the published SFT objective
     espo = resolve(cfg, "block", model.family)
     assert (espo.estimator, espo.advantage) == ("uniform_denoise", "raft")
+    assert (cfg.train.ema_start, cfg.train.ema_every, cfg.train.ema_decay) == (150, 25, 0.9)  # steps 175-250's mean
     tracerl = load_config(RLConfig, demo_config_path("gemma"), demo_run_overrides("gemma", "tracerl", [])[1])
     assert resolve(tracerl, "block", model.family).estimator == "trajectory"
