@@ -11,7 +11,6 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     """Load the tokenizer and check it against the checkpoint's config.json (no weights loaded yet):
     mask and EOS ids must agree and every token id must fit the embedding."""
     from dllm_rl.models import load_tokenizer
-    from dllm_rl.models.diffusion_lm import eos_token_ids
     from dllm_rl.models.families import detect_family, resolve_mask_token_id
     from dllm_rl.models.loading import read_config, read_generation_config
 
@@ -19,7 +18,7 @@ def check_model_tokenizer(model_dir: Path, tokenizer_dir: Path):
     fam = detect_family(pub, str(model_dir / "config.json"))
     hf = fam.hf_config(pub)
     mask_id = resolve_mask_token_id(pub, fam, model_dir / "config.json", tokenizer_dir)
-    eos_ids = eos_token_ids(pub, fam, read_generation_config(model_dir))  # an id or a list (Gemma's)
+    eos_ids = fam.eos_ids_of(pub, read_generation_config(model_dir))  # an id or a list (Gemma's)
     tok = load_tokenizer(tokenizer_dir, mask_token_id=mask_id, noise=fam.noise)  # raises on a mask id mismatch
     vocab = int(hf.get_text_config().vocab_size)  # an image-text config (llada_v) holds it in its text config
     if len(tok) > vocab:

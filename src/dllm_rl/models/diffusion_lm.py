@@ -4,7 +4,7 @@ The wrapper owns the three things that differ between families — the attention
 Dream's logit shift — so callers always get "logits for position i" and never build masks by hand
 unless they want a special layout (KV cache, two-stream training).
 
-One file (about 430 lines) because its parts are one object's: the forward with its masks and position ids, the
+One file (about 420 lines) because its parts are one object's: the forward with its masks and position ids, the
 selected log-probabilities that forward projects (``select``), the image-feature splice into its input embeddings,
 and the attributes every caller reads (mask, EOS and pad ids, block size, the family). Split apart, each would reach
 into the same wrapped module and the same hooks.
@@ -125,7 +125,7 @@ class DiffusionLM(nn.Module):
         text = pub.get("text_config") or {}  # a multimodal published config (DiffusionGemma) keeps its ids there
         # Every id that ends a row (Gemma's configs list end of sequence and end of turn); the first is the EOS a
         # caller appends or pads with, and the one id the masked families' samplers stop on.
-        self.eos_token_ids: tuple[int, ...] = eos_token_ids(pub, family, self.generation_config)
+        self.eos_token_ids: tuple[int, ...] = family.eos_ids_of(pub, self.generation_config)
         self.eos_token_id: int = self.eos_token_ids[0]
         pad = pub.get("pad_token_id", text.get("pad_token_id"))
         self.pad_token_id: int = int(pad if pad is not None else self.eos_token_id)
@@ -385,6 +385,11 @@ class DiffusionLM(nn.Module):
             return shifted
         return torch.where(prev_valid[..., None], shifted, raw[:, own_idx])
 
+    def over(self, module: nn.Module) -> DiffusionLM:
+        """This model's wrapper (family, published and generation configs) over another HF ``module``: its unwrapped,
+        merged or gathered copy."""
+        return DiffusionLM(module, self.family, self.published_config, self.generation_config)
+
     # Conveniences delegated to the HF module.
     def tie_weights(self, *args, **kwargs) -> None:
         """Tie the HF module's tied weights again (its ``_tied_weights_keys``): accelerate's FSDP2 preparation moves
@@ -399,24 +404,6 @@ class DiffusionLM(nn.Module):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    """A config's ``eos_token_id`` (an id, a list of ids, or None) as a tuple."""
-    if value is None:
-        return ()
-    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
-
-
-def eos_token_ids(pub: dict[str, Any], family: Family, generation_config: dict[str, Any] | None = None
-                  ) -> tuple[int, ...]:
-    """Every EOS id of a published config (its own ``eos_token_id``, else its ``text_config``'s, else the family's;
-    an id or a list), then those of the checkpoint's ``generation_config.json`` that it lacks (transformers'
-    ``from_pretrained`` loads that file, and the stock ``generate`` stops on its ids), in order."""
-    text = pub.get("text_config") or {}
-    ids = _ids(pub.get("eos_token_id", text.get("eos_token_id", family.eos_token_id)))
-    extra = _ids((generation_config or {}).get("eos_token_id"))
-    return tuple(dict.fromkeys(ids + extra)) or (int(family.eos_token_id),)
 
 
 def _check_keep(logits_to_keep: int | torch.Tensor | None, width: int) -> int | torch.Tensor | None:

@@ -51,7 +51,7 @@ class RLCheckpoints:
         inner = self.accelerator.unwrap_model(self.model.model)
         if inner is self.model.model:
             return self.model
-        return DiffusionLM(inner, self.model.family, self.model.published_config, self.model.generation_config)
+        return self.model.over(inner)
 
     def save(self, final: bool = False) -> Path | None:
         self.accelerator.wait_for_everyone()

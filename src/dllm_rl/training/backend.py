@@ -217,7 +217,7 @@ def plain_twin(dlm: DiffusionLM, state: dict[str, torch.Tensor]) -> DiffusionLM:
     missing = [n for n, p in shell.named_parameters() if p.device.type == "meta"]
     if missing:
         raise RuntimeError(f"plain_twin: the gathered state has no value for {missing[:5]}")
-    return DiffusionLM(shell.eval(), dlm.family, dlm.published_config, dlm.generation_config)
+    return dlm.over(shell.eval())
 
 
 def publishable(accelerator: Accelerator | None, prepared: torch.nn.Module, dlm: DiffusionLM) -> DiffusionLM | None:

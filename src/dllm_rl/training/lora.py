@@ -172,7 +172,7 @@ def merged_model(dlm: DiffusionLM, device: str | torch.device = "cpu") -> Diffus
         raise RuntimeError(f"merged_model: no merged value for {missing[:5]}")
     shell.to(device)
     shell.eval()
-    return DiffusionLM(shell, dlm.family, dlm.published_config, dlm.generation_config)
+    return dlm.over(shell)
 
 
 def save_adapter(dlm: DiffusionLM, directory: str | Path) -> Path:

@@ -80,6 +80,16 @@ class Family:
         value = pub.get(self.block_size_key) if self.block_size_key else None
         return int(value or self.block_size or 4)
 
+    def eos_ids_of(self, pub: dict[str, Any], generation_config: dict[str, Any] | None = None) -> tuple[int, ...]:
+        """Every EOS id of a published config (its own ``eos_token_id``, else its ``text_config``'s, else the
+        family's; an id or a list, as Gemma's end of sequence and end of turn), then those of the checkpoint's
+        ``generation_config.json`` that it lacks (transformers' ``from_pretrained`` loads that file, and the stock
+        ``generate`` stops on its ids), in order."""
+        text = pub.get("text_config") or {}
+        ids = _ids(pub.get("eos_token_id", text.get("eos_token_id", self.eos_token_id)))
+        extra = _ids((generation_config or {}).get("eos_token_id"))
+        return tuple(dict.fromkeys(ids + extra)) or (int(self.eos_token_id),)
+
     # -- tensor names ---------------------------------------------------------------------------
     def to_hf_name(self, name: str) -> str:
         return name
@@ -120,3 +130,10 @@ def ids(fam: Family, vocab_size: int, mask: int | None, eos: int | None, pad: in
     m = vocab_size - 1 if mask is None else mask
     e = vocab_size - 2 if eos is None else eos
     return m, e, e if pad is None else pad
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    """A config's ``eos_token_id`` (an id, a list of ids, or None) as a tuple."""
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
