@@ -42,10 +42,15 @@ def read_config(path: str | Path) -> dict[str, Any]:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file}: no config.json (is {path} a model directory?)")
+    return _read_json(cfg_file)
+
+
+def _read_json(file: Path) -> Any:
+    """A checkpoint's JSON file, or one line naming it when it is broken."""
     try:
-        return json.loads(cfg_file.read_text())
+        return json.loads(file.read_text())
     except json.JSONDecodeError as exc:
-        raise UserError(f"{cfg_file}: not valid JSON ({exc})") from exc
+        raise UserError(f"{file}: not valid JSON ({exc})") from exc
 
 
 def read_generation_config(path: Path) -> dict[str, Any] | None:
@@ -54,10 +59,7 @@ def read_generation_config(path: Path) -> dict[str, Any] | None:
     file = path / "generation_config.json"
     if not file.is_file():
         return None
-    try:
-        gen = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{file}: not valid JSON ({exc})") from exc
+    gen = _read_json(file)
     if not isinstance(gen, dict):
         raise UserError(f"{file}: not a JSON object")
     return gen
