@@ -36,7 +36,7 @@ stock rule needs whole: 256 x 262,144 values, 134 MB a slot in bfloat16 for the 
 Not served here (refused in one line): prefill, images, record_steps, until_block and LoRA adapters (a uniform-state
 rollout has no masks to prefill or record; LoRA for this family is not wired into the engine's forwards yet).
 
-One file (about 410 lines) for one job, the scheduler of uniform-state requests: the slot bookkeeping, the encoder
+One file (about 420 lines) for one job, the scheduler of uniform-state requests: the slot bookkeeping, the encoder
 and decoder forwards over the slots and the per-request step share the slots' state (KV columns, canvases,
 self-conditioning logits, generators) and are read top to bottom as the three stages above; the sampler's rule itself
 lives in :mod:`~dllm_rl.sampling.uniform`, the record's Rollout in :mod:`~dllm_rl.sampling.uniform_result`.

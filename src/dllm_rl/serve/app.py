@@ -41,7 +41,7 @@ field; an integer field outside 64 bits included), 404 (an unknown ``model``: ``
 :mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down, or decoding failed: one
 log line each).
 
-One file (about 650 lines) for the HTTP side of one :class:`Server`: its request checks (fields, decoding, prompts,
+One file (about 660 lines) for the HTTP side of one :class:`Server`: its request checks (fields, decoding, prompts,
 images), the routes and the answers, whole or streamed, all read the same server state (the worker, the limits,
 the model's names and counters). What stands apart is elsewhere: the request bodies in :mod:`~dllm_rl.serve.schema`,
 the field policy in :mod:`~dllm_rl.serve.fields`, log-probability shapes in :mod:`~dllm_rl.serve.logprob_shapes`,
