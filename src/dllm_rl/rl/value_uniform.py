@@ -63,13 +63,11 @@ def _chunks(steps: list[int], size: int | None) -> list[list[int]]:
 
 
 def unwrapped(module: nn.Module) -> nn.Module:
-    """The value model itself, not its DDP wrapper (accelerate's ``extract_model_from_parallel``): this reading calls
-    it with an encoder context, outside the wrapper's forward, as the policy's scorers call the policy, so DDP arms
-    no reduction (which would wait for the parameters no text run reaches, the vision tower, and fail at the next
-    update) and the backend averages the gradients itself (:func:`dllm_rl.training.backend.micro_step`)."""
-    from accelerate.utils import extract_model_from_parallel
-
-    return extract_model_from_parallel(module)
+    """The value model itself, not its DDP wrapper: this reading calls it with an encoder context, outside the
+    wrapper's forward, as the policy's scorers call the policy, so DDP arms no reduction (which would wait for the
+    parameters no text run reaches, the vision tower, and fail at the next update) and the backend averages the
+    gradients itself (:func:`dllm_rl.training.backend.micro_step`)."""
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
 
 
 def uniform_value_chunks(module: nn.Module, backbone: DiffusionLM, batch: ScoringBatch, chunk: int | None = None
