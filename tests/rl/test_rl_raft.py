@@ -22,3 +22,24 @@ def test_raft_accepts_from_min_reward_on():
     assert compute_advantages("raft", rewards, 2, "none", {"min_reward": 0.5}).tolist() == [0.0, 1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="advantage_options: k not read by the 'raft' advantage; valid: min_reward"):
         compute_advantages("raft", rewards, 2, "none", {"k": 2})
+
+
+def test_raft_trains_on_the_accepted_samples_alone(rl_setup, tmp_path):
+    """RAFT fine-tunes on the accepted samples: the wrong answers of a group with signal leave the update (they
+    weigh 0 and would only shrink the mean), so the step keeps the right answers and its loss is their mean."""
+    from rl_helpers import alternating_reward, rl_overrides
+
+    from dllm_rl.config import load_config
+    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.trainer import RLTrainer
+
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "advantage=raft"))
+    trainer = RLTrainer(cfg, reward_fn=alternating_reward)  # 1, 0, 1, 0, ...: both groups of 4 have signal
+    batch = trainer.collect()
+    assert batch.advantages.tolist() == [1.0, 0.0] * 4
+    assert batch.keep.tolist() == [0, 2, 4, 6]  # the right answers only
+    trainer.close()
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "grpo", "algorithm=espo"))
+    trainer = RLTrainer(cfg, reward_fn=alternating_reward)  # a weighing rule keeps every sample of the groups
+    assert trainer.collect().keep.tolist() == list(range(8))
+    trainer.close()

@@ -108,6 +108,12 @@ def raft(rewards: torch.Tensor, group_size: int, scale_rewards: str = "none", mi
     return (g >= min_reward).float().reshape(-1)
 
 
+# RAFT selects rather than weighs: a sample it gives 0 leaves the update (collect.py), so the loss is the mean over
+# the accepted samples alone, RAFT's fine-tuning on them, not that mean shrunk by the share of wrong answers kept
+# beside them in the groups with signal.
+raft.selects = True
+
+
 AdvantageFn = Callable[..., torch.Tensor]
 
 ADVANTAGES: dict[str, AdvantageFn] = {

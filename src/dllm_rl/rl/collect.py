@@ -24,7 +24,7 @@ from accelerate.utils import gather_object
 from dllm_rl.models import DiffusionLM
 from dllm_rl.models.image_inputs import PromptEncoder, repeat_rows
 from dllm_rl.rewards.safe import RewardError, safe_rewards, safe_scores
-from dllm_rl.rl.advantages import compute_advantages, decoupled_advantages, group_filter
+from dllm_rl.rl.advantages import ADVANTAGES, compute_advantages, decoupled_advantages, group_filter
 from dllm_rl.rl.config import RLConfig, decode_config, rollout_engine
 from dllm_rl.rl.hooks import HookContext, RolloutHook, RoundView, TrainingRows, samples_per_prompt
 from dllm_rl.rl.value import steps_after_hook
@@ -186,13 +186,17 @@ class RolloutCollector:
             surplus, keep_group = int((keep_group & ~within).sum()), within
         # the estimator's masks: one random stream per sample, or per prompt group (shared by its G samples)
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
+        advantages = self.advantages(rewards, rounds)
+        keep = torch.nonzero(keep_group.repeat_interleave(G)).flatten()
+        if getattr(ADVANTAGES.get(cfg.advantage), "selects", False) and advantages.dim() == 1:
+            keep = keep[advantages[keep] != 0]  # a selecting rule's (RAFT's) rejected samples leave the update
         return StepBatch(
             rollout=rollout, rewards=rewards, reward_values=reward_values, seeds=seeds,
             policy_rewards=None if self.rollout_hook is None else [v for x in rounds for v in x.policy_rewards],
             prompts=[p for x in rounds for p in x.prompts],
             reasons=[why for x in rounds for why in x.reasons],
             step_scores=[s for x in rounds for s in (x.step_scores or [None] * len(x.rewards))],
-            advantages=self.advantages(rewards, rounds), keep=torch.nonzero(keep_group.repeat_interleave(G)).flatten(),
+            advantages=advantages, keep=keep,
             mask_seeds=mask_seeds, filt=filt, rounds=len(rounds), surplus=surplus,
             hook_stats={k: sum(x.stats.get(k, 0.0) for x in rounds) for k in sorted({k for x in rounds
                                                                                       for k in x.stats})},

@@ -365,8 +365,8 @@ class RLConfig(Checked):
         None, choices=ADVANTAGES,
         help=_preset_help("advantage", "advantage rule: group_zscore (GRPO, arXiv 2402.03300) | leave_one_out "
                           "(RLOO, as in ESPO, arXiv 2512.03759) | pass_at_k (Pass@k training, arXiv 2508.10751; "
-                          "advantage_options) | raft (the right answers only, weight 1: RAFT, arXiv 2304.06767; "
-                          "advantage_options {min_reward: 1.0}) | a method's own"))
+                          "advantage_options) | raft (the right answers only, weight 1, the rest leave the update: "
+                          "RAFT, arXiv 2304.06767; advantage_options {min_reward: 1.0}) | a method's own"))
     advantage_options: dict | None = field(
         None, help="the advantage rule's options, e.g. {k: 4} for pass_at_k (Pass@k training, arXiv 2508.10751: "
         "each sample's share in its group's best-of-k, which leans the update to the prompts the policy rarely "
