@@ -375,6 +375,7 @@ class RolloutCollector:
         return HookContext(generate=generate, reward=reward,
                            reference=lambda i: self.train_task.reference_completion(examples[i]),
                            tokenizer=self.tokenizer, eos_token_id=self.model.eos_token_id,
+                           eos_token_ids=self.model.eos_token_ids,
                            gen_length=cfg.rollout.gen_length, step=self.step_idx, span=span_of,
                            mask_token_id=policy.mask_token_id, advantage=cfg.advantage,
                            scale_rewards=cfg.scale_rewards, advantage_options=cfg.advantage_options)

@@ -86,8 +86,9 @@ class HookContext:
     """What a hook may call: ``generate(indices, prefill)`` decodes new rollouts for samples ``indices`` (their
     prompts, fresh seeds) with ``prefill[k]`` (completion offset -> token id) committed before decoding;
     ``reward(indices, rollout)`` rewards them as the round was (``(rewards, reasons)``); ``reference(i)`` is
-    the task's reference completion text of sample ``i`` (or None); ``tokenizer``, ``eos_token_id`` and
-    ``gen_length`` describe the completions; ``step`` is the RL step. ``generate(..., until_block=[...])`` stops
+    the task's reference completion text of sample ``i`` (or None); ``tokenizer``, ``eos_token_id`` (the id to
+    append), ``eos_token_ids`` (every id that ends an answer; empty: that one) and ``gen_length`` describe the
+    completions; ``step`` is the RL step. ``generate(..., until_block=[...])`` stops
     sample ``indices[k]`` after ``until_block[k]`` decoded blocks (a partial state); ``span(i)`` is sample ``i``'s
     ``(decoded blocks, completion slots)``; ``mask_token_id`` marks the slots a partial state has not decoded;
     ``advantage``/``scale_rewards``/``advantage_options`` are the run's advantage rule, scaling and options."""
@@ -104,6 +105,12 @@ class HookContext:
     advantage: str = "group_zscore"
     scale_rewards: str = "group"
     advantage_options: dict | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every id that ends an answer."""
+        return self.eos_token_ids or (self.eos_token_id,)
 
 
 HookFunction = Callable[[RoundView, HookContext], RoundView]

@@ -13,15 +13,17 @@ from dataclasses import replace
 
 import torch
 
+from dllm_rl.models.eos import eos_mask, first_eos
 from dllm_rl.sampling import Rollout
 
 
-def prediction_texts(tokens: torch.Tensor, tokenizer, eos: int, pad: int, mask: int) -> list[str]:
-    """Each row's prediction as the answer's text: its tokens before the first EOS, mask and pad ids dropped
+def prediction_texts(tokens: torch.Tensor, tokenizer, eos: int | tuple[int, ...], pad: int, mask: int) -> list[str]:
+    """Each row's prediction as the answer's text: its tokens before the first EOS (any of ``eos``), mask and pad ids
+    dropped
     (later blocks' slots still masked), special tokens skipped, as rollouts' texts are decoded."""
     out = []
     for row in tokens.tolist():
-        ids = row[:row.index(eos)] if eos in row else row
+        ids = row[:first_eos(row, eos)]  # (None: the whole row)
         out.append(tokenizer.decode([i for i in ids if i not in (mask, pad)], skip_special_tokens=True))
     return out
 
@@ -32,17 +34,18 @@ def without_steps(rollout: Rollout, **changes) -> Rollout:
     return replace(rollout, step_tokens=None, step_masked=None, step_confidence=None, **changes)
 
 
-def step_rollout(rollout: Rollout, rows: list[int], steps: list[int], tokenizer, eos: int, mask: int) -> Rollout:
+def step_rollout(rollout: Rollout, rows: list[int], steps: list[int], tokenizer, eos: int | tuple[int, ...],
+                 mask: int) -> Rollout:
     """One row per pair ``(rows[k], steps[k])`` of ``rollout``, with that step's prediction as its completion (to
-    reward it): the answer is the prediction up to its first EOS; the slots predicted at the step carry it in
-    ``step_map``."""
+    reward it): the answer is the prediction up to its first EOS (any of ``eos``); the slots predicted at the step
+    carry it in ``step_map``."""
     if len(rows) != len(steps):
         raise ValueError(f"step_rollout: {len(rows)} rows and {len(steps)} steps")
     sub = rollout.select(rows)
     idx, t = torch.arange(len(rows)), torch.as_tensor(steps, dtype=torch.long)
     tokens = sub.step_tokens[idx, t].long()
     masked = sub.step_masked[idx, t]
-    is_eos = tokens == eos
+    is_eos = eos_mask(tokens, eos)
     answer = (is_eos.long().cumsum(-1) - is_eos.long() == 0) & (tokens != mask) & ((tokens != sub.pad_token_id)
                                                                                    | is_eos)
     texts = prediction_texts(tokens, tokenizer, eos, sub.pad_token_id, mask)

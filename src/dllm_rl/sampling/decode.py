@@ -30,6 +30,7 @@ from contextlib import contextmanager
 import torch
 
 from dllm_rl.models import DiffusionLM
+from dllm_rl.models.eos import eos_mask
 from dllm_rl.sampling.canvas import Canvas
 from dllm_rl.sampling.confidence import (
     choose_tokens,
@@ -95,7 +96,7 @@ def decode(
     stopped = torch.zeros(bsz, dtype=torch.bool, device=device)
     steps = config.steps or canvas.block
     needs_rng = config.temperature > 0 or config.confidence == "random"
-    eos, pad = model.eos_token_id, model.pad_token_id
+    eos, pad = model.eos_token_ids, model.pad_token_id
     rcr = config.remasking == "rcr"
     bar = _progress_bar(canvas.num_blocks, progress)
     live = torch.arange(bsz, device=device)
@@ -163,16 +164,17 @@ def step_commits(config: DecodeConfig, conf: torch.Tensor, todo: torch.Tensor, m
     return select_commits(conf, candidates, counts=transfer_counts(masked0, steps, t))
 
 
-def _stop_finished(canvas: Canvas, live: torch.Tensor, s: int, e: int, eos: int, pad: int,
+def _stop_finished(canvas: Canvas, live: torch.Tensor, s: int, e: int, eos: tuple[int, ...], pad: int,
                    stopped: torch.Tensor) -> None:
-    """Rows whose just-finished block holds only EOS/pad in its completion slots stop; EOS fills the rest."""
+    """Rows whose just-finished block holds only EOS (any of ``eos``) / pad in its completion slots stop; the first
+    EOS id fills the rest."""
     cols = torch.arange(s, e, device=canvas.x.device)[None, :]
     in_comp = (cols >= canvas.comp_start[live, None]) & (cols < canvas.comp_end[live, None])
     blk = canvas.x[live, s:e]
-    done = ((blk == eos) | (blk == pad) | ~in_comp).all(-1)
+    done = (eos_mask(blk, eos) | (blk == pad) | ~in_comp).all(-1)
     for r in live[done].tolist():
         c1 = int(canvas.comp_end[r])
-        canvas.x[r, e:c1] = eos
+        canvas.x[r, e:c1] = eos[0]
         canvas.todo[r, e:c1] = False
         stopped[r] = True
 
@@ -185,11 +187,11 @@ def _progress_bar(total: int, enabled: bool):
 
 def to_rollout(canvas: Canvas, trace: dict[str, torch.Tensor], model: DiffusionLM, tokenizer=None) -> Rollout:
     """Cut the canvas into a :class:`Rollout` (completion columns left-aligned, see ``sampling`` docs)."""
-    pad, eos = model.pad_token_id, model.eos_token_id
+    pad = model.pad_token_id
     bsz = canvas.x.shape[0]
     slots = canvas.completion_slots()
     comp = canvas.gather_completion(canvas.x, pad)
-    is_eos = (comp == eos) & slots
+    is_eos = eos_mask(comp, model.eos_token_ids) & slots  # any of the model's EOS ids ends the answer
     eos_before = is_eos.long().cumsum(-1) - is_eos.long()
     p_width = int(canvas.prompt_len.max().item())
     p_idx = canvas.comp_start[:, None] - canvas.comp_start.new_tensor(range(p_width, 0, -1))[None, :]

@@ -97,6 +97,7 @@ import torch
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM, attention_bias, block_index
+from dllm_rl.models.eos import eos_mask
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import canvas_width
 from dllm_rl.sampling.confidence import choose_tokens, left_after, rcr_remask
@@ -156,7 +157,7 @@ class Engine(RequestSlots):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.engine = engine if engine is not None else EngineConfig()
         self.block = decode_block_length(model, config)
-        self.eos_ids: tuple[int, ...] = (model.eos_token_id,)  # the ids a request ends on: the masked samplers' one
+        self.eos_ids: tuple[int, ...] = model.eos_token_ids  # every id that ends a request, as in the sampler
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence | None] = [None] * self.engine.slots
         self.device = model.device
@@ -232,7 +233,7 @@ class Engine(RequestSlots):
                                self.model.mask_token_id, self.model.pad_token_id, self.device,
                                config.seed + rid if seed is None else seed,
                                images.to(self.device) if images is not None else None, prefill,
-                               self.model.eos_token_id)
+                               self.eos_ids)
         except ValueError as err:  # a prefill offset outside the completion
             raise UserError(f"request {rid}: {err}".replace("prefill[0]", "prefill")) from None
         seq.config, seq.adapter, seq.record, seq.until = config, adapter, record_steps, until_block
@@ -363,7 +364,7 @@ class Engine(RequestSlots):
             if seq.empty is None or seq.block_idx not in seq.empty:
                 return seq.block_idx >= seq.canvas.num_blocks
             if seq.config.stop_on_eos and seq.empty[seq.block_idx]:
-                seq.stop_after(seq.cols()[1], self.model.eos_token_id)
+                seq.stop_after(seq.cols()[1], self.eos_ids[0])
                 return True
             seq.block_idx += 1
         return True
@@ -385,7 +386,7 @@ class Engine(RequestSlots):
         """After a step (``running`` holds slots ``0 .. n - 1``): which sequences are finished, and the others moved
         to their next block where this one is done. Decided for every row at once, with one host
         synchronisation for the step."""
-        eos, pad, device = self.model.eos_token_id, self.model.pad_token_id, self.device
+        eos, pad, device = self.eos_ids, self.model.pad_token_id, self.device
         rows, n = self.rows, len(running)
         if running[-1].slot != n - 1:
             raise RuntimeError(f"engine: the running sequences must hold slots 0 .. {n - 1}, got "
@@ -395,22 +396,22 @@ class Engine(RequestSlots):
         x, todo = rows.x[:n], rows.todo[:n]
         flags = [~todo.gather(1, cols).any(-1)]  # the current block is done
         blk = x.gather(1, cols)  # an EOS stop: a done block holding only EOS / padding in its completion slots
-        flags.append(((blk == eos) | (blk == pad) | (cols < c0) | (cols >= c1)).all(-1))
+        flags.append((eos_mask(blk, eos) | (blk == pad) | (cols < c0) | (cols >= c1)).all(-1))
         if self.engine.early_stop:  # the answer is decided: a committed EOS with every slot before it committed
             col = torch.arange(rows.width, device=device)[None, :]  # (and final: RCR takes back its block's tokens)
             inside = (col >= c0) & (col < c1)
             final = self._long([s.comp[0] + s.final_slots() for s in running])[:, None]
-            is_eos = (x == eos) & ~todo & inside & (col < final)
+            is_eos = eos_mask(x, eos) & ~todo & inside & (col < final)
             first = torch.where(is_eos, col, rows.width).min(-1).values
             flags.append(is_eos.any(-1) & ~(todo & inside & (col < first[:, None])).any(-1))
         flags = torch.stack(flags, dim=1).tolist()  # the step's one synchronisation
         done, begin = [], []
         for seq, (block_done, eos_block, *ended) in zip(running, flags):
             if ended and ended[0] and seq.until is None:  # (a partial decode leaves its later blocks masked)
-                seq.fill_rest(eos)
+                seq.fill_rest(eos[0])
                 done.append(seq)
             elif block_done and seq.config.stop_on_eos and eos_block:
-                seq.stop_after(seq.cols()[1], eos)
+                seq.stop_after(seq.cols()[1], eos[0])
                 done.append(seq)
             elif block_done:
                 seq.block_idx += 1

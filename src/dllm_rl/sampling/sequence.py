@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_rl.models.eos import as_ids, first_eos
 from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.canvas import Canvas, apply_prefill, build_canvas
 from dllm_rl.sampling.config import DecodeConfig
@@ -103,7 +104,7 @@ class Sequence:
     @classmethod
     def new(cls, request_id: int, prompt: list[int], gen_length: int, block: int, block_causal: bool, mask_id: int,
             pad_id: int, device, seed: int, images: PromptImages | None = None, prefill: dict[int, int] | None = None,
-            eos: int | None = None) -> Sequence:
+            eos: int | tuple[int, ...] = ()) -> Sequence:
         # no splice on the canvas: the engine splices a step's rows from their images at the step's own columns
         canvas = build_canvas([prompt], gen_length, block, block_causal, mask_id, pad_id, device)
         seq = cls(request_id, canvas, torch.Generator(device=device).manual_seed(int(seed)))
@@ -113,11 +114,11 @@ class Sequence:
             apply_prefill(canvas, [prefill])
             seq.prefill = dict(prefill)
             x, todo, (c0, c1) = canvas.x[0].tolist(), canvas.todo[0].tolist(), seq.comp
-            seq.empty = {}
+            seq.empty, ends = {}, {*as_ids(eos), pad_id}  # a block of only EOS (any id) / pad ends an EOS stop
             for j in range(canvas.num_blocks):
                 s, e = canvas.cols(j)
                 if not any(todo[s:e]):
-                    seq.empty[j] = all(x[c] in (eos, pad_id) or not c0 <= c < c1 for c in range(s, e))
+                    seq.empty[j] = all(x[c] in ends or not c0 <= c < c1 for c in range(s, e))
         return seq
 
     def place(self, rows: SlotRows, slot: int) -> None:
@@ -207,8 +208,7 @@ def settled(tokens: list[int], todo: list[bool], eos: int | tuple[int, ...], fin
         tokens, todo = tokens[:final], todo[:final] + [True]
     stop = todo.index(True) if True in todo else len(tokens)
     ids = tokens[:stop]
-    ends = {eos} if isinstance(eos, int) else set(eos)
-    cut = next((i for i, t in enumerate(ids) if t in ends), None)
+    cut = first_eos(ids, eos)
     if cut is not None:
         return ids[:cut], True
     return ids, False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from dllm_rl.models.eos import eos_mask
 from dllm_rl.sampling.rollout import Rollout
 from dllm_rl.sampling.uniform import UniformDecodeConfig, UniformRollout
 from dllm_rl.sampling.uniform_rollout import UniformTrace, uniform_step_map
@@ -19,7 +20,7 @@ def to_uniform_rollout(model, record: UniformRollout, config, cfg: UniformDecode
     pad, bsz = model.pad_token_id, record.prompt_ids.shape[0]
     comp = torch.full((bsz, config.gen_length), pad, dtype=torch.long, device=record.sequences.device)
     comp[:, :record.completion_ids.shape[1]] = record.completion_ids
-    is_eos = torch.isin(comp, torch.tensor(model.eos_token_ids, device=comp.device))  # any of them ends the answer
+    is_eos = eos_mask(comp, model.eos_token_ids)  # any of them ends the answer
     answer = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
     trace = UniformTrace.from_steps(record.steps, model.layout_block(), config.gen_length, pad, cfg)
     step_map = uniform_step_map(trace, comp)

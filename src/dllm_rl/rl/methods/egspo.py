@@ -101,7 +101,7 @@ def egspo_returns_hook(*, lam: float = 0.5, normalize: bool = True, num_steps: i
         step_r = torch.zeros(steps.shape, dtype=torch.float32)
         if len(rows):
             values, _ = ctx.reward(rows.tolist(), step_rollout(ro, rows.tolist(), steps[rows, at].tolist(),
-                                                               ctx.tokenizer, ctx.eos_token_id, ctx.mask_token_id))
+                                                               ctx.tokenizer, ctx.eos_ids, ctx.mask_token_id))
             step_r[rows, at] = torch.tensor(values, dtype=torch.float32)
         adv = stepwise_advantages(torch.tensor(view.rewards), step_r, valid, view.group_size, lam, normalize)
         stats = {"egspo_step_reward": float(step_r[valid].mean()) if valid.any() else 0.0}

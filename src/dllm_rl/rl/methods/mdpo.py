@@ -109,7 +109,7 @@ def step_rewards(view: RoundView, ctx: HookContext, mask: int) -> torch.Tensor:
     for t in range(steps):
         rows = [b for b in range(n) if t < counts[b]]
         if rows:
-            values, _ = ctx.reward(rows, step_rollout(ro, rows, [t] * len(rows), ctx.tokenizer, ctx.eos_token_id,
+            values, _ = ctx.reward(rows, step_rollout(ro, rows, [t] * len(rows), ctx.tokenizer, ctx.eos_ids,
                                                       mask))
             r[rows, t] = torch.tensor(values, dtype=torch.float32)
     return r
