@@ -54,7 +54,8 @@ def checkpoint_facts(dlm: Any) -> dict[str, Any]:
     return {
         "family": fam.name, "attention": fam.attention,
         "block_size": None if fam.attention == "full" else dlm.block_size, "shifted_logits": bool(fam.shift),
-        "mask_token_id": dlm.mask_token_id, "eos_token_id": dlm.eos_token_id, "parameters": dlm.num_parameters(),
+        "mask_token_id": dlm.mask_token_id, "eos_token_id": dlm.eos_token_id,
+        "eos_token_ids": list(dlm.eos_token_ids), "parameters": dlm.num_parameters(),
         "experts": moe.get("experts"), "experts_per_token": moe.get("experts_per_token"),
         "active_parameters": moe.get("active_parameters"), "dtype": str(dlm.dtype).removeprefix("torch."),
         "layers": dlm.config.num_hidden_layers, "hidden_size": dlm.config.hidden_size,
@@ -74,7 +75,7 @@ def _rows(facts: dict[str, Any]) -> list[tuple[str, Any]]:
         ("logits", "shifted by one (position i predicts i+1; adapter aligns)" if facts["shifted_logits"] else
          "same position"),
         ("mask_token_id", facts["mask_token_id"]),
-        ("eos_token_id", facts["eos_token_id"]),
+        _eos_row(facts["eos_token_ids"]),
         ("parameters", f"{facts['parameters']:,}"),
         *experts,
         ("dtype", facts["dtype"]),
@@ -82,6 +83,14 @@ def _rows(facts: dict[str, Any]) -> list[tuple[str, Any]]:
         ("hidden_size", facts["hidden_size"]),
         ("vocab rows", facts["vocab_rows"]),
     ]
+
+
+def _eos_row(ids: list[int]) -> tuple[str, Any]:
+    """The EOS line: the one id, or every id (config.json's list, generation_config.json's), any of which ends a
+    row."""
+    if len(ids) == 1:
+        return "eos_token_id", ids[0]
+    return "eos_token_ids", f"{', '.join(map(str, ids))} (each ends a row; the first is the one appended)"
 
 
 def register(sub) -> None:
