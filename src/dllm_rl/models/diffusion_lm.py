@@ -123,8 +123,9 @@ class DiffusionLM(nn.Module):
         mask = pub.get("mask_token_id", family.mask_token_id)
         self.mask_token_id: int | None = None if mask is None else int(mask)  # None: uniform-state noise
         text = pub.get("text_config") or {}  # a multimodal published config (DiffusionGemma) keeps its ids there
-        # Every id that ends a row (Gemma's configs list end of sequence and end of turn); the first is the EOS a
-        # caller appends or pads with, and the one id the masked families' samplers stop on.
+        # Every id that ends a row (Gemma's configs list end of sequence and end of turn, a Qwen3 chat model's
+        # generation_config end of turn and end of text; dllm_rl.models.eos tests a token); the first is the EOS a
+        # caller appends or pads with.
         self.eos_token_ids: tuple[int, ...] = family.eos_ids_of(pub, self.generation_config)
         self.eos_token_id: int = self.eos_token_ids[0]
         pad = pub.get("pad_token_id", text.get("pad_token_id"))

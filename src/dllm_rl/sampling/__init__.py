@@ -42,7 +42,8 @@ on a block boundary: ``gen_length + (block_size - p % block_size) % block_size``
   :mod:`dllm_rl.rl.inpaint_filter`).
 * ``nfe`` ``[B]``: forward passes that decoded something for that sequence (the same with and without
   cache: block models fold the cache write of a finished block into the next block's first step).
-* ``finish_reason``: ``"eos"`` when the completion contains EOS, else ``"length"``.
+* ``finish_reason``: ``"eos"`` when the completion contains EOS (any of the model's ``eos_token_ids``; with or
+  without ``stop_on_eos``: the answer ends there), else ``"length"``.
 * ``texts``: the answers decoded by the tokenizer (before the first EOS, special tokens skipped).
 * ``images`` (LLaDA-V, ``generate(..., images=)``): the :class:`~dllm_rl.models.prompt_images.PromptImages` whose
   features were spliced into each prompt; ``prompt_ids`` hold the pad id at those positions. Scoring the rollout

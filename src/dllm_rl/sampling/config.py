@@ -131,8 +131,8 @@ class DecodeConfig(DecodeOptions):
 
     stop_on_eos: bool = field(
         True,
-        help="Stop a sequence once a fully decoded block holds only EOS/pad in its completion part; the rest of "
-        "the completion is filled with EOS (never generated: step_map -1).",
+        help="Stop a sequence once a fully decoded block holds only EOS (any of the model's EOS ids)/pad in its "
+        "completion part; the rest of the completion is filled with EOS (never generated: step_map -1).",
     )
     seed: int = field(0, help="Sequence i uses torch.Generator seeded with seed + i unless `seeds` are given.")
     # Uniform-state diffusion (DiffusionGemma) only: the stock sampler's knobs (dllm_rl.sampling.uniform), None =
