@@ -219,6 +219,15 @@ def test_a_rank_killed_mid_step_ends_the_run_and_resume_continues_exactly(root, 
     assert max_diff(weights(out, "espo_fault"), weights(out, "espo")) == 0.0
 
 
+def launch_gemma(root: Path, mode: str, *backends: str) -> None:
+    """The driver's DiffusionGemma runs (mode ``gemma`` or ``gemma_lora``) under each of ``backends`` (cached)."""
+    for backend in backends:
+        if not (root / backend / f"{mode}_done").is_file():
+            rc, log, _ = run_driver(root, backend, mode, timeout=240)
+            assert rc == 0, log[-8000:]
+            (root / backend / f"{mode}_done").write_text("ok\n")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2_gemma"])
 def test_diffusion_gemma_under_ddp_equals_one_process(root, backend):
@@ -229,11 +238,7 @@ def test_diffusion_gemma_under_ddp_equals_one_process(root, backend):
     pass) and TraceRL (the trajectory estimator, with its value model, whose reading also bypasses the wrapper) on 2
     ranks end with one process's weights and gradient norms; the vision tower, which no text run reaches, is left as
     it was."""
-    for run in ("single", backend):
-        if not (root / run / "gemma_done").is_file():
-            rc, log, _ = run_driver(root, run, "gemma", timeout=240)
-            assert rc == 0, log[-8000:]
-            (root / run / "gemma_done").write_text("ok\n")
+    launch_gemma(root, "gemma", "single", backend)
     start = weights(root, "diffusion_gemma")
     for run, final in (("gemma_sft", "model"), ("gemma_tracerl", "final")):
         one, two = (weights(root / b / run, final) for b in ("single", backend))
@@ -243,3 +248,32 @@ def test_diffusion_gemma_under_ddp_equals_one_process(root, backend):
         assert grad_norms(root / backend, run) == pytest.approx(grad_norms(root / "single", run), rel=1e-5), run
         vision = [k for k in start if "vision" in k]
         assert vision and all(torch.equal(two[k], start[k]) for k in vision)
+
+
+@pytest.mark.slow
+def test_diffusion_gemma_lora_under_fsdp2_equals_one_process(root):
+    """LoRA on DiffusionGemma under FSDP2: accelerate's move to the meta device unties the twins' adapters as it
+    unties their base weights, and the re-tie (``DiffusionLM.tie_weights``, the stock ``_tied_weights_keys``, whose
+    patterns take the adapters' names too) makes each encoder twin's A/B the decoder twin's Parameters again, so
+    ``training.tied_units`` shards each pair, adapters included, as one unit. SFT (uniform, self-conditioning) and
+    TraceRL (the adapter-disabled base as reference, beta > 0) on 2 ranks end with one process's adapters and
+    gradient norms, the twins' adapters one tensor, the base as it was."""
+    launch_gemma(root, "gemma_lora", "single", "fsdp2_gemma")
+    start = weights(root, "diffusion_gemma")
+    for run in ("gemma_sft_lora", "gemma_tracerl_lora"):
+        one, two = (torch.load(root / b / run / "lora_state.pt", weights_only=True) for b in ("single", "fsdp2_gemma"))
+        adapters = [k for k in one["state"] if ".lora_" in k]
+        encoder = [k for k in adapters if ".encoder.language_model." in k]  # A and B of each adapted twin
+        assert encoder and one["twins"] == two["twins"] == len(encoder) // 2, run
+        assert one["untied"] == two["untied"] == [], run  # each encoder twin holds its decoder twin's A/B Parameters
+        diff = max_diff(*({k: s["state"][k] for k in adapters} for s in (two, one)))
+        print(f"fsdp2_gemma (2 ranks) vs 1 process, {run}: max |dw| of the adapters = {diff:.2e}")
+        assert diff <= 1e-5 and max(two["state"][k].abs().max().item() for k in adapters if "lora_B" in k) > 1e-4, run
+        twin = {k: k.replace(".encoder.language_model.", ".decoder.") for k in encoder}
+        assert all(torch.equal(two["state"][k], two["state"][twin[k]]) for k in encoder), run
+        base = {k: v for k, v in two["state"].items() if ".lora_" not in k}
+        assert sorted(base) == sorted(start) and all(torch.equal(base[k], start[k]) for k in start), run
+        assert grad_norms(root / "fsdp2_gemma", run) == pytest.approx(grad_norms(root / "single", run), rel=1e-5), run
+        final = "model" if run.startswith("gemma_sft") else "final"
+        merged = max_diff(*(weights(root / b / run, final) for b in ("fsdp2_gemma", "single")))
+        assert merged <= 1e-5, run

@@ -68,6 +68,36 @@ def test_the_wrapper_ties_the_twins_again_after_a_move_to_meta():
     assert hf.encoder.language_model.embed_tokens.weight is embed and dlm.hf_model.lm_head.weight is embed
 
 
+def test_the_wrapper_ties_the_lora_twins_again_after_a_move_to_meta():
+    """With LoRA the same move unties each encoder twin's A/B from its decoder twin's (``training.lora.
+    tie_lora_twins`` made them one): the stock ``_tied_weights_keys`` patterns (any ``...weight`` under the twin
+    layers) take the adapters' names too, so the wrapper's ``tie_weights`` makes them one Parameter again, and FSDP2's
+    twin units (``training.tied_units``) hold one adapter per pair. A transformers whose patterns stop there fails
+    here (the 2-rank LoRA run of tests/scale/test_sharded_trainers.py then reports the twins untied)."""
+    from peft.tuners.lora import LoraLayer
+
+    from dllm_rl.models import build_model, tiny_config
+    from dllm_rl.training.lora import LoraOptions, apply_lora
+
+    cfg = tiny_config("diffusion_gemma", vocab_size=64, hidden_size=16, num_heads=2, num_kv_heads=1,
+                      intermediate_size=32, block_size=4)
+    dlm = apply_lora(build_model("diffusion_gemma", cfg, seed=0), LoraOptions(enabled=True, r=4))
+    dlm = dlm.to(torch.device("meta"))
+    layers = dict(dlm.model.named_modules())
+
+    def adapters(module) -> list[torch.nn.Parameter]:
+        return [*module.lora_A.parameters(), *module.lora_B.parameters()]
+
+    def twins() -> list[bool]:  # per encoder LoRA layer: its A and B are its decoder twin's Parameters
+        pairs = [(m, layers[n.replace(".encoder.language_model.", ".decoder.")]) for n, m in layers.items()
+                 if isinstance(m, LoraLayer) and ".encoder.language_model." in n]
+        return [all(p is q for p, q in zip(adapters(m), adapters(t), strict=True)) for m, t in pairs]
+
+    assert twins() and not any(twins())  # what the move leaves
+    dlm.tie_weights()
+    assert all(twins())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["stock", "scorer"])
 def test_two_fsdp2_ranks_equal_one_process(tmp_path, mode):

@@ -15,6 +15,8 @@ Mode ``fault``: the same ESPO run, with a checkpoint after step 1, where rank 1 
 of step 2 (before its first optimizer step there). Mode ``resume``: that run resumed from its latest checkpoint;
 ``all+resume``: that resume, then the full set.
 Mode ``dpo``: the DPO run alone.
+Mode ``gemma``: DiffusionGemma's SFT and TraceRL (:func:`gemma`); ``gemma_lora``: the same with LoRA
+(:func:`gemma_lora`), each run's gathered adapters and base in OUT/<run>/lora_state.pt.
 """
 
 from __future__ import annotations
@@ -155,21 +157,72 @@ def save_value_weights() -> None:
     rl_trainer.RLTrainer.save_final_model = save_final_model
 
 
+VALUE = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
+LORA = ("lora.enabled=true", "lora.r=4")
+
+
 def gemma(root: Path, out: Path) -> None:
     """DiffusionGemma (uniform-state), whose scorers call its encoder and decoder directly, outside the DDP wrapper:
     SFT with the uniform denoising objective (self-conditioning on every example: its no-grad first pass) and
     TraceRL (the trajectory estimator) with its value model and a frozen reference copy (beta > 0, sharded like the
     policy under FSDP2) on its own rollouts."""
-    sft(root, out / "gemma_sft", "objective.name=uniform", "objective.self_conditioning_p=1.0",
-        family="diffusion_gemma")
+    sft(root, out / "gemma_sft", *GEMMA_SFT, family="diffusion_gemma")
+    gemma_tracerl(root, out / "gemma_tracerl", *VALUE, "reference=copy")
+
+
+GEMMA_SFT = ("objective.name=uniform", "objective.self_conditioning_p=1.0")
+
+
+def gemma_tracerl(root: Path, out: Path, *extra: str) -> None:
+    """TraceRL on DiffusionGemma's own rollouts, 2 steps, beta > 0."""
     args = [f"model.path={root / 'diffusion_gemma'}", "algorithm=tracerl", "data.task=countdown",
             f"data.train_file={root / 'train.jsonl'}", "data.prompt_style=compact",
             f"train.prompts_per_step={2 // WORLD}", "rollout.num_generations=4", "rollout.gen_length=4",
             "rollout.max_denoising_steps=3", "eval.limit=0", "train.max_steps=2", "train.micro_batch_size=2",
             "optim.lr=0.003", "model.device=cpu", "run.progress=false", "log.samples_every=0",
-            "log.dashboard=false", f"run.output_dir={out / 'gemma_tracerl'}", "value_model.enabled=true",
-            "loss_type=token", "value_model.micro_batch_size=1", "beta=0.05", "reference=copy"]
+            "log.dashboard=false", f"run.output_dir={out}", "loss_type=token", "beta=0.05", *extra]
     rl_train(load_config(RLConfig, None, args), reward_fn=dense_reward)
+
+
+def save_lora_state(out: Path) -> None:
+    """The LoRA runs of :func:`gemma_lora` also write, from rank 0, OUT/<run>/lora_state.pt: ``state``, the prepared
+    model's full state dict as its final model is gathered (named like the HF module: no ``base_model.model.`` /
+    ``.base_layer``), ``twins``, how many LoRA layers of rank 0 have a base weight that is another one's (the encoder
+    twins), and ``untied``, the LoRA layers of rank 0 whose adapter tensors are not their twin's Parameters."""
+    from peft.tuners.lora import LoraLayer
+
+    from dllm_rl.rl import checkpoints
+    from dllm_rl.sft import trainer
+
+    def hooked(original, run: str):
+        def publishable(accelerator, prepared, dlm):
+            first: dict[int, torch.nn.Module] = {}
+            twins, untied = 0, []
+            for name, module in prepared.named_modules():
+                if isinstance(module, LoraLayer):
+                    owner = first.setdefault(id(module.get_base_layer().weight), module)
+                    twins += owner is not module
+                    mine, its = (list(m.lora_A.parameters()) + list(m.lora_B.parameters()) for m in (module, owner))
+                    if len(mine) != len(its) or any(p is not q for p, q in zip(mine, its)):
+                        untied.append(name)
+            state = full_state_dict(accelerator, prepared)
+            if accelerator.is_main_process:
+                names = {k.split("base_model.model.")[-1].replace(".base_layer.", "."): v for k, v in state.items()}
+                torch.save({"state": names, "twins": twins, "untied": untied}, out / run / "lora_state.pt")
+            return original(accelerator, prepared, dlm)
+
+        return publishable
+
+    trainer.publishable = hooked(trainer.publishable, "gemma_sft_lora")
+    checkpoints.publishable = hooked(checkpoints.publishable, "gemma_tracerl_lora")
+
+
+def gemma_lora(root: Path, out: Path) -> None:
+    """:func:`gemma`'s SFT and TraceRL with LoRA (one adapter for both text stacks: the twins' adapters tied), the
+    adapter-disabled base as TraceRL's reference and no value model."""
+    save_lora_state(out)
+    sft(root, out / "gemma_sft_lora", *GEMMA_SFT, *LORA, family="diffusion_gemma")
+    gemma_tracerl(root, out / "gemma_tracerl_lora", "reference=base", *LORA)
 
 
 # A checkpoint after every step only for the runs whose step-1 checkpoint another run resumes from (or the test
@@ -177,7 +230,6 @@ def gemma(root: Path, out: Path) -> None:
 SAVED = ("run.save_every=1",)
 
 
-VALUE = ("value_model.enabled=true", "loss_type=token", "value_model.micro_batch_size=1")
 TRACERL_LORA = ("sdar", "tracerl", "beta=0.05", "reference=base", "lora.enabled=true", "lora.r=4")
 
 
@@ -200,6 +252,9 @@ def main(root: Path, out: Path, mode: str = "all") -> None:
         return
     if mode == "gemma":
         gemma(root, out)
+        return
+    if mode == "gemma_lora":
+        gemma_lora(root, out)
         return
     if mode in ("resume", "all+resume"):  # all+resume: the fault run's resume, then the full set (one launch)
         rl(root, out / "espo_fault", "sdar", "espo", "run.resume=latest", *SAVED)
