@@ -236,6 +236,30 @@ def test_early_stop_waits_for_the_slots_before_the_eos(fakes):
     assert torch.equal(early.completion_mask, ref.completion_mask) and ref.nfe.tolist() == [8]
 
 
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_early_stop_leaves_a_request_without_stop_on_eos_to_its_full_length(fakes, family):
+    # The answer of prompt [1, 2] is decided after 5 steps (slots 0-3, then the EOS at slot 4), but a request that
+    # asked stop_on_eos=False decodes its whole length as generate does: its tokens, step map and NFE equal it,
+    # while a request beside it with stop_on_eos stops early.
+    rows = {p: (p % 10, 0.99 - p / 1000) for p in range(2, 6)} | {6: (fakes.EOS, 0.9)}
+    model = fakes.fake_model(fakes.table_from(rows), family)
+    free = DecodeConfig(gen_length=16, block_length=4, stop_on_eos=False)
+    ref = generate(model, [[1, 2]], free)
+    assert ref.nfe.tolist() == [16 + 2 * (family == "sdar")] and ref.finish_reason == ["eos"], ref.nfe
+    engine = Engine(model, free, EngineConfig(slots=2, early_stop=True))
+    ids = [engine.add_request([1, 2]), engine.add_request([1, 2], config=DecodeConfig(**{**vars(free),
+                                                                                       "stop_on_eos": True}))]
+    done = {}
+    while engine.has_unfinished():
+        done.update({c.request_id: c.rollout for c in engine.step()})
+    kept, stopped = done[ids[0]], done[ids[1]]
+    for name in ("completion_ids", "completion_mask", "step_map", "nfe"):
+        assert torch.equal(getattr(kept, name), getattr(ref, name)), name
+    assert kept.finish_reason == ["eos"]
+    assert stopped.nfe.tolist() == [5] and stopped.step_map[0, :5].tolist() == [0, 1, 2, 3, 4]
+    assert bool((stopped.step_map[0, 5:] == -1).all()) and stopped.finish_reason == ["eos"]
+
+
 def test_abort_frees_the_slot_and_errors_name_the_request(fakes, tiny_models):
     model = fakes.fake_model(fakes.table_from({}))
     engine = Engine(model, DecodeConfig(gen_length=8, block_length=4), EngineConfig(slots=1))

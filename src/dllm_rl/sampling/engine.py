@@ -46,7 +46,9 @@ with every slot before it committed — stops at once and its masked slots are f
 ``step_map`` -1), as ``stop_on_eos`` fills them after an all-EOS block. The answer (``completion_mask``, ``texts``,
 ``finish_reason``) is the same as without it, since later steps can only fill slots after that EOS; the tokens
 *after* the first EOS, their step map and the NFE differ from the published samplers (which decode on until a
-whole block holds only EOS/padding), so it is off by default.
+whole block holds only EOS/padding), so it is off by default. It is an EOS stop: a request without ``stop_on_eos``
+is never stopped early and decodes its whole length, its tokens and NFE those of ``generate`` (as is a partial
+decode's, ``until_block``, whose later blocks stay masked).
 
 **Images** (LLaDA-V, full attention): a request brings its prompt's image features, encoded already (one row of
 :class:`~dllm_rl.models.prompt_images.PromptImages`, shared, not copied), made ready for its forwards once when
@@ -407,7 +409,9 @@ class Engine(RequestSlots):
         flags = torch.stack(flags, dim=1).tolist()  # the step's one synchronisation
         done, begin = [], []
         for seq, (block_done, eos_block, *ended) in zip(running, flags):
-            if ended and ended[0] and seq.until is None:  # (a partial decode leaves its later blocks masked)
+            # an early stop is an EOS stop: never for a request without stop_on_eos (it decodes its whole length,
+            # as generate does), nor for a partial decode (its later blocks stay masked)
+            if ended and ended[0] and seq.config.stop_on_eos and seq.until is None:
                 seq.fill_rest(eos[0])
                 done.append(seq)
             elif block_done and seq.config.stop_on_eos and eos_block:

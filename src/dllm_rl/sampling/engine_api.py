@@ -30,7 +30,8 @@ class EngineConfig(Checked):
         help="Stop a sequence as soon as its answer is decided (a committed EOS with every slot before it committed) "
         "and fill its masked slots with EOS (not a partial decode's, whose later blocks stay masked). Same answers, "
         "fewer forward passes; the tokens after the first EOS and the NFE differ from the published samplers, hence "
-        "off by default.",
+        "off by default. A request without stop_on_eos is never stopped early (it decodes its whole length, as "
+        "generate does).",
     )
     max_positions: int | None = field(
         None, ge=1,

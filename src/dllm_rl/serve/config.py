@@ -53,7 +53,7 @@ class ServeLimits(Checked):
         "read. http(s) image URLs are always refused (the server fetches nothing).")
     early_stop: bool = field(
         False, help="Stop a request as soon as its answer is decided (EngineConfig.early_stop: the same answer, "
-        "fewer forward passes).")
+        "fewer forward passes; a request whose decode has stop_on_eos false decodes its whole length).")
 
 
 @dataclass
