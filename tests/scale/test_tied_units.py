@@ -68,13 +68,21 @@ def test_the_wrapper_ties_the_twins_again_after_a_move_to_meta():
     assert hf.encoder.language_model.embed_tokens.weight is embed and dlm.hf_model.lm_head.weight is embed
 
 
-def test_the_wrapper_ties_the_lora_twins_again_after_a_move_to_meta():
-    """With LoRA the same move unties each encoder twin's A/B from its decoder twin's (``training.lora.
-    tie_lora_twins`` made them one): the stock ``_tied_weights_keys`` patterns (any ``...weight`` under the twin
-    layers) take the adapters' names too, so the wrapper's ``tie_weights`` makes them one Parameter again, and FSDP2's
-    twin units (``training.tied_units``) hold one adapter per pair. A transformers whose patterns stop there fails
-    here (the 2-rank LoRA run of tests/scale/test_sharded_trainers.py then reports the twins untied)."""
+@pytest.mark.parametrize("patterns", ["stock", "base_only"])
+def test_the_wrapper_ties_the_lora_twins_again_after_a_move_to_meta(monkeypatch, patterns):
+    """With LoRA the same move unties each encoder twin's A/B from its decoder twin's (``models.lora_twins.
+    tie_lora_twins`` made them one), and the wrapper's ``tie_weights`` makes them one Parameter again, so FSDP2's twin
+    units (``training.tied_units``) hold one adapter per pair. The stock ``_tied_weights_keys`` patterns (any
+    ``...weight`` under the twin layers) happen to take the adapters' names too; ``base_only`` narrows them to the
+    base weights, as a transformers that listed its own names would: the wrapper ties the adapters all the same."""
     from peft.tuners.lora import LoraLayer
+    from transformers.models.diffusion_gemma import modeling_diffusion_gemma as stock
+
+    if patterns == "base_only":  # no pattern reaches a name with a lora_ part
+        narrow = lambda p: p.replace(r"(?:[^.]+\.)*", r"(?:(?!lora_)[^.]+\.)*")  # noqa: E731
+        keys = {narrow(k): narrow(v) for k, v in stock.DiffusionGemmaModel._tied_weights_keys.items()}
+        assert keys != stock.DiffusionGemmaModel._tied_weights_keys
+        monkeypatch.setattr(stock.DiffusionGemmaModel, "_tied_weights_keys", keys)
 
     from dllm_rl.models import build_model, tiny_config
     from dllm_rl.training.lora import LoraOptions, apply_lora

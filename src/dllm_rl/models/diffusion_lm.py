@@ -12,6 +12,7 @@ into the same wrapped module and the same hooks.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from torch import nn
 
 from dllm_rl.models.families import Family
 from dllm_rl.models.logprobs import head_selects
+from dllm_rl.models.lora_twins import tie_lora_twins
 from dllm_rl.models.masks import block_causal_bias, full_bias, position_ids_from_valid
 
 
@@ -393,10 +395,14 @@ class DiffusionLM(nn.Module):
 
     # Conveniences delegated to the HF module.
     def tie_weights(self, *args, **kwargs) -> None:
-        """Tie the HF module's tied weights again (its ``_tied_weights_keys``): accelerate's FSDP2 preparation moves
-        the model to the meta device, which unties them, and then calls the root's ``tie_weights``; without this
-        one, DiffusionGemma's encoder/decoder twins came out of it as two trained copies."""
+        """Tie the HF module's tied weights again (its ``_tied_weights_keys``), then the LoRA adapters on tied twins
+        (:func:`~dllm_rl.models.lora_twins.tie_lora_twins`, whatever names transformers' tie rules list):
+        accelerate's FSDP2 preparation moves the model to the meta device, which unties them, and then calls the
+        root's ``tie_weights``; without this one, DiffusionGemma's encoder/decoder twins came out of it as two
+        trained copies."""
         self.hf_model.tie_weights(*args, **kwargs)
+        if "peft" in sys.modules:  # adapters exist only where peft was imported (training.lora)
+            tie_lora_twins(self.hf_model)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each decoder layer in backward (HF activation checkpointing; works in every layout)."""

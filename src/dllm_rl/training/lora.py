@@ -21,6 +21,7 @@ from accelerate import init_empty_weights
 from dllm_rl.config import Checked, field
 from dllm_rl.errors import UserError
 from dllm_rl.models import DiffusionLM
+from dllm_rl.models.lora_twins import tie_lora_twins
 
 ADAPTER_NAME = "default"
 
@@ -63,33 +64,6 @@ def apply_lora(dlm: DiffusionLM, opts: LoraOptions, seed: int = 0) -> DiffusionL
         dlm.model = get_peft_model(dlm.model, cfg, adapter_name=ADAPTER_NAME)
     tie_lora_twins(dlm.model)
     return dlm
-
-
-def tie_lora_twins(model: torch.nn.Module) -> int:
-    """Make LoRA layers whose base weights are one tied tensor share their adapters too; returns how many were tied.
-
-    DiffusionGemma's encoder and decoder layers are distinct modules over the same (tied) parameters, so peft wraps
-    each twin with adapters of its own. Here every adapter tensor (``lora_A`` / ``lora_B``, DoRA's magnitude) of a
-    later twin becomes the first twin's Parameter, as transformers ties the base weights: one ``W + (alpha/r) B A``
-    for both stacks, one gradient summing both stacks' uses, one optimizer state. Hand-written because peft has no
-    notion of tied target modules. Call it after every adapter is added (it is idempotent).
-    """
-    from peft.tuners.lora import LoraLayer
-
-    first: dict[int, torch.nn.Module] = {}
-    tied = 0
-    for module in model.modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        owner = first.setdefault(id(module.get_base_layer().weight), module)
-        if owner is module:
-            continue
-        for name, param in owner.named_parameters():
-            if "lora_" in name and not name.startswith("base_layer."):
-                parent, _, leaf = name.rpartition(".")
-                setattr(module.get_submodule(parent), leaf, param)
-        tied += 1
-    return tied
 
 
 def lora_targets(dlm: DiffusionLM, targets: list[str]) -> list[str] | str:

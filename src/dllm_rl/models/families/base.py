@@ -39,7 +39,7 @@ class Family:
     # The HF module name(s) of the language model when the model holds more (a vision tower, a projector): LoRA
     # targets are adapted inside them only, so SigLIP's own q/k/v_proj stay frozen; "" = the whole model. Several
     # when the text runs through several stacks (DiffusionGemma's encoder and decoder, whose tied twins then share
-    # one adapter: dllm_rl.training.lora.tie_lora_twins).
+    # one adapter: dllm_rl.models.lora_twins.tie_lora_twins).
     lora_scope: str | tuple[str, ...] = ""
     # Module classes (HF class names) that are FSDP units of their own besides the decoder layers the launch
     # config names: a vision tower's encoder layers, a projector (see dllm_rl.training.sharding).

@@ -22,7 +22,7 @@ Facts read from the stock transformers code (``models/diffusion_gemma``, 5.2x) a
 
 LoRA targets both text stacks (``lora_scope``: the decoder, self-conditioning included, and the encoder's language
 model; the Gemma-4 vision tower also has ``q/k/v_proj`` and stays frozen). The encoder's layers are other modules over
-the same tied weights, so peft wraps each twin apart; :func:`dllm_rl.training.lora.tie_lora_twins` then ties the
+the same tied weights, so peft wraps each twin apart; :func:`dllm_rl.models.lora_twins.tie_lora_twins` then ties the
 encoder twin's LoRA A/B to the decoder's, as the base weights are tied: one adapter, seen by both stacks, saved under
 both names (peft's ``save_pretrained`` stores the aliases as copies) and tied again on load. Untied checkpoints
 (``tie_word_embeddings: false``) get an adapter per stack.
