@@ -58,6 +58,7 @@ import torch.nn.functional as F
 import dllm_rl
 from dllm_rl.models import load_model, load_tokenizer
 from dllm_rl.models.image_inputs import PromptEncoder
+from dllm_rl.rl.rollout_copy import RolloutCopy
 from dllm_rl.sampling import DecodeConfig, generate_batched
 from dllm_rl.sampling.engine import EngineConfig
 from dllm_rl.tasks import get_task
@@ -182,11 +183,24 @@ class Bench:
         """A bfloat16 copy of the model (made when a row first asks for it)."""
         return copy.deepcopy(self.model).to(torch.bfloat16)
 
+    @functools.cached_property
+    def compiled_bf16(self):
+        """A bfloat16 copy under ``torch.compile`` as ``rollout.compile`` makes it (``--compile``). KV-cached block
+        decoding over several batches meets more guard variants (empty or filled cache, the prefill's keywords
+        against a step's, the cache buffer growing or not, the last batch's size) than dynamo's default of 8 per
+        frame, past which it falls back to eager frames; this process raises the limit so each compiles once."""
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        return RolloutCopy(self.model, torch.bfloat16, compile=True).model
+
     def accuracy(self, texts: list[str]) -> float:
         return 100 * self.task.metrics(self.task.score_examples(texts, self.examples))["accuracy"]
 
-    def ours(self, config: DecodeConfig, batch: int, engine: EngineConfig | None = None, bf16: bool = False):
-        out = generate_batched(self.bf16 if bf16 else self.model, self.ids, config, seeds=self.seeds,
+    def ours(self, config: DecodeConfig, batch: int, engine: EngineConfig | None = None, bf16: bool = False,
+             compiled: bool = False):
+        model = self.compiled_bf16 if compiled else self.bf16 if bf16 else self.model
+        out = generate_batched(model, self.ids, config, seeds=self.seeds,
                                tokenizer=self.tokenizer, batch_size=batch, engine=engine)
         return list(out.texts), float(out.nfe.float().mean())
 
@@ -250,7 +264,7 @@ def fast_dllm_rows(bench: Bench, reference: dict, batch: int, cache: str) -> dic
     }
 
 
-def trado_rows(bench: Bench, reference, batch: int, threshold: float = 0.9) -> dict:
+def trado_rows(bench: Bench, reference, batch: int, threshold: float = 0.9, compiled: bool = False) -> dict:
     gen, block = 32, 4
     eos, mask = bench.model.eos_token_id, bench.model.mask_token_id
     wrapped = {False: StoreKV(bench.model), True: StoreKV(bench.bf16)}  # the copy is made here, before any timing
@@ -280,6 +294,10 @@ def trado_rows(bench: Bench, reference, batch: int, threshold: float = 0.9) -> d
     rows[f"ours, batch {batch}, bf16"] = lambda: bench.ours(config, batch, bf16=True)
     if threshold != 0.9:
         rows[f"ours, greedy, threshold {threshold}, batch {batch}, bf16"] = lambda: bench.ours(greedy, batch, bf16=True)
+    if compiled:  # compiled before any timing: the first decode compiles every variant (tens of seconds)
+        bench.ours(greedy, batch, compiled=True)
+        rows[f"ours, greedy, threshold {threshold}, batch {batch}, bf16, compiled"] = (
+            lambda: bench.ours(greedy, batch, compiled=True))
     return rows
 
 
@@ -356,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sdar-model", type=Path, default=DEMO / "sdar-countdown",
                     help="the SDAR-shaped checkpoint both sides decode (default: the shipped demo)")
     ap.add_argument("--threshold", type=float, default=0.9, help="our threshold rows' threshold (default 0.9)")
+    ap.add_argument("--compile", action="store_true",
+                    help="add our greedy threshold row decoded by a compiled bfloat16 copy (rollout.compile) to the "
+                         "TraDo rows; its compile runs before the timing")
     ap.add_argument("--sweep", action="store_true",
                     help="our decoding settings' accuracy and passes on the LLaDA demo (needs no reference)")
     args = ap.parse_args(argv)
@@ -377,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.trado is not None:
         bench = Bench(args.sdar_model, args.limit, args.seed)
         run(f"TraDo reference sampler vs ours, {label(args.sdar_model)} (gen 32, block 4, temperature 1, "
-            "threshold 0.9)", bench, trado_rows(bench, trado_reference(args.trado), args.batch, args.threshold),
+            "threshold 0.9)", bench, trado_rows(bench, trado_reference(args.trado), args.batch, args.threshold,
+                                         args.compile),
             args.rounds, sampled=True)
     return 0
 
