@@ -281,6 +281,9 @@ def test_what_runs_and_what_is_only_parsed(tmp_path):
         "Gen-Verse/TraDo-4B-Instruct is not in the repository",  # dllm-rl eval Gen-Verse/TraDo-4B-Instruct
         "a server runs until it is stopped",  # dllm-rl serve
         "model Gen-Verse/TraDo-4B-Instruct is on the hub",  # dllm-rl rl configs/trado-tracerl-math.yaml
+        "runs/cf/llada-r2/model is not in the repository",  # dllm-rl eval of the second round's full model
+        "runs/cf/llada-s2/model is not in the repository",  # its data: the first round's model decodes the puzzles
+        "runs/cf/llada-s2/model is not in the repository",  # its sft starts from the first round's model
         "runs/cf/llada/model is not in the repository",  # dllm-rl eval of the certainty-forced full model
         "runs/cf/sdar/model is not in the repository",  # dllm-rl eval of the certainty-forced model (results.md)
         "runs/trado-tracerl-math is not in the repository",  # dllm-rl plot of that run
