@@ -294,3 +294,47 @@ def test_text_offsets_measured_in_windows_equal_the_prefixes_lengths():
     tok = qwen_tokenizer("dream")
     ids = tok.encode(" ".join(f"word{i} is here, ok. é中文" for i in range(40)))  # multi-byte characters split
     assert starts(tok, ids, 5) == [5 + len(tok.decode(ids[:k], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+def test_models_retrieve_gives_a_served_card_and_404_for_an_unknown_name(client):
+    assert client.models.retrieve("sdar-countdown").root == "sdar-countdown"
+    assert client.models.retrieve("plus").parent == "countdown"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("org/other")
+    assert err.value.code == "model_not_found" and "The model `org/other` does not exist" in err.value.message
+
+
+@pytest.mark.parametrize("prompt", [[-1, 5], [[7, 8], [2**40]]])
+def test_token_id_prompts_outside_the_vocabulary_are_a_400_not_a_tokenizer_overflow(client, prompt):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="countdown", prompt=prompt, max_tokens=4, echo=True)
+    assert err.value.body["param"] == "prompt"
+    assert "token ids outside the model's vocabulary [0, 91)" in err.value.message
+
+
+@pytest.mark.parametrize("content,headers,message", [
+    (b'{"prompt": "\xff\xfe"}', {}, "body: There was an error parsing the body (send a JSON object in UTF-8)"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, "body: There was an error parsing the body"),
+    (b'{"prompt": "1",}', {}, "body: not valid JSON (Expecting property name enclosed in double quotes at character"),
+    (b"[1, 2]", {}, "body: a JSON object is needed, sent with Content-Type: application/json"),
+    (b'{"prompt": "1"}', {"content-type": "application/x-www-form-urlencoded"}, "body: a JSON object is needed"),
+], ids=["not-utf8", "nested-too-deep", "not-json", "an-array", "form-content-type"])
+def test_a_body_that_is_not_a_json_object_is_a_400_in_openais_shape(served, content, headers, message):
+    import httpx
+
+    r = httpx.post(f"{served}/v1/completions", content=content, timeout=30,
+                   headers={"content-type": "application/json", **headers})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] is None and error["message"].startswith(message)
+
+
+def test_an_unknown_route_or_method_is_answered_in_openais_shape(served):
+    import httpx
+
+    missing = httpx.post(f"{served}/v1/embeddings", json={"input": "1"}, timeout=30)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "Not Found: POST /v1/embeddings"
+    wrong = httpx.delete(f"{served}/v1/models", timeout=30)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+    assert wrong.json()["error"]["message"] == "Method Not Allowed: DELETE /v1/models"

@@ -64,6 +64,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
@@ -140,6 +141,13 @@ class Server:
         raise ApiError(404, f"The model `{req.model}` does not exist; served: "
                        f"{', '.join([*self.names, *self.adapters])}", "model", kind="NotFoundError",
                        code="model_not_found")
+
+    def model_card(self, name: str) -> dict:
+        """``/v1/models/{name}``: the card of a served name or adapter, or a 404 as for an unknown request ``model``."""
+        card = next((c for c in self.models() if c["id"] == name), None)
+        if card is None:
+            self.adapter_for(Decoding(model=name))  # the 404 naming what is served
+        return card
 
     def models(self) -> list[dict]:
         """``/v1/models``: every served name of the base model, then the adapters (``parent``: the base model)."""
@@ -285,16 +293,21 @@ class Server:
         with self.worker.model_lock:  # the engine's thread is between steps
             return self.encoder.encode(self.model, [text], [images])
 
-    def text_prompts(self, req: CompletionRequest) -> list[tuple[list[int], str]]:
-        """Each prompt's token ids and text (what ``echo`` shows): ``prompt`` is a text, token ids, or a list of
-        either."""
+    def text_prompts(self, req: CompletionRequest, config: DecodeConfig, max_tokens: int
+                     ) -> list[tuple[list[int], str]]:
+        """Each prompt's token ids, checked (:meth:`check_prompt`), and text (what ``echo`` shows): ``prompt`` is a
+        text, token ids, or a list of either. Token ids are decoded only once checked: the tokenizer overflows on
+        an id outside its vocabulary's integer type (a negative one) rather than answering it."""
         prompt = req.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
         if not prompt:
             raise ApiError(400, "prompt: give at least one prompt", "prompt")
-        return [(self.tokenizer.encode(p, add_special_tokens=False), p) if isinstance(p, str)
-                else (list(p), self.tokenizer.decode(list(p), skip_special_tokens=True)) for p in prompt]
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompt]
+        for one in ids:
+            self.check_prompt(one, config, max_tokens, "prompt")
+        return [(one, p if isinstance(p, str) else self.tokenizer.decode(one, skip_special_tokens=True))
+                for one, p in zip(ids, prompt)]
 
     def check_prompt(self, ids: list[int], config: DecodeConfig, max_tokens: int, param: str,
                      images: PromptImages | None = None) -> None:
@@ -455,15 +468,16 @@ def create_app(server: Server) -> BodyLimit:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
-        first = err.errors()[0]
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = loc[0] if loc else None
         server.worker.counters.rejected_invalid += 1
-        where = ".".join(loc) or "body"
-        if first.get("type") == "extra_forbidden":  # refused rather than ignored: it would change nothing unsaid
-            return ApiError(400, f"{where}: not a field this server knows, so it cannot be honoured; leave it out "
-                            "(the fields served are listed in docs/serve.md)", param).response()
-        return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param).response()
+        return _invalid(err).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        if err.status_code == 400:
+            server.worker.counters.rejected_invalid += 1
+        response = _http_error(request, err).response()
+        response.headers.update(err.headers or {})  # (405's Allow)
+        return response
 
     @app.get("/health")
     async def health():
@@ -476,6 +490,10 @@ def create_app(server: Server) -> BodyLimit:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": server.models()}
+
+    @app.get("/v1/models/{name:path}")  # (a served name may hold a slash: org/model)
+    async def model(name: str):
+        return server.model_card(name)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -498,6 +516,35 @@ def create_app(server: Server) -> BodyLimit:
     return BodyLimit(KeyCheck(app, server.api_key, unauthorized), server.limits.max_request_bytes, too_large)
 
 
+def _invalid(err: RequestValidationError) -> ApiError:
+    """The 400 of a body that does not fit the request's schema, naming its first problem's field."""
+    first = err.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    kind = first.get("type")
+    if kind == "extra_forbidden":  # refused rather than ignored: it would change nothing unsaid
+        return ApiError(400, f"{where}: not a field this server knows, so it cannot be honoured; leave it out "
+                        "(the fields served are listed in docs/serve.md)", param)
+    if kind == "json_invalid":  # its loc is the character where the JSON broke, not a field
+        return ApiError(400, f"body: not valid JSON ({first.get('ctx', {}).get('error', 'invalid')} at character "
+                        f"{loc[0] if loc else 0})")
+    if kind == "model_attributes_type" and not loc:  # a JSON array or scalar, or a body not sent as JSON
+        return ApiError(400, "body: a JSON object is needed, sent with Content-Type: application/json")
+    return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param)
+
+
+def _http_error(request: Request, err: StarletteHTTPException) -> ApiError:
+    """FastAPI's and Starlette's own refusals (an unknown route, a method not allowed, a body FastAPI cannot parse:
+    not UTF-8, nested too deep) in OpenAI's error shape, which the SDKs read, rather than ``{"detail": ...}``."""
+    message = str(err.detail)
+    if err.status_code == 400:
+        message = f"body: {message} (send a JSON object in UTF-8)"
+    elif err.status_code in (404, 405):
+        message = f"{message}: {request.method} {request.url.path}"
+    return ApiError(err.status_code, message)
+
+
 async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
     """One completion or chat request: its fields, decoding and prompts checked, then answered whole or streamed,
     with ``n`` choices per prompt."""
@@ -506,12 +553,11 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     config, max_tokens = server.config_for(req)
     if chat:
         ids, images = await server.chat_prompt(req)
+        server.check_prompt(ids, config, max_tokens, "messages", images)
         prompts, prompt_images = [(ids, "")], [images]
     else:
-        prompts = server.text_prompts(req)
+        prompts = server.text_prompts(req, config, max_tokens)
         prompt_images = [None] * len(prompts)
-    for (ids, _), images in zip(prompts, prompt_images):
-        server.check_prompt(ids, config, max_tokens, "messages" if chat else "prompt", images)
     stream, stops, n = bool(req.stream), server.stops_for(req), req.n or 1
     tickets = server.tickets([ids for ids, _ in prompts], config, n, stream, adapter, req.stream_canvas, stops,
                              max_tokens, logprobs, prompt_images)
