@@ -182,13 +182,15 @@ def generate(model, prompts: str | Sequence[str] | Sequence[Sequence[int]], conf
     token ids. ``config`` or the :class:`DecodeConfig` fields as keywords (``gen_length=64, threshold=0.9``).
     ``slots``: decode with the continuous-batching engine, that many sequences at a time (same tokens).
     ``tokenizer``: default ``model.tokenizer`` (:func:`load_model`)."""
+    from dllm_rl.config import from_dict
     from dllm_rl.models.tokenizer import encode_prompts
     from dllm_rl.sampling.batched import generate_batched
     from dllm_rl.sampling.engine import EngineConfig
 
     if config is not None and decode:
         raise UserError(f"give the decoding as config or as keywords ({', '.join(decode)}), not both")
-    config = config if config is not None else DecodeConfig(**decode)
+    # keywords read as a YAML section is (dllm_rl.config.from_dict): an unknown one is a ConfigError with suggestions
+    config = config if config is not None else from_dict(DecodeConfig, decode, "decode")
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if prompts and all(isinstance(p, str) for p in prompts):

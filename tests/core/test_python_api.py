@@ -119,3 +119,23 @@ def test_the_public_names():
         "dllm_rl.rl.trainer", fromlist=["RLTrainer"]).RLTrainer)
     with pytest.raises(AttributeError, match="module 'dllm_rl' has no attribute 'nothing'"):
         dllm_rl.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda m: dllm_rl.generate(m, "1", temprature=0.5),
+     "decode: unknown key 'temprature'; did you mean 'temperature'?"),
+    (lambda m: dllm_rl.generate(m, "1", temperature="hot"), "decode.temperature: expected a number, got 'hot'"),
+    (lambda m: dllm_rl.generate(m, "1", dllm_rl.DecodeConfig(temperature="hot")),
+     "temperature: expected a number, got 'hot'"),
+    (lambda m: dllm_rl.DecodeConfig(gen_length="8"), "gen_length: expected an integer, got '8'"),
+    (lambda m: dllm_rl.DecodeConfig(seed=True), "seed: expected an integer, got True"),
+    (lambda m: dllm_rl.DecodeConfig(stop_on_eos="no"), "stop_on_eos: expected true/false, got 'no'"),
+    (lambda m: dllm_rl.RLConfig(model="x"), "model: expected a RLModelConfig (a mapping in YAML), got 'x'"),
+])
+def test_wrong_types_and_unknown_keywords_are_one_line_user_errors(call, message):
+    """A config built in code is checked as a YAML file is: a value of the wrong type or an unknown keyword is a
+    UserError naming it, not a TypeError from deep inside the sampler."""
+    model = dllm_rl.load_model(DEMO / "sdar-countdown", device="cpu")
+    with pytest.raises(UserError) as err:
+        call(model)
+    assert str(err.value).startswith(message)

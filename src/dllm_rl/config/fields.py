@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -87,6 +88,23 @@ def allowed_values(tp: Any, meta: Mapping[str, Any]) -> tuple | None:
     return tuple(choices() if callable(choices) else choices)
 
 
+def _type_problem(value: Any, tp: Any) -> str | None:
+    """What is wrong when ``value`` is not of a scalar or section annotation ``tp``, worded as
+    :func:`~dllm_rl.config.loading.coerce` words it (a config built in code is not coerced: ``temperature="hot"``
+    would fail deep in the sampler). Numbers by the ``numbers`` ABCs, so numpy's pass; a bool is no number here.
+    Other annotations (strings, which a path may stand for; unions, containers, ``Any``) are not checked."""
+    tp, _ = strip_optional(tp)
+    if tp in (int, float):
+        kind = numbers.Integral if tp is int else numbers.Real
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        return None if ok else f"expected {'an integer' if tp is int else 'a number'}, got {value!r}"
+    if tp is bool and not isinstance(value, bool):
+        return f"expected true/false, got {value!r}"
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type) and not isinstance(value, tp):
+        return f"expected a {tp.__name__} (a mapping in YAML), got {value!r}"
+    return None
+
+
 def check_fields(obj: Any) -> None:
     """Check every field of the dataclass instance ``obj`` against its annotation (``Literal``) and its
     metadata (see :func:`field`); raise :class:`FieldError` naming the first bad field. The one place
@@ -96,6 +114,9 @@ def check_fields(obj: Any) -> None:
         value = getattr(obj, f.name)
         if value is None:
             continue
+        problem = _type_problem(value, types_[f.name])
+        if problem:
+            raise FieldError(f.name, problem)
         allowed = allowed_values(types_[f.name], f.metadata)
         if allowed is not None and value not in allowed:
             raise FieldError(f.name, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
