@@ -150,3 +150,35 @@ def test_info_shows_every_eos_id(tmp_path, capsys):
     assert main(["info", str(tmp_path), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert (facts["eos_token_id"], facts["eos_token_ids"]) == (EOS, [EOS, SECOND])
+
+
+OUTSIDE = "is outside the vocabulary (vocab_size 16: ids 0 to 15); fix the checkpoint's file"
+
+
+@pytest.mark.parametrize("file, value, problem", [
+    ("generation_config.json", [EOS, "a"], "expected a token id or a list of token ids, got [1, 'a']"),
+    ("generation_config.json", "1", "expected a token id or a list of token ids, got '1'"),
+    ("generation_config.json", 1.5, "expected a token id or a list of token ids, got 1.5"),
+    ("generation_config.json", [EOS, 16], f"id 16 {OUTSIDE}"),
+    ("generation_config.json", -1, f"id -1 {OUTSIDE}"),
+    ("config.json", [99, EOS], f"id 99 {OUTSIDE}"),
+])
+def test_an_eos_id_that_is_not_a_token_of_the_vocabulary_is_refused_in_one_line(tmp_path, capsys, file, value,
+                                                                                   problem):
+    """An EOS id that is not an integer, or lies outside the vocabulary, is refused when the checkpoint is read,
+    naming the file and key: one line, exit 2 (a string id was a traceback; an id beyond the vocabulary, first in the
+    list, made SFT append it and fail in the embedding with an IndexError)."""
+    from dllm_rl.cli import main
+
+    model = build_model("sdar", tiny_config("sdar", vocab_size=16, hidden_size=32, num_layers=1, num_heads=2,
+                                            num_kv_heads=1, intermediate_size=32, block_size=4,
+                                            mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD), seed=0)
+    save_model(model, tmp_path, tokenizer=TOK)
+    path = tmp_path / file
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**data, "eos_token_id": value}))
+    capsys.readouterr()
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip() == f"dllm-rl info: error: {file}: eos_token_id: {problem}"

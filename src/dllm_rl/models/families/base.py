@@ -86,8 +86,10 @@ class Family:
         ``generation_config.json`` that it lacks (transformers' ``from_pretrained`` loads that file, and the stock
         ``generate`` stops on its ids), in order."""
         text = pub.get("text_config") or {}
-        ids = _ids(pub.get("eos_token_id", text.get("eos_token_id", self.eos_token_id)))
-        extra = _ids((generation_config or {}).get("eos_token_id"))
+        vocab = pub.get("vocab_size", text.get("vocab_size"))
+        own = "config.json: eos_token_id" if "eos_token_id" in pub else "config.json: text_config.eos_token_id"
+        ids = _ids(pub.get("eos_token_id", text.get("eos_token_id", self.eos_token_id)), own, vocab)
+        extra = _ids((generation_config or {}).get("eos_token_id"), "generation_config.json: eos_token_id", vocab)
         return tuple(dict.fromkeys(ids + extra)) or (int(self.eos_token_id),)
 
     # -- tensor names ---------------------------------------------------------------------------
@@ -132,8 +134,17 @@ def ids(fam: Family, vocab_size: int, mask: int | None, eos: int | None, pad: in
     return m, e, e if pad is None else pad
 
 
-def _ids(value: Any) -> tuple[int, ...]:
-    """A config's ``eos_token_id`` (an id, a list of ids, or None) as a tuple."""
+def _ids(value: Any, where: str, vocab: Any = None) -> tuple[int, ...]:
+    """A config's ``eos_token_id`` (an id, a list of ids, or None) as a tuple; :class:`UserError` naming ``where``
+    (the file and key) for anything else, or an id outside the vocabulary (``vocab``: its size, None: unknown), which
+    the model can never produce and which, as the first id, SFT would append and the sampler fill with."""
     if value is None:
         return ()
-    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UserError(f"{where}: expected a token id or a list of token ids, got {value!r}")
+        if v < 0 or (isinstance(vocab, int) and v >= vocab):
+            ids = f"vocab_size {vocab}: ids 0 to {vocab - 1}" if isinstance(vocab, int) else "ids are >= 0"
+            raise UserError(f"{where}: id {v} is outside the vocabulary ({ids}); fix the checkpoint's file")
+    return tuple(values)
