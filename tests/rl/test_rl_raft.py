@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -43,3 +45,33 @@ def test_raft_trains_on_the_accepted_samples_alone(rl_setup, tmp_path):
     trainer = RLTrainer(cfg, reward_fn=alternating_reward)  # a weighing rule keeps every sample of the groups
     assert trainer.collect().keep.tolist() == list(range(8))
     trainer.close()
+
+
+@pytest.mark.parametrize("rule, options, problem", [
+    ("raft", {"min_reward": "a"}, "min_reward must be a finite number, got 'a'"),
+    ("raft", {"min_reward": [1]}, "min_reward must be a finite number, got [1]"),
+    ("raft", {"min_reward": None}, "min_reward must be a finite number, got None"),
+    ("raft", {"min_reward": float("nan")}, "min_reward must be a finite number, got nan"),
+    ("raft", {"min_reward": True}, "min_reward must be a finite number, got True"),
+    ("pass_at_k", {"k": "x"}, "k must be an integer, got 'x'"),
+    ("pass_at_k", {"k": 2.5}, "k must be an integer, got 2.5"),
+])
+def test_an_advantage_option_of_the_wrong_kind_is_refused_by_name(rule, options, problem):
+    """An option's value must be of its default's kind (a TypeError from inside the rule before; a NaN min_reward
+    rejected every sample silently)."""
+    with pytest.raises(ValueError) as exc:
+        compute_advantages(rule, torch.tensor([0.0, 1.0, 0.0, 1.0]), 4, "none", options)
+    assert str(exc.value) == f"advantage_options: {problem}"
+
+
+def test_a_min_reward_that_is_not_a_number_is_one_line_at_the_command_line(capsys, tmp_path):
+    from dllm_rl.cli import main
+
+    demo = Path(__file__).resolve().parents[2] / "src" / "dllm_rl" / "assets" / "demo"
+    capsys.readouterr()
+    rc = main(["rl", str(demo / "rl-gemma.yaml"), f"model.path={demo / 'gemma-countdown'}",
+               f"data.train_file={demo / 'countdown_train.jsonl'}", f"run.output_dir={tmp_path}", "advantage=raft",
+               "advantage_options={min_reward: a}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip() == "dllm-rl rl: error: advantage_options: min_reward must be a finite number, got 'a'"

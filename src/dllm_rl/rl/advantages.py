@@ -135,12 +135,29 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, scale_
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; choose one of {', '.join(ADVANTAGES)}")
     fn, options = ADVANTAGES[name], dict(options or {})
-    valid = list(inspect.signature(fn).parameters)[3:]
+    params = list(inspect.signature(fn).parameters.values())[3:]
+    valid = [p.name for p in params]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(f"advantage_options: {', '.join(unknown)} not read by the {name!r} advantage; valid: "
                          f"{', '.join(valid) or '(none)'}")
+    for p in params:
+        if p.name in options:
+            _check_option_type(p.name, options[p.name], p.default)
     return fn(rewards, group_size, scale_rewards, **options)
+
+
+def _check_option_type(key: str, value: object, default: object) -> None:
+    """``ValueError`` naming ``advantage_options.key`` when ``value`` is not of its default's kind: an integer
+    option takes an integer, a real one a finite number (bools, strings, lists and null are neither); a rule
+    checks the range itself."""
+    if isinstance(default, bool) or not isinstance(default, (int, float)):
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, int) and not (number and isinstance(value, int)):
+        raise ValueError(f"advantage_options: {key} must be an integer, got {value!r}")
+    if not number or not math.isfinite(value):
+        raise ValueError(f"advantage_options: {key} must be a finite number, got {value!r}")
 
 
 def decoupled_advantages(name: str, values: torch.Tensor, weights: list[float], group_size: int, scale_rewards: str,
