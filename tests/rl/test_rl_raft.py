@@ -75,3 +75,33 @@ def test_a_min_reward_that_is_not_a_number_is_one_line_at_the_command_line(capsy
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert err.strip() == "dllm-rl rl: error: advantage_options: min_reward must be a finite number, got 'a'"
+
+
+@pytest.mark.parametrize("drop_zero_variance", ["true", "false"])
+def test_a_step_whose_every_sample_raft_turns_away_says_so(rl_setup, tmp_path, caplog, drop_zero_variance):
+    """A min_reward no reward reaches: the groups have signal (1, 0, 1, 0) but RAFT accepts none of their samples,
+    so no step updates. The warning and the stop name RAFT's rejection, not "all-equal rewards" (which they claimed
+    before, wrongly: no group had all-equal rewards, and with drop_zero_variance=false none would be dropped)."""
+    import logging
+
+    from rl_helpers import alternating_reward, rl_overrides
+
+    from dllm_rl.config import load_config
+    from dllm_rl.rl.config import RLConfig
+    from dllm_rl.rl.loop import train
+    from dllm_rl.training.finite import TrainingStopped
+
+    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "advantage=raft",
+                                                   "advantage_options={min_reward: 2}", "train.max_steps=3",
+                                                   "train.max_skipped_steps=1",
+                                                   f"drop_zero_variance={drop_zero_variance}"))
+    why = ("advantage 'raft' accepted no sample (it turned away all 8 samples of the groups kept, with "
+           "advantage_options {'min_reward': 2})")
+    with pytest.raises(TrainingStopped) as exc:
+        train(cfg, reward_fn=alternating_reward)
+    assert str(exc.value) == (f"stopping at step 1: 1 steps in a row were skipped, {why}; check advantage_options "
+                              "against the rewards in rollouts.jsonl (raft accepts a sample whose reward is >= "
+                              "min_reward), or set train.max_skipped_steps=0 to go on")
+    warned = [r.getMessage() for r in caplog.records if "no update" in r.getMessage()]
+    assert warned == [f"step 1: no update, {why}; 1 step(s) in a row (the run stops at 1)"]

@@ -111,7 +111,7 @@ def raft(rewards: torch.Tensor, group_size: int, scale_rewards: str = "none", mi
 # RAFT selects rather than weighs: a sample it gives 0 leaves the update (collect.py), so the loss is the mean over
 # the accepted samples alone, RAFT's fine-tuning on them, not that mean shrunk by the share of wrong answers kept
 # beside them in the groups with signal.
-raft.selects = True
+raft.selects = "a sample whose reward is >= min_reward"  # what it accepts, as a skipped step's message says
 
 
 AdvantageFn = Callable[..., torch.Tensor]

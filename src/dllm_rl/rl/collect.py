@@ -86,6 +86,7 @@ class StepBatch:
     t_rollout: float
     t_reward: float
     training: TrainingRows | None = None  # every round's training rows, sources numbered over the step's samples
+    rejected: int = 0  # samples of the kept groups that a selecting advantage rule (RAFT's) gave 0: not trained
 
     def trained(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, list[int]]:
         """``(rollout, keep, advantages, mask_seeds)`` the update trains on: the kept samples, or every training row
@@ -188,6 +189,7 @@ class RolloutCollector:
         mask_seeds = seeds if cfg.estimator_noise == "sample" else [seeds[j - j % G] for j in range(len(seeds))]
         advantages = self.advantages(rewards, rounds)
         keep = torch.nonzero(keep_group.repeat_interleave(G)).flatten()
+        in_groups = len(keep)
         if getattr(ADVANTAGES.get(cfg.advantage), "selects", False) and advantages.dim() == 1:
             keep = keep[advantages[keep] != 0]  # a selecting rule's (RAFT's) rejected samples leave the update
         return StepBatch(
@@ -201,7 +203,7 @@ class RolloutCollector:
             hook_stats={k: sum(x.stats.get(k, 0.0) for x in rounds) for k in sorted({k for x in rounds
                                                                                       for k in x.stats})},
             reward_health=reward_health, t_rollout=sum(x.t_rollout for x in rounds),
-            t_reward=sum(x.t_reward for x in rounds), training=_training_rows(rounds))
+            t_reward=sum(x.t_reward for x in rounds), training=_training_rows(rounds), rejected=in_groups - len(keep))
 
     def draw(self, k: int) -> list[int]:
         """The next ``k`` prompts of the stream; with online difficulty filtering (``curriculum.pass_rate_band``)
