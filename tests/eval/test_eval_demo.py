@@ -149,3 +149,43 @@ def test_demo_decodes_a_block_model_at_another_block_size(tmp_path, capsys):
                        str(tmp_path / "full"))
     assert rc == 2 and "decode.block_size: for block models (SDAR/TraDo) only" in err
 
+
+
+GEMMA_SETTINGS = {
+    "thresholds": (["--thresholds", "0.5"], "thresholds: the curve varies the masked samplers' confidence threshold; "
+                   "diffusion_gemma is uniform-state diffusion: compare its own with --setting "
+                   "NAME:confidence_threshold=X"),
+    "tokens_per_step": (["--setting", "s1:tokens_per_step=1"], "setting 's1': tokens_per_step sets a masked static "
+                        "schedule; diffusion_gemma is uniform-state diffusion: set max_denoising_steps instead"),
+    "block_cache": (["--setting", "s1:block_cache=false"], "setting 's1': block_cache=false is for masked block "
+                    "models; diffusion_gemma decodes whole canvases from random ids: drop it"),
+    "t_max": (["--setting", "a:final_tokens=sampled", "--setting", "b:t_max=0.1"],
+              "setting 'b': t_max: must be above t_min (0.4)"),
+    "threshold": (["--setting", "dyn:threshold=0.9"], "setting 'dyn': threshold=0.9 is a masked-diffusion option; "
+                  "diffusion_gemma is uniform-state diffusion (no mask token)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEMMA_SETTINGS))
+def test_masked_schedules_on_the_gemma_demo_are_refused_naming_what_was_given(case, tmp_path, capsys, monkeypatch):
+    """--thresholds, tokens_per_step and block_cache on a uniform-state model are refused by the names the user gave,
+    and a setting's bad key names the setting, all before the model loads (before: "threshold=1.0" or "steps=256",
+    values the user never wrote, or a t_max error naming no setting, after loading the model)."""
+    import dllm_rl.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    args, problem = GEMMA_SETTINGS[case]
+    rc, _, err = _eval(capsys, str(DEMO_DIR / "gemma-countdown"), f"task={HELDOUT}", "task_type=countdown",
+                       "prompt_style=compact", "limit=2", "decode.gen_length=16", "-o", str(tmp_path), *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"dllm-rl eval: error: {problem}"), lines[0]
+
+
+def test_a_uniform_state_key_on_a_masked_demo_names_the_setting(tmp_path, capsys):
+    rc, _, err = _eval(capsys, str(DEMO_DIR / "sdar-countdown"), f"task={HELDOUT}", "task_type=countdown",
+                       "prompt_style=compact", "limit=2", "decode.gen_length=16", "-o", str(tmp_path),
+                       "--setting", "a:final_tokens=sampled")
+    assert rc == 2
+    assert err.strip() == ("dllm-rl eval: error: setting 'a': final_tokens='sampled' is a uniform-state diffusion "
+                           "option (DiffusionGemma); sdar is masked diffusion: drop final_tokens")

@@ -199,6 +199,7 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     if dup:
         raise ConfigError(f"setting name {dup[0]!r} is used twice; give each --setting its own name")
     decodes = {s.name: resolve_decode(base, s, block_size) for s in settings}
+    check_settings_noise(fam, cfg, settings, decodes)
     for name, rs in decodes.items():
         if cfg.num_samples > 1 and rs.decode.temperature == 0:
             warnings.warn(f"setting {name!r}: temperature 0 (greedy) makes all {cfg.num_samples} samples of an "
@@ -234,6 +235,31 @@ def prepare(cfg: EvalRunConfig) -> PreparedEval:
     check_resume(out, meta, cfg.run.overwrite)
     return PreparedEval(cfg, task, examples, tok, fam, block_size, decodes, settings, device, dtype, meta, out, head)
 
+
+
+def check_settings_noise(fam, cfg: EvalRunConfig, settings: list[Setting], decodes: dict) -> None:
+    """Each setting's decoding against the family's kind of noise, before the model loads, naming what the user
+    gave: ``thresholds`` and ``tokens_per_step`` (masked schedules; a uniform-state family has neither), else the
+    setting and its key (the sampler's own check, :func:`~dllm_rl.sampling.inputs.check_family_fields`)."""
+    from dllm_rl.sampling.inputs import check_family_fields
+
+    if fam.noise == "uniform":
+        if cfg.thresholds:
+            raise UserError(f"thresholds: the curve varies the masked samplers' confidence threshold; {fam.name} is "
+                            "uniform-state diffusion: compare its own with --setting NAME:confidence_threshold=X")
+        shortcut = next((s.name for s in settings if "tokens_per_step" in s.overrides), None)
+        if shortcut is not None:
+            raise UserError(f"setting {shortcut!r}: tokens_per_step sets a masked static schedule; {fam.name} is "
+                            "uniform-state diffusion: set max_denoising_steps instead")
+        uncached = next((s.name for s in settings if not decodes[s.name].block_cache), None)
+        if uncached is not None:
+            raise UserError(f"setting {uncached!r}: block_cache=false is for masked block models; {fam.name} decodes "
+                            "whole canvases from random ids: drop it")
+    for s in settings:
+        try:
+            check_family_fields(fam, decodes[s.name].decode)
+        except UserError as exc:
+            raise UserError(f"setting {s.name!r}: {exc}") from None
 
 
 def run_eval(cfg: EvalRunConfig, model=None, log: Callable[[str], None] | None = None) -> dict[str, Any]:

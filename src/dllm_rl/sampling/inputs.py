@@ -40,16 +40,31 @@ def uniform_decode_config(config: DecodeConfig) -> UniformDecodeConfig:
         raise UserError(f"{exc.key}: {exc.problem}") from None
 
 
-def _check_uniform(model: DiffusionLM, config: DecodeConfig) -> int:
-    """A uniform-state family's config: no mask-only option, a canvas within the model's positions, whole canvases;
-    returns the canvas."""
-    name = model.family.name
+def check_family_fields(family, config: DecodeConfig) -> None:
+    """The decoding fields ``family``'s kind of noise reads, without the model (an evaluation checks each setting
+    before loading it): a uniform-state family refuses the mask-only fields and takes its own only as a valid
+    schedule (t_max above t_min); a masked family refuses the uniform-state fields."""
+    name = family.name
+    if getattr(family, "noise", "mask") != "uniform":
+        for key in UNIFORM_FIELDS:
+            if getattr(config, key) is not None:
+                raise UserError(f"{key}={getattr(config, key)!r} is a uniform-state diffusion option "
+                                f"(DiffusionGemma); {name} is masked diffusion: drop {key}")
+        return
     defaults = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
     for key in MASK_FIELDS:
         if getattr(config, key) != defaults[key]:
             raise UserError(f"{key}={getattr(config, key)!r} is a masked-diffusion option; {name} is uniform-state "
                             "diffusion (no mask token) and takes gen_length, stop_on_eos, seed and "
                             f"{', '.join(UNIFORM_FIELDS)}: drop {key}")
+    uniform_decode_config(config)
+
+
+def _check_uniform(model: DiffusionLM, config: DecodeConfig) -> int:
+    """A uniform-state family's config: no mask-only option, a canvas within the model's positions, whole canvases;
+    returns the canvas."""
+    name = model.family.name
+    check_family_fields(model.family, config)
     canvas = model.layout_block()
     if canvas > model.max_length:
         raise UserError(f"canvas_length ({canvas}, the model's config.json) exceeds the model's context of "
@@ -57,15 +72,7 @@ def _check_uniform(model: DiffusionLM, config: DecodeConfig) -> int:
     if config.gen_length % canvas:
         raise UserError(f"gen_length ({config.gen_length}) must be a multiple of the model's canvas_length ({canvas}); "
                         f"{name} decodes whole canvases")
-    uniform_decode_config(config)
     return canvas
-
-
-def _refuse_uniform_fields(model: DiffusionLM, config: DecodeConfig) -> None:
-    for key in UNIFORM_FIELDS:
-        if getattr(config, key) is not None:
-            raise UserError(f"{key}={getattr(config, key)!r} is a uniform-state diffusion option (DiffusionGemma); "
-                            f"{model.family.name} is masked diffusion: drop {key}")
 
 
 def decode_block_length(model: DiffusionLM, config: DecodeConfig) -> int:
@@ -81,7 +88,7 @@ def check_config(model: DiffusionLM, config: DecodeConfig) -> int:
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     if uniform_noise(model):
         return _check_uniform(model, config)
-    _refuse_uniform_fields(model, config)
+    check_family_fields(model.family, config)
     if config.block_size is not None and not model.is_block_causal:
         raise UserError(f"block_size ({config.block_size}) is the attention block of block models (SDAR/TraDo); "
                         "a full-attention model decodes in block_length")
