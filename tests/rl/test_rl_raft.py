@@ -39,11 +39,18 @@ def test_raft_trains_on_the_accepted_samples_alone(rl_setup, tmp_path):
     trainer = RLTrainer(cfg, reward_fn=alternating_reward)  # 1, 0, 1, 0, ...: both groups of 4 have signal
     batch = trainer.collect()
     assert batch.advantages.tolist() == [1.0, 0.0] * 4
-    assert batch.keep.tolist() == [0, 2, 4, 6]  # the right answers only
+    assert batch.keep.tolist() == [0, 2, 4, 6] and batch.rejected == 4  # the right answers only
     trainer.close()
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path / "grpo", "algorithm=espo"))
     trainer = RLTrainer(cfg, reward_fn=alternating_reward)  # a weighing rule keeps every sample of the groups
     assert trainer.collect().keep.tolist() == list(range(8))
+    trainer.close()
+    # with a value model its token advantages replace the rule's over whole groups: nothing is selected away
+    cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "sdar", tmp_path / "value", "algorithm=tracerl",
+                                                   "advantage=raft", "value_model.enabled=true"))
+    trainer = RLTrainer(cfg, reward_fn=alternating_reward)
+    batch = trainer.collect()
+    assert batch.keep.tolist() == list(range(8)) and batch.rejected == 0
     trainer.close()
 
 

@@ -190,7 +190,8 @@ class RolloutCollector:
         advantages = self.advantages(rewards, rounds)
         keep = torch.nonzero(keep_group.repeat_interleave(G)).flatten()
         in_groups = len(keep)
-        if getattr(ADVANTAGES.get(cfg.advantage), "selects", False) and advantages.dim() == 1:
+        if (getattr(ADVANTAGES.get(cfg.advantage), "selects", False) and advantages.dim() == 1
+                and not cfg.value_model.enabled):  # (the value model's advantages replace the rule's, on whole groups)
             keep = keep[advantages[keep] != 0]  # a selecting rule's (RAFT's) rejected samples leave the update
         return StepBatch(
             rollout=rollout, rewards=rewards, reward_values=reward_values, seeds=seeds,

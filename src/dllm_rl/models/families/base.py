@@ -87,7 +87,8 @@ class Family:
         ``generate`` stops on its ids), in order."""
         text = pub.get("text_config") or {}
         vocab = pub.get("vocab_size", text.get("vocab_size"))
-        own = "config.json: eos_token_id" if "eos_token_id" in pub else "config.json: text_config.eos_token_id"
+        own = ("config.json: eos_token_id" if "eos_token_id" in pub else "config.json: text_config.eos_token_id"
+               if "eos_token_id" in text else f"the {self.name} family's default eos_token_id (config.json has none)")
         ids = _ids(pub.get("eos_token_id", text.get("eos_token_id", self.eos_token_id)), own, vocab)
         extra = _ids((generation_config or {}).get("eos_token_id"), "generation_config.json: eos_token_id", vocab)
         return tuple(dict.fromkeys(ids + extra)) or (int(self.eos_token_id),)
