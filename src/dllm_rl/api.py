@@ -179,25 +179,28 @@ def generate(model, prompts: str | Sequence[str] | Sequence[Sequence[int]], conf
     (``.texts``, ``.step_map``, ``.nfe``, ``.finish_reason``).
 
     ``prompts``: texts (encoded as they are, or as one user message through the chat template with ``chat``) or
-    token ids. ``config`` or the :class:`DecodeConfig` fields as keywords (``gen_length=64, threshold=0.9``).
+    token ids: a string, a list of strings, a list of token ids or a list of lists of token ids (anything else, a mix
+    or a non-integer id, is a UserError). ``config`` or the :class:`DecodeConfig` fields as keywords
+    (``gen_length=64, threshold=0.9``).
     ``slots``: decode with the continuous-batching engine, that many sequences at a time (same tokens).
     ``tokenizer``: default ``model.tokenizer`` (:func:`load_model`)."""
     from dllm_rl.config import from_dict
     from dllm_rl.models.tokenizer import encode_prompts
     from dllm_rl.sampling.batched import generate_batched
     from dllm_rl.sampling.engine import EngineConfig
+    from dllm_rl.sampling.inputs import split_prompts
 
     if config is not None and decode:
         raise UserError(f"give the decoding as config or as keywords ({', '.join(decode)}), not both")
     # keywords read as a YAML section is (dllm_rl.config.from_dict): an unknown one is a ConfigError with suggestions
     config = config if config is not None else from_dict(DecodeConfig, decode, "decode")
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if prompts and all(isinstance(p, str) for p in prompts):
+    prompts, texts = split_prompts(prompts)  # the shapes; check_inputs checks each prompt's ids
+    if texts:
         if tokenizer is None:
             raise UserError("text prompts need a tokenizer: load the model with dllm_rl.load_model or pass tokenizer=")
         prompts = encode_prompts(tokenizer, prompts, chat, getattr(model, "source", "the model"))
-    return generate_batched(model, [list(p) for p in prompts], config, tokenizer=tokenizer, batch_size=batch_size,
+    return generate_batched(model, prompts, config, tokenizer=tokenizer, batch_size=batch_size,
                             engine=EngineConfig(slots=slots) if slots is not None else None)
 
 

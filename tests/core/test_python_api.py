@@ -139,3 +139,57 @@ def test_wrong_types_and_unknown_keywords_are_one_line_user_errors(call, message
     with pytest.raises(UserError) as err:
         call(model)
     assert str(err.value).startswith(message)
+
+
+FORMS = "give a string, a list of strings, a list of token ids or a list of lists of token ids"
+
+
+@pytest.mark.parametrize("prompts,message", [
+    ([[1.5, 2]], "prompt 0 has 1.5 (float) at position 0; token ids are integers"),  # once decoded as [1, 2]
+    ([1, 2.0], "prompt 0 has 2.0 (float) at position 1; token ids are integers"),
+    ([[1, True]], "prompt 0 has True (bool) at position 1; token ids are integers"),
+    (["a", [1, 2]], f"prompts mix strings and other values (prompt 0 is a string, prompt 1 is [1, 2] (list)); {FORMS}"),
+    (5, f"prompts is 5 (int); {FORMS}"),
+    (None, f"prompts is None (NoneType); {FORMS}"),
+    ([[1, 2], 7], "prompt 0 has [1, 2] (list) at position 0; token ids are integers"),
+    ([None], "prompt 0 is None (NoneType); give a list of token ids (integers)"),
+])
+def test_prompts_of_the_wrong_shape_or_type_are_one_line_user_errors(prompts, message):
+    """``generate``'s prompts are a string, strings, token ids or lists of them (integers): anything else is a
+    UserError naming what was given, not a silent int() of a float nor a TypeError from the sampler."""
+    model = dllm_rl.load_model(DEMO / "sdar-countdown", device="cpu")
+    with pytest.raises(UserError) as err:
+        dllm_rl.generate(model, prompts, gen_length=4, block_length=4)
+    assert str(err.value) == message
+
+
+def test_prompts_as_one_list_of_ids_tensors_and_arrays():
+    """A flat list of ids is one prompt; a 2-D tensor's rows and an array are prompts as lists are."""
+    import numpy as np
+    import torch
+
+    model = dllm_rl.load_model(DEMO / "sdar-countdown", device="cpu")
+    one = dllm_rl.generate(model, [5, 6, 7], gen_length=4, block_length=4, temperature=0)
+    assert len(one.texts) == 1
+    rows = dllm_rl.generate(model, torch.tensor([[5, 6, 7], [5, 6, 7]]), gen_length=4, block_length=4, temperature=0)
+    assert rows.texts == one.texts * 2
+    assert dllm_rl.generate(model, np.array([5, 6, 7]), gen_length=4, block_length=4, temperature=0).texts == one.texts
+
+
+def test_the_engine_and_the_sampler_refuse_non_integer_ids():
+    """The check is check_inputs's, so the engine's requests and generate_batched refuse a float id as generate
+    does, naming the request; a text given where ids are taken is a UserError too."""
+    from dllm_rl.sampling import DecodeConfig
+    from dllm_rl.sampling.batched import generate_batched
+    from dllm_rl.sampling.engine import Engine, EngineConfig
+
+    model = dllm_rl.load_model(DEMO / "sdar-countdown", device="cpu")
+    engine = Engine(model, DecodeConfig(gen_length=4, block_length=4), EngineConfig(slots=1))
+    with pytest.raises(UserError, match=r"^request 0 has 1\.5 \(float\) at position 1; token ids are integers$"):
+        engine.add_request([1, 1.5])
+    with pytest.raises(UserError, match=r"^request 0 is 5 \(int\); give a list of token ids \(integers\)$"):
+        engine.add_request(5)
+    with pytest.raises(UserError, match=r"^prompt 1 is a string \('abc' \(str\)\); tokenize it first"):
+        generate_batched(model, [[1, 2], "abc"], DecodeConfig(gen_length=4, block_length=4))
+    with pytest.raises(UserError, match=r"^prompts is 3 \(int\); give a list of prompts, each a list of token ids$"):
+        generate_batched(model, 3, DecodeConfig(gen_length=4, block_length=4))

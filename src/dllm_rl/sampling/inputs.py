@@ -9,8 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
-
-import torch
+import numbers
 
 from dllm_rl.config import FieldError
 from dllm_rl.errors import UserError
@@ -108,6 +107,7 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
     completion slots may take the model's context, or ``max_positions`` when that is smaller (the engine's bound on
     a request)."""
     block = check_config(model, config)
+    prompts = _items(prompts, "prompts", "a list of prompts, each a list of token ids")
     if len(prompts) == 0:
         raise UserError("generate: no prompts given")
     if seeds is not None and len(seeds) != len(prompts):
@@ -115,9 +115,7 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
     vocab = int(model.config.vocab_size)
     out = []
     for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            raise TypeError(f"prompt {i} is a string; tokenize it first (generate takes token ids)")
-        ids = [int(t) for t in (p.tolist() if torch.is_tensor(p) else p)]
+        ids = prompt_ids(p, f"prompt {i}")
         if not ids:
             raise UserError(f"prompt {i} is empty")
         if min(ids) < 0 or max(ids) >= vocab:
@@ -127,6 +125,60 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
     if images is not None:
         check_images(model, images, out)
     return out
+
+
+#: what :func:`split_prompts` takes (``dllm_rl.generate``'s prompts), as its errors name it
+PROMPT_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+
+
+def _shown(value) -> str:
+    """``value`` as an error names it: its repr (cut short) and its type."""
+    text = repr(value)
+    return f"{text[:40]}... ({type(value).__name__})" if len(text) > 43 else f"{text} ({type(value).__name__})"
+
+
+def _items(value, what: str, accepted: str) -> list:
+    """``value``'s items (a tensor's or array's as Python values); a string or a non-iterable is refused, naming
+    ``what`` was given and what is ``accepted``."""
+    items = value.tolist() if hasattr(value, "tolist") and not isinstance(value, str | bytes) else value
+    if isinstance(items, str | bytes) or not hasattr(items, "__iter__"):  # a 0-d tensor's tolist() is a number
+        raise UserError(f"{what} is {_shown(value)}; give {accepted}")
+    return list(items)
+
+
+def _token_id(value) -> bool:
+    """Whether ``value`` is a token id: an integer (Python's or numpy's), not a bool nor a float that looks whole."""
+    return type(value) is int or isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def prompt_ids(prompt, what: str) -> list[int]:
+    """One prompt's token ids as Python ints (a list, tuple, integer tensor or array); anything else, or an id that
+    is not an integer (1.5 would decode as 1), is refused naming ``what`` and the value given."""
+    if isinstance(prompt, str):
+        raise UserError(f"{what} is a string ({_shown(prompt)}); tokenize it first: this call takes token ids "
+                        "(dllm_rl.generate encodes texts)")
+    ids = _items(prompt, what, "a list of token ids (integers)")
+    for j, t in enumerate(ids):
+        if not _token_id(t):
+            raise UserError(f"{what} has {_shown(t)} at position {j}; token ids are integers")
+    return [int(t) for t in ids]
+
+
+def split_prompts(prompts) -> tuple[list, bool]:
+    """``dllm_rl.generate``'s ``prompts`` (:data:`PROMPT_FORMS`) as a list of prompts, and whether they are texts
+    (to encode) rather than token ids (checked by :func:`check_inputs`): a string or a flat list of numbers is one
+    prompt. A mix of texts and ids, or anything else, is refused naming what was given."""
+    if isinstance(prompts, str):
+        return [prompts], True
+    items = _items(prompts, "prompts", PROMPT_FORMS)
+    texts = [isinstance(p, str) for p in items]
+    if any(texts) and not all(texts):
+        other = items[texts.index(False)]
+        raise UserError(f"prompts mix strings and other values (prompt {texts.index(True)} is a string, prompt "
+                        f"{texts.index(False)} is {_shown(other)}); give {PROMPT_FORMS}")
+    if not any(texts) and any(isinstance(p, numbers.Number) for p in items):
+        return [items], False  # one prompt's ids; a float among them is refused by check_inputs
+    return items, bool(items) and all(texts)
 
 
 def check_fits(model: DiffusionLM, config: DecodeConfig, block: int, tokens: int, what: str,
