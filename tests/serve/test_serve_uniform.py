@@ -21,7 +21,8 @@ DECODE = DecodeConfig(gen_length=2 * CANVAS, max_denoising_steps=4, seed=3)
 
 @pytest.fixture(scope="module")
 def served():
-    """A running server over a tiny DiffusionGemma (2 slots): ``(url, model, tokenizer)``."""
+    """A running server over a tiny DiffusionGemma (2 slots, at most 8 denoising steps a canvas):
+    ``(url, model, tokenizer)``."""
     from dllm_rl.serve.app import Server
     from dllm_rl.serve.config import ServeConfig
 
@@ -33,7 +34,8 @@ def served():
     model = build_model("diffusion_gemma", cfg, seed=1)
     with torch.no_grad():  # sharper logits: EOS comes, rows stop early
         model.hf_model.model.decoder.embed_tokens.weight.mul_(8.0)
-    with running(Server(model, tok, DECODE, ServeConfig(slots=2, max_tokens=16), "gemma")) as url:
+    limits = ServeConfig(slots=2, max_tokens=16, max_request_denoising_steps=8)
+    with running(Server(model, tok, DECODE, limits, "gemma")) as url:
         yield url, model, tok
 
 
@@ -118,3 +120,75 @@ def test_a_masked_family_refuses_the_uniform_knobs():
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_denoising_steps"
     assert r.json()["error"]["message"] == ("max_denoising_steps: uniform-state diffusion options (DiffusionGemma); "
                                             "llada is masked diffusion; leave max_denoising_steps out")
+
+
+def _post(url: str, body: dict) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=60) as client:
+        return client.post("/v1/completions", json=body)
+
+
+@pytest.mark.parametrize(("extra", "whose"), [
+    ({"max_denoising_steps": 10**9, "confidence_threshold": 0}, "1000000000"),
+    ({"max_denoising_steps": 9}, "9"),
+    ({"preset": "diffusion_gemma"}, "48 (preset 'diffusion_gemma''s)"),
+])
+def test_denoising_steps_above_the_servers_limit_are_a_400_naming_max_denoising_steps(served, extra, whose):
+    """A request's steps per canvas (its own or its preset's) are bounded by --max-request-denoising-steps: without
+    it, 10**9 steps under confidence_threshold 0 held a slot until --timeout-s."""
+    r = _post(served[0], {"prompt": "1+2=", "max_tokens": 4, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_denoising_steps"
+    assert r.json()["error"]["message"] == (f"max_denoising_steps: {whose} is above the server's "
+                                            "--max-request-denoising-steps 8; ask for at most 8")
+
+
+def test_denoising_steps_at_the_servers_limit_are_served(served):
+    r = _post(served[0], {"prompt": "1+2=", "max_tokens": 4, "max_denoising_steps": 8, "confidence_threshold": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["nfe"] == 8  # one canvas, every step taken
+
+
+def test_a_decode_default_above_the_step_limit_is_refused_at_construction():
+    from dllm_rl.config import FieldError
+    from dllm_rl.sampling.config import PresetDecodeConfig
+    from dllm_rl.serve.config import ServeConfig
+
+    with pytest.raises(FieldError, match=r"^decode\.max_denoising_steps: 500 is above max_request_denoising_steps "
+                       r"\(192\), the most a request may decode with; lower it or raise max_request_denoising_steps$"):
+        ServeConfig(decode=PresetDecodeConfig(max_denoising_steps=500))
+
+
+def test_the_sdks_default_temperature_and_top_p_are_neutral(served):
+    """temperature 1 and top_p 1 (what the OpenAI SDKs and LangChain send unless told) change nothing: the answer
+    is the one without them, on both endpoints."""
+    url, _, _ = served
+    body = {"prompt": "12+3=", "max_tokens": 8, "seed": 5}
+    plain, neutral = _post(url, body), _post(url, {**body, "temperature": 1, "top_p": 1.0})
+    assert plain.status_code == neutral.status_code == 200, neutral.text
+    assert neutral.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    with httpx.Client(base_url=url, timeout=60) as client:
+        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "7*6"}],
+                                                         "max_tokens": 4, "temperature": 1, "top_p": 1})
+    assert chat.status_code == 200, chat.text
+
+
+@pytest.mark.parametrize(("extra", "param", "message"), [
+    ({"temperature": 0.7}, "temperature", "leave temperature out (or give temperature 1: neutral)"),
+    ({"top_p": 0.9, "temperature": 1}, "top_p", "leave top_p out (or give top_p 1: neutral)"),
+    ({"top_k": 1}, "top_k", "leave top_k out"),
+])
+def test_other_temperatures_and_top_p_stay_a_400_naming_them(served, extra, param, message):
+    r = _post(served[0], {"prompt": "1+2=", "max_tokens": 4, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert r.json()["error"]["message"].startswith(f"{param}: masked-diffusion options")
+    assert r.json()["error"]["message"].endswith(message)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_prompt_over_the_context_names_the_field_the_client_sent(served, field):
+    """The context's 400 names the budget as the client gave it (max_tokens 5, decoded as 8 slots: two canvases),
+    never the sampler's gen_length."""
+    r = _post(served[0], {"prompt": "1" * 1020, field: 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["message"] == (
+        f"prompt: the prompt has 1020 tokens; with {field} 5 (decoded as 8 slots, whole blocks) it needs 1028 "
+        f"positions but the model's context is 1024 (max_position_embeddings); shorten the prompt or {field}")

@@ -102,10 +102,12 @@ def check_config(model: DiffusionLM, config: DecodeConfig) -> int:
 
 
 def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
-                 images: PromptImages | None = None, max_positions: int | None = None) -> list[list[int]]:
+                 images: PromptImages | None = None, max_positions: int | None = None,
+                 budget: tuple[str, int] | None = None) -> list[list[int]]:
     """Every user error, raised before any forward pass; returns the prompts as lists of ints. A prompt with its
     completion slots may take the model's context, or ``max_positions`` when that is smaller (the engine's bound on
-    a request)."""
+    a request). ``budget``: the completion budget's name and value as its user gave them, for the errors (the
+    server's ``("max_tokens", 100)``, decoded as whole blocks); None: ``gen_length``."""
     block = check_config(model, config)
     prompts = _items(prompts, "prompts", "a list of prompts, each a list of token ids")
     if len(prompts) == 0:
@@ -120,7 +122,7 @@ def check_inputs(model: DiffusionLM, prompts, config: DecodeConfig, seeds,
             raise UserError(f"prompt {i} is empty")
         if min(ids) < 0 or max(ids) >= vocab:
             raise UserError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab})")
-        check_fits(model, config, block, len(ids), f"prompt {i}", max_positions)
+        check_fits(model, config, block, len(ids), f"prompt {i}", max_positions, budget)
         out.append(ids)
     if images is not None:
         check_images(model, images, out)
@@ -182,19 +184,21 @@ def split_prompts(prompts) -> tuple[list, bool]:
 
 
 def check_fits(model: DiffusionLM, config: DecodeConfig, block: int, tokens: int, what: str,
-               max_positions: int | None = None) -> None:
+               max_positions: int | None = None, budget: tuple[str, int] | None = None) -> None:
     """A prompt of ``tokens`` tokens (named ``what`` in the error) with its ``config.gen_length`` completion slots
     at decoding block ``block`` fits the model's context, and ``max_positions`` when given (a prompt's canvas only
-    grows with its length, so checking the longest prompt checks them all)."""
+    grows with its length, so checking the longest prompt checks them all). ``budget``: as :func:`check_inputs`'s."""
     context = model.max_length
     need = positions_needed(model, tokens, config.gen_length, block)
+    name, given = budget or ("gen_length", config.gen_length)
+    slots = "" if given == config.gen_length else f" (decoded as {config.gen_length} slots, whole blocks)"
     for limit, bound, remedy in (
         (context, f"the model's context is {context} (max_position_embeddings)", ""),
         (max_positions, f"max_positions is {max_positions}", ", or raise max_positions"),
     ):
         if limit is not None and need > limit:
-            raise UserError(f"{what} has {tokens} tokens; with gen_length {config.gen_length} it needs {need} "
-                            f"positions but {bound}; shorten the prompt or gen_length{remedy}")
+            raise UserError(f"{what} has {tokens} tokens; with {name} {given}{slots} it needs {need} "
+                            f"positions but {bound}; shorten the prompt or {name}{remedy}")
 
 
 def positions_needed(model: DiffusionLM, tokens: int, gen_length: int, block: int) -> int:

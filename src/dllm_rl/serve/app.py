@@ -73,11 +73,11 @@ from dllm_rl.models.prompt_images import PromptImages
 from dllm_rl.sampling.config import UNIFORM_FIELDS, DecodeConfig
 from dllm_rl.sampling.copies import metric_rows
 from dllm_rl.sampling.engine import Engine, EngineConfig
-from dllm_rl.sampling.inputs import check_config, check_inputs, positions_needed, uniform_noise
+from dllm_rl.sampling.inputs import check_config, check_inputs, positions_needed, uniform_decode_config, uniform_noise
 from dllm_rl.sampling.logprobs import MAX_TOP
 from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeLimits
-from dllm_rl.serve.fields import REFUSED, best_of_refusal, refusal
+from dllm_rl.serve.fields import REFUSED, UNIFORM_NEUTRAL, best_of_refusal, neutral, refusal
 from dllm_rl.serve.guards import BodyLimit, KeyCheck
 from dllm_rl.serve.logprob_shapes import chat_shape, completion_shape, kept
 from dllm_rl.serve.media import MediaError, fetch_image, flatten
@@ -195,7 +195,7 @@ class Server:
                 raise ApiError(400, f"{name}: {value} asked, but this server decodes with {name} {own} (every "
                                f"request shares its forward passes); leave {name} out or restart the server with "
                                f"--{name.replace('_', '-')} {value}", name)
-        field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+        field = self.budget_field(req)
         asked = getattr(req, field)
         max_tokens = self.decode.gen_length if asked is None else asked
         if not 1 <= max_tokens <= self.limits.max_tokens:
@@ -225,9 +225,16 @@ class Server:
         self._check_schedule(req, config)
         return config, max_tokens
 
+    @staticmethod
+    def budget_field(req: Decoding) -> str:
+        """The field that sets the request's completion budget, named in its errors: ``max_completion_tokens``
+        when given (it wins), else ``max_tokens``."""
+        return "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+
     def _check_schedule(self, req: Decoding, config: DecodeConfig) -> None:
         """A preset's schedule must fit this model (its sub-blocks its block), a uniform-state request's knobs must
-        make a schedule (``t_max`` above ``t_min``): else a 400 naming the preset or the knob."""
+        make a schedule (``t_max`` above ``t_min``) of at most the server's ``--max-request-denoising-steps`` steps
+        per canvas: else a 400 naming the preset or the knob."""
         if req.preset is None and not uniform_noise(self.model):
             return
         try:
@@ -236,19 +243,29 @@ class Server:
             if req.preset is not None:
                 raise ApiError(400, f"preset: {req.preset!r} does not fit this model: {err}", "preset") from None
             raise ApiError(400, str(err), str(err).split(":")[0]) from None
+        limit = self.limits.max_request_denoising_steps
+        if uniform_noise(self.model) and (steps := uniform_decode_config(config).max_denoising_steps) > limit:
+            whose = "" if req.max_denoising_steps is not None else (
+                f" (preset {req.preset!r}'s)" if req.preset is not None else " (the server's decode default)")
+            raise ApiError(400, f"max_denoising_steps: {steps}{whose} is above the server's "
+                           f"--max-request-denoising-steps {limit}; ask for at most {limit}", "max_denoising_steps")
 
     def request_options(self, req: Decoding) -> dict[str, Any]:
         """The decoding options the request sets for itself, those of the model's kind of noise; the other kind's
         are one 400 naming every one given (a uniform-state family takes no mask schedule, block or temperature: its
-        schedule is ``t_min`` / ``t_max``; a masked family has no uniform-state knobs)."""
+        schedule is ``t_min`` / ``t_max``; a masked family has no uniform-state knobs). The neutral values of the other
+        kind's (:data:`~dllm_rl.serve.fields.UNIFORM_NEUTRAL`, what SDKs send by default) are accepted and dropped."""
         uniform = uniform_noise(self.model)
         own, other = (UNIFORM_OPTIONS, MASK_ONLY) if uniform else (OPTIONS, UNIFORM_FIELDS)
-        if wrong := [k for k in other if getattr(req, k) is not None]:
+        accepted = UNIFORM_NEUTRAL if uniform else {}  # (the SDKs' defaults: neutral, as fields.REFUSED's)
+        if wrong := [k for k in other if not neutral(getattr(req, k), accepted.get(k, ()))]:
             name = self.model.family.name
             why = (f"masked-diffusion options; {name} is uniform-state diffusion (no mask token), whose requests take "
                    f"{', '.join(UNIFORM_OPTIONS)}" if uniform else
                    f"uniform-state diffusion options (DiffusionGemma); {name} is masked diffusion")
-            raise ApiError(400, f"{', '.join(wrong)}: {why}; leave {', '.join(wrong)} out", wrong[0])
+            given_neutral = [f"{k} {accepted[k][0]}" for k in wrong if k in accepted]
+            besides = f" (or give {', '.join(given_neutral)}: neutral)" if given_neutral else ""
+            raise ApiError(400, f"{', '.join(wrong)}: {why}; leave {', '.join(wrong)} out{besides}", wrong[0])
         return {k: getattr(req, k) for k in own if getattr(req, k) is not None}
 
     @staticmethod
@@ -305,21 +322,23 @@ class Server:
             raise ApiError(400, "prompt: give at least one prompt", "prompt")
         ids = [self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompt]
         for one in ids:
-            self.check_prompt(one, config, max_tokens, "prompt")
+            self.check_prompt(one, config, max_tokens, "prompt", budget=self.budget_field(req))
         return [(one, p if isinstance(p, str) else self.tokenizer.decode(one, skip_special_tokens=True))
                 for one, p in zip(ids, prompt)]
 
     def check_prompt(self, ids: list[int], config: DecodeConfig, max_tokens: int, param: str,
-                     images: PromptImages | None = None) -> None:
+                     images: PromptImages | None = None, budget: str = "max_tokens") -> None:
+        """The prompt ``ids`` (``param``: the field it came from) fits the model and the server with its
+        ``max_tokens`` (``budget``: the field that gave it), or a 400 naming ``param``."""
         try:
-            check_inputs(self.model, [ids], config, None, images)
+            check_inputs(self.model, [ids], config, None, images, budget=(budget, max_tokens))
         except UserError as err:
             raise ApiError(400, f"{param}: {str(err).replace('prompt 0 ', 'the prompt ')}", param) from None
         need = positions_needed(self.model, len(ids), config.gen_length, self.block)
         if self.limits.max_positions is not None and need > self.limits.max_positions:
-            raise ApiError(400, f"{param}: the prompt's {len(ids)} tokens and max_tokens {max_tokens} (decoded as "
+            raise ApiError(400, f"{param}: the prompt's {len(ids)} tokens and {budget} {max_tokens} (decoded as "
                            f"{config.gen_length} slots, whole blocks) need {need} positions, more than the server's "
-                           f"--max-positions {self.limits.max_positions}; shorten the prompt or max_tokens", param)
+                           f"--max-positions {self.limits.max_positions}; shorten the prompt or {budget}", param)
 
     def tickets(self, prompts: list[list[int]], config: DecodeConfig, n: int, stream: bool,
                 adapter: str | None = None, canvas: bool = False, stop: tuple[str, ...] = (),
@@ -553,7 +572,7 @@ async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: 
     config, max_tokens = server.config_for(req)
     if chat:
         ids, images = await server.chat_prompt(req)
-        server.check_prompt(ids, config, max_tokens, "messages", images)
+        server.check_prompt(ids, config, max_tokens, "messages", images, server.budget_field(req))
         prompts, prompt_images = [(ids, "")], [images]
     else:
         prompts = server.text_prompts(req, config, max_tokens)

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from dllm_rl.config import Checked, field
+from dllm_rl.config import Checked, FieldError, field
 from dllm_rl.config.vocabulary import ModelSection
 from dllm_rl.sampling.config import DECODE_RENAMED, MODEL_RENAMED, PresetDecodeConfig
 
@@ -33,6 +33,11 @@ class ServeLimits(Checked):
         "16 MiB is far more than text needs and leaves room for images sent as data URIs.")
     max_tokens: int = field(
         1024, ge=1, help="The largest max_tokens a request may ask for; more is answered 400 naming max_tokens.")
+    max_request_denoising_steps: int = field(
+        192, ge=1, help="Uniform-state models (DiffusionGemma): the most denoising steps per canvas a request may "
+        "decode with (its max_denoising_steps, its preset's, or the server's decode default); more is answered 400 "
+        "naming max_denoising_steps. Each step is a forward pass, and confidence_threshold 0 takes every one: "
+        "without a bound one request holds a slot until --timeout-s. 192: four times the stock 48.")
     max_positions: int | None = field(
         None, ge=1, help="The positions a request may take, prompt plus completion slots; more is answered 400 "
         "naming the prompt. It bounds the engine's memory (EngineConfig.max_positions): a block model's KV cache "
@@ -89,3 +94,10 @@ class ServeConfig(ServeLimits):
     chat_template: str | None = field(
         None, help="a Jinja chat template file for /v1/chat/completions (for a model whose tokenizer has none, or to "
         "replace its own); without one, a model with no template answers chat requests 400")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        steps, limit = self.decode.max_denoising_steps, self.max_request_denoising_steps
+        if steps is not None and steps > limit:  # every request left at the default would be refused
+            raise FieldError("decode.max_denoising_steps", f"{steps} is above max_request_denoising_steps ({limit}), "
+                             "the most a request may decode with; lower it or raise max_request_denoising_steps")

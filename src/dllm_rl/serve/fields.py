@@ -4,9 +4,11 @@ is a 400 naming it, never silently dropped (``docs/serve.md`` has the whole fiel
 The fields are those of the official ``openai`` SDK's ``CompletionCreateParams`` and chat
 ``CompletionCreateParams`` (plus vLLM's ``repetition_penalty``). ``None`` is always neutral (LangChain sends
 ``"logprobs": null`` and the like), as are the values the SDKs and LangChain send by default
-(``presence_penalty: 0``, ``frequency_penalty: 0``, ...). A field no SDK sends and the server does not know is a
-400 too (the request schemas forbid extra fields), where vLLM ignores it with a warning: a vLLM sampling extra
-(``min_p``, ``ignore_eos``, ...) would otherwise change nothing without a word.
+(``presence_penalty: 0``, ``frequency_penalty: 0``, ...). A uniform-state family (DiffusionGemma) refuses the
+masked-diffusion sampling fields on the same terms (:data:`UNIFORM_NEUTRAL`: ``temperature: 1``, ``top_p: 1``). A
+field no SDK sends and the server does not know is a 400 too (the request schemas forbid extra fields), where vLLM
+ignores it with a warning: a vLLM sampling extra (``min_p``, ``ignore_eos``, ...) would otherwise change nothing
+without a word.
 """
 
 from __future__ import annotations
@@ -40,17 +42,27 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "service_tier": (("auto", "default"), "this server has one service tier; leave it out or \"auto\""),
 }
 
+#: the masked-diffusion sampling fields a uniform-state family (DiffusionGemma) refuses -> their neutral values
+#: besides None: the SDKs' and LangChain's defaults, which leave its distribution as its own schedule makes it (the
+#: t_max -> t_min temperatures, no nucleus cut)
+UNIFORM_NEUTRAL: dict[str, tuple[Any, ...]] = {"temperature": (1,), "top_p": (1,)}
+
 #: accepted and without effect on the answer (identifiers, caching hints, a tools qualifier without tools)
 NO_EFFECT = ("user", "metadata", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
              "prompt_cache_options", "parallel_tool_calls")
 
 
+def neutral(value: Any, values: tuple[Any, ...]) -> bool:
+    """Whether a field given as ``value`` changes nothing: None, or one of its neutral ``values``."""
+    return value is None or value in values
+
+
 def refusal(values: dict[str, Any]) -> tuple[str, str] | None:
     """``(field, message)`` of the first field in ``values`` (a request's fields, as given) the server cannot
     honour, or None."""
-    for name, (neutral, why) in REFUSED.items():
+    for name, (accepted, why) in REFUSED.items():
         value = values.get(name)
-        if value is not None and value not in neutral:
+        if not neutral(value, accepted):
             return name, f"{name}: {value!r} cannot be honoured: {why}"
     return None
 
