@@ -159,11 +159,12 @@ def prompt_ids(prompt, what: str) -> list[int]:
     if isinstance(prompt, str):
         raise UserError(f"{what} is a string ({_shown(prompt)}); tokenize it first: this call takes token ids "
                         "(dllm_rl.generate encodes texts)")
-    ids = _items(prompt, what, "a list of token ids (integers)")
-    for j, t in enumerate(ids):
+    ids = []
+    for j, t in enumerate(_items(prompt, what, "a list of token ids (integers)")):  # checked and converted at once
         if not _token_id(t):
             raise UserError(f"{what} has {_shown(t)} at position {j}; token ids are integers")
-    return [int(t) for t in ids]
+        ids.append(int(t))
+    return ids
 
 
 def split_prompts(prompts) -> tuple[list, bool]:
