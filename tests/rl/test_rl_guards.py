@@ -59,7 +59,7 @@ def test_nan_weights_stop_the_run_at_that_step_and_nothing_is_saved(rl_setup, tm
 def test_steps_without_reward_signal_stop_after_max_skipped_steps(rl_setup, tmp_path, caplog):
     """rollout.temperature=0 decodes the samples of a prompt alike: every group has equal rewards, so no step
     updates; the run used to end with exit 0 after max_steps of nothing."""
-    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
+    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.skipped_steps")
     with pytest.raises(TrainingStopped, match=r"^stopping at step 2: 2 steps in a row were skipped, no group had "
                        r"reward signal \(2 of 2 groups had all-equal rewards\); rollout.temperature=0 decodes every "
                        r"sample of a prompt alike: raise it, or set train.max_skipped_steps=0 to go on$"):

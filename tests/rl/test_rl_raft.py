@@ -98,7 +98,7 @@ def test_a_step_whose_every_sample_raft_turns_away_says_so(rl_setup, tmp_path, c
     from dllm_rl.rl.loop import train
     from dllm_rl.training.finite import TrainingStopped
 
-    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.trainer")
+    caplog.set_level(logging.WARNING, logger="dllm_rl.rl.skipped_steps")
     cfg = load_config(RLConfig, None, rl_overrides(rl_setup, "llada", tmp_path, "algorithm=espo", "advantage=raft",
                                                    "advantage_options={min_reward: 2}", "train.max_steps=3",
                                                    "train.max_skipped_steps=1",

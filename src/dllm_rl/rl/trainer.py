@@ -5,8 +5,8 @@ Read top to bottom: :class:`RLTrainer` sets everything up, and :meth:`RLTrainer.
 stages: :meth:`~RLTrainer.collect` (rollout rounds, rewards, the rollout hook, dynamic sampling, advantages:
 :mod:`dllm_rl.rl.collect`) hands a :class:`~dllm_rl.rl.collect.StepBatch` to :meth:`~RLTrainer.update` (the value
 model's targets, the micro-batch engine with its rank padding: :mod:`dllm_rl.rl.update`, the value model's fit,
-the weight check). The run from start to end is :func:`dllm_rl.rl.loop.train`; checkpoints are
-:mod:`dllm_rl.rl.checkpoints`.
+the weight check; a step left with nothing to train on: :mod:`dllm_rl.rl.skipped_steps`). The run from start to
+end is :func:`dllm_rl.rl.loop.train`; checkpoints are :mod:`dllm_rl.rl.checkpoints`.
 
 Randomness: every stream is derived from ``(seed, step, sample)`` — prompt order (``IndexStream``),
 rollout noise (one generator per sequence) and estimator masks (one seed per sample, or per prompt group
@@ -36,7 +36,6 @@ from dllm_rl.models.image_inputs import PromptEncoder
 from dllm_rl.models.loading import read_config
 from dllm_rl.models.moe import freeze_routers, router_stats
 from dllm_rl.rewards.reward_terms import build_reward
-from dllm_rl.rl.advantages import ADVANTAGES
 from dllm_rl.rl.algorithms import resolve
 from dllm_rl.rl.block_size import run_block_sizes
 from dllm_rl.rl.checkpoints import RL_PATHS, RLCheckpoints, open_rl_run_dir
@@ -46,6 +45,7 @@ from dllm_rl.rl.curriculum import Curriculum, check_stages
 from dllm_rl.rl.hooks import make_hook, samples_per_prompt
 from dllm_rl.rl.rollout_copy import RolloutCopy, rollout_dtype
 from dllm_rl.rl.run_checks import PromptLengths, check_model_settings, check_prompts
+from dllm_rl.rl.skipped_steps import count_skipped
 from dllm_rl.rl.update import PolicyUpdater
 from dllm_rl.rl.value import ValueLearner
 from dllm_rl.tasks import get_task
@@ -61,7 +61,7 @@ from dllm_rl.training import (
 )
 from dllm_rl.training.accel import training_device
 from dllm_rl.training.backend import refuse_unsharded_features, setup_backend, shard_reference
-from dllm_rl.training.finite import Guarded, TrainingStopped, WeightGuard
+from dllm_rl.training.finite import Guarded, WeightGuard
 from dllm_rl.training.ranks import max_over_ranks, mean_over_ranks
 from dllm_rl.training.run_log import ROLLOUTS_FILE, RolloutLog
 from dllm_rl.training.sharding import gathered_parameters
@@ -265,7 +265,8 @@ class RLTrainer(RLCheckpoints):
         t0 = time.perf_counter()
         rollout, keep, adv, mask_seeds = batch.trained()  # the kept samples, or a rollout hook's training rows
         any_kept = max_over_ranks(self.accelerator, len(keep)) > 0
-        self._count_skipped(any_kept, batch.filt, batch.rejected)
+        self.skipped_steps = count_skipped(self.cfg, self.skipped_steps, any_kept, self.step_idx, batch.filt,
+                                           batch.rejected, self.collector.group_size)
         if any_kept:  # the weights' norms before the update, which the weight check compares with
             self.weight_guard.before()
         scoring = self.updater.batch(rollout, keep, mask_seeds) if self.value and any_kept else None
@@ -328,42 +329,6 @@ class RLTrainer(RLCheckpoints):
         n = min(self.cfg.log.rollouts, len(batch.rewards))
         return [(batch.prompts[i], batch.rollout.texts[i], batch.reward_values[i], batch.reasons[i])
                 for i in range(n)]
-
-    def _count_skipped(self, any_kept: bool, filt, rejected: int = 0) -> None:
-        """Count the steps in a row without an update because no sample was left to train on; warn at each, stop
-        at ``train.max_skipped_steps`` saying why (a run that never updates would otherwise end as a success).
-        ``rejected``: the samples of the kept groups that a selecting advantage rule (RAFT's) turned away."""
-        cfg = self.cfg
-        self.skipped_steps = 0 if any_kept else self.skipped_steps + 1
-        if any_kept:
-            return
-        what, why, hint = self._skip_reason(filt, rejected)
-        limit = (f"the run stops at {cfg.train.max_skipped_steps}" if cfg.train.max_skipped_steps
-                 else "train.max_skipped_steps=0")
-        logger.warning("step %d: no update, %s (%s); %d step(s) in a row (%s)",
-                       self.step_idx + 1, what, why, self.skipped_steps, limit)
-        if cfg.train.max_skipped_steps and self.skipped_steps >= cfg.train.max_skipped_steps:
-            raise TrainingStopped(f"stopping at step {self.step_idx + 1}: {self.skipped_steps} steps in a row were "
-                                  f"skipped, {what} ({why}); {hint}, or set train.max_skipped_steps=0 to go on")
-
-    def _skip_reason(self, filt, rejected: int) -> tuple[str, str, str]:
-        """What a step without an update lacked, why, and what to check: no group with reward signal, or (a
-        selecting rule such as RAFT) groups kept but none of their samples accepted."""
-        cfg = self.cfg
-        if rejected:  # groups passed the filter, the rule accepted none of their samples
-            opts = cfg.advantage_options or "its defaults"
-            return (f"advantage {cfg.advantage!r} accepted no sample",
-                    f"it turned away all {rejected} samples of the groups kept, with advantage_options {opts}",
-                    f"check advantage_options against the rewards in rollouts.jsonl ({cfg.advantage} accepts "
-                    f"{ADVANTAGES[cfg.advantage].selects})")
-        groups = len(filt.keep) // samples_per_prompt(self.rollout_hook, cfg.rollout.num_generations)
-        why = f"{filt.zero_variance_groups} of {groups} groups had all-equal rewards"
-        if filt.out_of_band_groups:
-            why += f", {filt.out_of_band_groups} were outside accuracy_band"
-        hint = ("rollout.temperature=0 decodes every sample of a prompt alike: raise it" if cfg.rollout.temperature
-                == 0 else "check the rollouts (rollouts.jsonl) for a reward that does not vary or a policy "
-                f"collapsed by too large a learning rate (optim.lr={cfg.optim.lr:g})")
-        return "no group had reward signal", why, hint
 
     # ----------------------------------------------------------------------------- evaluation
     def averaged(self, live: bool = False):
