@@ -4,7 +4,7 @@ The wrapper owns the three things that differ between families — the attention
 Dream's logit shift — so callers always get "logits for position i" and never build masks by hand
 unless they want a special layout (KV cache, two-stream training).
 
-One file (about 420 lines) because its parts are one object's: the forward with its masks and position ids, the
+One file (about 430 lines) because its parts are one object's: the forward with its masks and position ids, the
 selected log-probabilities that forward projects (``select``), the image-feature splice into its input embeddings,
 and the attributes every caller reads (mask, EOS and pad ids, block size, the family). Split apart, each would reach
 into the same wrapped module and the same hooks.

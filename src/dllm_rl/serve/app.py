@@ -41,11 +41,13 @@ field; an integer field outside 64 bits included), 404 (an unknown ``model``: ``
 :mod:`~dllm_rl.serve.guards`), 429 (queue full), 504 (timeout), 503 (shutting down, or decoding failed: one
 log line each).
 
-One file (about 660 lines) for the HTTP side of one :class:`Server`: its request checks (fields, decoding, prompts,
+One file (about 700 lines) for the HTTP side of one :class:`Server`: its request checks (fields, decoding, prompts,
 images), the routes and the answers, whole or streamed, all read the same server state (the worker, the limits,
-the model's names and counters). What stands apart is elsewhere: the request bodies in :mod:`~dllm_rl.serve.schema`,
-the field policy in :mod:`~dllm_rl.serve.fields`, log-probability shapes in :mod:`~dllm_rl.serve.logprob_shapes`,
-images in :mod:`~dllm_rl.serve.media`, the guards in :mod:`~dllm_rl.serve.guards`, the engine's thread in
+the model's names and counters), and a request is checked in the order its answer needs (the decoding before the
+prompts it bounds, the prompts before the tickets). What stands apart is elsewhere: the request bodies in
+:mod:`~dllm_rl.serve.schema`, the field policy in :mod:`~dllm_rl.serve.fields`, the framework's own refusals in
+:mod:`~dllm_rl.serve.http_errors`, log-probability shapes in :mod:`~dllm_rl.serve.logprob_shapes`, images in
+:mod:`~dllm_rl.serve.media`, the guards in :mod:`~dllm_rl.serve.guards`, the engine's thread in
 :mod:`~dllm_rl.serve.worker`.
 """
 
@@ -79,6 +81,7 @@ from dllm_rl.sampling.presets import preset
 from dllm_rl.serve.config import ServeLimits
 from dllm_rl.serve.fields import REFUSED, UNIFORM_NEUTRAL, best_of_refusal, neutral, refusal
 from dllm_rl.serve.guards import BodyLimit, KeyCheck
+from dllm_rl.serve.http_errors import framework_error, schema_error
 from dllm_rl.serve.logprob_shapes import chat_shape, completion_shape, kept
 from dllm_rl.serve.media import MediaError, fetch_image, flatten
 from dllm_rl.serve.schema import ApiError, ChatRequest, CompletionRequest, Decoding
@@ -479,24 +482,25 @@ def create_app(server: Server) -> BodyLimit:
 
     app = FastAPI(title="dllm-rl serve", lifespan=lifespan)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError):
+    def refuse(err: ApiError, headers: dict | None = None):
+        """Every refusal's answer, a 400 counted as invalid; ``headers``: the framework's own (a 405's Allow)."""
         if err.status == 400:
             server.worker.counters.rejected_invalid += 1
-        return err.response()
+        response = err.response()
+        response.headers.update(headers or {})
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        return refuse(err)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
-        server.worker.counters.rejected_invalid += 1
-        return _invalid(err).response()
+        return refuse(schema_error(err))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):
-        if err.status_code == 400:
-            server.worker.counters.rejected_invalid += 1
-        response = _http_error(request, err).response()
-        response.headers.update(err.headers or {})  # (405's Allow)
-        return response
+        return refuse(framework_error(request, err), err.headers)
 
     @app.get("/health")
     async def health():
@@ -533,35 +537,6 @@ def create_app(server: Server) -> BodyLimit:
                         "key the server was started with (--api-key)", code="invalid_api_key").response()
 
     return BodyLimit(KeyCheck(app, server.api_key, unauthorized), server.limits.max_request_bytes, too_large)
-
-
-def _invalid(err: RequestValidationError) -> ApiError:
-    """The 400 of a body that does not fit the request's schema, naming its first problem's field."""
-    first = err.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    where = ".".join(loc) or "body"
-    kind = first.get("type")
-    if kind == "extra_forbidden":  # refused rather than ignored: it would change nothing unsaid
-        return ApiError(400, f"{where}: not a field this server knows, so it cannot be honoured; leave it out "
-                        "(the fields served are listed in docs/serve.md)", param)
-    if kind == "json_invalid":  # its loc is the character where the JSON broke, not a field
-        return ApiError(400, f"body: not valid JSON ({first.get('ctx', {}).get('error', 'invalid')} at character "
-                        f"{loc[0] if loc else 0})")
-    if kind == "model_attributes_type" and not loc:  # a JSON array or scalar, or a body not sent as JSON
-        return ApiError(400, "body: a JSON object is needed, sent with Content-Type: application/json")
-    return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param)
-
-
-def _http_error(request: Request, err: StarletteHTTPException) -> ApiError:
-    """FastAPI's and Starlette's own refusals (an unknown route, a method not allowed, a body FastAPI cannot parse:
-    not UTF-8, nested too deep) in OpenAI's error shape, which the SDKs read, rather than ``{"detail": ...}``."""
-    message = str(err.detail)
-    if err.status_code == 400:
-        message = f"body: {message} (send a JSON object in UTF-8)"
-    elif err.status_code in (404, 405):
-        message = f"{message}: {request.method} {request.url.path}"
-    return ApiError(err.status_code, message)
 
 
 async def _serve(server: Server, req: CompletionRequest | ChatRequest, request: Request, chat: bool):
